@@ -1,0 +1,1 @@
+"""Inference engines behind one protocol: native (PyTorch), sim (timing model), trtllm (lazy)."""

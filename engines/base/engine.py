@@ -1,0 +1,32 @@
+"""The Engine protocol: what a worker holds, whatever the backend."""
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from engines.base.types import EngineRequest, EngineStats, KvExport, RequestOutput
+
+
+@runtime_checkable
+class Engine(Protocol):
+    async def start(self) -> None:
+        """Start the step loop. Idempotent."""
+
+    async def shutdown(self) -> None:
+        """Stop the step loop; live requests finish with FinishReason.ABORT."""
+
+    def add_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Validate and enqueue; raises InvalidRequestError at once for bad input.
+
+        Returns the request's output stream of deltas, ending with the one that has a
+        finish_reason.
+        """
+
+    async def abort(self, req_id: str) -> None:
+        """Cancel a live request (its stream ends with ABORT) or drop held KV. Unknown ids are ignored."""
+
+    def stats(self) -> EngineStats: ...
+
+    async def export_kv(self, req_id: str) -> KvExport:
+        """The KV of a finished request that was added with hold_kv=True."""
+
+    async def release_kv(self, req_id: str) -> None:
+        """Free the blocks held for a finished hold_kv request."""

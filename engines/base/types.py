@@ -1,0 +1,129 @@
+"""Domain dataclasses of the engine contract: requests, sampling, outputs, stats, KV exports."""
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engines.base.errors import InvalidRequestError
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # a stop token (EOS or a requested one)
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the engine failed this request
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False  # log-probability of each chosen token
+    top_logprobs: int = 0  # and of this many alternatives
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """What a block of KV looks like; an import must match the importer's layout exactly."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # torch dtype name without prefix, e.g. "bfloat16", "float32", "float8_e4m3fn"
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvExport:
+    """The KV cache of one request's first `num_tokens` tokens, in block order.
+
+    `data` holds a C-contiguous array of shape [num_layers, 2 (k, v), num_blocks, block_size,
+    num_kv_heads, head_dim] in `layout.dtype`, as raw bytes. Slots past `num_tokens` in the
+    last block are undefined.
+    """
+
+    layout: KvLayout
+    token_ids: tuple[int, ...]  # the tokens whose KV this is (len == num_tokens)
+    num_blocks: int
+    data: bytes
+    scales: tuple[float, ...] = ()  # per-layer KV scales for quantized caches; empty otherwise
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    # Prefill role: keep the KV blocks after finishing until export_kv/release_kv is called.
+    hold_kv: bool = False
+    # Decode role: KV for a prefix of the prompt computed elsewhere (see KvExport).
+    kv: KvExport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob) best first
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """A delta: the tokens produced since the previous output of the same request."""
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_waiting: int
+    num_running: int
+    num_held: int  # finished requests whose KV is held for export
+    num_blocks_total: int
+    num_blocks_used: int
+    num_blocks_cached_free: int  # free blocks still holding a reusable prefix
+    block_size: int
+    max_model_len: int
+    prefix_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_hits: int  # of which served from it
+    num_preemptions: int
+    num_prompt_tokens_computed: int
+    num_generated_tokens: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0

@@ -1,0 +1,1 @@
+"""tandem's own PyTorch engine: paged KV cache, prefix caching, continuous batching."""
