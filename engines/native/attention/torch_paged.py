@@ -1,0 +1,58 @@
+"""Paged attention in plain PyTorch (the CPU path and the reference for GPU kernels).
+
+Keys are gathered from the block-structured cache through slot ids, then scaled dot-product
+attention runs once for all decodes and once per prefill span.
+"""
+import torch
+import torch.nn.functional as F
+
+from engines.native.attention.metadata import AttentionMetadata
+
+
+class TorchPagedAttention:
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, num_kv_heads, head_dim]
+        v_flat = v_cache.view(-1, *v_cache.shape[2:])
+        # NOTE: every token's k/v is written before any read, so a span may read blocks that
+        # another sequence fills in this same step (a prefix-cache hit on a block in flight).
+        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        out = torch.empty_like(q)
+        num_decodes = meta.num_decode_tokens
+        if num_decodes:
+            out[:num_decodes] = self._decode(q[:num_decodes], k_flat, v_flat, meta, scale)
+        for span in meta.prefills:
+            sl = slice(span.q_start, span.q_start + span.q_len)
+            out[sl] = self._prefill(q[sl], k[sl], v[sl], k_flat, v_flat, span, scale)
+        return out
+
+    def _decode(self, q, k_flat, v_flat, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        keys = k_flat[meta.decode_slots].transpose(1, 2)  # [num_decodes, num_kv_heads, max_ctx, head_dim]
+        values = v_flat[meta.decode_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys.to(q.dtype), values.to(q.dtype),  # q: [num_decodes, num_heads, 1, head_dim]
+            attn_mask=meta.decode_mask, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(2)
+
+    def _prefill(self, q, k, v, k_flat, v_flat, span, scale: float) -> torch.Tensor:
+        if span.ctx_slots is None:
+            keys, values, mask = k, v, None
+        else:
+            keys, values, mask = k_flat[span.ctx_slots], v_flat[span.ctx_slots], span.mask
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, num_heads, q_len, head_dim]
+            keys.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            values.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,1 @@
+"""Model building blocks: norms, rotary embeddings, (merged) linear layers with weight loaders."""

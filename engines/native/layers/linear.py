@@ -1,0 +1,33 @@
+"""Linear layers, including merged ones (q/k/v, gate/up) that run one matmul where the
+checkpoint stores several projections; `load_shard` places each checkpoint tensor."""
+import torch
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Checkpoint projections stacked along the output dim, in the order of `shard_sizes`."""
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False):
+        super().__init__(in_features, sum(shard_sizes.values()), bias)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in shard_sizes.items():
+            self.offsets[name] = (start, size)
+            start += size
+
+    def load_shard(self, param_name: str, loaded: torch.Tensor, shard: str) -> None:
+        start, size = self.offsets[shard]
+        param = getattr(self, param_name)
+        if loaded.shape[0] != size or loaded.shape[1:] != param.shape[1:]:
+            raise ValueError(f"{shard}.{param_name}: checkpoint shape {tuple(loaded.shape)} does not fit")
+        param.data[start : start + size].copy_(loaded)

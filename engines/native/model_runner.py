@@ -1,0 +1,128 @@
+"""ModelRunner: turns a scheduled step into tensors, runs the model, samples. Owns the model,
+the KV cache and the attention backend; knows nothing of requests' lifecycles."""
+import torch
+
+from engines.base.types import KvLayout, TokenLogprob
+from engines.native.attention import AttentionMetadata, PrefillSpan, get_backend
+from engines.native.config import EngineConfig, ModelConfig
+from engines.native.kv_cache import KvCache, available_memory, bytes_per_block
+from engines.native.layers.rotary import RotaryEmbedding
+from engines.native.loader import load_model
+from engines.native.sampler import sample
+from engines.native.scheduler import ScheduledSeq, SchedulerOutput
+
+MAX_DEFAULT_MODEL_LEN = 8192
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_cfg: ModelConfig):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config, self.model_cfg = config, model_cfg
+        self.device, self.dtype = config.device, getattr(torch, config.dtype)
+        self.block_size = config.block_size
+        self.max_model_len = resolve_max_model_len(config, model_cfg)
+        self.model = load_model(config.model, model_cfg, get_backend(self.device), self.dtype, self.device)
+        self.kv_layout = KvLayout(model_cfg.num_hidden_layers, model_cfg.num_key_value_heads,
+                                  model_cfg.head_dim, config.dtype, config.block_size)
+        self.kv_cache = KvCache(self.kv_layout, self._num_blocks(), self.device)
+        rotary = RotaryEmbedding(model_cfg.head_dim, self.max_model_len, model_cfg.rope_theta,
+                                 model_cfg.rope_scaling, self.device)
+        for i, attn in enumerate(self.model.attention_layers):
+            attn.k_cache, attn.v_cache = self.kv_cache.layer(i)
+            attn.rotary = rotary
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    def _num_blocks(self) -> int:
+        if self.config.num_blocks is not None:
+            return self.config.num_blocks
+        budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
+        by_memory = budget // bytes_per_block(self.kv_layout)
+        # enough for every running sequence at full length, twice over for the prefix cache
+        useful = 2 * self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        return max(1, min(by_memory, useful))
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
+        """Run one step; returns (scheduled, new token, logprob) for each sequence that samples."""
+        order = sorted(out.scheduled, key=lambda s: not _is_decode(s))  # decodes first
+        input_ids, positions, meta, last_rows = self._prepare(order)
+        hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
+        samplers = [s for s in order if s.samples]
+        if not samplers:
+            return []
+        rows = torch.tensor([last_rows[id(s)] for s in samplers], device=self.device)
+        logits = self.model.compute_logits(hidden[rows]).float()  # [num_samplers, vocab_size]
+        tokens, logprobs = sample(logits, [s.seq.params for s in samplers],
+                                  [s.seq.generator for s in samplers])
+        return list(zip(samplers, tokens, logprobs))
+
+    def _prepare(self, order: list[ScheduledSeq]):
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        decodes: list[ScheduledSeq] = []
+        spans: list[tuple[ScheduledSeq, int]] = []
+        last_rows: dict[int, int] = {}
+        for s in order:
+            start, end = s.start, s.start + s.num_new_tokens
+            if _is_decode(s):
+                decodes.append(s)
+            else:
+                spans.append((s, len(ids)))
+            ids.extend(s.seq.token_ids[start:end])
+            pos.extend(range(start, end))
+            slots.extend(self._slot(s.seq.block_table, p) for p in range(start, end))
+            last_rows[id(s)] = len(ids) - 1
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_decode_tokens=len(decodes),
+            **self._decode_meta(decodes),
+            prefills=[self._span(s, q_start) for s, q_start in spans],
+        )
+        return self._tensor(ids), self._tensor(pos), meta, last_rows
+
+    def _slot(self, block_table: list[int], position: int) -> int:
+        return block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_meta(self, decodes: list[ScheduledSeq]) -> dict:
+        if not decodes:
+            return {}
+        ctx_lens = self._tensor([s.start + 1 for s in decodes])
+        max_blocks = max(len(s.seq.block_table) for s in decodes)
+        tables = self._tensor([s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes])
+        offsets = torch.arange(self.block_size, device=self.device)
+        max_ctx = int(ctx_lens.max())
+        slots = (tables[:, :, None] * self.block_size + offsets).view(len(decodes), -1)[:, :max_ctx]
+        mask = torch.arange(max_ctx, device=self.device)[None, :] < ctx_lens[:, None]
+        return {"decode_slots": slots, "decode_mask": mask[:, None, None, :]}
+
+    def _span(self, s: ScheduledSeq, q_start: int) -> PrefillSpan:
+        q_len, ctx_len = s.num_new_tokens, s.start + s.num_new_tokens
+        if s.start == 0:
+            return PrefillSpan(q_start, q_len, ctx_len)
+        ctx_slots = self._tensor([self._slot(s.seq.block_table, p) for p in range(ctx_len)])
+        q_pos = torch.arange(s.start, ctx_len, device=self.device)
+        mask = torch.arange(ctx_len, device=self.device)[None, :] <= q_pos[:, None]  # [q_len, ctx_len]
+        return PrefillSpan(q_start, q_len, ctx_len, ctx_slots, mask)
+
+
+def _is_decode(s: ScheduledSeq) -> bool:
+    return s.num_new_tokens == 1 and s.start > 0
+
+
+def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
+    limit = model_cfg.max_position_embeddings
+    if model_cfg.sliding_window:  # NOTE: no sliding-window attention here: stay inside the window
+        limit = min(limit, model_cfg.sliding_window)
+    if config.max_model_len is None:
+        return min(limit, MAX_DEFAULT_MODEL_LEN)
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {limit}")
+    return config.max_model_len

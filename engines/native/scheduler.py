@@ -1,0 +1,125 @@
+"""Continuous-batching scheduler: a per-step token budget shared by decodes and (chunked)
+prefills, prefix-cache hits on admission, and preemption by recompute. No torch, no I/O."""
+from collections import deque
+from dataclasses import dataclass, field
+
+from engines.base.types import FinishReason
+from engines.native.block_manager import BlockManager
+from engines.native.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+    start: int  # seq.num_computed_tokens when scheduled
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so a new token is sampled."""
+        return self.start + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache on admission
+        self.prefix_hits = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # NOTE: admitting while preempting would thrash
+            self._schedule_waiting(out, budget)
+        return out
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out; its blocks are freed unless held for export."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.hold_kv and seq.block_table and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            seq.status = SequenceStatus.HELD
+        else:
+            self.block_manager.free(seq)
+            seq.status = SequenceStatus.FINISHED
+
+    # -- internals ---------------------------------------------------------------------------
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            start = seq.num_computed_tokens
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self.running.pop()  # the latest admitted goes first
+                self._preempt(victim, out)
+                if victim is seq:
+                    return budget
+            out.scheduled.append(ScheduledSeq(seq, num_new, start))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            computed = self.block_manager.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
+            num_cached = len(computed) * self.block_manager.block_size
+            num_new = seq.num_tokens - seq.num_computed_tokens - num_cached
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                return
+            num_new = min(num_new, budget)
+            start = seq.num_computed_tokens + num_cached
+            if not self.block_manager.allocate_slots(seq, num_new, computed):
+                return
+            self._count_prefix(seq, num_cached)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new, start))
+            budget -= num_new
+
+    def _count_prefix(self, seq: Sequence, num_cached: int) -> None:
+        if not seq.was_admitted:  # a preempted sequence coming back is not a new query
+            seq.was_admitted = True
+            self.prefix_queries += seq.num_prompt_tokens
+            self.prefix_hits += num_cached + seq.num_cached_tokens
+            seq.num_cached_tokens += num_cached
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1

@@ -1,0 +1,76 @@
+"""Sequence: one request's tokens, progress and blocks as the scheduler sees them. No torch."""
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    HELD = "held"  # finished, KV kept for export
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    req_id: str
+    token_ids: list[int]  # prompt + generated so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    max_model_len: int = 1 << 30
+    hold_kv: bool = False
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
+    was_admitted: bool = False
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # of full blocks, extended lazily
+    num_registered_blocks: int = 0  # leading blocks of block_table already in the prefix cache
+    finish_reason: FinishReason | None = None
+    num_emitted_tokens: int = 0  # generated tokens already sent out
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    generator: Any = None  # the sampler's per-request RNG; opaque here
+    held_until: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append_token(self, token_id: int) -> None:
+        """Add a sampled token and decide whether the sequence is done."""
+        self.token_ids.append(token_id)
+        stops = self.params.stop_token_ids + (() if self.params.ignore_eos else self.eos_token_ids)
+        if token_id in stops:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
+            self.finish_reason = FinishReason.LENGTH
+
+    def reset_for_recompute(self) -> None:
+        """Preempted: drop all KV; the tokens stay and are prefilled again."""
+        self.num_computed_tokens = 0
+        self.num_registered_blocks = 0
+        self.block_table = []
+        self.status = SequenceStatus.WAITING
+
+    def take_new_tokens(self) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...]]:
+        """Generated tokens (and logprobs) not yet sent out; marks them sent."""
+        start = self.num_prompt_tokens + self.num_emitted_tokens
+        new = tuple(self.token_ids[start:])
+        self.num_emitted_tokens += len(new)
+        logprobs, self.pending_logprobs = tuple(self.pending_logprobs), []
+        return new, logprobs
