@@ -2,7 +2,7 @@
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from engines.base.types import EngineRequest, EngineStats, KvExport, RequestOutput
+from engines.base.types import EngineRequest, EngineStats, KvExport, KvLayout, RequestOutput
 
 
 @runtime_checkable
@@ -24,6 +24,10 @@ class Engine(Protocol):
         """Cancel a live request (its stream ends with ABORT) or drop held KV. Unknown ids are ignored."""
 
     def stats(self) -> EngineStats: ...
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        """The layout of this engine's KV blocks (what an import must match)."""
 
     async def export_kv(self, req_id: str) -> KvExport:
         """The KV of a finished request that was added with hold_kv=True."""

@@ -60,11 +60,20 @@ class BlockManager:
         hits: list[int] = []
         for i in range(max_blocks):
             block_id = self.cached.get(seq.block_hashes[i])
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break  # NOTE: a hash collision must never serve another prefix's KV
+            if block_id is None or not self._confirms(self.blocks[block_id], seq, i):
+                break
             hits.append(block_id)
         return hits
+
+    def _confirms(self, block: Block, seq: Sequence, i: int) -> bool:
+        """A hash hit counts only if the block's tokens and its parent's hash match too.
+
+        NOTE: a hash collision must never serve another prefix's KV. Blocks before i were
+        confirmed the same way, so only a 64-bit collision of two parents remains possible.
+        """
+        tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+        parent = seq.block_hashes[i - 1] if i else NONE_HASH
+        return block.token_ids == tokens and block.parent_hash == parent
 
     # -- actions -----------------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: Seq[int] = ()) -> bool:
@@ -96,6 +105,16 @@ class BlockManager:
                     self.free_queue.move_to_end(block_id, last=False)  # nothing worth keeping
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    def uncache_from(self, seq: Sequence, num_tokens: int) -> None:
+        """Forget cached blocks of `seq` past its first `num_tokens` (their KV was never written)."""
+        for block_id in seq.block_table[num_tokens // self.block_size :]:
+            block = self.blocks[block_id]
+            if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+                self.events.removed.append(block.block_hash)
+            block.block_hash, block.token_ids = None, ()
+        seq.num_registered_blocks = min(seq.num_registered_blocks, num_tokens // self.block_size)
 
     def drain_events(self) -> BlockEvents:
         events, self.events = self.events, BlockEvents()

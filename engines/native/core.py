@@ -3,13 +3,13 @@ Runs on one thread; the async NativeEngine feeds it commands and drains its outp
 import time
 
 from engines.base.errors import InvalidRequestError, RequestNotFoundError
-from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
+from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.native.block_manager import BlockManager
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import check_importable
 from engines.native.model_runner import ModelRunner
 from engines.native.sampler import make_generator
-from engines.native.scheduler import Scheduler, SchedulerConfig
+from engines.native.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from engines.native.sequence import Sequence, SequenceStatus
 
 
@@ -92,6 +92,19 @@ class EngineCore:
             self.abort(req_id)
         return expired
 
+    def prompt_logits(self, token_ids: list[int]):
+        """Next-token logits at every prompt position ([len, vocab] float32), for evaluation.
+
+        Computed in scratch blocks, outside the request lifecycle; call between steps only.
+        """
+        seq = Sequence("__score__", list(token_ids), len(token_ids), SamplingParams(max_tokens=1))
+        if not self.block_manager.allocate_slots(seq, len(token_ids)):
+            raise InvalidRequestError("not enough free KV blocks to score this prompt")
+        try:
+            return self.runner.prompt_logits(ScheduledSeq(seq, len(token_ids), 0))
+        finally:
+            self.block_manager.free(seq)
+
     # -- the step ----------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
@@ -126,6 +139,7 @@ class EngineCore:
         return self._output(seq)
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        self.block_manager.uncache_from(seq, seq.num_computed_tokens)
         seq.finish_reason = FinishReason.ERROR
         self.scheduler.finish(seq)
         self.seqs.pop(seq.req_id, None)

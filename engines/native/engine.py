@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from engines.base.errors import EngineError, InvalidRequestError
-from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
+from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.native.config import EngineConfig
 from engines.native.core import EngineCore
 
@@ -64,11 +64,19 @@ class NativeEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    @property
+    def kv_layout(self) -> KvLayout:
+        return self.core.runner.kv_layout
+
     async def export_kv(self, req_id: str) -> KvExport:
         return await self._call(lambda: self.core.export_kv(req_id))
 
     async def release_kv(self, req_id: str) -> None:
         await self._call(lambda: self.core.release_kv(req_id))
+
+    async def prompt_logits(self, token_ids: list[int]):
+        """Next-token logits at every prompt position (evaluation only; see EngineCore)."""
+        return await self._call(lambda: self.core.prompt_logits(token_ids))
 
     # -- internals ---------------------------------------------------------------------------
     async def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:

@@ -60,6 +60,12 @@ class ModelRunner:
                                   [s.seq.generator for s in samplers])
         return list(zip(samplers, tokens, logprobs))
 
+    @torch.inference_mode()
+    def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:
+        """Logits at every position of one prefill span: [num_new_tokens, vocab_size] float32."""
+        input_ids, positions, meta, _ = self._prepare([scheduled])
+        return self.model.compute_logits(self.model(input_ids, positions, meta)).float()
+
     def _prepare(self, order: list[ScheduledSeq]):
         ids: list[int] = []
         pos: list[int] = []
@@ -94,23 +100,21 @@ class ModelRunner:
     def _decode_meta(self, decodes: list[ScheduledSeq]) -> dict:
         if not decodes:
             return {}
-        ctx_lens = self._tensor([s.start + 1 for s in decodes])
         max_blocks = max(len(s.seq.block_table) for s in decodes)
-        tables = self._tensor([s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes])
-        offsets = torch.arange(self.block_size, device=self.device)
-        max_ctx = int(ctx_lens.max())
-        slots = (tables[:, :, None] * self.block_size + offsets).view(len(decodes), -1)[:, :max_ctx]
-        mask = torch.arange(max_ctx, device=self.device)[None, :] < ctx_lens[:, None]
-        return {"decode_slots": slots, "decode_mask": mask[:, None, None, :]}
+        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes]
+        ctx_lens = self._tensor([s.start + 1 for s in decodes])
+        mask = torch.arange(max_blocks * self.block_size, device=self.device)[None, :] < ctx_lens[:, None]
+        return {"decode_block_tables": self._tensor([b for t in tables for b in t]),
+                "decode_mask": mask[:, None, None, :]}
 
     def _span(self, s: ScheduledSeq, q_start: int) -> PrefillSpan:
         q_len, ctx_len = s.num_new_tokens, s.start + s.num_new_tokens
         if s.start == 0:
             return PrefillSpan(q_start, q_len, ctx_len)
-        ctx_slots = self._tensor([self._slot(s.seq.block_table, p) for p in range(ctx_len)])
+        table = self._tensor(s.seq.block_table[: -(-ctx_len // self.block_size)])
         q_pos = torch.arange(s.start, ctx_len, device=self.device)
         mask = torch.arange(ctx_len, device=self.device)[None, :] <= q_pos[:, None]  # [q_len, ctx_len]
-        return PrefillSpan(q_start, q_len, ctx_len, ctx_slots, mask)
+        return PrefillSpan(q_start, q_len, ctx_len, table, mask)
 
 
 def _is_decode(s: ScheduledSeq) -> bool:

@@ -1,0 +1,1 @@
+"""tandem's services: gateway, router, planner, prefill and decode workers, speaking gRPC."""

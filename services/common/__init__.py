@@ -1,0 +1,1 @@
+"""What every service shares: generated protos, conversions, errors, gRPC bootstrap, settings."""

@@ -1,0 +1,20 @@
+"""Build the engine a worker holds from its settings. Backends are imported lazily."""
+from engines.base import Engine
+from services.common.worker_settings import WorkerSettings
+
+
+def make_engine(s: WorkerSettings) -> Engine:
+    if s.engine == "zero":
+        from engines.zero import ZeroCostEngine
+
+        return ZeroCostEngine(s.model, block_size=s.block_size)
+    from engines.native.config import EngineConfig
+    from engines.native.engine import NativeEngine
+
+    return NativeEngine(EngineConfig(
+        model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
+        num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
+        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s,
+        num_threads=s.num_threads or None,
+    ))

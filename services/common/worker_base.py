@@ -1,0 +1,105 @@
+"""The Worker service's shared half: stats, abort, role checks, and the serve loop (engine,
+gRPC server, router registration, drain on SIGTERM). Prefill and decode add their calls."""
+import asyncio
+import logging
+
+import grpc
+
+from engines.base import Engine
+from services.common.convert import layout_to_pb, load_to_pb
+from services.common.engine_factory import make_engine
+from services.common.grpc_server import GrpcServer, run_until_signal
+from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
+from services.common.registration import Registrar
+from services.common.worker_settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "tandem.v1.Worker"
+_ROLES = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    role = ""
+
+    def __init__(self, settings: WorkerSettings, engine: Engine):
+        self.settings, self.engine = settings, engine
+        self.worker_id = ""
+        self.address = ""  # as advertised to the router
+        self.kv_bytes_exported = 0
+        self.kv_bytes_imported = 0
+
+    async def Abort(self, request, context):
+        await self.engine.abort(request.req_id)
+        return worker_pb2.AbortResponse()
+
+    async def GetStats(self, request, context):
+        s = self.engine.stats()
+        return worker_pb2.WorkerStats(
+            worker_id=self.worker_id, role=_ROLES[self.role], load=self.load(),
+            prefix_queries=s.prefix_queries, prefix_hits=s.prefix_hits, num_preemptions=s.num_preemptions,
+            num_prompt_tokens_computed=s.num_prompt_tokens_computed, num_generated_tokens=s.num_generated_tokens,
+            kv_bytes_exported=self.kv_bytes_exported, kv_bytes_imported=self.kv_bytes_imported,
+            block_size=s.block_size, max_model_len=s.max_model_len,
+        )
+
+    async def StreamKvEvents(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV events are not published by this worker yet")
+
+    async def Prefill(self, request, context):
+        await self._wrong_role(context, "Prefill")
+
+    async def PullKv(self, request, context):
+        await self._wrong_role(context, "PullKv")
+
+    async def ReleaseKv(self, request, context):
+        await self._wrong_role(context, "ReleaseKv")
+
+    async def Generate(self, request, context):
+        await self._wrong_role(context, "Generate")
+
+    def load(self) -> common_pb2.WorkerLoad:
+        return load_to_pb(self.engine.stats(), self.settings.max_num_seqs)
+
+    def info(self, address: str) -> router_pb2.WorkerInfo:
+        layout = getattr(self.engine, "kv_layout", None)
+        return router_pb2.WorkerInfo(
+            worker_id=self.worker_id, role=_ROLES[self.role], address=address, model=self.settings.model,
+            layout=layout_to_pb(layout) if layout else None, max_num_seqs=self.settings.max_num_seqs,
+            max_model_len=self.engine.stats().max_model_len,
+        )
+
+    async def _wrong_role(self, context, method: str):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{method} is not served by a {self.role} worker")
+
+
+async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService], drain_s: float = 10.0) -> None:
+    engine = make_engine(settings)
+    service = service_cls(settings, engine)
+    server = GrpcServer(f"{settings.host}:{settings.port}", [SERVICE_NAME])
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server.server)
+    service.worker_id = settings.resolved_worker_id(server.port)
+    service.address = settings.advertised_address(server.port)
+    registrar = Registrar(settings.router_address, service.info(settings.advertised_address(server.port)),
+                          service.load)
+
+    async def start() -> None:
+        await engine.start()
+        await server.start()
+        registrar.start()
+        log.info("%s worker %s serving on port %d", settings.role, service.worker_id, server.port)
+        print(f"tandem {settings.role} worker ready on {settings.advertised_address(server.port)}", flush=True)
+
+    async def stop() -> None:
+        await registrar.stop()  # no new requests routed here
+        await server.stop(grace_s=drain_s)  # in-flight streams finish within the grace period
+        await engine.shutdown()
+
+    await run_until_signal(start, stop)
+
+
+def main_for(role: str, service_cls: type[WorkerService], argv: list[str] | None) -> None:
+    from services.common.logs import setup_logging
+    from services.common.worker_settings import parse_worker_settings
+
+    setup_logging(f"{role}")
+    asyncio.run(serve_worker(parse_worker_settings(role, argv), service_cls))

@@ -1,0 +1,65 @@
+"""WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags."""
+import argparse
+import socket
+from dataclasses import dataclass
+
+from services.common.settings import SettingsError, env
+
+ROLES = ("prefill", "decode")
+ENGINES = ("native", "zero")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    role: str
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    advertise_host: str = ""  # what the router hands out; default host
+    worker_id: str = ""  # default: <role>-<hostname>-<port>
+    router_address: str = "127.0.0.1:50051"
+    engine: str = "native"
+    dtype: str = "float32"
+    device: str = "cpu"
+    num_threads: int = 0  # 0: torch's default
+    block_size: int = 16
+    num_blocks: int = 0  # 0: sized from memory
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0  # 0: the model's
+    enable_prefix_caching: bool = True
+    kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
+    metrics_port: int = -1  # -1: no metrics endpoint (the observability issue)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise SettingsError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.engine not in ENGINES:
+            raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.kv_lease_s <= 0:
+            raise SettingsError("kv_lease_s must be > 0")
+
+    def resolved_worker_id(self, port: int) -> str:
+        return self.worker_id or f"{self.role}-{socket.gethostname()}-{port}"
+
+    def advertised_address(self, port: int) -> str:
+        return f"{self.advertise_host or self.host}:{port}"
+
+
+def parse_worker_settings(role: str, argv: list[str] | None) -> WorkerSettings:
+    p = argparse.ArgumentParser(prog=f"tandem serve {role}")
+    defaults = WorkerSettings(role=role, model="")
+    p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
+    for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
+                 "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
+                 "max_model_len", "kv_lease_s", "metrics_port"):
+        default = getattr(defaults, name)
+        value = env(f"TANDEM_WORKER_{name.upper()}", default)
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value)
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   default=not env("TANDEM_WORKER_ENABLE_PREFIX_CACHING", True))
+    args = p.parse_args(argv)
+    if not args.model:
+        raise SettingsError("a model directory is required (--model or TANDEM_MODEL)")
+    fields = {k: v for k, v in vars(args).items() if k != "no_prefix_caching"}
+    return WorkerSettings(role=role, enable_prefix_caching=not args.no_prefix_caching, **fields)

@@ -1,0 +1,1 @@
+"""The prefill worker: prompt -> KV blocks + first token, blocks held under a lease until pulled."""

@@ -1,0 +1,92 @@
+"""Prefill worker servicer: Prefill (hold_kv, first token), PullKv (stream blocks, then free),
+ReleaseKv. Everything else is the shared WorkerService."""
+import dataclasses
+
+import grpc
+
+from engines.base import EngineRequest, FinishReason
+from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
+from services.common.errors import abort_with
+from services.common.protos import common_pb2, worker_pb2
+from services.common.worker_base import WorkerService, main_for
+from services.prefill.leases import Leases
+
+KV_CHUNK_BYTES = 4 << 20
+
+
+class PrefillService(WorkerService):
+    role = "prefill"
+
+    def __init__(self, settings, engine):
+        super().__init__(settings, engine)
+        self.leases = Leases(settings.kv_lease_s)
+
+    async def Prefill(self, request, context):
+        params = params_from_pb(request.params)
+        first = dataclasses.replace(params, max_tokens=1)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), first, hold_kv=True)
+        try:
+            outputs = [out async for out in self.engine.add_request(req)]
+        except Exception as exc:
+            await abort_with(context, exc)
+        last = outputs[-1]
+        if last.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+            await context.abort(grpc.StatusCode.INTERNAL if last.error else grpc.StatusCode.CANCELLED,
+                                last.error or "prefill aborted")
+        token_id = outputs[0].new_token_ids[0]
+        reply = worker_pb2.PrefillResponse(first_token_id=token_id, num_cached_tokens=last.num_cached_tokens)
+        if last.logprobs:
+            reply.first_logprob.CopyFrom(logprob_to_pb(last.logprobs[0]))
+        if last.finish_reason is FinishReason.STOP or params.max_tokens == 1:
+            reply.finish_reason = finish_to_pb(last.finish_reason)
+            await self.engine.release_kv(request.req_id)
+        else:
+            reply.kv.CopyFrom(self._handle(request.req_id, len(request.token_ids)))
+        return reply
+
+    async def PullKv(self, request, context):
+        try:
+            kv = await self.engine.export_kv(request.req_id)
+        except Exception as exc:
+            await abort_with(context, exc)
+        self.leases.take(request.req_id)
+        bytes_per_block = len(kv.data) // max(kv.num_blocks, 1)
+        blocks_per_chunk = max(1, KV_CHUNK_BYTES // max(bytes_per_block, 1))
+        layout = layout_to_pb(kv.layout)
+        for first in range(0, kv.num_blocks, blocks_per_chunk):
+            n = min(blocks_per_chunk, kv.num_blocks - first)
+            yield worker_pb2.KvChunk(
+                layout=layout, token_ids=kv.token_ids if first == 0 else (), first_block=first,
+                num_blocks=n, total_blocks=kv.num_blocks,
+                data=_block_slice(kv.data, kv.num_blocks, first, n, kv.layout.num_layers),
+            )
+        self.kv_bytes_exported += len(kv.data)
+        await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
+
+    async def ReleaseKv(self, request, context):
+        self.leases.take(request.req_id)
+        await self.engine.abort(request.req_id)  # drops held KV; unknown ids are ignored
+        return worker_pb2.ReleaseKvResponse()
+
+    def _handle(self, req_id: str, num_prompt_tokens: int) -> common_pb2.KvHandle:
+        layout = self.engine.kv_layout
+        return common_pb2.KvHandle(
+            worker_id=self.worker_id, address=self.address, req_id=req_id, layout=layout_to_pb(layout),
+            num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
+            lease_expires_unix_s=self.leases.grant(req_id),
+        )
+
+
+def _block_slice(data: bytes, num_blocks: int, first: int, n: int, num_layers: int) -> bytes:
+    """Blocks [first, first+n) of a [layers, 2, num_blocks, ...] array, as the same layout with n blocks."""
+    if num_blocks == 0:
+        return b""
+    block_bytes = len(data) // (num_layers * 2 * num_blocks)
+    row = num_blocks * block_bytes  # one (layer, k|v) plane
+    view = memoryview(data)
+    return b"".join(view[p * row + first * block_bytes : p * row + (first + n) * block_bytes]
+                    for p in range(num_layers * 2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    main_for("prefill", PrefillService, argv)
