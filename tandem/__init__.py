@@ -1,0 +1,1 @@
+"""tandem: disaggregated LLM inference — gateway, router, prefill/decode workers and their tooling."""

@@ -1,0 +1,177 @@
+"""`tandem up`: router, prefill and decode workers and the gateway as separate local processes.
+Waits until the stack is ready, prints how to use it, and on Ctrl-C/SIGTERM stops every process
+it started (children also die with it if it is killed outright)."""
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    model: str
+    num_prefill: int = 1
+    num_decode: int = 1
+    port: int = 8000
+    host: str = "127.0.0.1"
+    engine: str = "native"
+    router_port: int = 0  # 0: a free port
+    dtype: str = "float32"
+    num_threads: int = 0  # per worker; 0: the cores divided among workers
+    log_dir: Path = Path(".cache/logs")
+    ready_timeout_s: float = 300.0
+    worker_args: tuple[str, ...] = ()
+    gateway_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
+class Stack:
+    def __init__(self, cfg: StackConfig):
+        self.cfg = cfg
+        self.children: list[Child] = []
+        self.router_port = cfg.router_port or free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.port}"
+
+    def start(self) -> None:
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        router = f"127.0.0.1:{self.router_port}"
+        self._spawn("router", ["router", "--port", str(self.router_port)])
+        threads = str(self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode)))
+        common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
+                  "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]
+        for i in range(self.cfg.num_prefill):
+            self._spawn(f"prefill-{i}", ["prefill", *common, "--worker-id", f"prefill-{i}"])
+        for i in range(self.cfg.num_decode):
+            self._spawn(f"decode-{i}", ["decode", *common, "--worker-id", f"decode-{i}"])
+        self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
+                                "--host", self.cfg.host, "--port", str(self.cfg.port), *self.cfg.gateway_args])
+
+    def wait_ready(self) -> None:
+        """Until the gateway says ready and every worker has registered; raises if a child dies."""
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        expected = self.cfg.num_prefill + self.cfg.num_decode
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if self._registered() >= expected and self._gateway_ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"stack not ready after {self.cfg.ready_timeout_s:.0f}s; logs in {self.cfg.log_dir}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM in reverse start order (gateway first, router last), then SIGKILL stragglers."""
+        for child in reversed(self.children):
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self.children):
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log_path = self.cfg.log_dir / f"{name}.log"
+        log_file = open(log_path, "w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env}
+        proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "serve", *args], stdout=log_file,
+                                stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        log_file.close()
+        self.children.append(Child(name, proc, log_path))
+
+    def _check_alive(self) -> None:
+        for child in self.children:
+            if child.proc.poll() is not None:
+                tail = child.log_path.read_text()[-2000:]
+                raise RuntimeError(f"{child.name} exited with code {child.proc.returncode}:\n{tail}")
+
+    def _gateway_ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/ready", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _registered(self) -> int:
+        from services.common.grpc_server import make_channel  # noqa: F401  (protos built on import)
+        import grpc
+
+        from services.common.protos import router_pb2, router_pb2_grpc
+
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{self.router_port}") as channel:
+                reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=1)
+                return len(reply.workers)
+        except grpc.RpcError:
+            return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if the launcher dies, even by SIGKILL: nothing is left behind."""
+    os.setsid()  # own process group: a terminal's Ctrl-C reaches the launcher, which stops them in order
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def run_stack(cfg: StackConfig) -> int:
+    stack = Stack(cfg)
+    stopping = {"flag": False}
+
+    def on_signal(signum, frame):
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.start()
+        stack.wait_ready()
+        print_banner(stack)
+        while True:
+            stack._check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping tandem ...", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"tandem up failed: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        stack.stop()
+
+
+def print_banner(stack: Stack) -> None:
+    cfg = stack.cfg
+    model = Path(cfg.model).name
+    print(f"""tandem is up: {stack.url}
+  router 127.0.0.1:{stack.router_port} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
+  logs: {cfg.log_dir}/
+
+try it:
+  curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
+
+Ctrl-C stops everything.""", flush=True)

@@ -1,0 +1,61 @@
+"""`tandem model fetch|init`: argument parsing and printing only; the work is in fetch.py and init.py.
+
+Progress goes to stderr; the model directory is the last line of stdout, so scripts can `tail -n1`.
+"""
+import argparse
+import json
+from pathlib import Path
+
+from tandem.models import configs
+from tandem.models.errors import ModelError
+
+
+def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
+    model = subparsers.add_parser("model", help="fetch or create model checkpoints")
+    actions = model.add_subparsers(dest="model_command", required=True)
+
+    fetch = actions.add_parser("fetch", help="download (or convert offline) a model; prints its directory")
+    fetch.add_argument("model_id", nargs="?", default=None, help="hub id, local directory or .gguf file")
+    fetch.add_argument("--cache-dir", type=Path, default=None, help="default: $TANDEM_CACHE_DIR/models")
+    fetch.set_defaults(func=_run_fetch)
+
+    init = actions.add_parser("init", help="write a random-weight checkpoint; prints its directory")
+    init.add_argument("dir", type=Path)
+    init.add_argument("--arch", required=True, choices=sorted(configs.ARCHS))
+    init.add_argument("--tiny", action="store_true", default=True, help="the tiny test shape (default)")
+    init.add_argument("--shape", choices=sorted(configs.SHAPES), default=None, help="a named shape; wins over --tiny")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    init.add_argument("--config-only", action="store_true", help="write config and tokenizer, no weights")
+    init.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="config.json override; VALUE is parsed as JSON when it can be (repeatable)")
+    init.set_defaults(func=_run_init)
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ModelError(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw  # a bare string, e.g. --set hidden_act=gelu
+
+
+def _run_fetch(args: argparse.Namespace) -> int:
+    from tandem.models.fetch import DEFAULT_MODEL_ID, fetch_model  # lazy: pulls in torch and gguf
+
+    print(fetch_model(args.model_id or DEFAULT_MODEL_ID, cache_dir=args.cache_dir))
+    return 0
+
+
+def _run_init(args: argparse.Namespace) -> int:
+    from tandem.models.init import init_model  # lazy: pulls in torch
+
+    overrides = dict(parse_override(item) for item in args.overrides)
+    out = init_model(
+        args.dir, args.arch, tiny=args.tiny, shape=args.shape, seed=args.seed, dtype=args.dtype,
+        overrides=overrides, config_only=args.config_only,
+    )
+    print(out)
+    return 0

@@ -1,0 +1,57 @@
+"""`tandem serve <service>` (one service, what a container runs) and `tandem up` (the local stack)."""
+import argparse
+import importlib
+import os
+from pathlib import Path
+
+SERVICES = {
+    "gateway": "services.gateway.server",
+    "router": "services.router.server",
+    "prefill": "services.prefill.server",
+    "decode": "services.decode.server",
+}
+
+
+def add_stack_commands(commands) -> None:
+    serve = commands.add_parser("serve", help="run one service in the foreground",
+                                description="Run one tandem service; arguments after the name go to it.")
+    serve.add_argument("service", choices=sorted(SERVICES))
+    serve.add_argument("args", nargs=argparse.REMAINDER, help="the service's own flags (see --help)")
+    serve.set_defaults(func=_serve)
+
+    up = commands.add_parser("up", help="start router, workers and gateway as local processes")
+    up.add_argument("--model", default=os.environ.get("TANDEM_MODEL", ""),
+                    help="checkpoint directory (default: `tandem model fetch`'s SmolLM2)")
+    up.add_argument("--prefill", type=int, default=1, help="prefill workers (0: aggregated serving)")
+    up.add_argument("--decode", type=int, default=1, help="decode workers")
+    up.add_argument("--port", type=int, default=8000, help="gateway port")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--engine", default="native", choices=["native", "zero"])
+    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
+    up.set_defaults(func=_up)
+
+
+def _serve(args) -> int:
+    module = importlib.import_module(SERVICES[args.service])
+    module.main(args.args)
+    return 0
+
+
+def _up(args) -> int:
+    from tandem.launcher import StackConfig, run_stack
+
+    if args.prefill < 0 or args.decode < 1:
+        raise SystemExit("tandem up: need --decode >= 1 and --prefill >= 0")
+    model = args.model or str(_default_model())
+    cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
+                      host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
+                      log_dir=args.log_dir)
+    return run_stack(cfg)
+
+
+def _default_model() -> Path:
+    from tandem.models.fetch import fetch_model
+
+    return fetch_model()

@@ -1,0 +1,42 @@
+"""`tandem model ...`: the checkpoint directory is the last line of stdout; errors exit 2 with a message."""
+import json
+
+import pytest
+
+from tandem.cli import main
+from tandem.models.cli import parse_override
+from tandem.models.errors import ModelError
+
+
+def last_stdout_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_model_init_prints_dir_and_applies_overrides(tmp_path, capsys):
+    out = tmp_path / "m"
+    argv = ["model", "init", str(out), "--arch", "qwen2", "--seed", "3", "--set", "tie_word_embeddings=true",
+            "--set", "num_key_value_heads=1"]
+    assert main(argv) == 0
+    assert last_stdout_line(capsys) == str(out)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["tie_word_embeddings"], config["num_key_value_heads"]) == (True, 1)
+
+
+def test_model_fetch_prints_dir(tmp_path, capsys):
+    assert main(["model", "fetch", str(tmp_path)]) == 0
+    assert last_stdout_line(capsys) == str(tmp_path)
+
+
+def test_model_errors_exit_2(tmp_path, capsys):
+    assert main(["model", "fetch", "acme/unknown", "--cache-dir", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "tandem: error: cannot fetch 'acme/unknown'" in captured.err
+
+
+def test_parse_override():
+    assert parse_override("rope_scaling={\"rope_type\": \"llama3\"}") == ("rope_scaling", {"rope_type": "llama3"})
+    assert parse_override("hidden_act=gelu") == ("hidden_act", "gelu")
+    assert parse_override("rms_norm_eps=1e-5") == ("rms_norm_eps", 1e-5)
+    with pytest.raises(ModelError, match="KEY=VALUE"):
+        parse_override("oops")
