@@ -8,6 +8,7 @@ import sys
 
 from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
+from tandem.bench.engine_bench import add_bench_commands
 from tandem.models.errors import ModelError
 
 
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_model_commands(commands)
     add_stack_commands(commands)
+    add_bench_commands(commands)
     return parser
 
 

@@ -33,8 +33,8 @@ def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
 
 def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
     return SamplingParams(
-        max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p,
-        seed=msg.seed if msg.HasField("seed") else None, stop_token_ids=tuple(msg.stop_token_ids),
+        max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0, seed=msg.seed if msg.HasField("seed") else None, stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
     )
 

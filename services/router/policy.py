@@ -1,0 +1,87 @@
+"""Routing policies: which decode worker takes a request, and whether a prefill worker goes first.
+
+Pure objects with no I/O and no transport: the same ones run in the router service and the simulator.
+"""
+from typing import Protocol
+
+from services.router.types import DisaggDecision, RouteInput, WorkerView
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
+        """Pick one of `candidates` (non-empty, all live, none excluded)."""
+        ...
+
+
+def load_of(view: WorkerView) -> float:
+    """Sequences on the worker, counting routes it has not yet reported, per sequence slot."""
+    return (view.load.num_running + view.load.num_waiting + view.num_unreflected) / view.max_num_seqs
+
+
+def _load_key(view: WorkerView) -> tuple[float, int, str]:
+    # NOTE: a total order, so equal loads never depend on the candidates' order
+    return load_of(view), view.load.num_blocks_used, view.worker_id
+
+
+class RoundRobinPolicy:
+    """Cycles over candidates sorted by worker_id, per model; resumes after the last worker chosen,
+    so workers joining or leaving neither restart the cycle nor skip anyone."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}  # model -> worker_id chosen last
+
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
+        ordered = sorted(candidates, key=lambda v: v.worker_id)
+        last = self._last.get(request.model)
+        chosen = next((v for v in ordered if last is None or v.worker_id > last), ordered[0])
+        self._last[request.model] = chosen.worker_id
+        return chosen
+
+
+class LeastLoadedPolicy:
+    """The lowest `load_of`; ties go to fewer KV blocks used, then the smallest worker_id."""
+
+    name = "least_loaded"
+
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
+        return min(candidates, key=_load_key)
+
+
+POLICIES: dict[str, type[RoundRobinPolicy] | type[LeastLoadedPolicy]] = {
+    RoundRobinPolicy.name: RoundRobinPolicy,
+    LeastLoadedPolicy.name: LeastLoadedPolicy,
+}
+
+
+def make_policy(name: str) -> RoutingPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
+
+
+class DisaggregationPolicy:
+    """Conditional disaggregation: a prefill worker goes first only when the uncached prompt is long
+    enough to pay for the KV transfer and the least-loaded prefill worker is not queueing."""
+
+    def __init__(self, min_tokens: int = 512, max_waiting: int = 4):
+        self.min_tokens = min_tokens
+        self.max_waiting = max_waiting
+
+    def decide(self, request: RouteInput, prefill: list[WorkerView], num_cached_tokens: int = 0) -> DisaggDecision:
+        if not prefill:
+            return DisaggDecision(None, "aggregated: no prefill workers")
+        num_uncached = max(len(request.token_ids) - num_cached_tokens, 0)
+        if num_uncached < self.min_tokens:
+            return DisaggDecision(None, f"aggregated: {num_uncached} uncached tokens < {self.min_tokens}")
+        best = min(prefill, key=_load_key)
+        num_waiting = best.load.num_waiting + best.num_unreflected  # routes it has not reported yet queue too
+        if num_waiting >= self.max_waiting:
+            return DisaggDecision(None, f"aggregated: prefill pool saturated ({best.worker_id} has "
+                                        f"{num_waiting} waiting >= {self.max_waiting})")
+        return DisaggDecision(best, f"disaggregated: {num_uncached} uncached tokens >= {self.min_tokens}; "
+                                    f"{best.worker_id} has {num_waiting} waiting")

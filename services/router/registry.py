@@ -1,0 +1,146 @@
+"""The worker registry: leases renewed by heartbeats, the load they carry, and in-flight requests.
+
+Pure: no I/O, no logging, no transport; time comes from an injected clock.
+"""
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from services.router.types import WorkerInfo, WorkerLoad, WorkerRole, WorkerView
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class _Worker:
+    info: WorkerInfo
+    load: WorkerLoad
+    expires_at: float
+    load_seq: int  # the route sequence number when `load` was reported
+    inflight: dict[str, int] = field(default_factory=dict)  # req_id -> route sequence number
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    worker_ids: tuple[str, ...]
+    started_at: float
+
+
+class Registry:
+    """Live workers by id. A worker whose lease has lapsed is invisible at once and removed by `expire`."""
+
+    def __init__(self, clock: Clock, lease_ttl_s: float = 10.0, inflight_ttl_s: float = 600.0):
+        self._clock = clock
+        self.lease_ttl_s = lease_ttl_s
+        self.inflight_ttl_s = inflight_ttl_s
+        self._workers: dict[str, _Worker] = {}
+        self._inflight: dict[str, _InFlight] = {}
+        self._models: set[str] = set()  # every model ever registered: its absence later is UNAVAILABLE
+        self._seq = 0  # counts routes, so "routed after the last load report" is exact under any clock
+
+    def __len__(self) -> int:
+        """Workers held, including lapsed ones the next `expire` will remove."""
+        return len(self._workers)
+
+    # ---- leases ----
+
+    def register(self, info: WorkerInfo, load: WorkerLoad) -> bool:
+        """Add or replace a worker; True when it was not live before."""
+        info.validate()
+        old = self._live(info.worker_id)
+        inflight = old.inflight if old else {}  # NOTE: a re-registering worker keeps requests the gateway owns
+        self._workers[info.worker_id] = _Worker(info, load, self._clock() + self.lease_ttl_s, self._seq, inflight)
+        self._models.add(info.model)
+        return old is None
+
+    def heartbeat(self, worker_id: str, load: WorkerLoad) -> bool:
+        """Renew the lease and record the load; False when the worker must register again."""
+        worker = self._live(worker_id)
+        if worker is None:
+            return False
+        worker.load, worker.load_seq = load, self._seq
+        worker.expires_at = self._clock() + self.lease_ttl_s
+        return True
+
+    def deregister(self, worker_id: str) -> bool:
+        return self._remove(worker_id)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Remove every worker whose lease has lapsed; returns their ids, sorted."""
+        now = self._clock() if now is None else now
+        lapsed = sorted(w for w, rec in self._workers.items() if rec.expires_at <= now)
+        for worker_id in lapsed:
+            self._remove(worker_id)
+        return lapsed
+
+    # ---- in-flight requests ----
+
+    def add_inflight(self, req_id: str, worker_ids: Iterable[str]) -> None:
+        """Count `req_id` against each worker until `complete`; a re-route replaces the old entry."""
+        self.complete(req_id)
+        self._seq += 1
+        live = tuple(w for w in worker_ids if w in self._workers)
+        for worker_id in live:
+            self._workers[worker_id].inflight[req_id] = self._seq
+        self._inflight[req_id] = _InFlight(live, self._clock())
+
+    def complete(self, req_id: str) -> bool:
+        entry = self._inflight.pop(req_id, None)
+        if entry is None:
+            return False
+        for worker_id in entry.worker_ids:
+            if worker_id in self._workers:
+                self._workers[worker_id].inflight.pop(req_id, None)
+        return True
+
+    def expire_inflight(self, now: float | None = None) -> list[str]:
+        """Drop in-flight entries older than the TTL, so a gateway that died leaves no phantom load."""
+        now = self._clock() if now is None else now
+        stale = sorted(r for r, e in self._inflight.items() if now - e.started_at >= self.inflight_ttl_s)
+        for req_id in stale:
+            self.complete(req_id)
+        return stale
+
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    # ---- views ----
+
+    def views(self, model: str | None = None, role: WorkerRole | None = None) -> list[WorkerView]:
+        """Live workers, sorted by worker_id, optionally of one model and role."""
+        now = self._clock()
+        return [self._view(rec, now) for _, rec in sorted(self._workers.items())
+                if rec.expires_at > now and (model is None or rec.info.model == model)
+                and (role is None or rec.info.role == role)]
+
+    def has_model(self, model: str) -> bool:
+        """True when some worker has ever served `model`, live or not."""
+        return model in self._models
+
+    def _view(self, rec: _Worker, now: float) -> WorkerView:
+        unreflected = sum(1 for seq in rec.inflight.values() if seq > rec.load_seq)
+        return WorkerView(rec.info, rec.load, len(rec.inflight), unreflected, rec.expires_at - now)
+
+    def _live(self, worker_id: str) -> _Worker | None:
+        rec = self._workers.get(worker_id)
+        if rec is not None and rec.expires_at <= self._clock():
+            self._remove(worker_id)  # lapsed but not yet swept: the same as gone
+            return None
+        return rec
+
+    def _remove(self, worker_id: str) -> bool:
+        rec = self._workers.pop(worker_id, None)
+        if rec is None:
+            return False
+        for req_id in rec.inflight:
+            self._forget_worker(req_id, worker_id)
+        return True
+
+    def _forget_worker(self, req_id: str, worker_id: str) -> None:
+        entry = self._inflight.get(req_id)
+        if entry is None:
+            return
+        rest = tuple(w for w in entry.worker_ids if w != worker_id)
+        if rest:
+            self._inflight[req_id] = _InFlight(rest, entry.started_at)
+        else:
+            del self._inflight[req_id]

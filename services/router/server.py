@@ -1,0 +1,172 @@
+"""The router's gRPC shell: the Router servicer, the lease sweeper, `serve` and `main`.
+
+No decision logic here: each method reads the proto, calls the core, writes the proto.
+"""
+import argparse
+import asyncio
+import functools
+import logging
+import sys
+import time
+
+import grpc
+
+from services.common.errors import ServiceError, abort_with
+from services.common.grpc_server import GrpcServer, run_until_signal
+from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.settings import SettingsError
+from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
+                                     worker_status_to_pb)
+from services.router.core import RouterCore
+from services.router.policy import DisaggregationPolicy, make_policy
+from services.router.registry import Clock, Registry
+from services.router.settings import RouterSettings, add_arguments, settings_from
+from services.router.types import InvalidArgumentError, NoWorkerAvailableError, RouterError, UnknownModelError
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+_CODES = [
+    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (UnknownModelError, grpc.StatusCode.NOT_FOUND),
+    (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def _service_error(exc: RouterError) -> ServiceError:
+    code = next((c for kind, c in _CODES if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+    return ServiceError(code, str(exc))
+
+
+def _maps_errors(method):
+    """End the RPC with the status matching a RouterError instead of an opaque UNKNOWN."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except RouterError as exc:
+            await abort_with(context, _service_error(exc))
+
+    return wrapper
+
+
+def build_core(settings: RouterSettings, clock: Clock = time.monotonic) -> RouterCore:
+    registry = Registry(clock, settings.lease_ttl_s, settings.inflight_ttl_s)
+    disagg = DisaggregationPolicy(settings.disagg_min_tokens, settings.prefill_max_waiting)
+    return RouterCore(registry, make_policy(settings.policy), disagg)
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, core: RouterCore, settings: RouterSettings):
+        self.core = core
+        self.registry = core.registry
+        self.settings = settings
+
+    @_maps_errors
+    async def Register(self, request, context):
+        info = worker_info_from_pb(request.worker)
+        is_new = self.registry.register(info, load_from_pb(request.load))
+        log.info("%s %s worker %s at %s (model %s)", "registered" if is_new else "re-registered",
+                 info.role.value, info.worker_id, info.address, info.model)
+        return router_pb2.RegisterResponse(lease_ttl_s=self.settings.lease_ttl_s,
+                                           heartbeat_interval_s=self.settings.heartbeat_interval_s)
+
+    async def Heartbeat(self, request, context):
+        is_known = self.registry.heartbeat(request.worker_id, load_from_pb(request.load))
+        if not is_known:
+            log.info("heartbeat from unknown worker %s; it must register again", request.worker_id)
+        return router_pb2.HeartbeatResponse(known=is_known)
+
+    async def Deregister(self, request, context):
+        if self.registry.deregister(request.worker_id):
+            log.info("deregistered worker %s", request.worker_id)
+        return router_pb2.DeregisterResponse()
+
+    @_maps_errors
+    async def Route(self, request, context):
+        decision = self.core.route(route_input_from_pb(request))
+        log.debug("route %s (%d tokens) -> decode %s, prefill %s, %s, %d cached: %s", request.req_id,
+                  len(request.token_ids), decision.decode.worker_id,
+                  decision.prefill.worker_id if decision.prefill else "-", decision.policy,
+                  decision.num_cached_tokens, decision.reason)
+        return decision_to_pb(decision)
+
+    async def ListWorkers(self, request, context):
+        return router_pb2.ListWorkersResponse(workers=[worker_status_to_pb(v) for v in self.registry.views()])
+
+    async def Complete(self, request, context):
+        self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
+        return router_pb2.CompleteResponse()
+
+
+class RouterService:
+    """The servicer on a GrpcServer, plus the task that sweeps lapsed leases and stale in-flight entries."""
+
+    def __init__(self, settings: RouterSettings, clock: Clock = time.monotonic):
+        self.settings = settings
+        self.core = build_core(settings, clock)
+        self.registry = self.core.registry
+        self.server = GrpcServer(settings.address, [SERVICE_NAME])
+        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings), self.server.server)
+        self._sweeper: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="router-sweeper")
+        log.info("router serving on %s:%d (policy %s)", self.settings.host, self.port, self.settings.policy)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await self.server.stop(grace_s)
+
+    def sweep(self) -> None:
+        for worker_id in self.registry.expire():
+            log.info("lease expired: worker %s left the pool", worker_id)
+        stale = self.registry.expire_inflight()
+        if stale:
+            log.info("dropped %d in-flight requests never completed within %.0f s", len(stale),
+                     self.settings.inflight_ttl_s)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            try:
+                self.sweep()
+            except Exception:  # NOTE: a bug here must not stop leases from ever expiring again
+                log.exception("lease sweep failed")
+
+
+async def serve(settings: RouterSettings) -> None:
+    service = RouterService(settings)
+    await run_until_signal(service.start, service.stop)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem serve router", description="the tandem router")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every routing decision")
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except SettingsError as exc:
+        parser.error(str(exc))  # exits 2 with the message
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:  # our decisions only; grpc's and asyncio's debug output would drown them
+        logging.getLogger("services").setLevel(logging.DEBUG)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

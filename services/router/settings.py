@@ -1,0 +1,63 @@
+"""The router's settings: one frozen object from TANDEM_ROUTER_* variables, overridden by CLI flags.
+
+A bad value raises SettingsError at start-up, naming the setting.
+"""
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from services.common.settings import SettingsError, env
+from services.router.policy import POLICIES
+
+ENV_PREFIX = "TANDEM_ROUTER_"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0 = any free port (tests)
+    policy: str = "least_loaded"
+    lease_ttl_s: float = 10.0  # a worker silent this long leaves the pool
+    heartbeat_interval_s: float = 2.0  # told to workers when they register
+    disagg_min_tokens: int = 512  # uncached prompt tokens below which the decode worker prefills locally
+    prefill_max_waiting: int = 4  # a prefill worker with this many waiting counts as saturated
+    inflight_ttl_s: float = 600.0  # a routed request never completed stops counting as load after this
+    sweep_interval_s: float = 1.0  # how often lapsed leases and stale in-flight entries are removed
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port must be in [0, 65535], got {self.port}")
+        if self.policy not in POLICIES:
+            raise SettingsError(f"policy must be one of {', '.join(sorted(POLICIES))}, got {self.policy!r}")
+        for name in ("lease_ttl_s", "heartbeat_interval_s", "inflight_ttl_s", "sweep_interval_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_interval_s >= self.lease_ttl_s:
+            raise SettingsError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
+                                f"lease_ttl_s ({self.lease_ttl_s}), or every lease lapses between heartbeats")
+        if self.disagg_min_tokens < 0 or self.prefill_max_waiting < 1:
+            raise SettingsError(f"need disagg_min_tokens >= 0 and prefill_max_waiting >= 1, got "
+                                f"{self.disagg_min_tokens} and {self.prefill_max_waiting}")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_env(cls) -> "RouterSettings":
+        values = {f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(cls)}
+        return cls(**values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (--lease-ttl-s, ...); an absent flag keeps the environment's value."""
+    for f in dataclasses.fields(RouterSettings):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f.name, type=type(f.default), default=None,
+                            help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+
+
+def settings_from(args: argparse.Namespace) -> RouterSettings:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(RouterSettings)
+                 if getattr(args, f.name, None) is not None}
+    return dataclasses.replace(RouterSettings.from_env(), **overrides)

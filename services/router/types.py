@@ -1,0 +1,108 @@
+"""Domain types of the router: workers, their load, route inputs and decisions, typed errors.
+
+Plain frozen dataclasses with no transport, so the simulator can build them directly.
+"""
+from dataclasses import dataclass
+from enum import Enum
+
+from engines.base.types import KvLayout
+
+
+class RouterError(Exception):
+    """Base class of every error the router's core raises on purpose."""
+
+
+class InvalidArgumentError(RouterError, ValueError):
+    """A registration or route request is malformed (missing id, model, address or role)."""
+
+
+class UnknownModelError(RouterError, LookupError):
+    """No worker has ever registered this model while others are live."""
+
+
+class NoWorkerAvailableError(RouterError):
+    """The model is known but no live, non-excluded decode worker can take the request."""
+
+
+class WorkerRole(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker says about itself when it registers; fixed for the life of its lease."""
+
+    worker_id: str
+    role: WorkerRole
+    address: str
+    model: str
+    layout: KvLayout | None = None
+    max_num_seqs: int = 0  # 0 = not reported; the load's value (or 1) stands in
+    max_model_len: int = 0
+
+    def validate(self) -> None:
+        for name in ("worker_id", "address", "model"):
+            if not getattr(self, name):
+                raise InvalidArgumentError(f"worker {name} is required")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """A worker's own account of its load, as of its last heartbeat."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    num_held: int = 0  # prefill: requests whose KV awaits a pull
+    num_blocks_used: int = 0
+    num_blocks_total: int = 0
+    max_num_seqs: int = 0
+    prefix_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A snapshot of one live worker as policies see it."""
+
+    info: WorkerInfo
+    load: WorkerLoad = WorkerLoad()
+    num_inflight: int = 0  # routed here and not yet completed
+    num_unreflected: int = 0  # of those, routed after the last load report
+    lease_expires_in_s: float = 0.0
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.info.max_num_seqs or self.load.max_num_seqs or 1
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    req_id: str
+    model: str
+    token_ids: tuple[int, ...] = ()
+    exclude_worker_ids: frozenset[str] = frozenset()
+
+    def validate(self) -> None:
+        if not self.req_id:
+            raise InvalidArgumentError("req_id is required")
+        if not self.model:
+            raise InvalidArgumentError("model is required")
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggDecision:
+    prefill: WorkerView | None  # None: the decode worker prefills locally
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    decode: WorkerView
+    prefill: WorkerView | None
+    policy: str
+    num_cached_tokens: int  # the estimated prefix overlap on the decode worker
+    reason: str  # why prefill was (not) disaggregated

@@ -1,0 +1,1 @@
+"""Benchmarks: `tandem bench engine` compares the native engine with Hugging Face transformers."""

@@ -1,0 +1,54 @@
+"""Router settings: defaults, TANDEM_ROUTER_* variables, CLI flags over them, clear errors for bad values."""
+import pytest
+
+from services.common.settings import SettingsError
+from services.router.server import build_parser, main
+from services.router.settings import RouterSettings, settings_from
+
+
+def load(argv: list[str]) -> RouterSettings:
+    return settings_from(build_parser().parse_args(argv))
+
+
+def test_defaults():
+    s = load([])
+    assert (s.port, s.policy, s.lease_ttl_s, s.heartbeat_interval_s) == (50051, "least_loaded", 10.0, 2.0)
+    assert (s.disagg_min_tokens, s.prefill_max_waiting, s.inflight_ttl_s) == (512, 4, 600.0)
+
+
+def test_env_then_flags(monkeypatch):
+    monkeypatch.setenv("TANDEM_ROUTER_DISAGG_MIN_TOKENS", "1")
+    monkeypatch.setenv("TANDEM_ROUTER_POLICY", "round_robin")
+    monkeypatch.setenv("TANDEM_ROUTER_LEASE_TTL_S", "30")
+    s = load(["--policy", "least_loaded", "--port", "6001"])
+    assert (s.disagg_min_tokens, s.policy, s.lease_ttl_s, s.port) == (1, "least_loaded", 30.0, 6001)
+
+
+def test_settings_are_frozen():
+    with pytest.raises(AttributeError):
+        RouterSettings().port = 1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"policy": "kv"}, "policy must be one of least_loaded, round_robin, got 'kv'"),
+    ({"port": 70000}, r"port must be in \[0, 65535\]"),
+    ({"lease_ttl_s": 0.0}, "lease_ttl_s must be > 0"),
+    ({"heartbeat_interval_s": 10.0}, r"heartbeat_interval_s \(10.0\) must be below lease_ttl_s \(10.0\)"),
+    ({"prefill_max_waiting": 0}, "prefill_max_waiting >= 1"),
+])
+def test_bad_values_raise_clear_errors(kwargs, message):
+    with pytest.raises(SettingsError, match=message):
+        RouterSettings(**kwargs)
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("TANDEM_ROUTER_PORT", "http")
+    with pytest.raises(SettingsError, match="TANDEM_ROUTER_PORT='http'"):
+        RouterSettings.from_env()
+
+
+def test_main_exits_2_on_bad_setting(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--lease-ttl-s", "1", "--heartbeat-interval-s", "5"])
+    assert exit_info.value.code == 2
+    assert "must be below lease_ttl_s" in capsys.readouterr().err
