@@ -3,7 +3,7 @@ the KV cache and the attention backend; knows nothing of requests' lifecycles.""
 import torch
 
 from engines.base.types import KvLayout, TokenLogprob
-from engines.native.attention import AttentionMetadata, PrefillSpan, get_backend
+from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import KvCache, available_memory, bytes_per_block
 from engines.native.layers.rotary import RotaryEmbedding
@@ -87,7 +87,8 @@ class ModelRunner:
             slot_mapping=self._tensor(slots),
             num_decode_tokens=len(decodes),
             **self._decode_meta(decodes),
-            prefills=[self._span(s, q_start) for s, q_start in spans],
+            prefills=[self._span(s, q_start) for s, q_start in spans if s.start > 0],
+            fresh=self._fresh([(s.num_new_tokens, q_start) for s, q_start in spans if s.start == 0]),
         )
         return self._tensor(ids), self._tensor(pos), meta, last_rows
 
@@ -107,10 +108,23 @@ class ModelRunner:
         return {"decode_block_tables": self._tensor([b for t in tables for b in t]),
                 "decode_mask": mask[:, None, None, :]}
 
+    def _fresh(self, spans: list[tuple[int, int]]) -> FreshSpans | None:
+        """Index maps that pad fresh spans (q_len, q_start) into one [num_spans, max_len] batch."""
+        if not spans:
+            return None
+        max_len = max(n for n, _ in spans)
+        gather, src, dst = [], [], []
+        for i, (n, start) in enumerate(spans):
+            gather.extend(range(start, start + n))
+            gather.extend([start] * (max_len - n))  # pads: any real row, never attended to
+            src.extend(range(i * max_len, i * max_len + n))
+            dst.extend(range(start, start + n))
+        padded = len(gather) != len(src)
+        return FreshSpans(self._tensor(gather), len(spans), max_len,
+                          self._tensor(src) if padded else None, self._tensor(dst))
+
     def _span(self, s: ScheduledSeq, q_start: int) -> PrefillSpan:
         q_len, ctx_len = s.num_new_tokens, s.start + s.num_new_tokens
-        if s.start == 0:
-            return PrefillSpan(q_start, q_len, ctx_len)
         table = self._tensor(s.seq.block_table[: -(-ctx_len // self.block_size)])
         q_pos = torch.arange(s.start, ctx_len, device=self.device)
         mask = torch.arange(ctx_len, device=self.device)[None, :] <= q_pos[:, None]  # [q_len, ctx_len]

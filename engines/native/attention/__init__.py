@@ -1,5 +1,5 @@
 """Attention backends over the paged KV cache. `get_backend` picks one for a device."""
-from engines.native.attention.metadata import AttentionMetadata, PrefillSpan
+from engines.native.attention.metadata import AttentionMetadata, FreshSpans, PrefillSpan
 from engines.native.attention.torch_paged import TorchPagedAttention
 
 
@@ -8,4 +8,4 @@ def get_backend(device: str):
     return TorchPagedAttention()
 
 
-__all__ = ["AttentionMetadata", "PrefillSpan", "TorchPagedAttention", "get_backend"]
+__all__ = ["AttentionMetadata", "FreshSpans", "PrefillSpan", "TorchPagedAttention", "get_backend"]

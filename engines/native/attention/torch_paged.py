@@ -30,10 +30,26 @@ class TorchPagedAttention:
         num_decodes = meta.num_decode_tokens
         if num_decodes:
             out[:num_decodes] = self._decode(q[:num_decodes], k_cache, v_cache, meta, scale)
+        if meta.fresh is not None:
+            self._fresh(q, k, v, meta.fresh, scale, out)
         for span in meta.prefills:
             sl = slice(span.q_start, span.q_start + span.q_len)
             out[sl] = self._prefill(q[sl], k[sl], v[sl], k_cache, v_cache, span, scale)
         return out
+
+    def _fresh(self, q, k, v, fresh, scale: float, out: torch.Tensor) -> None:
+        """All spans with nothing cached in one causal SDPA call over a padded batch."""
+        shape = (fresh.num_spans, fresh.max_len)
+
+        def batch(x: torch.Tensor) -> torch.Tensor:  # [num_spans, heads, max_len, head_dim]
+            return x.index_select(0, fresh.gather).view(*shape, *x.shape[1:]).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(batch(q), batch(k), batch(v), is_causal=True, scale=scale,
+                                           enable_gqa=True)
+        rows = o.transpose(1, 2).reshape(-1, *q.shape[1:])  # [num_spans * max_len, num_heads, head_dim]
+        if fresh.src_rows is not None:
+            rows = rows.index_select(0, fresh.src_rows)
+        out.index_copy_(0, fresh.dst_rows, rows)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_decodes, kv_shape = q.shape[0], k_cache.shape[2:]
@@ -50,17 +66,14 @@ class TorchPagedAttention:
         return out.reshape(q.shape)
 
     def _prefill(self, q, k, v, k_cache, v_cache, span, scale: float) -> torch.Tensor:
-        if span.block_table is None:
-            keys, values, mask = k, v, None
-        else:
-            kv_shape = k_cache.shape[2:]
-            keys = k_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
-            values = v_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
-            mask = span.mask
+        """One span that continues a cached prefix: its keys come from the cache."""
+        kv_shape = k_cache.shape[2:]
+        keys = k_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
+        values = v_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, num_heads, q_len, head_dim]
             keys.transpose(0, 1).unsqueeze(0).to(q.dtype),
             values.transpose(0, 1).unsqueeze(0).to(q.dtype),
-            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+            attn_mask=span.mask, scale=scale, enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP gateway: validates, templates and tokenizes, routes, streams tokens back."""

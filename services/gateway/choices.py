@@ -1,0 +1,102 @@
+"""One request's choices: each is its own worker request through the pipeline, and its token deltas become
+text deltas (detokenized, special tokens skipped, stop strings cut). n choices run concurrently.
+
+Knows text and tokens, not HTTP or OpenAI's JSON shapes (responses.py).
+"""
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+
+from transformers import PreTrainedTokenizerBase
+
+from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+from services.gateway.detokenizer import IncrementalDetokenizer
+from services.gateway.pipeline import Pipeline
+from services.gateway.stop import StopMatcher
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What every choice of one request shares."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    n: int = 1
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    num_tokens: int  # generated tokens this delta covers (all of them count as usage)
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None  # "stop" | "length"
+
+
+OnTokens = Callable[[int, int], None]  # (choice index, number of new tokens)
+
+
+def run_job(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job,
+            on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
+    """Every choice's deltas, interleaved as they come; each choice ends with a finish_reason."""
+    streams = [run_choice(pipeline, tokenizer, job, i, on_tokens) for i in range(job.n)]
+    return streams[0] if len(streams) == 1 else merge(streams)
+
+
+async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job, index: int,
+                     on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
+    detokenizer = IncrementalDetokenizer(tokenizer, job.prompt)
+    stop = StopMatcher(job.stop)
+    req_id, params = f"{job.request_id}-{index}", _choice_params(job.params, index)
+    # NOTE: leaving this block early (a stop string, the client gone) closes the stream: the worker aborts
+    async with aclosing(pipeline.generate(req_id, job.prompt, params)) as stream:
+        async for delta in stream:
+            on_tokens(index, len(delta.token_ids))
+            text = stop.push(detokenizer.push(delta.token_ids))
+            if delta.finish_reason is not None and not stop.is_stopped:
+                text += stop.push(detokenizer.flush())
+                text += stop.flush()
+            finish = "stop" if stop.is_stopped else _FINISH.get(delta.finish_reason)
+            yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish)
+            if finish is not None:
+                return
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    # a seeded request stays reproducible, but its n choices must not all be the same sample
+    return params if params.seed is None or index == 0 else replace(params, seed=(params.seed + index) % 2**63)
+
+
+async def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
+    """Interleave streams; the first error cancels the others and is raised."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[ChoiceDelta]) -> None:
+        try:
+            async with aclosing(stream):
+                async for item in stream:
+                    queue.put_nowait(item)
+            queue.put_nowait(done)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, who raises it
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()  # their own finally blocks abort their worker requests

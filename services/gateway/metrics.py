@@ -1,0 +1,74 @@
+"""Prometheus metrics of the gateway: requests by route/model/status, TTFT, inter-token and end-to-end
+latency, prompt/completion tokens, requests in flight. One registry per app, so tests can build many."""
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# 5 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,
+                   10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+               5.0, 10.0, 30.0, 60.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("tandem_gateway_requests", "HTTP requests by final status (499: client left)",
+                                ["route", "model", "status"], registry=r)
+        self.ttft = Histogram("tandem_gateway_time_to_first_token_seconds", "Request arrival to first token",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("tandem_gateway_inter_token_latency_seconds", "Time between tokens of one choice",
+                             ["model"], buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("tandem_gateway_request_duration_seconds", "Request arrival to its last byte",
+                             ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("tandem_gateway_prompt_tokens", "Prompt tokens of served requests",
+                                     ["model"], registry=r)
+        self.completion_tokens = Counter("tandem_gateway_completion_tokens", "Generated tokens", ["model"],
+                                         registry=r)
+        self.inflight = Gauge("tandem_gateway_requests_in_flight", "Requests being served", ["model"], registry=r)
+
+    def start(self, route: str, model: str) -> "RequestTimer":
+        return RequestTimer(self, route, model)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestTimer:
+    """One request's clock: TTFT at its first token, ITL per choice, totals once at the end."""
+
+    def __init__(self, metrics: GatewayMetrics, route: str, model: str):
+        self._m, self._route, self._model = metrics, route, model
+        self._start = time.perf_counter()
+        self._last: dict[int, float] = {}  # choice index -> when its latest tokens came
+        self.num_prompt_tokens = 0
+        self.num_completion_tokens = 0
+        self.is_finished = False
+        metrics.inflight.labels(model).inc()
+
+    def on_tokens(self, index: int, num_tokens: int) -> None:
+        now = time.perf_counter()
+        if not self._last:
+            self._m.ttft.labels(self._model).observe(now - self._start)
+        last = self._last.get(index)
+        if last is not None and num_tokens:
+            gap = (now - last) / num_tokens
+            for _ in range(num_tokens):
+                self._m.itl.labels(self._model).observe(gap)
+        self._last[index] = now
+        self.num_completion_tokens += num_tokens
+
+    def finish(self, status: int) -> None:
+        """Record the outcome; only the first call counts."""
+        if self.is_finished:
+            return
+        self.is_finished = True
+        m, model = self._m, self._model
+        m.inflight.labels(model).dec()
+        m.requests.labels(self._route, model, str(status)).inc()
+        m.e2e.labels(self._route, model).observe(time.perf_counter() - self._start)
+        m.prompt_tokens.labels(model).inc(self.num_prompt_tokens)
+        m.completion_tokens.labels(model).inc(self.num_completion_tokens)

@@ -1,0 +1,191 @@
+"""OpenAI request shapes and their validation. Unknown fields, and known fields this server does not
+implement, are rejected by name with a 400; nothing is silently ignored. Responses live in responses.py."""
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engines.base.types import SamplingParams
+from services.gateway.errors import InvalidRequestError, from_validation_errors
+
+MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def template_dict(self) -> dict:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        role = "system" if self.role == "developer" else self.role  # templates know "system"
+        return {"role": role, "content": text} | ({"name": self.name} if self.name else {})
+
+
+class _Common(_Strict):
+    """Fields both endpoints share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # None: OpenAI's default, 1
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # accepted only at the values that mean "off"
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        return tuple(dict.fromkeys(stops))
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        temperature = 1.0 if self.temperature is None else self.temperature
+        top_p = 1.0 if self.top_p is None else self.top_p
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              seed=self.seed, logprobs=self.num_top_logprobs() is not None,
+                              top_logprobs=self.num_top_logprobs() or 0)
+
+    def num_top_logprobs(self) -> int | None:
+        """None: no logprobs; else how many alternatives per token."""
+        raise NotImplementedError
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # known OpenAI fields this server does not implement (see _UNSUPPORTED)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    store: Any = None
+    metadata: Any = None
+    reasoning_effort: Any = None
+    service_tier: Any = None
+    web_search_options: Any = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def num_top_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self) -> list[dict]:
+        return [m.template_dict() for m in self.messages]
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # the legacy endpoint's default
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def num_top_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt, as text or token ids; a batch of prompts is refused."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) > 1:
+                raise InvalidRequestError("a list of several prompts is not supported; send one request per "
+                                          "prompt (or use n for several completions)", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not prompt:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        return prompt
+
+
+RequestT = TypeVar("RequestT", bound=_Common)
+
+
+def _off(value) -> bool:
+    return not value
+
+
+# field -> (accepts this value?, what to say); the first failing field is named in the 400
+_UNSUPPORTED: dict[str, tuple] = {
+    "presence_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
+    "frequency_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
+    "logit_bias": (_off, "logit_bias is not supported"),
+    "tools": (_off, "tool calling is not supported"),
+    "tool_choice": (lambda v: v in (None, "none"), "tool calling is not supported"),
+    "functions": (_off, "function calling is not supported"),
+    "function_call": (lambda v: v in (None, "none"), "function calling is not supported"),
+    "parallel_tool_calls": (lambda v: v is None, "tool calling is not supported"),
+    "response_format": (lambda v: v in (None, {"type": "text"}), "only response_format {\"type\": \"text\"}"),
+    "audio": (_off, "audio output is not supported"),
+    "modalities": (lambda v: v in (None, ["text"]), "only the text modality is supported"),
+    "prediction": (_off, "predicted outputs are not supported"),
+    "store": (lambda v: v in (None, False), "storing completions is not supported"),
+    "metadata": (_off, "metadata (for stored completions) is not supported"),
+    "reasoning_effort": (_off, "reasoning_effort is not supported"),
+    "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not supported"),
+    "web_search_options": (_off, "web search is not supported"),
+    "echo": (lambda v: v is False, "echo is not supported"),
+    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported"),
+    "suffix": (_off, "suffix (insertion) is not supported"),
+}
+
+
+def parse_request(kind: type[RequestT], body: bytes) -> RequestT:
+    """Validate a JSON body into `kind`, or raise a 400 naming the offending field."""
+    try:
+        req = kind.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_errors(exc.errors()) from None
+    _check_supported(req)
+    _check_consistent(req)
+    return req
+
+
+def _check_supported(req: _Common) -> None:
+    for name in req.model_fields_set:
+        rule = _UNSUPPORTED.get(name)
+        if rule and not rule[0](getattr(req, name)):
+            raise InvalidRequestError(f"`{name}` is not supported by this server: {rule[1]}", param=name)
+
+
+def _check_consistent(req: _Common) -> None:
+    stops = req.stop_strings()
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise InvalidRequestError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop")
+    if req.stream_options is not None and not req.stream:
+        raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")

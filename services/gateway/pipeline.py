@@ -1,0 +1,204 @@
+"""The request path over gRPC: Route, then Prefill on a prefill worker and Generate with its KV handle on the
+decode worker, or Generate alone. Yields token deltas; a cancelled or closed stream aborts the work it
+started. Knows nothing of HTTP, text or OpenAI."""
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+
+import grpc
+
+from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+from services.common import convert
+from services.common.grpc_server import make_channel
+from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.gateway import errors
+
+log = logging.getLogger(__name__)
+# a prefill worker failing any other way is skipped: the decode worker prefills locally instead
+NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+CLEANUP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None  # STOP or LENGTH; failures raise instead
+
+
+class Pipeline:
+    def __init__(self, router_channel: grpc.aio.Channel, *, model: str, request_timeout_s: float,
+                 route_timeout_s: float):
+        self._router = router_pb2_grpc.RouterStub(router_channel)
+        self._model = model
+        self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._background: set[asyncio.Task] = set()
+
+    async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+        """One worker request, start to finish; Router.Complete follows whatever happens."""
+        route = await self._route(req_id, prompt)
+        try:
+            if route.HasField("prefill"):
+                stream = self._disaggregated(route, req_id, prompt, params)
+            else:
+                stream = self._generate(route.decode.address, req_id, prompt, params, len(prompt))
+            async with aclosing(stream):
+                async for delta in stream:
+                    yield delta
+        finally:
+            self._spawn(self._complete(req_id))
+
+    async def is_ready(self) -> tuple[bool, str]:
+        """True when the router answers and lists at least one live decode worker."""
+        try:
+            listing = await self._router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return False, f"router unreachable: {exc.code().name}"
+        live = [w for w in listing.workers
+                if w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0]
+        return (True, f"{len(live)} decode workers") if live else (False, "no live decode worker")
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=CLEANUP_TIMEOUT_S)
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def _route(self, req_id: str, prompt: list[int]) -> router_pb2.RouteResponse:
+        request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt)
+        try:
+            return await self._router.Route(request, timeout=self._route_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc, "route") from None
+
+    async def _disaggregated(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
+                             params: SamplingParams) -> AsyncIterator[TokenDelta]:
+        first = await self._prefill(route.prefill.address, req_id, prompt, params)
+        if first is None:
+            stream = self._generate(route.decode.address, req_id, prompt, params, len(prompt))
+        else:
+            stream = self._continue(route, req_id, prompt, params, first)
+        async with aclosing(stream):
+            async for delta in stream:
+                yield delta
+
+    async def _continue(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
+                        params: SamplingParams, first: worker_pb2.PrefillResponse) -> AsyncIterator[TokenDelta]:
+        """Stream the prefill worker's first token at once, while the decode worker pulls the KV and goes on."""
+        finish = convert.finish_from_pb(first.finish_reason)
+        if finish in (FinishReason.ERROR, FinishReason.ABORT):
+            raise errors.from_worker_finish(finish, "at prefill")
+        if finish is None and params.max_tokens <= 1:
+            finish = FinishReason.LENGTH  # NOTE: defensive; the prefill worker should have said so itself
+        logprobs = (convert.logprob_from_pb(first.first_logprob),) if first.HasField("first_logprob") else ()
+        call = None
+        if finish is None:  # NOTE: started before the first token goes out, so the KV pull overlaps it
+            rest = replace(params, max_tokens=params.max_tokens - 1)
+            call = self._start_generate(route.decode.address, req_id, [*prompt, first.first_token_id], rest,
+                                        len(prompt), kv=first.kv)
+        is_handed_over = False
+        try:
+            yield TokenDelta((first.first_token_id,), logprobs, finish)
+            is_handed_over = call is not None
+        finally:
+            if not is_handed_over:
+                self._stop(route.decode.address, req_id, call)
+                if first.HasField("kv"):
+                    self._spawn(self._release(route.prefill.address, req_id))
+        if call is not None:
+            async with aclosing(self._stream(route.decode.address, req_id, call)) as stream:
+                async for delta in stream:
+                    yield delta
+
+    async def _prefill(self, address: str, req_id: str, prompt: list[int],
+                       params: SamplingParams) -> worker_pb2.PrefillResponse | None:
+        stub = self._worker(address)
+        request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params))
+        try:
+            return await stub.Prefill(request, timeout=self._request_timeout_s)
+        except asyncio.CancelledError:
+            self._spawn(self._abort(address, req_id))
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in NO_FALLBACK_CODES:  # the request is wrong: another worker would refuse it too
+                raise errors.from_rpc_error(exc, "prefill worker") from None
+            log.warning("prefill of %s on %s failed (%s); decoding with local prefill", req_id, address,
+                        exc.code().name)
+            return None
+
+    def _generate(self, address: str, req_id: str, token_ids: list[int], params: SamplingParams,
+                  num_prompt_tokens: int) -> AsyncIterator[TokenDelta]:
+        call = self._start_generate(address, req_id, token_ids, params, num_prompt_tokens)
+        return self._stream(address, req_id, call)
+
+    def _start_generate(self, address: str, req_id: str, token_ids: list[int], params: SamplingParams,
+                        num_prompt_tokens: int, kv: common_pb2.KvHandle | None = None) -> grpc.aio.UnaryStreamCall:
+        request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=token_ids, params=convert.params_to_pb(params),
+                                             num_prompt_tokens=num_prompt_tokens, kv=kv)
+        return self._worker(address).Generate(request, timeout=self._request_timeout_s)
+
+    async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
+        is_over = False  # finished, or failed: nothing left to abort
+        try:
+            async for response in call:
+                is_over = bool(response.finish_reason or response.error)
+                yield _delta_from(response)  # NOTE: raises when the worker failed the request
+                if is_over:
+                    return
+            is_over = True
+            raise errors.WorkerFailedError("the decode worker ended the stream before the request finished")
+        except grpc.aio.AioRpcError as exc:
+            is_over = True
+            raise errors.from_rpc_error(exc, "decode worker") from None
+        finally:
+            if not is_over:  # the client left, or a stop string ended it: stop the worker now
+                self._stop(address, req_id, call)
+
+    def _stop(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall | None) -> None:
+        """Cancel a Generate call (the worker aborts on cancellation) and send Abort to be sure."""
+        if call is not None:
+            call.cancel()
+            self._spawn(self._abort(address, req_id))
+
+    def _worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = make_channel(address)
+        return worker_pb2_grpc.WorkerStub(channel)
+
+    def _spawn(self, work: Coroutine) -> None:
+        """Cleanup that must outlive a cancelled request; errors are logged, never raised."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, address: str, req_id: str) -> None:
+        await self._quietly(self._worker(address).Abort(worker_pb2.AbortRequest(req_id=req_id),
+                                                        timeout=CLEANUP_TIMEOUT_S), "abort", req_id)
+
+    async def _release(self, address: str, req_id: str) -> None:
+        await self._quietly(self._worker(address).ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id),
+                                                            timeout=CLEANUP_TIMEOUT_S), "release kv", req_id)
+
+    async def _complete(self, req_id: str) -> None:
+        await self._quietly(self._router.Complete(router_pb2.CompleteRequest(req_id=req_id),
+                                                  timeout=self._route_timeout_s), "complete", req_id)
+
+    @staticmethod
+    async def _quietly(call, what: str, req_id: str) -> None:
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            log.info("%s of %s failed: %s", what, req_id, exc.code().name)
+
+
+def _delta_from(response: worker_pb2.GenerateResponse) -> TokenDelta:
+    finish = convert.finish_from_pb(response.finish_reason)
+    if response.error or finish in (FinishReason.ERROR, FinishReason.ABORT):
+        raise errors.from_worker_finish(finish, response.error)
+    logprobs = tuple(convert.logprob_from_pb(lp) for lp in response.logprobs)
+    return TokenDelta(tuple(response.token_ids), logprobs, finish)

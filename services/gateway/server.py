@@ -1,0 +1,116 @@
+"""The gateway's FastAPI app (routes only; the work is in serving.py) and `main`, which runs it under
+uvicorn — what `tandem serve gateway` calls."""
+import logging
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from services.common.grpc_server import make_channel
+from services.common.logs import setup_logging
+from services.common.settings import SettingsError
+from services.gateway import errors
+from services.gateway.admission import Admission
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.model_info import load_model_info
+from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
+from services.gateway.pipeline import Pipeline
+from services.gateway.serving import Serving
+from services.gateway.settings import GatewaySettings, parse_args
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | None = None) -> FastAPI:
+    """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests)."""
+    model = load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, int(time.time()))
+    serving = Serving(settings, model, Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys),
+                      GatewayMetrics())
+
+    def attach(channel: grpc.aio.Channel) -> Pipeline:
+        serving.pipeline = Pipeline(channel, model=settings.router_model,
+                                    request_timeout_s=settings.request_timeout_s,
+                                    route_timeout_s=settings.route_timeout_s)
+        return serving.pipeline
+
+    if router_channel is not None:
+        attach(router_channel)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        owned = make_channel(settings.router_address) if router_channel is None else None
+        if owned is not None:
+            attach(owned)
+        log.info("gateway for %s, router at %s", model.name, settings.router_address)
+        yield
+        await serving.close()
+        if owned is not None:
+            await owned.close()
+
+    app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serving = serving
+    errors.install_handlers(app)
+    _add_routes(app, serving)
+    return app
+
+
+def _add_routes(app: FastAPI, serving: Serving) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.handle(request, "/v1/chat/completions", ChatCompletionRequest)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.handle(request, "/v1/completions", CompletionRequest)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        serving.admission.check_key(request.headers.get("authorization"))
+        return {"object": "list", "data": [_model_card(serving)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str, request: Request) -> dict:
+        serving.admission.check_key(request.headers.get("authorization"))
+        serving.check_model(name)
+        return _model_card(serving)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if serving.pipeline is None:
+            return JSONResponse({"status": "unavailable", "reason": "not started"}, status_code=503)
+        is_ready, reason = await serving.pipeline.is_ready()
+        return JSONResponse({"status": "ready" if is_ready else "unavailable", "reason": reason},
+                            status_code=200 if is_ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = serving.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def _model_card(serving: Serving) -> dict:
+    model = serving.model
+    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "tandem",
+            "max_model_len": model.max_model_len}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = parse_args(argv)
+        setup_logging("gateway")
+        logging.getLogger().setLevel(settings.log_level.upper())
+        app = create_app(settings)
+    except SettingsError as exc:
+        print(f"tandem gateway: error: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                timeout_graceful_shutdown=30)
+    return 0

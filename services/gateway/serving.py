@@ -1,0 +1,195 @@
+"""One completion request from body to response: admit, validate, template and tokenize, run the choices,
+answer whole or as SSE. Every exit path records metrics once, frees the in-flight slot and stops the work."""
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from typing import TypeVar
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.gateway import errors
+from services.gateway.admission import Admission, Slot, read_body
+from services.gateway.choices import ChoiceDelta, Job, run_job
+from services.gateway.detokenizer import TokenBytes
+from services.gateway.metrics import GatewayMetrics, RequestTimer
+from services.gateway.model_info import ModelInfo
+from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from services.gateway.pipeline import Pipeline
+from services.gateway.responses import ChatFormat, ChoiceTotal, CompletionFormat
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+class Serving:
+    def __init__(self, settings: GatewaySettings, model: ModelInfo, admission: Admission, metrics: GatewayMetrics):
+        self.settings, self.model, self.admission, self.metrics = settings, model, admission, metrics
+        self.token_bytes = TokenBytes(model.tokenizer)
+        self.pipeline: Pipeline | None = None  # set once the router channel exists
+        # NOTE: one thread: prompts are tokenized off the event loop, never two at once on one tokenizer
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    async def close(self) -> None:
+        if self.pipeline is not None:
+            await self.pipeline.close()
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
+
+    def check_model(self, name: str) -> None:
+        if name != self.model.name:
+            raise errors.ModelNotFoundError(f"The model `{name}` does not exist; this server serves "
+                                            f"`{self.model.name}`.", param="model")
+
+    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest]
+                     ) -> Response:
+        timer = self.metrics.start(route, self.model.name)
+        slot: Slot | None = None
+        try:
+            self.admission.check_key(request.headers.get("authorization"))
+            req = parse_request(kind, await read_body(request, self.settings.max_body_bytes))
+            self.check_model(req.model)
+            slot = self.admission.acquire()
+            job = await self._job(req)
+            timer.num_prompt_tokens = len(job.prompt)
+            fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
+                job.request_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
+            if req.stream:
+                return await self._stream(request, job, fmt, timer, slot, req.include_usage())
+            response = await self._whole(request, job, fmt, timer)
+            timer.finish(200)
+            return response
+        except BaseException as exc:
+            timer.finish(errors.status_of(exc))
+            raise
+        finally:
+            if slot is not None and timer.is_finished:
+                slot.release()
+
+    async def _job(self, req: ChatCompletionRequest | CompletionRequest) -> Job:
+        if isinstance(req, ChatCompletionRequest):
+            request_id, param = f"chatcmpl-{uuid.uuid4().hex}", "messages"
+            prompt = await self._off_loop(self.model.chat_prompt, req.template_messages())
+        else:
+            request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
+            prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
+        self.model.check_prompt(prompt, param)
+        params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens()))
+        log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)
+        return Job(request_id, prompt, params, req.n, req.stop_strings())
+
+    async def _off_loop(self, fn: Callable[[A], list[int]], arg: A) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, arg)
+
+    def _deltas(self, job: Job, timer: RequestTimer) -> AsyncIterator[ChoiceDelta]:
+        if self.pipeline is None:
+            raise errors.NoWorkerError("the gateway is not connected to a router yet")
+        return run_job(self.pipeline, self.model.tokenizer, job, timer.on_tokens)
+
+    async def _whole(self, request: Request, job: Job, fmt, timer: RequestTimer) -> Response:
+        totals = [ChoiceTotal(i) for i in range(job.n)]
+
+        async def collect() -> None:
+            async with aclosing(self._deltas(job, timer)) as deltas:
+                async for delta in deltas:
+                    totals[delta.index].add(delta)
+
+        await until_disconnected(request, collect())
+        return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens))
+
+    async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
+                      include_usage: bool) -> Response:
+        """Wait for the first token before answering, so failures up to there keep their HTTP status."""
+        deltas = self._deltas(job, timer)
+        try:
+            first = await until_disconnected(request, anext(deltas))
+        except BaseException:
+            await deltas.aclose()
+            raise
+        events = _events(_prepend(first, deltas), fmt, len(job.prompt), timer, slot, include_usage)
+
+        async def on_close() -> None:
+            await events.aclose()
+            await deltas.aclose()
+            timer.finish(errors.CLIENT_CLOSED_STATUS)  # a no-op unless the stream never got to finish
+            slot.release()
+
+        return _SseResponse(events, on_close, sep="\n")
+
+
+async def _events(deltas: AsyncIterator[ChoiceDelta], fmt, num_prompt_tokens: int, timer: RequestTimer,
+                  slot: Slot, include_usage: bool) -> AsyncIterator[str]:
+    """SSE `data:` payloads; a failure after the first byte becomes one error event, then the end."""
+    status, started = 200, set()
+    try:
+        async with aclosing(deltas):
+            async for delta in deltas:
+                is_first = delta.index not in started
+                started.add(delta.index)
+                if is_first or delta.text or delta.logprobs or delta.finish_reason:
+                    yield json.dumps(fmt.chunk(delta, is_first))
+        if include_usage:
+            yield json.dumps(fmt.usage_chunk(num_prompt_tokens, timer.num_completion_tokens))
+        yield "[DONE]"
+    except errors.GatewayError as exc:
+        status = exc.status
+        log.warning("%s failed mid-stream: %s", fmt.request_id, exc)
+        yield errors.sse_error_data(exc)
+    except asyncio.CancelledError:
+        status = errors.CLIENT_CLOSED_STATUS
+        raise
+    except Exception as exc:  # a bug must still end the stream cleanly, never hang the client
+        status = errors.status_of(exc)
+        log.exception("%s failed mid-stream", fmt.request_id)
+        yield errors.sse_error_data(exc)
+    finally:
+        timer.finish(status)
+        slot.release()
+
+
+async def _prepend(first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+    yield first
+    async with aclosing(rest):
+        async for item in rest:
+            yield item
+
+
+class _SseResponse(EventSourceResponse):
+    """An SSE response whose cleanup runs however it ends, even when the client left before it started."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]], **kwargs):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and raising ClientDisconnected) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # NOTE: its cleanup (aborting workers) must run before we go on
+    if task.cancelled():
+        raise errors.ClientDisconnected()
+    return task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,100 @@
+"""The gateway's one frozen settings object, from TANDEM_* environment variables overridden by CLI flags.
+
+A bad value raises SettingsError at start-up; nothing changes the settings afterwards.
+"""
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from services.common.settings import SettingsError, env
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    model_dir: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str = ""  # "" = the model directory's name
+    router_address: str = "127.0.0.1:50051"
+    route_model: str = ""  # the model as workers register it with the router; "" = model_dir as given
+    api_keys: tuple[str, ...] = ()  # empty = no authentication
+    max_body_bytes: int = 1 << 20
+    max_inflight: int = 256
+    max_model_len: int | None = None  # None = config.json's max_position_embeddings, capped at 8192
+    request_timeout_s: float = 600.0
+    route_timeout_s: float = 5.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise SettingsError("the model is required: --model PATH or TANDEM_MODEL")
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_body_bytes", "max_inflight", "request_timeout_s", "route_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise SettingsError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in `model`."""
+        return self.served_model_name or Path(self.model_dir).name
+
+    @property
+    def router_model(self) -> str:
+        """The model key of Route requests: workers register with their --model string."""
+        return self.route_model or self.model_dir
+
+
+def _keys(raw: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def _optional_int(raw: str) -> int | None:
+    return int(raw) if raw not in ("", "none", "None") else None
+
+
+# field -> (environment variable, cast); CLI flags are the field names with dashes
+_ENV = {
+    "model_dir": ("TANDEM_MODEL", str),
+    "host": ("TANDEM_GATEWAY_HOST", str),
+    "port": ("TANDEM_GATEWAY_PORT", int),
+    "served_model_name": ("TANDEM_SERVED_MODEL_NAME", str),
+    "router_address": ("TANDEM_ROUTER_ADDRESS", str),
+    "route_model": ("TANDEM_GATEWAY_ROUTE_MODEL", str),
+    "api_keys": ("TANDEM_API_KEYS", _keys),
+    "max_body_bytes": ("TANDEM_GATEWAY_MAX_BODY_BYTES", int),
+    "max_inflight": ("TANDEM_GATEWAY_MAX_INFLIGHT", int),
+    "max_model_len": ("TANDEM_MAX_MODEL_LEN", _optional_int),
+    "request_timeout_s": ("TANDEM_GATEWAY_REQUEST_TIMEOUT_S", float),
+    "route_timeout_s": ("TANDEM_GATEWAY_ROUTE_TIMEOUT_S", float),
+    "log_level": ("TANDEM_LOG_LEVEL", str),
+}
+_FLAGS = {"model_dir": ("--model", "--model-dir")}
+
+
+def from_env(**overrides) -> GatewaySettings:
+    """Defaults, then TANDEM_* variables, then `overrides` (what CLI flags or tests pass)."""
+    values = {}
+    for f in fields(GatewaySettings):
+        name, cast = _ENV[f.name]
+        default = f.default if f.name != "model_dir" else ""
+        values[f.name] = env(name, default, cast)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return GatewaySettings(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem serve gateway",
+                                     description="OpenAI-compatible HTTP gateway (flags override TANDEM_* env)")
+    for f in fields(GatewaySettings):
+        name, cast = _ENV[f.name]
+        flags = _FLAGS.get(f.name, ("--" + f.name.replace("_", "-"),))
+        parser.add_argument(*flags, dest=f.name, type=cast, default=None, help=f"env {name}")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> GatewaySettings:
+    args = build_parser().parse_args(argv)
+    return from_env(**vars(args))
