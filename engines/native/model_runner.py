@@ -6,6 +6,7 @@ from engines.base.types import KvLayout, TokenLogprob
 from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import KvCache, available_memory, bytes_per_block
+from engines.native.layers.linear import Linear
 from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
 from engines.native.sampler import sample
@@ -23,6 +24,10 @@ class ModelRunner:
         self.block_size = config.block_size
         self.max_model_len = resolve_max_model_len(config, model_cfg)
         self.model = load_model(config.model, model_cfg, get_backend(self.device), self.dtype, self.device)
+        if self.device == "cpu" and config.dtype == "float32" and torch.backends.mkldnn.is_available():
+            for module in self.model.modules():
+                if isinstance(module, Linear):
+                    module.pack_for_cpu()
         self.kv_layout = KvLayout(model_cfg.num_hidden_layers, model_cfg.num_key_value_heads,
                                   model_cfg.head_dim, config.dtype, config.block_size)
         self.kv_cache = KvCache(self.kv_layout, self._num_blocks(), self.device)

@@ -1,5 +1,6 @@
 """A request's greedy output does not depend on what it is batched with: alone, among 16 requests
 of mixed lengths, with chunked prefill on or off, on a prefix-cache hit, and after preemption."""
+import pytest
 import torch
 
 from tests.unit.engines.helpers import greedy, run_batch, started
@@ -62,3 +63,18 @@ async def test_preempted_requests_finish_with_same_output(tiny_llama):
     finally:
         await engine.shutdown()
     assert tight == roomy
+
+
+@pytest.mark.slow
+async def test_smollm2_alone_batched_chunked_unchunked_agree(smollm2_dir):
+    """The real model, where a batch crosses the packed/dense GEMM switch (engines/native/layers/linear.py)."""
+
+    lengths = (3, 9, 17, 30, 45, 64, 80, 100, 120, 140, 160, 180, 200, 230, 260, 300)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in lengths]
+    kw = {"num_blocks": 512, "enable_prefix_caching": False}
+    alone = await outputs(smollm2_dir, prompts, one_at_a_time=True, **kw)
+    batched = await outputs(smollm2_dir, prompts, max_num_batched_tokens=96, **kw)
+    unchunked = await outputs(smollm2_dir, prompts, enable_chunked_prefill=False, max_num_batched_tokens=8192, **kw)
+    assert batched == alone
+    assert unchunked == alone
