@@ -9,7 +9,11 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TANDEM_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: install protos model test test-unit bench clean
+# aiperf (NVIDIA's benchmark client) lives in its own venv: its pins (pandas, pyarrow, transformers) are not ours
+AIPERF_VENV := .venv-aiperf
+AIPERF_VERSION ?= 0.13.0
+
+.PHONY: install protos model up test test-unit bench bench-overhead aiperf clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -29,7 +33,11 @@ protos: install
 model: install
 	$(TANDEM) model fetch
 
-test: install model
+# the whole stack on this machine: router, 1 prefill, 1 decode, gateway on :8000 (ARGS="--decode 2" ...)
+up: install model
+	$(TANDEM) up $(ARGS)
+
+test: install model aiperf
 	$(PY) -m pytest -q tests
 
 test-unit: install
@@ -37,6 +45,20 @@ test-unit: install
 
 bench: install model
 	$(TANDEM) bench engine --json bench/out/engine.json
+
+# control-plane cost: zero engine in-process vs through gateway -> router -> worker (starts its own stack)
+bench-overhead: install
+	$(PY) -m tandem.cli bench overhead --json bench/out/overhead.json
+
+aiperf: $(AIPERF_VENV)/.installed
+
+$(AIPERF_VENV)/.installed:
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q --upgrade pip
+	# aiperf $(AIPERF_VERSION) does not depend on torch (checked); if a later one does, install
+	# "torch==$(TORCH_VERSION)" here first, with -c constraints.txt, so it cannot pull a second build
+	$(AIPERF_VENV)/bin/pip install -q "aiperf==$(AIPERF_VERSION)"
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache

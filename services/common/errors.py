@@ -31,6 +31,9 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
 def status_for(exc: Exception) -> grpc.StatusCode:
     if isinstance(exc, ServiceError):
         return exc.code
+    named = getattr(exc, "grpc_status", None)  # pure domain errors name their status (router)
+    if named is not None:
+        return grpc.StatusCode[named]
     for kind, code in _CODES:
         if isinstance(exc, kind):
             return code

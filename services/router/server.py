@@ -11,7 +11,7 @@ import time
 
 import grpc
 
-from services.common.errors import ServiceError, abort_with
+from services.common.errors import ServiceError, abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.settings import SettingsError
@@ -21,20 +21,14 @@ from services.router.core import RouterCore
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.registry import Clock, Registry
 from services.router.settings import RouterSettings, add_arguments, settings_from
-from services.router.types import InvalidArgumentError, NoWorkerAvailableError, RouterError, UnknownModelError
+from services.router.types import RouterError
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
-_CODES = [
-    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (UnknownModelError, grpc.StatusCode.NOT_FOUND),
-    (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
-]
 
 
 def _service_error(exc: RouterError) -> ServiceError:
-    code = next((c for kind, c in _CODES if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
-    return ServiceError(code, str(exc))
+    return ServiceError(status_for(exc), str(exc))
 
 
 def _maps_errors(method):

@@ -9,19 +9,30 @@ from engines.base.types import KvLayout
 
 
 class RouterError(Exception):
-    """Base class of every error the router's core raises on purpose."""
+    """Base class of every error the router's core raises on purpose.
+
+    `grpc_status` names the status code; services/common/errors.py maps it (no grpc import here).
+    """
+
+    grpc_status = "INTERNAL"
 
 
 class InvalidArgumentError(RouterError, ValueError):
     """A registration or route request is malformed (missing id, model, address or role)."""
 
+    grpc_status = "INVALID_ARGUMENT"
+
 
 class UnknownModelError(RouterError, LookupError):
     """No worker has ever registered this model while others are live."""
 
+    grpc_status = "NOT_FOUND"
+
 
 class NoWorkerAvailableError(RouterError):
     """The model is known but no live, non-excluded decode worker can take the request."""
+
+    grpc_status = "UNAVAILABLE"
 
 
 class WorkerRole(str, Enum):
