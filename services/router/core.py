@@ -1,6 +1,6 @@
 """One routing decision: candidates from the registry, a decode worker from the policy, a prefill
 worker from the disaggregation policy, in-flight load recorded. Pure: no I/O, no transport."""
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from services.router.policy import DisaggregationPolicy, RoutingPolicy
 from services.router.registry import Registry
@@ -8,6 +8,7 @@ from services.router.types import (NoWorkerAvailableError, RouteDecision, RouteI
                                    WorkerRole, WorkerView)
 
 
+@runtime_checkable
 class PrefixOverlap(Protocol):
     """How many of a prompt's leading tokens a worker already holds in its KV cache."""
 
@@ -27,7 +28,8 @@ class RouterCore:
         self.registry = registry
         self.policy = policy
         self.disagg = disagg
-        self.overlap = overlap or NoPrefixIndex()
+        # NOTE: a policy that estimates overlap itself (KvAwarePolicy) is the overlap unless one is given
+        self.overlap = overlap or (policy if isinstance(policy, PrefixOverlap) else NoPrefixIndex())
 
     def route(self, request: RouteInput) -> RouteDecision:
         """Choose workers for `request` and count it against them; raises when none can take it."""

@@ -1,0 +1,204 @@
+"""KV-aware routing: each worker's cost is the blocks it would still have to prefill after its cached
+prefix, plus its active decode blocks and queue; the lowest cost wins (or a softmax draw over costs).
+
+Pure: no I/O, no transport; time and randomness are injected. Hashes come from engines/base/block_hash.py.
+"""
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engines.base.block_hash import chain_block_hashes
+from engines.base.events import KvTier
+from services.router.prefix_index import PrefixIndex
+from services.router.types import RouteInput, WorkerView
+
+Clock = Callable[[], float]
+DEFAULT_TIER_WEIGHTS = {KvTier.DEVICE: 1.0, KvTier.HOST: 0.75, KvTier.DISK: 0.25}
+
+
+class Rng(Protocol):
+    def random(self) -> float: ...
+
+
+class ApproximateIndex:
+    """The router's own recent decisions: a prompt's block hashes -> the worker it went to, for `ttl_s`.
+
+    Stands in for KV events on engines without them, and covers sibling requests that arrive before the
+    chosen worker's STORED event does.
+    """
+
+    def __init__(self, clock: Clock, ttl_s: float = 120.0, max_entries: int = 100_000):
+        if ttl_s <= 0 or max_entries < 1:
+            raise ValueError(f"need ttl_s > 0 and max_entries >= 1, got {ttl_s} and {max_entries}")
+        self._clock = clock
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._until: OrderedDict[int, dict[str, float]] = OrderedDict()  # hash -> {worker_id: expires at}
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def record(self, block_hashes: Sequence[int], worker_id: str) -> None:
+        until = self._clock() + self.ttl_s
+        for block_hash in reversed(block_hashes):  # NOTE: parents last, so they outlive their children
+            self._until.setdefault(block_hash, {})[worker_id] = until
+            self._until.move_to_end(block_hash)
+        self.expire()
+        while len(self._until) > self.max_entries:
+            self._until.popitem(last=False)
+
+    def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker: the leading blocks routed to it within the TTL."""
+        now = self._clock()
+        counts: dict[str, int] = {}
+        active: set[str] | None = None
+        for block_hash in block_hashes:
+            live = {w for w, until in self._until.get(block_hash, {}).items() if until > now}
+            active = live if active is None else active & live
+            if not active:
+                break
+            for worker_id in active:
+                counts[worker_id] = counts.get(worker_id, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def expire(self) -> None:
+        """Drop hashes whose every decision has lapsed, oldest first (the front was touched longest ago)."""
+        now = self._clock()
+        while self._until and max(next(iter(self._until.values())).values()) <= now:
+            self._until.popitem(last=False)
+
+    def remove_worker(self, worker_id: str) -> None:
+        for block_hash, until in list(self._until.items()):
+            if until.pop(worker_id, None) is not None and not until:
+                del self._until[block_hash]
+
+
+@dataclass(frozen=True, slots=True)
+class KvPolicyConfig:
+    overlap_weight: float = 1.0  # blocks of prefill saved per cached block; 0 = ignore the cache
+    temperature: float = 0.0  # 0 = argmin; > 0 = softmax over min-max-normalised costs
+    block_size: int = 16  # when a worker's layout does not say
+    waiting_blocks: float = 1.0  # blocks charged per sequence a worker reports waiting
+    use_events: bool = True  # False: the approximate index alone (engines without KV events)
+    predict_ttl_s: float = 120.0  # how long the router trusts its own decisions
+    max_pending: int = 256  # per worker: routes remembered until a load report reflects them
+
+    def __post_init__(self) -> None:
+        if self.overlap_weight < 0 or self.temperature < 0 or self.waiting_blocks < 0:
+            raise ValueError("overlap_weight, temperature and waiting_blocks must be >= 0")
+        if self.block_size < 1 or self.max_pending < 1:
+            raise ValueError("block_size and max_pending must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class KvScore:
+    view: WorkerView
+    num_overlap_blocks: int  # leading prompt blocks cached (the longer of events and own decisions)
+    num_prompt_blocks: int
+    cost: float
+
+    def key(self) -> tuple[float, int, str]:
+        # NOTE: a total order: equal costs go to the smaller cache, then the smaller worker_id
+        return self.cost, self.view.load.num_blocks_used, self.view.worker_id
+
+
+class KvAwarePolicy:
+    """`prefill = max(pending + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
+    `cost = prefill + num_blocks_used + waiting_blocks * num_waiting`, where `pending` is the blocks of
+    routes the worker has not yet reported (so a burst of siblings spreads before any event arrives)."""
+
+    name = "kv"
+
+    def __init__(self, index: PrefixIndex, clock: Clock, rng: Rng | None = None,
+                 config: KvPolicyConfig = KvPolicyConfig(), tier_weights: dict[KvTier, float] | None = None):
+        if config.temperature > 0 and rng is None:
+            raise ValueError("temperature > 0 needs an rng")
+        self.index = index
+        self.config = config
+        self.rng = rng
+        self.tier_weights = tier_weights or DEFAULT_TIER_WEIGHTS
+        self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
+        self._pending: dict[str, deque[int]] = {}  # worker_id -> new prefill blocks per route, newest last
+        self._last: tuple[tuple[int, ...], dict[str, int]] = ((), {})  # token_ids -> cached tokens per worker
+
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
+        scores = self.scores(request, candidates)
+        chosen = self._pick(scores)
+        self._remember(request, chosen)
+        return chosen.view
+
+    def scores(self, request: RouteInput, candidates: list[WorkerView]) -> list[KvScore]:
+        """Every candidate's cost, sorted best first (by `KvScore.key`)."""
+        matches: dict[int, tuple[list[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
+        scores = []
+        for view in candidates:
+            block_size = self._block_size(view)
+            if block_size not in matches:
+                matches[block_size] = self._match(request.token_ids, block_size)
+            hashes, tiers, predicted = matches[block_size]
+            scores.append(self._score(request, view, block_size, tiers.get(view.worker_id, ()),
+                                      predicted.get(view.worker_id, 0)))
+        self._last = (request.token_ids, {s.view.worker_id: s.num_overlap_blocks * self._block_size(s.view)
+                                          for s in scores})
+        return sorted(scores, key=KvScore.key)
+
+    def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int:
+        """The PrefixOverlap of services/router/core.py: the estimate the last `choose` made."""
+        tokens, cached = self._last
+        if tokens == token_ids and worker_id in cached:
+            return cached[worker_id]
+        hashes = chain_block_hashes(token_ids, self.config.block_size)
+        return self.index.overlap(hashes).get(worker_id, 0) * self.config.block_size if self.config.use_events else 0
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.index.remove_worker(worker_id)
+        self.predicted.remove_worker(worker_id)
+        self._pending.pop(worker_id, None)
+
+    # ---- internals ----
+
+    def _match(self, token_ids: Sequence[int], block_size: int) -> tuple[list[int], dict, dict]:
+        hashes = chain_block_hashes(token_ids, block_size)
+        tiers = self.index.match(hashes) if self.config.use_events else {}
+        return hashes, tiers, self.predicted.overlap(hashes)
+
+    def _score(self, request: RouteInput, view: WorkerView, block_size: int, tiers: Sequence[KvTier],
+               num_predicted: int) -> KvScore:
+        num_prompt = -(-len(request.token_ids) // block_size)
+        cached = sum(self.tier_weights[t] for t in tiers)
+        if num_predicted > len(tiers):  # NOTE: own decisions count as device blocks where events lag behind
+            cached += num_predicted - len(tiers)
+        prefill = max(self._num_pending(view) + num_prompt - self.config.overlap_weight * cached, 0.0)
+        cost = prefill + view.load.num_blocks_used + self.config.waiting_blocks * view.load.num_waiting
+        return KvScore(view, max(len(tiers), num_predicted), num_prompt, cost)
+
+    def _num_pending(self, view: WorkerView) -> int:
+        pending = self._pending.get(view.worker_id)
+        if not pending or view.num_unreflected <= 0:
+            return 0
+        return sum(list(pending)[-view.num_unreflected:])
+
+    def _pick(self, scores: list[KvScore]) -> KvScore:
+        if self.config.temperature == 0 or len(scores) == 1:
+            return scores[0]
+        low, high = scores[0].cost, scores[-1].cost
+        span = (high - low) or 1.0
+        weights = [math.exp(-((s.cost - low) / span) / self.config.temperature) for s in scores]
+        draw = self.rng.random() * sum(weights)
+        for score, weight in zip(scores, weights):
+            draw -= weight
+            if draw < 0:
+                return score
+        return scores[-1]
+
+    def _remember(self, request: RouteInput, chosen: KvScore) -> None:
+        block_size = self._block_size(chosen.view)
+        self.predicted.record(chain_block_hashes(request.token_ids, block_size), chosen.view.worker_id)
+        pending = self._pending.setdefault(chosen.view.worker_id, deque(maxlen=self.config.max_pending))
+        pending.append(max(chosen.num_prompt_blocks - chosen.num_overlap_blocks, 0))
+
+    def _block_size(self, view: WorkerView) -> int:
+        layout = view.info.layout
+        return layout.block_size if layout is not None and layout.block_size > 0 else self.config.block_size

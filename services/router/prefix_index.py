@@ -1,0 +1,165 @@
+"""The router's prefix index: block hash -> the workers holding it (and in which tiers), fed by each worker's
+KV events with gap detection, queried for the longest cached prefix per worker.
+
+Pure: no I/O, no transport. Block hashes come only from engines/base/block_hash.py.
+"""
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from engines.base.block_hash import chain_block_hashes
+from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
+
+TIER_BITS = {KvTier.DEVICE: 1, KvTier.HOST: 2, KvTier.DISK: 4}
+_TIER_OF_BIT = {bit: tier for tier, bit in TIER_BITS.items()}
+
+
+def best_tier(mask: int) -> KvTier:
+    """The fastest tier in a non-empty tier mask."""
+    return _TIER_OF_BIT[mask & -mask]
+
+
+class PrefixIndex:
+    """Hashes are chained, so holding hash i implies holding the whole prefix up to block i: a flat map
+    walked in prompt order is the radix tree. At most `max_entries` hashes; the least recently touched go.
+
+    NOTE: a worker whose events skipped a seq is `stale`: its later events are ignored until `resync`
+    replaces its blocks with a snapshot. Its old blocks still count meanwhile (an estimate, never a lie
+    about output: the engine confirms every hit itself).
+    """
+
+    def __init__(self, max_entries: int = 1_000_000):
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._holders: OrderedDict[int, dict[str, int]] = OrderedDict()  # hash -> {worker_id: tier mask}
+        self._blocks: dict[str, set[int]] = {}  # worker_id -> hashes it holds
+        self._seq: dict[str, int] = {}  # worker_id -> last seq applied
+        self.stale: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def last_seq(self, worker_id: str) -> int:
+        """The seq to resume the worker's stream after (0: nothing applied yet)."""
+        return self._seq.get(worker_id, 0)
+
+    def worker_ids(self) -> list[str]:
+        return sorted(self._seq)
+
+    # ---- events ----
+
+    def apply(self, worker_id: str, events: Iterable[KvEvent]) -> bool:
+        """Apply events in order; False (and the worker marked stale) at the first gap in seq.
+        Events at or below the last applied seq are duplicates of a replay and skipped."""
+        if worker_id in self.stale:
+            return False
+        for event in events:
+            expected = self._seq.get(worker_id, 0) + 1
+            if event.seq < expected:
+                continue
+            if event.seq > expected:
+                self.stale.add(worker_id)
+                return False
+            self._apply_one(worker_id, event)
+            self._seq[worker_id] = event.seq
+        return True
+
+    def resync(self, worker_id: str, snapshot: KvSnapshot) -> None:
+        """Replace everything known about the worker with its snapshot."""
+        self.remove_worker(worker_id)
+        for event in snapshot.events:
+            self._apply_one(worker_id, event)
+        self._seq[worker_id] = snapshot.seq
+
+    def remove_worker(self, worker_id: str) -> bool:
+        """Forget a worker that left, died or must resync; True when it was known."""
+        self.stale.discard(worker_id)
+        known = self._seq.pop(worker_id, None) is not None
+        for block_hash in self._blocks.pop(worker_id, set()):
+            holders = self._holders.get(block_hash)
+            if holders is not None:
+                holders.pop(worker_id, None)
+                if not holders:
+                    del self._holders[block_hash]
+        return known
+
+    def retain_workers(self, live_worker_ids: Iterable[str]) -> list[str]:
+        """Forget every worker not in `live_worker_ids` (the registry's sweep); returns them, sorted."""
+        live = set(live_worker_ids)
+        gone = sorted(w for w in set(self._seq) | set(self._blocks) if w not in live)
+        for worker_id in gone:
+            self.remove_worker(worker_id)
+        return gone
+
+    # ---- queries ----
+
+    def match(self, block_hashes: Sequence[int]) -> dict[str, tuple[KvTier, ...]]:
+        """Per worker holding the first block: the fastest tier of each block of its longest cached prefix."""
+        tiers: dict[str, list[KvTier]] = {}
+        active: set[str] | None = None
+        depth = 0
+        for block_hash in block_hashes:
+            holders = self._holders.get(block_hash, {})
+            active = set(holders) if active is None else active & holders.keys()
+            if not active:
+                break
+            for worker_id in active:
+                tiers.setdefault(worker_id, []).append(best_tier(holders[worker_id]))
+            depth += 1
+        self._touch(block_hashes[:depth])
+        return {w: tuple(t) for w, t in sorted(tiers.items())}
+
+    def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker: how many leading blocks of the prompt it holds (workers holding none are absent)."""
+        return {w: len(tiers) for w, tiers in self.match(block_hashes).items()}
+
+    def overlap_tokens(self, token_ids: Sequence[int], block_size: int) -> dict[str, int]:
+        """`overlap` for token ids: full blocks only, hashed the one way every part of tandem hashes them."""
+        return self.overlap(chain_block_hashes(token_ids, block_size))
+
+    # ---- internals ----
+
+    def _apply_one(self, worker_id: str, event: KvEvent) -> None:
+        if event.kind is KvEventKind.STORED:
+            self._touch([event.parent_hash])
+            # NOTE: children first, so parents are touched last and a chain is evicted from its leaves
+            for block_hash in reversed(event.block_hashes):
+                self._store(worker_id, block_hash, TIER_BITS[event.tier])
+            self._evict()
+        elif event.kind is KvEventKind.REMOVED:
+            for block_hash in event.block_hashes:
+                self._unstore(worker_id, block_hash, TIER_BITS[event.tier])
+        elif event.kind is KvEventKind.CLEARED:
+            seq = self._seq.get(worker_id)
+            self.remove_worker(worker_id)
+            if seq is not None:
+                self._seq[worker_id] = seq
+
+    def _store(self, worker_id: str, block_hash: int, bit: int) -> None:
+        holders = self._holders.setdefault(block_hash, {})
+        holders[worker_id] = holders.get(worker_id, 0) | bit
+        self._holders.move_to_end(block_hash)
+        self._blocks.setdefault(worker_id, set()).add(block_hash)
+
+    def _unstore(self, worker_id: str, block_hash: int, bit: int) -> None:
+        holders = self._holders.get(block_hash)
+        if holders is None or worker_id not in holders:
+            return
+        holders[worker_id] &= ~bit
+        if holders[worker_id]:
+            return
+        del holders[worker_id]
+        self._blocks[worker_id].discard(block_hash)
+        if not holders:
+            del self._holders[block_hash]
+
+    def _touch(self, block_hashes: Sequence[int]) -> None:
+        for block_hash in reversed(block_hashes):  # parents end up most recent
+            if block_hash in self._holders:
+                self._holders.move_to_end(block_hash)
+
+    def _evict(self) -> None:
+        while len(self._holders) > self.max_entries:
+            block_hash, holders = self._holders.popitem(last=False)
+            for worker_id in holders:
+                self._blocks[worker_id].discard(block_hash)

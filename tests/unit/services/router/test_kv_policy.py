@@ -1,0 +1,164 @@
+"""KV-aware routing with exact expected choices: the Dynamo docs example, the overlap/load trade-off,
+deterministic ties, softmax draws, the router's own predictions, sibling bursts and expired workers."""
+import itertools
+
+import pytest
+
+from engines.base.block_hash import NONE_HASH, chain_block_hashes
+from engines.base.events import KvEvent, KvEventKind, KvTier
+from services.router.core import RouterCore
+from services.router.kv_policy import ApproximateIndex, KvAwarePolicy, KvPolicyConfig
+from services.router.policy import DisaggregationPolicy
+from services.router.prefix_index import PrefixIndex
+from services.router.registry import Registry
+from services.router.types import RouteInput, WorkerLoad
+from tests.unit.services.router.helpers import FakeClock, info, view
+
+BS = 4
+PROMPT = tuple(range(1000, 1040))  # 10 full blocks of 4
+H = chain_block_hashes(PROMPT, BS)
+
+
+class FixedRng:
+    def __init__(self, *draws: float):
+        self.draws = list(draws)
+
+    def random(self) -> float:
+        return self.draws.pop(0)
+
+
+def index_with(**cached_blocks: int) -> PrefixIndex:
+    index = PrefixIndex()
+    for worker_id, n in cached_blocks.items():
+        index.apply(worker_id, [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:n]), KvTier.DEVICE)])
+    return index
+
+
+def kv_policy(index: PrefixIndex, clock=None, rng=None, **config) -> KvAwarePolicy:
+    return KvAwarePolicy(index, clock or FakeClock(), rng, KvPolicyConfig(block_size=BS, **config))
+
+
+def req(tokens=PROMPT, req_id: str = "r") -> RouteInput:
+    return RouteInput(req_id, "m", tuple(tokens))
+
+
+def docs_example() -> tuple[KvAwarePolicy, list]:
+    policy = kv_policy(index_with(w1=2, w2=5, w3=8))
+    return policy, [view("w1", blocks=10), view("w2", blocks=5), view("w3", blocks=9)]
+
+
+def test_dynamo_docs_example_costs_and_choice():
+    policy, candidates = docs_example()
+    scores = policy.scores(req(), candidates)
+    assert [(s.view.worker_id, s.cost, s.num_overlap_blocks) for s in scores] == \
+        [("w2", 10.0, 5), ("w3", 11.0, 8), ("w1", 18.0, 2)]
+    assert policy.choose(req(), candidates).worker_id == "w2"
+
+
+@pytest.mark.parametrize("overlap_weight, chosen", [(1.0, "w1"), (0.5, "w2"), (0.0, "w2")])
+def test_overlap_beats_load_up_to_the_configured_trade_off(overlap_weight, chosen):
+    # w1: 6 of 10 blocks cached, 4 decode blocks; w2: nothing cached, idle
+    policy = kv_policy(index_with(w1=6), overlap_weight=overlap_weight)
+    candidates = [view("w1", blocks=4), view("w2")]
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
+    assert costs == {"w1": 10 - 6 * overlap_weight + 4, "w2": 10.0}  # 8 / 11 / 14 against 10
+    assert policy.choose(req(), candidates).worker_id == chosen
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
+def test_equal_costs_break_on_fewest_blocks_then_worker_id(order):
+    # all cost 10: wa (2 cached + 2 decode blocks); wd, wc, wb (nothing cached, idle)
+    policy = kv_policy(index_with(wa=2))
+    candidates = [view("wa", blocks=2), view("wd"), view("wc"), view("wb")]
+    assert policy.choose(req(), [candidates[i] for i in order]).worker_id == "wb"
+
+
+def test_waiting_sequences_are_charged_as_blocks():
+    policy = kv_policy(index_with(w1=3), waiting_blocks=2.0)
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), [view("w1", waiting=3), view("w2")])}
+    assert costs == {"w1": 7 + 6.0, "w2": 10.0}
+
+
+def test_host_and_disk_blocks_save_less_than_device_blocks():
+    index = PrefixIndex()
+    index.apply("w1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:4]), KvTier.HOST)])
+    index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:4]), KvTier.DISK)])
+    costs = {s.view.worker_id: s.cost for s in kv_policy(index).scores(req(), [view("w1"), view("w2")])}
+    assert costs == {"w1": 10 - 4 * 0.75, "w2": 10 - 4 * 0.25}
+
+
+@pytest.mark.parametrize("draw, chosen", [(0.0, "w2"), (0.5, "w3"), (0.99, "w1")])
+def test_temperature_draws_from_softmax_over_normalised_costs(draw, chosen):
+    # costs 10, 11, 18 -> normalised 0, 1/8, 1 -> weights 1, e^-0.125 (0.882), e^-1 (0.368), sum 2.250
+    policy = kv_policy(index_with(w1=2, w2=5, w3=8), rng=FixedRng(draw), temperature=1.0)
+    candidates = [view("w1", blocks=10), view("w2", blocks=5), view("w3", blocks=9)]
+    assert policy.choose(req(), candidates).worker_id == chosen
+
+
+def test_own_decisions_predict_overlap_until_their_ttl():
+    clock = FakeClock()
+    policy = kv_policy(PrefixIndex(), clock, use_events=False, predict_ttl_s=30.0)
+    assert policy.choose(req(), [view("w1", blocks=3), view("w2", blocks=5)]).worker_id == "w1"
+    later = [view("w1", blocks=8), view("w2", blocks=5)]  # w1 now busier, but holds the prompt
+    assert [(s.view.worker_id, s.num_overlap_blocks) for s in policy.scores(req(), later)] == [("w1", 10), ("w2", 0)]
+    clock.advance(30.0)
+    assert policy.choose(req(), later).worker_id == "w2"  # the prediction lapsed
+
+
+def test_approximate_mode_ignores_events():
+    policy = kv_policy(index_with(w2=10), use_events=False)
+    assert policy.choose(req(), [view("w1"), view("w2")]).worker_id == "w1"
+
+
+def test_approximate_index_bounds_and_forgets_workers():
+    clock = FakeClock()
+    approx = ApproximateIndex(clock, ttl_s=10.0, max_entries=3)
+    approx.record(H[:5], "w1")
+    assert len(approx) == 3 and approx.overlap(H) == {"w1": 3}  # the leaves went first
+    approx.record(H[:2], "w2")  # shared hashes: no new entries, nothing evicted
+    assert approx.overlap(H) == {"w1": 3, "w2": 2}
+    approx.remove_worker("w1")
+    assert approx.overlap(H) == {"w2": 2} and len(approx) == 2
+    clock.advance(10.0)
+    approx.expire()
+    assert len(approx) == 0
+
+
+def make_core(policy: KvAwarePolicy, clock: FakeClock, workers=("w1", "w2")) -> RouterCore:
+    registry = Registry(clock, lease_ttl_s=10.0)
+    for worker_id in workers:
+        registry.register(info(worker_id, max_num_seqs=8), WorkerLoad())
+    return RouterCore(registry, policy, DisaggregationPolicy(1_000_000, 4))
+
+
+def test_sibling_burst_spreads_by_unreflected_prefill_blocks():
+    # 8 siblings share 8 leading blocks and differ in the last 2; no KV event arrives meanwhile
+    clock = FakeClock()
+    policy = kv_policy(PrefixIndex(), clock)
+    core = make_core(policy, clock)
+    siblings = [PROMPT[:32] + tuple(range(8 * i, 8 * i + 8)) for i in range(8)]
+    picks = [core.route(req(s, f"r{i}")).decode.worker_id for i, s in enumerate(siblings)]
+    assert picks == ["w1", "w2", "w1", "w2", "w1", "w2", "w1", "w2"]
+    ignoring_pending = kv_policy(PrefixIndex(), clock)  # the same decisions, but load views never unreflected
+    alone = [ignoring_pending.choose(req(s), [view("w1"), view("w2")]).worker_id for s in siblings]
+    assert alone == ["w1"] * 8  # without in-flight tracking they all pile onto w1
+
+
+def test_decision_reports_cached_tokens_and_expired_workers_are_never_chosen():
+    clock = FakeClock()
+    index = index_with(w1=10, w2=4)
+    core = make_core(kv_policy(index, clock), clock)
+    decision = core.route(req(req_id="r1"))
+    assert (decision.decode.worker_id, decision.policy, decision.num_cached_tokens) == ("w1", "kv", 40)
+    clock.advance(5.0)
+    core.registry.heartbeat("w2", WorkerLoad())
+    clock.advance(5.0)  # w1's lease lapses: its perfect overlap must not attract anything
+    assert [core.route(req(req_id=f"s{i}")).decode.worker_id for i in range(3)] == ["w2"] * 3
+    assert index.retain_workers(v.worker_id for v in core.registry.views()) == ["w1"]
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="must be >= 0"):
+        KvPolicyConfig(overlap_weight=-1.0)
+    with pytest.raises(ValueError, match="temperature > 0 needs an rng"):
+        kv_policy(PrefixIndex(), temperature=0.5)
