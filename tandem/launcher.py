@@ -30,6 +30,7 @@ class StackConfig:
     log_dir: Path = Path(".cache/logs")
     ready_timeout_s: float = 300.0
     worker_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -54,7 +55,7 @@ class Stack:
     def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         router = f"127.0.0.1:{self.router_port}"
-        self._spawn("router", ["router", "--port", str(self.router_port)])
+        self._spawn("router", ["router", "--port", str(self.router_port), *self.cfg.router_args])
         threads = str(self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode)))
         common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
                   "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]

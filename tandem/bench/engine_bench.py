@@ -16,6 +16,7 @@ from engines.native.config import ModelConfig
 from tandem.bench import hf_baseline, native_runner
 from tandem.bench.report import NATIVE, TRANSFORMERS, WorkloadResult, build_report, format_report, json_safe
 from tandem.bench.roofline import GemmRate, GemmShape, fastest, linear_shapes, measure_gemm_rate
+from tandem.bench.serve_bench import add_serving_commands
 from tandem.bench.stats import RunSummary, summarize
 from tandem.bench.workload import Workload, prompts_for
 
@@ -115,12 +116,13 @@ def _header(cfg: BenchConfig, mode: str) -> dict:
 
 # -- CLI ---------------------------------------------------------------------------------------
 def add_bench_commands(subparsers) -> argparse.ArgumentParser:
-    """Register `bench` (with subcommand `engine`) on a CLI's subparsers; `args.func(args)` runs it."""
+    """Register `bench` (`engine`, `serve`, `overhead`) on a CLI's subparsers; `args.func(args)` runs it."""
     bench = subparsers.add_parser("bench", help="benchmarks")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     engine = sub.add_parser("engine", help="native engine vs transformers: throughput, TTFT, ITL, roofline")
     add_engine_arguments(engine)
     engine.set_defaults(func=cmd_bench_engine)
+    add_serving_commands(sub)  # serve, overhead
     return bench
 
 

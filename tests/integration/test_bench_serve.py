@@ -1,0 +1,73 @@
+"""`tandem bench serve` as a user runs it: the CLI against a real zero-engine stack (gateway, router, decode
+worker on loopback), synthetic closed-loop load and a Mooncake trace, checked through the JSON it writes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import running_stack
+
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY_FIELDS = {"num_requests", "num_completed", "num_errors", "duration_s", "num_output_tokens",
+                  "requests_per_s", "output_tokens_per_s", "goodput_requests_per_s", "num_good", "ttft_s",
+                  "itl_s", "mean_itl_s", "e2e_s", "first_errors"}
+
+
+@pytest.fixture(scope="module")
+def zero_stack(tiny_stack_model, tmp_path_factory):
+    with running_stack(tiny_stack_model, tmp_path_factory.mktemp("bench-serve"), engine="zero",
+                       num_prefill=0) as stack:
+        yield stack
+
+
+def bench_serve(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tandem.cli", "bench", "serve", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_closed_loop_run_reports_every_request(zero_stack, tiny_stack_model, tmp_path):
+    out = tmp_path / "serve.json"
+    run = bench_serve("--url", zero_stack.url, "--tokenizer", str(tiny_stack_model), "--concurrency", "4",
+                      "--num-requests", "20", "--isl", "32", "--osl", "16", "--slo-ttft", "60000",
+                      "--slo-itl", "60000", "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert set(s) == SUMMARY_FIELDS
+    assert (s["num_requests"], s["num_completed"], s["num_errors"], s["num_good"]) == (20, 20, 0, 20)
+    assert s["num_output_tokens"] == 20 * 16  # the zero engine never stops early
+    assert 0 < s["ttft_s"]["p50"] <= s["ttft_s"]["p90"] <= s["ttft_s"]["p99"] <= s["e2e_s"]["p99"]
+    assert s["output_tokens_per_s"] > 0 and s["goodput_requests_per_s"] == pytest.approx(s["requests_per_s"])
+    assert (report["model"], report["max_model_len"]) == (tiny_stack_model.name, 512)
+    assert "TTFT" in run.stdout and "goodput" in run.stdout
+
+
+def test_mooncake_trace_is_replayed_clipped_to_the_context(zero_stack, tiny_stack_model, tmp_path):
+    trace, out = tmp_path / "trace.jsonl", tmp_path / "trace-run.json"
+    rows = [{"timestamp": 1000 * i, "input_length": 700 if i % 2 else 40, "output_length": 8,
+             "hash_ids": [0, i + 1] if i % 2 else [0]} for i in range(6)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = bench_serve("--url", zero_stack.url, "--tokenizer", str(tiny_stack_model), "--trace", str(trace),
+                      "--time-scale", "0.01", "--max-requests", "5", "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    assert (report["summary"]["num_requests"], report["summary"]["num_errors"]) == (5, 0)
+    assert report["notes"] == ["2 of 5 trace rows scaled down in proportion to fit the context of 512 tokens"]
+    assert report["summary"]["duration_s"] >= 0.04  # the last arrival is at 4 s x 0.01
+
+
+def test_overhead_runs_both_sides_with_the_same_load(tmp_path):
+    out = tmp_path / "overhead.json"
+    run = subprocess.run([sys.executable, "-m", "tandem.cli", "bench", "overhead", "--num-requests", "8",
+                          "--concurrency", "2", "--isl", "16", "--osl", "8", "--warmup", "1", "--json", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    a, b = report["in_process"], report["through_stack"]
+    assert (a["num_completed"], b["num_completed"], a["num_errors"], b["num_errors"]) == (8, 8, 0, 0)
+    assert a["num_output_tokens"] == b["num_output_tokens"] == 64
+    assert report["added_ttft_p50_s"] == pytest.approx(b["ttft_s"]["p50"] - a["ttft_s"]["p50"])
+    assert report["relay_tokens_per_s"] == b["output_tokens_per_s"] > 0
+    assert "added" in run.stdout and "target" in run.stdout
