@@ -8,6 +8,7 @@ from engines.base import EngineRequest, FinishReason
 from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
 from services.common.protos import worker_pb2
+from services.common.streams import coalesced
 from services.common.worker_base import WorkerService, main_for
 from services.decode.kv_import import KvPuller
 
@@ -29,7 +30,8 @@ class DecodeService(WorkerService):
         except Exception as exc:
             await abort_with(context, exc)
         first = True
-        async for out in stream:  # NOTE: a cancelled call closes this stream, which aborts the request
+        # NOTE: a cancelled call closes these streams, which aborts the request in the engine
+        async for out in coalesced(stream):
             if out.finish_reason is FinishReason.ERROR:
                 await context.abort(grpc.StatusCode.INTERNAL, out.error or "generation failed")
             yield worker_pb2.GenerateResponse(
