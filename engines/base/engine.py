@@ -2,6 +2,7 @@
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from engines.base.events import KvEvent, KvSnapshot
 from engines.base.types import EngineRequest, EngineStats, KvExport, KvLayout, RequestOutput
 
 
@@ -34,3 +35,18 @@ class Engine(Protocol):
 
     async def release_kv(self, req_id: str) -> None:
         """Free the blocks held for a finished hold_kv request."""
+
+
+@runtime_checkable
+class KvEventSource(Protocol):
+    """An optional capability: an engine that publishes its prefix cache's KV events (engines/base/events.py).
+    A worker whose engine lacks it answers StreamKvEvents with UNIMPLEMENTED."""
+
+    async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:
+        """Events with seq > `after_seq`, or None when the reader must take `kv_snapshot` instead."""
+
+    async def kv_snapshot(self) -> KvSnapshot:
+        """Every block held now, as of the last event."""
+
+    async def wait_kv_events(self, after_seq: int) -> None:
+        """Return once an event with seq > `after_seq` exists (at once if one does)."""

@@ -2,6 +2,7 @@
 Runs on one thread; the async NativeEngine feeds it commands and drains its outputs."""
 import time
 
+from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.errors import InvalidRequestError, RequestNotFoundError
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.native.block_manager import BlockManager
@@ -28,6 +29,7 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
+        self.kv_events = KvEventLog()
 
     # -- commands ----------------------------------------------------------------------------
     def validate(self, request: EngineRequest) -> None:
@@ -104,6 +106,12 @@ class EngineCore:
             return self.runner.prompt_logits(ScheduledSeq(seq, len(token_ids), 0))
         finally:
             self.block_manager.free(seq)
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """Record what the block manager changed since the last drain (steps, imports, evictions)."""
+        drained = self.block_manager.drain_events()
+        return self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
+                                     KvTier.DEVICE)
 
     # -- the step ----------------------------------------------------------------------------
     @property

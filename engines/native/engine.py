@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
+from engines.base.events import KvEvent, KvSnapshot
 from engines.base.errors import EngineError, InvalidRequestError
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.native.config import EngineConfig
@@ -27,6 +28,8 @@ class NativeEngine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stats = self.core.stats()
+        self._kv_lock = threading.Lock()  # NOTE: the engine thread records KV events; readers run on the loop
+        self._kv_changed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -78,6 +81,20 @@ class NativeEngine:
         """Next-token logits at every prompt position (evaluation only; see EngineCore)."""
         return await self._call(lambda: self.core.prompt_logits(token_ids))
 
+    # -- KV events (the KvEventSource capability) --------------------------------------------
+    async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:
+        with self._kv_lock:
+            return self.core.kv_events.since(after_seq)
+
+    async def kv_snapshot(self) -> KvSnapshot:
+        with self._kv_lock:
+            return self.core.kv_events.snapshot()
+
+    async def wait_kv_events(self, after_seq: int) -> None:
+        changed = self._kv_changed
+        if self.core.kv_events.last_seq <= after_seq:
+            await changed.wait()
+
     # -- internals ---------------------------------------------------------------------------
     async def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
@@ -122,6 +139,7 @@ class NativeEngine:
             self.core.expire_held(time.monotonic())
             self._stats = self.core.stats()
             self._publish(outputs)
+            self._publish_kv_events()
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -138,6 +156,16 @@ class NativeEngine:
     def _publish(self, outputs: list[RequestOutput]) -> None:
         if outputs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _publish_kv_events(self) -> None:
+        with self._kv_lock:
+            events = self.core.drain_kv_events()
+        if events and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._notify_kv)
+
+    def _notify_kv(self) -> None:
+        self._kv_changed.set()
+        self._kv_changed = asyncio.Event()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

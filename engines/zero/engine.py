@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from engines.base.events import KvEvent, KvEventLog, KvSnapshot
 from engines.base.errors import EngineError, InvalidRequestError, RequestNotFoundError
 from engines.base.types import (EngineRequest, EngineStats, FinishReason, KvExport, KvLayout,
                                 RequestOutput)
@@ -22,6 +23,7 @@ class ZeroCostEngine:
         self._aborted: set[str] = set()
         self._counts = {"prompt": 0, "generated": 0}
         self._started = False
+        self._kv_events = KvEventLog()  # NOTE: no cache, so never an event: routers fall back to their own
 
     async def start(self) -> None:
         self._started = True
@@ -88,3 +90,12 @@ class ZeroCostEngine:
     async def release_kv(self, req_id: str) -> None:
         if self._held.pop(req_id, None) is None:
             raise RequestNotFoundError(f"no KV held for request {req_id!r}")
+
+    async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:
+        return self._kv_events.since(after_seq)
+
+    async def kv_snapshot(self) -> KvSnapshot:
+        return self._kv_events.snapshot()
+
+    async def wait_kv_events(self, after_seq: int) -> None:
+        await asyncio.Event().wait()  # no event ever comes

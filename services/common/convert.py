@@ -1,6 +1,8 @@
 """Domain dataclasses <-> protobuf messages. The only module that knows both shapes."""
+from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 from engines.base.types import (EngineStats, FinishReason, KvLayout, SamplingParams, TokenLogprob)
 from services.common.protos import common_pb2 as pb
+from services.common.protos import worker_pb2
 
 _FINISH_TO_PB = {
     None: pb.FINISH_REASON_UNSPECIFIED,
@@ -10,6 +12,11 @@ _FINISH_TO_PB = {
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+_KIND_TO_PB = {KvEventKind.STORED: pb.KV_EVENT_KIND_STORED, KvEventKind.REMOVED: pb.KV_EVENT_KIND_REMOVED,
+               KvEventKind.CLEARED: pb.KV_EVENT_KIND_CLEARED}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+_TIER_TO_PB = {KvTier.DEVICE: pb.KV_TIER_DEVICE, KvTier.HOST: pb.KV_TIER_HOST, KvTier.DISK: pb.KV_TIER_DISK}
+_TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}
 
 
 def finish_to_pb(reason: FinishReason | None) -> int:
@@ -63,3 +70,36 @@ def load_to_pb(stats: EngineStats, max_num_seqs: int) -> pb.WorkerLoad:
         num_blocks_used=stats.num_blocks_used, num_blocks_total=stats.num_blocks_total,
         max_num_seqs=max_num_seqs, prefix_hit_rate=stats.prefix_hit_rate,
     )
+
+
+def kv_event_to_pb(e: KvEvent) -> pb.KvEvent:
+    return pb.KvEvent(seq=e.seq, kind=_KIND_TO_PB[e.kind], parent_hash=e.parent_hash,
+                      block_hashes=list(e.block_hashes), tier=_TIER_TO_PB[e.tier])
+
+
+def kv_event_from_pb(msg: pb.KvEvent) -> KvEvent:
+    """Raises ValueError for an unspecified kind or tier (a peer that is newer or broken)."""
+    if msg.kind not in _KIND_FROM_PB or msg.tier not in _TIER_FROM_PB:
+        raise ValueError(f"KV event {msg.seq} has an unknown kind {msg.kind} or tier {msg.tier}")
+    return KvEvent(msg.seq, _KIND_FROM_PB[msg.kind], msg.parent_hash, tuple(msg.block_hashes),
+                   _TIER_FROM_PB[msg.tier])
+
+
+def kv_events_to_pb(worker_id: str, events: list[KvEvent]) -> worker_pb2.KvEventBatch:
+    return worker_pb2.KvEventBatch(worker_id=worker_id, events=[kv_event_to_pb(e) for e in events])
+
+
+def kv_snapshot_to_pb(worker_id: str, snapshot: KvSnapshot) -> worker_pb2.KvEventBatch:
+    """A snapshot on the wire: CLEARED, then the STORED events, every one carrying the snapshot's seq."""
+    cleared = KvEvent(snapshot.seq, KvEventKind.CLEARED)
+    return kv_events_to_pb(worker_id, [cleared, *snapshot.events])
+
+
+def kv_batch_from_pb(msg: worker_pb2.KvEventBatch) -> list[KvEvent] | KvSnapshot:
+    """Events to apply in order, or a snapshot to resync from (see `kv_snapshot_to_pb`).
+
+    NOTE: a lone CLEARED event reads as an empty snapshot at its seq, which means the same thing."""
+    events = [kv_event_from_pb(e) for e in msg.events]
+    if events and events[0].kind is KvEventKind.CLEARED and all(e.seq == events[0].seq for e in events):
+        return KvSnapshot(events[0].seq, tuple(events[1:]))
+    return events

@@ -6,9 +6,11 @@ import logging
 import grpc
 
 from engines.base import Engine
+from engines.base.engine import KvEventSource
 from services.common.convert import layout_to_pb, load_to_pb
 from services.common.engine_factory import make_engine
 from services.common.grpc_server import GrpcServer, run_until_signal
+from services.common.kv_events import kv_event_batches
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.registration import Registrar
 from services.common.worker_settings import WorkerSettings
@@ -27,6 +29,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.address = ""  # as advertised to the router
         self.kv_bytes_exported = 0
         self.kv_bytes_imported = 0
+        self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
 
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
@@ -43,7 +46,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
 
     async def StreamKvEvents(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV events are not published by this worker yet")
+        if not isinstance(self.engine, KvEventSource):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine publishes no KV events")
+        async for batch in kv_event_batches(self.engine, self.worker_id, request.after_seq, self.stopping):
+            yield batch
 
     async def Prefill(self, request, context):
         await self._wrong_role(context, "Prefill")
@@ -91,6 +97,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
 
     async def stop() -> None:
         await registrar.stop()  # no new requests routed here
+        service.stopping.set()
         await server.stop(grace_s=drain_s)  # in-flight streams finish within the grace period
         await engine.shutdown()
 

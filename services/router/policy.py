@@ -2,8 +2,12 @@
 
 Pure objects with no I/O and no transport: the same ones run in the router service and the simulator.
 """
+import random
+import time
 from typing import Protocol
 
+from services.router.kv_policy import Clock, KvAwarePolicy, KvPolicyConfig, Rng
+from services.router.prefix_index import PrefixIndex
 from services.router.types import DisaggDecision, RouteInput, WorkerView
 
 
@@ -51,13 +55,18 @@ class LeastLoadedPolicy:
         return min(candidates, key=_load_key)
 
 
-POLICIES: dict[str, type[RoundRobinPolicy] | type[LeastLoadedPolicy]] = {
+POLICIES: dict[str, type[RoundRobinPolicy] | type[LeastLoadedPolicy] | type[KvAwarePolicy]] = {
     RoundRobinPolicy.name: RoundRobinPolicy,
     LeastLoadedPolicy.name: LeastLoadedPolicy,
+    KvAwarePolicy.name: KvAwarePolicy,
 }
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str, kv: KvPolicyConfig = KvPolicyConfig(), clock: Clock = time.monotonic,
+                rng: Rng | None = None, index_max_entries: int = 1_000_000) -> RoutingPolicy:
+    """The policy called `name`; only "kv" uses the rest (its prefix index, clock and RNG)."""
+    if name == KvAwarePolicy.name:
+        return KvAwarePolicy(PrefixIndex(index_max_entries), clock, rng or random.Random(), kv)
     try:
         return POLICIES[name]()
     except KeyError:

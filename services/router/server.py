@@ -18,10 +18,12 @@ from services.common.settings import SettingsError
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
                                      worker_status_to_pb)
 from services.router.core import RouterCore
+from services.router.kv_policy import KvAwarePolicy
+from services.router.kv_subscriber import KvSubscriber
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.registry import Clock, Registry
 from services.router.settings import RouterSettings, add_arguments, settings_from
-from services.router.types import RouterError
+from services.router.types import RouterError, WorkerRole
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
@@ -47,14 +49,22 @@ def _maps_errors(method):
 def build_core(settings: RouterSettings, clock: Clock = time.monotonic) -> RouterCore:
     registry = Registry(clock, settings.lease_ttl_s, settings.inflight_ttl_s)
     disagg = DisaggregationPolicy(settings.disagg_min_tokens, settings.prefill_max_waiting)
-    return RouterCore(registry, make_policy(settings.policy), disagg)
+    policy = make_policy(settings.policy, settings.kv_config, clock, index_max_entries=settings.kv_index_max_entries)
+    return RouterCore(registry, policy, disagg)
+
+
+def make_subscriber(core: RouterCore) -> KvSubscriber | None:
+    """Subscriptions to workers' KV events, when the policy is kv and uses them."""
+    policy = core.policy
+    return KvSubscriber(policy) if isinstance(policy, KvAwarePolicy) and policy.config.use_events else None
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, core: RouterCore, settings: RouterSettings):
+    def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None):
         self.core = core
         self.registry = core.registry
         self.settings = settings
+        self.kv = kv
 
     @_maps_errors
     async def Register(self, request, context):
@@ -62,6 +72,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         is_new = self.registry.register(info, load_from_pb(request.load))
         log.info("%s %s worker %s at %s (model %s)", "registered" if is_new else "re-registered",
                  info.role.value, info.worker_id, info.address, info.model)
+        if self.kv is not None and info.role is WorkerRole.DECODE:
+            self.kv.follow(info.worker_id, info.address)
         return router_pb2.RegisterResponse(lease_ttl_s=self.settings.lease_ttl_s,
                                            heartbeat_interval_s=self.settings.heartbeat_interval_s)
 
@@ -74,6 +86,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Deregister(self, request, context):
         if self.registry.deregister(request.worker_id):
             log.info("deregistered worker %s", request.worker_id)
+        if self.kv is not None:
+            self.kv.forget([request.worker_id], (v.worker_id for v in self.registry.views()))
         return router_pb2.DeregisterResponse()
 
     @_maps_errors
@@ -100,8 +114,9 @@ class RouterService:
         self.settings = settings
         self.core = build_core(settings, clock)
         self.registry = self.core.registry
+        self.kv = make_subscriber(self.core)
         self.server = GrpcServer(settings.address, [SERVICE_NAME])
-        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings), self.server.server)
+        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv), self.server.server)
         self._sweeper: asyncio.Task | None = None
 
     @property
@@ -117,11 +132,16 @@ class RouterService:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.kv is not None:
+            await self.kv.close()
         await self.server.stop(grace_s)
 
     def sweep(self) -> None:
-        for worker_id in self.registry.expire():
+        expired = self.registry.expire()
+        for worker_id in expired:
             log.info("lease expired: worker %s left the pool", worker_id)
+        if expired and self.kv is not None:
+            self.kv.forget(expired, (v.worker_id for v in self.registry.views()))
         stale = self.registry.expire_inflight()
         if stale:
             log.info("dropped %d in-flight requests never completed within %.0f s", len(stale),

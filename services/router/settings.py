@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from services.common.settings import SettingsError, env
+from services.router.kv_policy import KvPolicyConfig
 from services.router.policy import POLICIES
 
 ENV_PREFIX = "TANDEM_ROUTER_"
@@ -23,6 +24,11 @@ class RouterSettings:
     prefill_max_waiting: int = 4  # a prefill worker with this many waiting counts as saturated
     inflight_ttl_s: float = 600.0  # a routed request never completed stops counting as load after this
     sweep_interval_s: float = 1.0  # how often lapsed leases and stale in-flight entries are removed
+    kv_overlap_weight: float = 1.0  # policy kv: blocks of prefill saved per cached block
+    kv_temperature: float = 0.0  # policy kv: 0 = argmin, > 0 = softmax draw over costs
+    kv_use_events: bool = True  # policy kv: subscribe to workers' KV events (False: own decisions only)
+    kv_predict_ttl_s: float = 120.0  # policy kv: how long the router trusts its own decisions
+    kv_index_max_entries: int = 1_000_000  # policy kv: block hashes the prefix index holds
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,6 +45,18 @@ class RouterSettings:
             raise SettingsError(f"need disagg_min_tokens >= 0 and prefill_max_waiting >= 1, got "
                                 f"{self.disagg_min_tokens} and {self.prefill_max_waiting}")
 
+        if self.kv_overlap_weight < 0 or self.kv_temperature < 0:
+            raise SettingsError(f"need kv_overlap_weight >= 0 and kv_temperature >= 0, got "
+                                f"{self.kv_overlap_weight} and {self.kv_temperature}")
+        if not self.kv_predict_ttl_s > 0 or self.kv_index_max_entries < 1:
+            raise SettingsError(f"need kv_predict_ttl_s > 0 and kv_index_max_entries >= 1, got "
+                                f"{self.kv_predict_ttl_s} and {self.kv_index_max_entries}")
+
+    @property
+    def kv_config(self) -> KvPolicyConfig:
+        return KvPolicyConfig(overlap_weight=self.kv_overlap_weight, temperature=self.kv_temperature,
+                              use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s)
+
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
@@ -53,8 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (--lease-ttl-s, ...); an absent flag keeps the environment's value."""
     for f in dataclasses.fields(RouterSettings):
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f.name, type=type(f.default), default=None,
+        parser.add_argument(flag, dest=f.name, type=_parse_bool if isinstance(f.default, bool) else type(f.default),
+                            default=None,
                             help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+
+
+def _parse_bool(raw: str) -> bool:
+    if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a boolean")
+    return raw.lower() in ("1", "true", "yes", "on")
 
 
 def settings_from(args: argparse.Namespace) -> RouterSettings:

@@ -65,8 +65,8 @@ def test_least_loaded_ties_break_on_blocks_then_worker_id(order):
 def test_make_policy_by_name_and_unknown_name():
     assert isinstance(make_policy("round_robin"), RoundRobinPolicy)
     assert make_policy("least_loaded").name == "least_loaded"
-    with pytest.raises(ValueError, match="unknown routing policy 'kv'; choose one of least_loaded, round_robin"):
-        make_policy("kv")
+    with pytest.raises(ValueError, match="unknown routing policy 'nope'; choose one of kv, least_loaded, round_robin"):
+        make_policy("nope")
 
 
 def prefill(worker_id: str, waiting: int = 0, unreflected: int = 0, running: int = 0):
@@ -117,3 +117,11 @@ def test_disagg_saturated_prefill_pool_is_aggregated(waiting, unreflected):
 def test_disagg_just_below_saturation_still_disaggregates():
     decision = DisaggregationPolicy(min_tokens=1, max_waiting=4).decide(req(), [prefill("p1", waiting=3)])
     assert decision.prefill.worker_id == "p1"
+
+
+def test_make_policy_kv_builds_its_index_from_settings():
+    from services.router.kv_policy import KvAwarePolicy, KvPolicyConfig
+
+    policy = make_policy("kv", KvPolicyConfig(temperature=0.5), clock=lambda: 0.0, index_max_entries=7)
+    assert isinstance(policy, KvAwarePolicy)
+    assert (policy.config.temperature, policy.index.max_entries, policy.rng is not None) == (0.5, 7, True)

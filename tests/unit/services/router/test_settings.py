@@ -30,7 +30,9 @@ def test_settings_are_frozen():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"policy": "kv"}, "policy must be one of least_loaded, round_robin, got 'kv'"),
+    ({"policy": "nope"}, "policy must be one of kv, least_loaded, round_robin, got 'nope'"),
+    ({"kv_temperature": -1.0}, "need kv_overlap_weight >= 0 and kv_temperature >= 0"),
+    ({"kv_index_max_entries": 0}, "kv_index_max_entries >= 1"),
     ({"port": 70000}, r"port must be in \[0, 65535\]"),
     ({"lease_ttl_s": 0.0}, "lease_ttl_s must be > 0"),
     ({"heartbeat_interval_s": 10.0}, r"heartbeat_interval_s \(10.0\) must be below lease_ttl_s \(10.0\)"),
@@ -52,3 +54,12 @@ def test_main_exits_2_on_bad_setting(capsys):
         main(["--lease-ttl-s", "1", "--heartbeat-interval-s", "5"])
     assert exit_info.value.code == 2
     assert "must be below lease_ttl_s" in capsys.readouterr().err
+
+
+def test_kv_settings_from_env_and_flags(monkeypatch):
+    monkeypatch.setenv("TANDEM_ROUTER_KV_USE_EVENTS", "false")
+    monkeypatch.setenv("TANDEM_ROUTER_KV_OVERLAP_WEIGHT", "2.5")
+    s = load(["--policy", "kv", "--kv-temperature", "0.3", "--kv-index-max-entries", "9"])
+    assert (s.policy, s.kv_use_events, s.kv_overlap_weight, s.kv_index_max_entries) == ("kv", False, 2.5, 9)
+    assert (s.kv_config.temperature, s.kv_config.use_events) == (0.3, False)
+    assert load(["--kv-use-events", "yes"]).kv_use_events is True

@@ -1,0 +1,33 @@
+"""A worker's KV events as a stream of KvEventBatch protos: the replay (or a snapshot when the engine's ring
+no longer reaches back), then each new batch as the engine records it. No decision logic, no gRPC context."""
+import asyncio
+from collections.abc import AsyncIterator
+
+from engines.base.engine import KvEventSource
+from services.common.convert import kv_events_to_pb, kv_snapshot_to_pb
+from services.common.protos import worker_pb2
+
+
+async def kv_event_batches(engine: KvEventSource, worker_id: str, after_seq: int,
+                           stopped: asyncio.Event) -> AsyncIterator[worker_pb2.KvEventBatch]:
+    """Batches of events after `after_seq` until `stopped` is set (the worker is shutting down)."""
+    while not stopped.is_set():
+        events = await engine.kv_events_since(after_seq)
+        if events is None:
+            snapshot = await engine.kv_snapshot()
+            yield kv_snapshot_to_pb(worker_id, snapshot)
+            after_seq = snapshot.seq
+        elif events:
+            yield kv_events_to_pb(worker_id, events)
+            after_seq = events[-1].seq
+        await _first_of(engine.wait_kv_events(after_seq), stopped.wait())
+
+
+async def _first_of(*coros) -> None:
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
