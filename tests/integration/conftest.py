@@ -44,3 +44,23 @@ def tiny_stack_model(tmp_path_factory) -> Path:
     from tandem.models.init import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny-stack"), "llama", tiny=True, seed=0)
+
+
+ENDLESS_CONTEXT = 4096
+
+
+@pytest.fixture(scope="session")
+def endless_model(tmp_path_factory) -> Path:
+    """The tiny checkpoint with no EOS anywhere (config and generation_config) and a longer context:
+    every request runs to max_tokens, the gateway's only way to get ignore_eos."""
+    import json
+
+    from tandem.models.init import init_model
+
+    out = init_model(tmp_path_factory.mktemp("endless"), "llama", tiny=True, seed=0,
+                     overrides={"eos_token_id": None, "max_position_embeddings": ENDLESS_CONTEXT})
+    gen_path = out / "generation_config.json"
+    gen = json.loads(gen_path.read_text())
+    gen.pop("eos_token_id")
+    gen_path.write_text(json.dumps(gen))
+    return out

@@ -1,0 +1,138 @@
+"""A decode worker killed (SIGKILL) mid-stream, live: the client gets a clean error at once instead of a hang,
+the gateway stays healthy, and new requests succeed on the surviving worker within a bounded time."""
+import time
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import ENDLESS_CONTEXT, running_stack, workers
+from tests.integration.helpers import assert_error, assert_error_body, busy_counts, sse_json, wait_for
+
+LONG_MAX_TOKENS = ENDLESS_CONTEXT - 100  # the stream is still going when its worker dies
+MAX_ERROR_DELAY_S = 5.0  # from SIGKILL to the client knowing
+RECOVERY_S = 15.0  # from SIGKILL to requests succeeding again: the router's lease TTL (10 s) and some slack
+
+
+@pytest.fixture(scope="module")
+def stack(endless_model, tmp_path_factory):
+    with running_stack(endless_model, tmp_path_factory.mktemp("failure"), num_prefill=0, num_decode=2) as running:
+        yield running
+
+
+def _kill_serving_worker(stack, exclude: str = "") -> str:
+    """SIGKILL the decode worker running the one live request; its id."""
+    def running_on(counts: dict) -> list[str]:
+        return [w for w, c in counts.items() if c["num_running"] == 1 and w != exclude]
+
+    counts = wait_for(lambda: busy_counts(stack), lambda c: len(running_on(c)) == 1, 5.0, "one worker serving")
+    (victim,) = running_on(counts)
+    child = next(c for c in stack.children if c.name == victim)
+    child.proc.kill()
+    child.proc.wait(timeout=5)
+    return victim
+
+
+@dataclass(frozen=True)
+class Kill:
+    victim: str
+    survivor: str
+    killed_at: float  # time.monotonic()
+    events_before: list  # read before the kill
+    events_after: list  # read after it, until the stream ended
+    transport_error: str  # "" when the stream ended as HTTP/SSE should
+    seconds_to_end: float
+
+
+@pytest.fixture(scope="module")
+def kill(stack, endless_model) -> Kill:
+    body = {"model": endless_model.name, "prompt": "the long story goes", "max_tokens": LONG_MAX_TOKENS,
+            "temperature": 0, "stream": True}
+    # NOTE: the read timeout is above MAX_ERROR_DELAY_S: a hang shows as a slow end, not as a timeout here
+    with httpx.Client(timeout=httpx.Timeout(3 * MAX_ERROR_DELAY_S)) as http, \
+            http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        events = sse_json(response)
+        before = [next(events) for _ in range(3)]
+        victim = _kill_serving_worker(stack)
+        killed_at = time.monotonic()
+        after, transport_error = [], ""
+        try:
+            after.extend(events)
+        except httpx.HTTPError as exc:
+            transport_error = repr(exc)
+        seconds = time.monotonic() - killed_at
+    (survivor,) = {"decode-0", "decode-1"} - {victim}
+    return Kill(victim, survivor, killed_at, before, after, transport_error, seconds)
+
+
+def test_stream_ends_with_an_error_event_promptly(kill):
+    assert kill.transport_error == ""
+    assert kill.seconds_to_end < MAX_ERROR_DELAY_S
+    assert all(e["choices"][0]["finish_reason"] is None for e in kill.events_before)
+    *tokens, last = kill.events_after
+    assert all(e != "[DONE]" and "error" not in e for e in tokens)  # a failed stream never claims success
+    assert_error_body(last, type="service_unavailable_error", code="worker_failed")
+
+
+def test_gateway_stays_healthy(stack, kill):
+    assert httpx.get(f"{stack.url}/health", timeout=5).json() == {"status": "ok"}
+    ready = httpx.get(f"{stack.url}/ready", timeout=5)
+    assert ready.status_code == 200, ready.text
+
+
+def test_new_requests_succeed_on_the_survivor(stack, kill, endless_model):
+    body = {"model": endless_model.name, "prompt": "after the crash", "max_tokens": 8, "temperature": 0}
+    failures = []
+    with httpx.Client(timeout=10) as http:
+        while True:
+            response = http.post(f"{stack.url}/v1/completions", json=body)
+            if response.status_code == 200:
+                break
+            # until the router drops the dead worker, a request sent to it fails cleanly and says to retry
+            assert_error(response, 503, type="service_unavailable_error", code="worker_failed", retry_after="1")
+            failures.append(time.monotonic() - kill.killed_at)
+            assert time.monotonic() - kill.killed_at < RECOVERY_S, f"still failing after {RECOVERY_S:.0f}s"
+            time.sleep(0.25)
+        recovered_after = time.monotonic() - kill.killed_at
+        assert recovered_after < RECOVERY_S
+        assert response.json()["usage"]["completion_tokens"] == 8
+        for _ in range(4):  # and it stays so
+            again = http.post(f"{stack.url}/v1/completions", json=body)
+            assert again.status_code == 200, again.text
+            assert again.json()["choices"] == response.json()["choices"]
+    print(f"recovered {recovered_after:.1f}s after the kill; {len(failures)} requests failed before that")
+
+
+def test_router_drops_the_dead_worker(stack, kill):
+    remaining = wait_for(lambda: sorted(w.worker.worker_id for w in workers(stack)), lambda ids: ids == [kill.survivor],
+                         RECOVERY_S - (time.monotonic() - kill.killed_at), "the router forgetting the dead worker")
+    assert remaining == [kill.survivor]
+
+
+def test_losing_the_last_worker_raises_in_openai_client_and_then_503(stack, kill, endless_model):
+    wait_for(lambda: sorted(w.worker.worker_id for w in workers(stack)), lambda ids: ids == [kill.survivor],
+             RECOVERY_S, "the router forgetting the first dead worker")
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0,
+                       timeout=3 * MAX_ERROR_DELAY_S) as client:
+        stream = client.chat.completions.create(model=endless_model.name, temperature=0, stream=True,
+                                                max_tokens=LONG_MAX_TOKENS,
+                                                messages=[{"role": "user", "content": "go on"}])
+        next(iter(stream))
+        _kill_serving_worker(stack)
+        started = time.monotonic()
+        with pytest.raises(openai.APIError) as raised:
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < MAX_ERROR_DELAY_S
+    assert not isinstance(raised.value, openai.APITimeoutError | openai.APIConnectionError), raised.value
+    assert raised.value.body["type"] == "service_unavailable_error"
+
+    response = httpx.post(f"{stack.url}/v1/completions", timeout=10,
+                          json={"model": endless_model.name, "prompt": "anyone?", "max_tokens": 4})
+    err = response.json().get("error", {})
+    # the dead worker is still leased (worker_failed) or already dropped (no_worker_available): 503 either way
+    assert_error(response, 503, type="service_unavailable_error", code=err.get("code"), retry_after="1")
+    assert err["code"] in ("worker_failed", "no_worker_available")
+    assert httpx.get(f"{stack.url}/health", timeout=5).status_code == 200
