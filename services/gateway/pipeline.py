@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
 NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 CLEANUP_TIMEOUT_S = 5.0
+MAX_ROUTE_ATTEMPTS = 3  # workers tried for one request when they fail before its first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,18 +39,36 @@ class Pipeline:
         self._background: set[asyncio.Task] = set()
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        """One worker request, start to finish; Router.Complete follows whatever happens."""
-        route = await self._route(req_id, prompt)
+        """One worker request, start to finish; Router.Complete follows whatever happens.
+
+        A worker that fails before the client has seen a token is routed around at once (the
+        router may still list it until its lease runs out); after that, the client gets the error.
+        """
+        excluded: list[str] = []
         try:
-            if route.HasField("prefill"):
-                stream = self._disaggregated(route, req_id, prompt, params)
-            else:
-                stream = self._generate(route.decode.address, req_id, prompt, params, len(prompt))
-            async with aclosing(stream):
-                async for delta in stream:
-                    yield delta
+            while True:
+                route = await self._route(req_id, prompt, excluded)
+                is_started = False
+                try:
+                    async with aclosing(self._attempt(route, req_id, prompt, params)) as stream:
+                        async for delta in stream:
+                            is_started = True
+                            yield delta
+                    return
+                except errors.WorkerFailedError:
+                    if is_started or len(excluded) + 1 >= MAX_ROUTE_ATTEMPTS:
+                        raise
+                    log.warning("worker %s failed %s before its first token; routing again",
+                                route.decode.worker_id, req_id)
+                    excluded.append(route.decode.worker_id)
         finally:
             self._spawn(self._complete(req_id))
+
+    def _attempt(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
+                 params: SamplingParams) -> AsyncIterator[TokenDelta]:
+        if route.HasField("prefill"):
+            return self._disaggregated(route, req_id, prompt, params)
+        return self._generate(route.decode.address, req_id, prompt, params, len(prompt))
 
     async def is_ready(self) -> tuple[bool, str]:
         """True when the router answers and lists at least one live decode worker."""
@@ -68,8 +87,9 @@ class Pipeline:
             await channel.close()
         self._channels.clear()
 
-    async def _route(self, req_id: str, prompt: list[int]) -> router_pb2.RouteResponse:
-        request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt)
+    async def _route(self, req_id: str, prompt: list[int], excluded: list[str]) -> router_pb2.RouteResponse:
+        request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
+                                          exclude_worker_ids=excluded)
         try:
             return await self._router.Route(request, timeout=self._route_timeout_s)
         except grpc.aio.AioRpcError as exc:

@@ -83,26 +83,18 @@ def test_gateway_stays_healthy(stack, kill):
 
 
 def test_new_requests_succeed_on_the_survivor(stack, kill, endless_model):
+    """The gateway routes around a worker that fails before the first token: no request fails,
+    even while the router still lists the dead worker (its lease has not run out yet)."""
     body = {"model": endless_model.name, "prompt": "after the crash", "max_tokens": 8, "temperature": 0}
-    failures = []
+    listed = [w.worker.worker_id for w in workers(stack)]
+    assert kill.victim in listed, "the dead worker's lease ran out before the test could use it"
     with httpx.Client(timeout=10) as http:
-        while True:
+        for _ in range(6):
             response = http.post(f"{stack.url}/v1/completions", json=body)
-            if response.status_code == 200:
-                break
-            # until the router drops the dead worker, a request sent to it fails cleanly and says to retry
-            assert_error(response, 503, type="service_unavailable_error", code="worker_failed", retry_after="1")
-            failures.append(time.monotonic() - kill.killed_at)
-            assert time.monotonic() - kill.killed_at < RECOVERY_S, f"still failing after {RECOVERY_S:.0f}s"
-            time.sleep(0.25)
-        recovered_after = time.monotonic() - kill.killed_at
-        assert recovered_after < RECOVERY_S
-        assert response.json()["usage"]["completion_tokens"] == 8
-        for _ in range(4):  # and it stays so
-            again = http.post(f"{stack.url}/v1/completions", json=body)
-            assert again.status_code == 200, again.text
-            assert again.json()["choices"] == response.json()["choices"]
-    print(f"recovered {recovered_after:.1f}s after the kill; {len(failures)} requests failed before that")
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["completion_tokens"] == 8
+            assert response.json()["choices"][0]["text"]
+    assert time.monotonic() - kill.killed_at < RECOVERY_S  # all of it before the dead worker's lease ran out
 
 
 def test_router_drops_the_dead_worker(stack, kill):
