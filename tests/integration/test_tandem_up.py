@@ -1,0 +1,70 @@
+"""`tandem up` as a user runs it: it prints the URL once ready, serves, and on SIGTERM or Ctrl-C
+(SIGINT) stops every process it started, leaving none behind."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tandem.launcher import free_port
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live process whose parent chain reaches `pid` (the launcher gives each its own session)."""
+    found, frontier = set(), {pid}
+    while frontier:
+        parent = frontier.pop()
+        try:
+            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(parent)], capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.fail("ps is needed to find the launcher's children")
+        kids = {int(p) for p in out.stdout.split()}
+        frontier |= kids - found
+        found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for its parent to reap it
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal):
+    port = free_port()
+    cmd = [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_stack_model), "--port", str(port),
+           "--prefill", "1", "--decode", "1", "--num-threads", "1", "--log-dir", str(tmp_path / "logs")]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = launcher.stdout.readline()
+            assert line, f"tandem up exited early:\n{''.join(banner)}"
+            banner.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(banner)
+        assert f"tandem is up: http://127.0.0.1:{port}" in text
+        assert re.search(r"curl http://127\.0\.0\.1:\d+/v1/chat/completions", text)
+        pids = children_of(launcher.pid)
+        assert len(pids) == 4, f"router, prefill, decode and gateway expected, found {pids}"
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                           json={"model": tiny_stack_model.name, "prompt": "hello", "max_tokens": 4})
+        assert reply.status_code == 200, reply.text
+        launcher.send_signal(stop_signal)
+        assert launcher.wait(timeout=30) == 0
+        lingering = [p for p in pids if alive(p)]
+        assert not lingering, f"processes left behind: {lingering}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
