@@ -9,6 +9,7 @@ import sys
 from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
 from tandem.bench.engine_bench import add_bench_commands
+from tandem.sim.cli import add_sim_command
 from tandem.models.errors import ModelError
 
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_commands(commands)
     add_stack_commands(commands)
     add_bench_commands(commands)
+    add_sim_command(commands)
     return parser
 
 

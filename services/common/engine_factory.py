@@ -8,6 +8,10 @@ def make_engine(s: WorkerSettings) -> Engine:
         from engines.zero import ZeroCostEngine
 
         return ZeroCostEngine(s.model, block_size=s.block_size)
+    if s.engine == "sim":
+        from engines.sim.engine import SimEngine
+
+        return SimEngine(worker_id=s.worker_id or "sim")  # the default H100 / Llama-3.1-8B profile
     from engines.native.config import EngineConfig
     from engines.native.engine import NativeEngine
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from services.common.settings import SettingsError, env
 
 ROLES = ("prefill", "decode")
-ENGINES = ("native", "zero")
+ENGINES = ("native", "zero", "sim")
 
 
 @dataclass(frozen=True, slots=True)

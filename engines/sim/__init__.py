@@ -1,0 +1,1 @@
+"""A simulated engine: the real scheduler and block manager priced by a timing profile."""

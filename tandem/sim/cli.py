@@ -1,0 +1,72 @@
+"""`tandem sim`: replay a trace through the cluster simulator once per routing policy; print a table and
+write the JSON report and PNG plots. Argument parsing and orchestration only."""
+import argparse
+import datetime
+import platform
+import time
+from pathlib import Path
+
+from engines.sim.profile import DEFAULT_PROFILE, load_profile
+from tandem.bench.traces import load_trace
+from tandem.sim.des import ClusterSim, SimConfig
+from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
+from tandem.sim.policies import POLICY_NAMES
+from tandem.sim.report import format_table, write_json, write_plots
+
+
+def add_sim_command(commands) -> None:
+    p = commands.add_parser("sim", help="discrete-event cluster simulator: compare routing policies on a trace")
+    p.add_argument("--trace", type=Path, required=True, help="Mooncake JSONL or Azure CSV trace")
+    p.add_argument("--workers", type=int, default=8, help="decode (or aggregated) workers")
+    p.add_argument("--prefill-workers", type=int, default=0)
+    p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated: " + ",".join(POLICY_NAMES))
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every arrival time (0.5 = 2x rate)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="shipped profile name or a profile JSON path")
+    p.add_argument("--max-requests", type=int, default=None, help="only the first N rows of the trace")
+    p.add_argument("--slo-ttft-s", type=float, default=DEFAULT_SLO_TTFT_S)
+    p.add_argument("--slo-itl-s", type=float, default=DEFAULT_SLO_ITL_S)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-overlap-weight", type=float, default=1.0, help="the kv policy's overlap_weight")
+    p.add_argument("--json", type=Path, default=None, help="write the report here")
+    p.add_argument("--plots", type=Path, default=None,
+                   help="PNG path prefix (default: the --json path without .json)")
+    p.set_defaults(func=run_sim)
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise SystemExit(f"tandem sim: unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
+    profile = load_profile(args.profile)
+    rows = load_trace(args.trace, args.max_requests, args.time_scale)
+    config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight)
+    slo = Slo(args.slo_ttft_s, args.slo_itl_s)
+    policies = {name: simulate(profile, config, name, rows, slo) for name in names}
+    print(format_table(policies))
+    if args.json:
+        write_json(args.json, _header(args, profile, len(rows)), policies)
+        print(f"wrote {args.json}")
+    prefix = args.plots or (args.json.with_suffix("") if args.json else None)
+    if prefix:
+        for path in write_plots(prefix, policies):
+            print(f"wrote {path}")
+    return 0
+
+
+def simulate(profile, config: SimConfig, name: str, rows, slo: Slo) -> dict:
+    start = time.perf_counter()
+    sim = ClusterSim(profile, config, name)
+    records = sim.run(rows)
+    return summarize(sim, records, slo, time.perf_counter() - start)
+
+
+def _header(args: argparse.Namespace, profile, num_rows: int) -> dict:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+        "trace": str(args.trace), "num_requests": num_rows, "time_scale": args.time_scale,
+        "num_workers": args.workers, "num_prefill_workers": args.prefill_workers,
+        "profile": profile.to_dict(), "slo": {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s},
+        "admission_rejection": False, "seed": args.seed, "kv_overlap_weight": args.kv_overlap_weight,
+    }
