@@ -2,7 +2,8 @@
 Orchestrates the workloads and the roofline measurement; the runners do the timing, report.py the output."""
 import argparse
 import asyncio
-import gc
+import concurrent.futures
+import multiprocessing
 import json
 import logging
 import os
@@ -64,14 +65,25 @@ def _run_engines(cfg: BenchConfig, workloads: list[Workload], prompts: dict) -> 
     summaries: dict[str, dict[str, RunSummary]] = {w.name: {} for w in workloads}
     mode = "not run"
     if NATIVE in cfg.engines:
-        for name, summary in asyncio.run(_run_native(cfg, workloads, prompts)).items():
+        for name, summary in _in_fresh_process(_native_main, cfg, workloads, prompts).items():
             summaries[name][NATIVE] = summary
-        gc.collect()  # free the native weights and KV cache before transformers loads its copy
     if TRANSFORMERS in cfg.engines:
-        results, mode = _run_transformers(cfg, workloads, prompts)
+        results, mode = _in_fresh_process(_run_transformers, cfg, workloads, prompts)
         for name, summary in results.items():
             summaries[name][TRANSFORMERS] = summary
     return summaries, mode
+
+
+def _in_fresh_process(fn, *args):
+    """Each engine in its own process: none inherits the other's memory, and neither shares an
+    OpenMP pool with the roofline timing (a pool first used by one thread slows every other)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _native_main(cfg: BenchConfig, workloads: list[Workload], prompts: dict) -> dict[str, RunSummary]:
+    return asyncio.run(_run_native(cfg, workloads, prompts))
 
 
 def _measure_gemms(shapes: list[GemmShape], workloads: list[Workload], dtype: str) -> dict[str, GemmRate]:
@@ -96,6 +108,7 @@ async def _run_native(cfg: BenchConfig, workloads: list[Workload], prompts: dict
 
 
 def _run_transformers(cfg: BenchConfig, workloads: list[Workload], prompts: dict) -> tuple[dict, str]:
+    torch.set_num_threads(cfg.threads)
     runner = hf_baseline.HfRunner(cfg.model_dir, cfg.dtype)
     log.info("transformers: warm-up")
     runner.warm_up(prompts["warm_up"])
