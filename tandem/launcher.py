@@ -64,6 +64,7 @@ class Stack:
         for i in range(self.cfg.num_decode):
             self._spawn(f"decode-{i}", ["decode", *common, "--worker-id", f"decode-{i}"])
         self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
+                                "--served-model-name", served_name(self.cfg.model),
                                 "--host", self.cfg.host, "--port", str(self.cfg.port), *self.cfg.gateway_args])
 
     def wait_ready(self) -> None:
@@ -125,6 +126,11 @@ class Stack:
             return 0
 
 
+def served_name(model: str) -> str:
+    """The name clients use: the model directory's, without the `org--` of the model cache."""
+    return Path(model).name.split("--")[-1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,7 +172,7 @@ def run_stack(cfg: StackConfig) -> int:
 
 def print_banner(stack: Stack) -> None:
     cfg = stack.cfg
-    model = Path(cfg.model).name
+    model = served_name(cfg.model)
     print(f"""tandem is up: {stack.url}
   router 127.0.0.1:{stack.router_port} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
   logs: {cfg.log_dir}/

@@ -40,3 +40,10 @@ def test_parse_override():
     assert parse_override("rms_norm_eps=1e-5") == ("rms_norm_eps", 1e-5)
     with pytest.raises(ModelError, match="KEY=VALUE"):
         parse_override("oops")
+
+
+def test_up_serves_the_fetched_model_under_its_short_name():
+    from tandem.launcher import served_name
+
+    assert served_name("/c/models/HuggingFaceTB--SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
+    assert served_name("/tmp/tiny-llama") == "tiny-llama"
