@@ -167,6 +167,8 @@ def run_stack(cfg: StackConfig) -> int:
         print(f"tandem up failed: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
         stack.stop()
 
 
@@ -179,6 +181,6 @@ def print_banner(stack: Stack) -> None:
 
 try it:
   curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
+    -d '{{"model": "{model}", "temperature": 0, "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
 Ctrl-C stops everything.""", flush=True)
