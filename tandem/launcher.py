@@ -113,10 +113,9 @@ class Stack:
             return False
 
     def _registered(self) -> int:
-        from services.common.grpc_server import make_channel  # noqa: F401  (protos built on import)
         import grpc
 
-        from services.common.protos import router_pb2, router_pb2_grpc
+        from services.common.protos import router_pb2, router_pb2_grpc  # (generated on first import)
 
         try:
             with grpc.insecure_channel(f"127.0.0.1:{self.router_port}") as channel:

@@ -3,6 +3,7 @@ Runs on one thread; the async NativeEngine feeds it commands and drains its outp
 import time
 
 from engines.base.events import KvEvent, KvEventLog, KvTier
+from engines.base.requests import validate_request
 from engines.base.errors import InvalidRequestError, RequestNotFoundError
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.native.block_manager import BlockManager
@@ -34,16 +35,10 @@ class EngineCore:
     # -- commands ----------------------------------------------------------------------------
     def validate(self, request: EngineRequest) -> None:
         """Raise InvalidRequestError for anything this engine cannot serve."""
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} "
-                                      "(prompt plus at least one generated token)")
-        vocab = self.model_cfg.vocab_size
+        validate_request(request, self.max_model_len)
+        prompt, vocab = request.prompt_token_ids, self.model_cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
-        request.params.validate()
         if request.kv is not None:
             check_importable(self.runner.kv_layout, request.kv)
             if not 0 < request.kv.num_tokens < len(prompt) or prompt[: request.kv.num_tokens] != request.kv.token_ids:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from engines.base.events import KvEvent, KvSnapshot
+from engines.base.requests import queue_stream
 from engines.base.errors import EngineError, InvalidRequestError
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.native.config import EngineConfig
@@ -99,17 +100,8 @@ class NativeEngine:
             await changed.wait()
 
     # -- internals ---------------------------------------------------------------------------
-    async def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finished
-                yield out
-        finally:
-            self._streams.pop(req_id, None)
-            if not finished:  # the consumer went away: cancel the work
-                await self.abort(req_id)
+    def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        return queue_stream(req_id, stream, lambda: self._streams.pop(req_id, None), self.abort)
 
     async def _call(self, fn: Callable):
         future: Future = Future()

@@ -4,7 +4,8 @@ Tokens are deterministic; KV events are the real block manager's; KV exports car
 import asyncio
 from collections.abc import AsyncIterator
 
-from engines.base.errors import EngineError, InvalidRequestError, RequestNotFoundError
+from engines.base.requests import queue_stream, validate_request
+from engines.base.errors import EngineError, RequestNotFoundError
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.native.sequence import Sequence
@@ -101,14 +102,7 @@ class SimEngine:
 
     # -- internals ---------------------------------------------------------------------------
     def _validate(self, request: EngineRequest) -> None:
-        if not request.prompt_token_ids:
-            raise InvalidRequestError("prompt is empty")
-        if len(request.prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(request.prompt_token_ids)} tokens; "
-                                      f"the context holds {self.max_model_len}")
-        request.params.validate()
-        if request.req_id in self._seqs:
-            raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
+        validate_request(request, self.max_model_len, self._seqs)
 
     async def _admit(self, seq: Sequence, num_imported: int) -> None:
         if num_imported:  # the pull of the prefill worker's KV takes the profile's transfer time
@@ -160,14 +154,5 @@ class SimEngine:
         if stream is not None:
             stream.put_nowait(out)
 
-    async def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finished
-                yield out
-        finally:
-            self._streams.pop(req_id, None)
-            if not finished:  # the consumer went away: cancel the work
-                await self.abort(req_id)
+    def _stream(self, req_id: str, stream: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        return queue_stream(req_id, stream, lambda: self._streams.pop(req_id, None), self.abort)

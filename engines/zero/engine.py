@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from engines.base.events import KvEvent, KvEventLog, KvSnapshot
-from engines.base.errors import EngineError, InvalidRequestError, RequestNotFoundError
+from engines.base.errors import EngineError, RequestNotFoundError
+from engines.base.requests import validate_request
 from engines.base.types import (EngineRequest, EngineStats, FinishReason, KvExport, KvLayout,
                                 RequestOutput)
 
@@ -34,14 +35,7 @@ class ZeroCostEngine:
     def add_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         if not self._started:
             raise EngineError("engine is not started")
-        if not request.prompt_token_ids:
-            raise InvalidRequestError("prompt is empty")
-        if len(request.prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(request.prompt_token_ids)} tokens; "
-                                      f"the context holds {self.max_model_len}")
-        request.params.validate()
-        if request.req_id in self._live:
-            raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
+        validate_request(request, self.max_model_len, self._live)
         self._live.add(request.req_id)
         return self._generate(request)
 

@@ -9,7 +9,6 @@ import logging
 import sys
 import time
 
-import grpc
 
 from services.common.errors import ServiceError, abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
