@@ -9,7 +9,6 @@ import logging
 import sys
 import time
 
-
 from services.common.errors import ServiceError, abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.protos import router_pb2, router_pb2_grpc
