@@ -43,8 +43,10 @@ test: install model aiperf
 test-unit: install
 	$(PY) -m pytest -q tests/unit
 
+# every benchmark: the engine against transformers, then the control plane's own cost (tables + JSON)
 bench: install model
 	$(TANDEM) bench engine --json bench/out/engine.json
+	$(TANDEM) bench overhead --json bench/out/overhead.json
 
 # control-plane cost: zero engine in-process vs through gateway -> router -> worker (starts its own stack)
 bench-overhead: install
