@@ -31,6 +31,8 @@ def test_cli_rejects_unknown_engines(bench_llama):
 def test_bench_writes_the_json_document(bench_llama, tmp_path, monkeypatch, fast_roofline, capsys):
     fakes: list[FakeEngine] = []
     monkeypatch.setattr(native_runner, "make_engine", lambda *a, **k: fakes.append(FakeEngine()) or fakes[-1])
+    # in this process, so the fake is the engine that runs (the real runs use a fresh process each)
+    monkeypatch.setattr(engine_bench, "_in_fresh_process", lambda fn, *args: fn(*args))
     out = tmp_path / "out" / "engine.json"
     argv = ["bench", "engine", "--model", str(bench_llama), "--num-requests", "3", "--isl", "8", "--osl", "5",
             "--threads", "1", "--dtype", "bfloat16", "--json", str(out)]
