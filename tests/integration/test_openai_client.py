@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engines.base import EngineRequest, FinishReason, SamplingParams
+from tandem.launcher import served_name
 from tests.integration.conftest import all_worker_stats, running_stack
 from tests.unit.engines.helpers import collect, started
 
@@ -94,7 +95,7 @@ def client(stack):
 
 @pytest.fixture(scope="module")
 def model_name(smollm2_dir) -> str:
-    return Path(smollm2_dir).name
+    return served_name(str(smollm2_dir))  # what `tandem up` serves it as
 
 
 def _messages(case: Case) -> list[dict]:
