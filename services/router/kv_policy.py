@@ -122,6 +122,7 @@ class KvAwarePolicy:
         self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
         self._pending: dict[str, deque[int]] = {}  # worker_id -> new prefill blocks per route, newest last
         self._last: tuple[tuple[int, ...], dict[str, int]] = ((), {})  # token_ids -> cached tokens per worker
+        self._last_hashes: tuple[tuple[int, ...], dict[int, list[int]]] = ((), {})  # token_ids -> block_size -> hashes
 
     def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
         scores = self.scores(request, candidates)
@@ -142,6 +143,7 @@ class KvAwarePolicy:
                                       predicted.get(view.worker_id, 0)))
         self._last = (request.token_ids, {s.view.worker_id: s.num_overlap_blocks * self._block_size(s.view)
                                           for s in scores})
+        self._last_hashes = (request.token_ids, {size: m[0] for size, m in matches.items()})
         return sorted(scores, key=KvScore.key)
 
     def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int:
@@ -195,7 +197,10 @@ class KvAwarePolicy:
 
     def _remember(self, request: RouteInput, chosen: KvScore) -> None:
         block_size = self._block_size(chosen.view)
-        self.predicted.record(chain_block_hashes(request.token_ids, block_size), chosen.view.worker_id)
+        tokens, hashes = self._last_hashes  # NOTE: `scores` hashed this prompt already: do not hash it twice
+        if tokens != request.token_ids or block_size not in hashes:
+            hashes = {block_size: chain_block_hashes(request.token_ids, block_size)}
+        self.predicted.record(hashes[block_size], chosen.view.worker_id)
         pending = self._pending.setdefault(chosen.view.worker_id, deque(maxlen=self.config.max_pending))
         pending.append(max(chosen.num_prompt_blocks - chosen.num_overlap_blocks, 0))
 
