@@ -55,7 +55,8 @@ def test_mooncake_trace_is_replayed_clipped_to_the_context(zero_stack, tiny_stac
     report = json.loads(out.read_text())
     assert (report["summary"]["num_requests"], report["summary"]["num_errors"]) == (5, 0)
     assert report["notes"] == ["2 of 5 trace rows scaled down in proportion to fit the context of 512 tokens"]
-    assert report["summary"]["duration_s"] >= 0.04  # the last arrival is at 4 s x 0.01
+    # Arrivals span 4 s x 0.01 = 40 ms, measured from the first submit (which may itself start a little late).
+    assert 0.03 <= report["summary"]["duration_s"] < 2.0
 
 
 def test_overhead_runs_both_sides_with_the_same_load(tmp_path):
