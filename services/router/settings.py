@@ -29,6 +29,7 @@ class RouterSettings:
     kv_use_events: bool = True  # policy kv: subscribe to workers' KV events (False: own decisions only)
     kv_predict_ttl_s: float = 120.0  # policy kv: how long the router trusts its own decisions
     kv_index_max_entries: int = 1_000_000  # policy kv: block hashes the prefix index holds
+    metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
