@@ -8,6 +8,7 @@ from safetensors import safe_open
 from engines.base.errors import ModelNotFoundError
 from engines.native.config import ModelConfig
 from engines.native.models import LlamaForCausalLM
+from engines.native.quant.swap import read_quant_config, swap_linears
 
 # NOTE: rotary inverse frequencies are recomputed, never loaded.
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -20,6 +21,9 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend, dtype: torch.dt
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:  # to_empty unties shared parameters; tie them again
         model.lm_head.weight = model.model.embed_tokens.weight
+    quant = read_quant_config(model_dir)
+    if quant is not None:  # NOTE: after .to(dtype), which would cast FP8 weights too
+        swap_linears(model, quant.format, device)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in files:

@@ -1,0 +1,67 @@
+"""The runtime module swap: replace the linear projections of a built model with the quantized
+layers a checkpoint's `tandem_quant.json` names. lm_head and embeddings stay in the model dtype."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engines.native.layers.linear import Linear, MergedLinear
+from engines.native.quant.modules import Fp8Linear, Fp8LinearScaledMm, Nvfp4Linear, Nvfp4LinearTriton
+
+QUANT_CONFIG = "tandem_quant.json"
+FORMATS = ("fp8", "nvfp4")
+# our module names whose Linear is quantized (merged names: the checkpoint's q/k/v and gate/up land here)
+QUANTIZED_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class QuantConfig:
+    format: str  # "fp8" | "nvfp4"
+    kv_cache_scales: tuple[float, ...] = ()  # per layer (k, v), from calibration; empty: 1.0 everywhere
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"quantization format must be one of {FORMATS}, got {self.format!r}")
+
+
+def read_quant_config(model_dir: str | Path) -> QuantConfig | None:
+    path = Path(model_dir) / QUANT_CONFIG
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    return QuantConfig(raw["format"], tuple(raw.get("kv_cache_scales", ())))
+
+
+def swap_linears(model: nn.Module, fmt: str, device: str) -> int:
+    """Replace each quantizable Linear in place; returns how many were swapped."""
+    cls = _layer_class(fmt, device)
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, Linear) or name.rsplit(".", 1)[-1] not in QUANTIZED_MODULES:
+            continue
+        shards = {k: size for k, (_, size) in module.offsets.items()} if isinstance(module, MergedLinear) \
+            else {"": module.weight.shape[0]}
+        dtype = module.weight.dtype
+        with torch.device(device):
+            new = cls(module.weight.shape[1], shards, bias=module.bias is not None, dtype=dtype)
+        parent, attr = _parent(model, name)
+        setattr(parent, attr, new)
+        swapped += 1
+    return swapped
+
+
+def _layer_class(fmt: str, device: str) -> type:
+    is_cuda = device.startswith("cuda")
+    if fmt == "fp8":
+        # NOTE: FP8 tensor cores start at compute capability 8.9 (Ada, Hopper)
+        return Fp8LinearScaledMm if is_cuda and torch.cuda.get_device_capability(device) >= (8, 9) else Fp8Linear
+    if fmt == "nvfp4":
+        return Nvfp4LinearTriton if is_cuda else Nvfp4Linear
+    raise ValueError(f"unknown quantization format {fmt!r}")
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    parent_name, _, attr = name.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), attr
