@@ -2,6 +2,7 @@
 Waits until the stack is ready, prints how to use it, and on Ctrl-C/SIGTERM stops every process
 it started (children also die with it if it is killed outright)."""
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -47,6 +48,7 @@ class Stack:
         self.cfg = cfg
         self.children: list[Child] = []
         self.router_port = cfg.router_port or free_port()
+        self.metrics_ports: dict[str, int] = {}  # service name -> its /metrics port (the gateway: its API port)
 
     @property
     def url(self) -> str:
@@ -55,17 +57,44 @@ class Stack:
     def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         router = f"127.0.0.1:{self.router_port}"
-        self._spawn("router", ["router", "--port", str(self.router_port), *self.cfg.router_args])
+        self._spawn("router", ["router", "--port", str(self.router_port), *self._metrics_args("router"),
+                               *self.cfg.router_args])
         threads = str(self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode)))
         common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
                   "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]
         for i in range(self.cfg.num_prefill):
-            self._spawn(f"prefill-{i}", ["prefill", *common, "--worker-id", f"prefill-{i}"])
+            self._spawn(f"prefill-{i}", ["prefill", *common, "--worker-id", f"prefill-{i}",
+                                         *self._metrics_args(f"prefill-{i}")])
         for i in range(self.cfg.num_decode):
-            self._spawn(f"decode-{i}", ["decode", *common, "--worker-id", f"decode-{i}"])
+            self._spawn(f"decode-{i}", ["decode", *common, "--worker-id", f"decode-{i}",
+                                        *self._metrics_args(f"decode-{i}")])
+        self.metrics_ports["gateway"] = self.cfg.port
         self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
                                 "--served-model-name", served_name(self.cfg.model),
                                 "--host", self.cfg.host, "--port", str(self.cfg.port), *self.cfg.gateway_args])
+        self.write_targets()
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        return {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()}
+
+    @property
+    def targets_path(self) -> Path:
+        return self.cfg.log_dir / "prometheus-targets.json"
+
+    def write_targets(self) -> Path:
+        """Every service's metrics endpoint as a Prometheus file_sd file (written whole, then renamed)."""
+        groups = [{"targets": [f"127.0.0.1:{port}"],
+                   "labels": {"service": name.split("-")[0], "instance_name": name}}
+                  for name, port in self.metrics_ports.items()]
+        tmp = self.targets_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=2) + "\n")
+        tmp.replace(self.targets_path)
+        return self.targets_path
+
+    def _metrics_args(self, name: str) -> list[str]:
+        self.metrics_ports[name] = free_port()
+        return ["--metrics-port", str(self.metrics_ports[name])]
 
     def wait_ready(self) -> None:
         """Until the gateway says ready and every worker has registered; raises if a child dies."""
@@ -174,9 +203,12 @@ def run_stack(cfg: StackConfig) -> int:
 def print_banner(stack: Stack) -> None:
     cfg = stack.cfg
     model = served_name(cfg.model)
+    metrics = "\n".join(f"metrics: {name} {url}" for name, url in stack.metrics_urls.items())
     print(f"""tandem is up: {stack.url}
   router 127.0.0.1:{stack.router_port} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
   logs: {cfg.log_dir}/
+{metrics}
+  Prometheus targets (file_sd): {stack.targets_path}
 
 try it:
   curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\

@@ -102,6 +102,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
     error: str | None = None
+    queue_s: float | None = None  # arrival to first scheduled step, when the engine knows it (for traces)
 
     @property
     def finished(self) -> bool:

@@ -52,6 +52,7 @@ class EngineCore:
             num_prompt_tokens=len(request.prompt_token_ids), params=request.params,
             eos_token_ids=self.model_cfg.eos_token_ids, max_model_len=self.max_model_len,
             hold_kv=request.hold_kv, generator=make_generator(request.params.seed, self.config.device),
+            arrival_s=time.monotonic(),
         )
         if request.kv is not None:
             self._maybe_import(seq, request.kv)
@@ -117,6 +118,10 @@ class EngineCore:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        now = time.monotonic()
+        for s in out.scheduled:
+            if not s.seq.first_scheduled_s:
+                s.seq.first_scheduled_s = now
         try:
             results = self.runner.execute(out)
         except Exception as exc:  # NOTE: a failed step fails its requests, never the engine
@@ -150,8 +155,9 @@ class EngineCore:
 
     def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
         new_ids, logprobs = seq.take_new_tokens()
+        queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
         return RequestOutput(seq.req_id, new_ids, logprobs, seq.finish_reason, seq.num_prompt_tokens,
-                             seq.num_cached_tokens, error)
+                             seq.num_cached_tokens, error, queue_s)
 
     def _maybe_import(self, seq: Sequence, kv: KvExport) -> None:
         """Place imported KV in fresh blocks; with no room, fall back to computing it here."""

@@ -34,6 +34,8 @@ class Sequence:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     generator: Any = None  # the sampler's per-request RNG; opaque here
     held_until: float = 0.0
+    arrival_s: float = 0.0  # time.monotonic() when added
+    first_scheduled_s: float = 0.0  # when a step first computed it; 0: not yet
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,10 @@
 """The Worker service's shared half: stats, abort, role checks, and the serve loop (engine,
 gRPC server, router registration, drain on SIGTERM). Prefill and decode add their calls."""
 import asyncio
+import functools
+import inspect
 import logging
+import time
 
 import grpc
 
@@ -11,6 +14,8 @@ from services.common.convert import layout_to_pb, load_to_pb
 from services.common.engine_factory import make_engine
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.kv_events import kv_event_batches
+from services.common.logs import request_id
+from services.common.metrics import MetricsEndpoint, WorkerMetrics
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.registration import Registrar
 from services.common.worker_settings import WorkerSettings
@@ -30,6 +35,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.kv_bytes_exported = 0
         self.kv_bytes_imported = 0
         self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
+        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role)
 
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
@@ -78,6 +84,68 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{method} is not served by a {self.role} worker")
 
 
+def observed(rpc: str):
+    """Count the RPC by its final gRPC status, tag its log records with the request id, and log one
+    info line when it ends. Works for unary methods and for response-streaming (async generator) ones."""
+
+    def decorate(method):
+        def finish(self, request, context, start: float, exc: BaseException | None) -> None:
+            code = _status_name(context, exc)
+            self.metrics.rpc_done(rpc, code)
+            log.info("%s %s", rpc, code, extra={"rpc": rpc, "code": code,
+                                                "duration_s": round(time.monotonic() - start, 6)})
+
+        if inspect.isasyncgenfunction(method):
+            @functools.wraps(method)
+            async def stream(self, request, context):
+                token, start, exc = request_id.set(request.req_id), time.monotonic(), None
+                try:
+                    async for reply in method(self, request, context):
+                        yield reply
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    finish(self, request, context, start, exc)
+                    request_id.reset(token)
+
+            return stream
+
+        @functools.wraps(method)
+        async def unary(self, request, context):
+            token, start, exc = request_id.set(request.req_id), time.monotonic(), None
+            try:
+                return await method(self, request, context)
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                finish(self, request, context, start, exc)
+                request_id.reset(token)
+
+        return unary
+
+    return decorate
+
+
+def _status_name(context, exc: BaseException | None) -> str:
+    code = context.code() if hasattr(context, "code") else None
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if exc is None:
+        return "OK"
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+def wall_clock():
+    """Turns time.monotonic() readings into the epoch nanoseconds spans are stamped with; one offset for
+    all, so intervals that touch stay touching."""
+    offset_ns = time.time_ns() - int(time.monotonic() * 1e9)
+    return lambda monotonic_s: offset_ns + int(monotonic_s * 1e9)
+
+
 async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService], drain_s: float = 10.0) -> None:
     engine = make_engine(settings)
     service = service_cls(settings, engine)
@@ -85,28 +153,38 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
-    registrar = Registrar(settings.router_address, service.info(settings.advertised_address(server.port)),
-                          service.load)
+    registrar = Registrar(settings.router_address, service.info(service.address), service.load)
+    endpoint: MetricsEndpoint | None = None
 
     async def start() -> None:
+        nonlocal endpoint
         await engine.start()
+        endpoint = MetricsEndpoint(service.metrics.registry, settings.host, settings.metrics_port)
         await server.start()
         registrar.start()
-        log.info("%s worker %s serving on port %d", settings.role, service.worker_id, server.port)
-        print(f"tandem {settings.role} worker ready on {settings.advertised_address(server.port)}", flush=True)
+        log.info("%s worker %s ready on %s", settings.role, service.worker_id, service.address,
+                 extra={"metrics_port": endpoint.port})
 
     async def stop() -> None:
         await registrar.stop()  # no new requests routed here
         service.stopping.set()
         await server.stop(grace_s=drain_s)  # in-flight streams finish within the grace period
         await engine.shutdown()
+        if endpoint is not None:
+            endpoint.close()
 
     await run_until_signal(start, stop)
 
 
 def main_for(role: str, service_cls: type[WorkerService], argv: list[str] | None) -> None:
     from services.common.logs import setup_logging
+    from services.common.tracing import setup_tracing, shutdown_tracing
     from services.common.worker_settings import parse_worker_settings
 
-    setup_logging(f"{role}")
-    asyncio.run(serve_worker(parse_worker_settings(role, argv), service_cls))
+    setup_logging(role)
+    settings = parse_worker_settings(role, argv)
+    setup_tracing(role)
+    try:
+        asyncio.run(serve_worker(settings, service_cls))
+    finally:
+        shutdown_tracing()

@@ -43,7 +43,20 @@ class WorkerSettings:
         return self.worker_id or f"{self.role}-{socket.gethostname()}-{port}"
 
     def advertised_address(self, port: int) -> str:
-        return f"{self.advertise_host or self.host}:{port}"
+        """Where the router sends others: advertise_host, else host — or, when listening on every
+        interface (a container), this machine's address as its hostname resolves."""
+        host = self.advertise_host or self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = _own_address()
+        return f"{host}:{port}"
+
+
+def _own_address() -> str:
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
 
 
 def parse_worker_settings(role: str, argv: list[str] | None) -> WorkerSettings:

@@ -1,6 +1,7 @@
 """Decode worker servicer: Generate — pull the KV named by the handle (falling back to a local
 prefill if the pull fails), join the continuous batch, stream token deltas."""
 import logging
+import time
 
 import grpc
 
@@ -9,7 +10,8 @@ from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
 from services.common.protos import worker_pb2
 from services.common.streams import coalesced
-from services.common.worker_base import WorkerService, main_for
+from services.common.tracing import span, timed_span
+from services.common.worker_base import WorkerService, main_for, observed, wall_clock
 from services.decode.kv_import import KvPuller
 
 log = logging.getLogger(__name__)
@@ -22,37 +24,59 @@ class DecodeService(WorkerService):
         super().__init__(settings, engine)
         self.puller = KvPuller()
 
+    @observed("Generate")
     async def Generate(self, request, context):
         kv = await self._maybe_pull(request) if request.HasField("kv") else None
         req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv)
+        start = time.monotonic()
         try:
             stream = self.engine.add_request(req)
         except Exception as exc:
             await abort_with(context, exc)
-        first = True
-        # NOTE: a cancelled call closes these streams, which aborts the request in the engine
-        async for out in coalesced(stream):
-            if out.finish_reason is FinishReason.ERROR:
-                await context.abort(grpc.StatusCode.INTERNAL, out.error or "generation failed")
-            yield worker_pb2.GenerateResponse(
-                token_ids=out.new_token_ids, logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
-                finish_reason=finish_to_pb(out.finish_reason),
-                num_prompt_tokens=request.num_prompt_tokens or out.num_prompt_tokens,
-                num_cached_tokens=out.num_cached_tokens, kv_imported=first and kv is not None,
-            )
-            first = False
+        first_at, queue_s, num_tokens = 0.0, None, 0
+        try:
+            # NOTE: a cancelled call closes these streams, which aborts the request in the engine
+            async for out in coalesced(stream):
+                if out.finish_reason is FinishReason.ERROR:
+                    await context.abort(grpc.StatusCode.INTERNAL, out.error or "generation failed")
+                if not first_at:
+                    first_at, queue_s = time.monotonic(), out.queue_s
+                num_tokens += len(out.new_token_ids)
+                yield worker_pb2.GenerateResponse(
+                    token_ids=out.new_token_ids, logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
+                    finish_reason=finish_to_pb(out.finish_reason),
+                    num_prompt_tokens=request.num_prompt_tokens or out.num_prompt_tokens,
+                    num_cached_tokens=out.num_cached_tokens, kv_imported=first_at == 0 and kv is not None,
+                )
+        finally:
+            if first_at:
+                _decode_spans(start, first_at, time.monotonic(), queue_s, num_tokens)
 
     async def _maybe_pull(self, request):
+        start = time.monotonic()
         try:
-            kv = await self.puller.pull(request.kv)
+            with span("kv.transfer", **{"tandem.kv.source": request.kv.worker_id,
+                                        "tandem.kv.blocks": request.kv.num_blocks}):
+                kv = await self.puller.pull(request.kv)
         except (grpc.aio.AioRpcError, ValueError) as exc:
             log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
             return None
         self.kv_bytes_imported += len(kv.data)
+        self.metrics.kv_transfer("import", len(kv.data), time.monotonic() - start)
         if kv.token_ids != tuple(request.token_ids[: kv.num_tokens]):
             log.warning("KV for %s covers other tokens; prefilling locally", request.req_id)
             return None
         return kv
+
+
+def _decode_spans(start: float, first_at: float, end: float, queue_s: float | None, num_tokens: int) -> None:
+    """decode.queue (until the engine's first step), decode.first_token, decode.stream (the rest)."""
+    wall_ns = wall_clock()
+    scheduled = min(start + queue_s, first_at) if queue_s is not None else start
+    if queue_s is not None:
+        timed_span("decode.queue", wall_ns(start), wall_ns(scheduled))
+    timed_span("decode.first_token", wall_ns(scheduled), wall_ns(first_at))
+    timed_span("decode.stream", wall_ns(first_at), wall_ns(end), **{"tandem.generated_tokens": num_tokens})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ text deltas (detokenized, special tokens skipped, stop strings cut). n choices r
 Knows text and tokens, not HTTP or OpenAI's JSON shapes (responses.py).
 """
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -11,6 +12,7 @@ from dataclasses import dataclass, replace
 from transformers import PreTrainedTokenizerBase
 
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+from services.common.tracing import timed_span
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.pipeline import Pipeline
 from services.gateway.stop import StopMatcher
@@ -53,18 +55,28 @@ async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job
     detokenizer = IncrementalDetokenizer(tokenizer, job.prompt)
     stop = StopMatcher(job.stop)
     req_id, params = f"{job.request_id}-{index}", _choice_params(job.params, index)
-    # NOTE: leaving this block early (a stop string, the client gone) closes the stream: the worker aborts
-    async with aclosing(pipeline.generate(req_id, job.prompt, params)) as stream:
-        async for delta in stream:
-            on_tokens(index, len(delta.token_ids))
-            text = stop.push(detokenizer.push(delta.token_ids))
-            if delta.finish_reason is not None and not stop.is_stopped:
-                text += stop.push(detokenizer.flush())
-                text += stop.flush()
-            finish = "stop" if stop.is_stopped else _FINISH.get(delta.finish_reason)
-            yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish)
-            if finish is not None:
-                return
+    first_ns, busy_s, num_tokens = 0, 0.0, 0  # for the detokenize span: first delta to last, time spent
+    try:
+        # NOTE: leaving this block early (a stop string, the client gone) closes the stream: the worker aborts
+        async with aclosing(pipeline.generate(req_id, job.prompt, params)) as stream:
+            async for delta in stream:
+                began = time.perf_counter()
+                first_ns = first_ns or time.time_ns()
+                num_tokens += len(delta.token_ids)
+                on_tokens(index, len(delta.token_ids))
+                text = stop.push(detokenizer.push(delta.token_ids))
+                if delta.finish_reason is not None and not stop.is_stopped:
+                    text += stop.push(detokenizer.flush())
+                    text += stop.flush()
+                finish = "stop" if stop.is_stopped else _FINISH.get(delta.finish_reason)
+                busy_s += time.perf_counter() - began
+                yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish)
+                if finish is not None:
+                    return
+    finally:
+        if first_ns:
+            timed_span("detokenize", first_ns, time.time_ns(), **{"tandem.choice": index, "tandem.tokens": num_tokens,
+                                                                  "tandem.busy_s": busy_s})
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -1,5 +1,6 @@
 """Prometheus metrics of the gateway: requests by route/model/status, TTFT, inter-token and end-to-end
 latency, prompt/completion tokens, requests in flight. One registry per app, so tests can build many."""
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -12,9 +13,13 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 
                5.0, 10.0, 30.0, 60.0)
 
 
+log = logging.getLogger(__name__)
+
+
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, slo_ttft_s: float = 2.0, slo_itl_s: float = 0.1):
         self.registry = registry or CollectorRegistry()
+        self.slo_ttft_s, self.slo_itl_s = slo_ttft_s, slo_itl_s
         r = self.registry
         self.requests = Counter("tandem_gateway_requests", "HTTP requests by final status (499: client left)",
                                 ["route", "model", "status"], registry=r)
@@ -29,6 +34,11 @@ class GatewayMetrics:
         self.completion_tokens = Counter("tandem_gateway_completion_tokens", "Generated tokens", ["model"],
                                          registry=r)
         self.inflight = Gauge("tandem_gateway_requests_in_flight", "Requests being served", ["model"], registry=r)
+        self.goodput = Counter("tandem_gateway_goodput_requests", "Successful requests that met the TTFT and "
+                               "mean inter-token latency SLOs", ["model"], registry=r)
+        slo = Gauge("tandem_gateway_slo_seconds", "The SLOs goodput is judged against", ["slo"], registry=r)
+        slo.labels("ttft").set(slo_ttft_s)
+        slo.labels("itl").set(slo_itl_s)
 
     def start(self, route: str, model: str) -> "RequestTimer":
         return RequestTimer(self, route, model)
@@ -43,7 +53,9 @@ class RequestTimer:
     def __init__(self, metrics: GatewayMetrics, route: str, model: str):
         self._m, self._route, self._model = metrics, route, model
         self._start = time.perf_counter()
+        self._first: float | None = None
         self._last: dict[int, float] = {}  # choice index -> when its latest tokens came
+        self.request_id = ""
         self.num_prompt_tokens = 0
         self.num_completion_tokens = 0
         self.is_finished = False
@@ -52,6 +64,7 @@ class RequestTimer:
     def on_tokens(self, index: int, num_tokens: int) -> None:
         now = time.perf_counter()
         if not self._last:
+            self._first = now
             self._m.ttft.labels(self._model).observe(now - self._start)
         last = self._last.get(index)
         if last is not None and num_tokens:
@@ -72,3 +85,18 @@ class RequestTimer:
         m.e2e.labels(self._route, model).observe(time.perf_counter() - self._start)
         m.prompt_tokens.labels(model).inc(self.num_prompt_tokens)
         m.completion_tokens.labels(model).inc(self.num_completion_tokens)
+        ttft = self._first - self._start if self._first is not None else None
+        itl = self.mean_itl_s()
+        if status == 200 and ttft is not None and ttft <= m.slo_ttft_s and (itl is None or itl <= m.slo_itl_s):
+            m.goodput.labels(model).inc()
+        log.info("%s %d", self._route, status, extra={
+            "req_id": self.request_id, "status": status, "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_completion_tokens, "duration_s": round(time.perf_counter() - self._start, 6),
+            "ttft_s": round(ttft, 6) if ttft is not None else None})
+
+    def mean_itl_s(self) -> float | None:
+        """Mean time per token after the first, over every choice (None with one token or none)."""
+        if self._first is None or self.num_completion_tokens <= len(self._last):
+            return None
+        span = max(self._last.values()) - self._first
+        return span / (self.num_completion_tokens - len(self._last))

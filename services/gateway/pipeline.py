@@ -13,6 +13,7 @@ from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.tracing import span
 from services.gateway import errors
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,15 @@ class Pipeline:
     async def _route(self, req_id: str, prompt: list[int], excluded: list[str]) -> router_pb2.RouteResponse:
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
                                           exclude_worker_ids=excluded)
-        try:
-            return await self._router.Route(request, timeout=self._route_timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise errors.from_rpc_error(exc, "route") from None
+        with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
+            try:
+                reply = await self._router.Route(request, timeout=self._route_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                raise errors.from_rpc_error(exc, "route") from None
+            current.set_attribute("tandem.decode_worker", reply.decode.worker_id)
+            if reply.HasField("prefill"):
+                current.set_attribute("tandem.prefill_worker", reply.prefill.worker_id)
+            return reply
 
     async def _disaggregated(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
                              params: SamplingParams) -> AsyncIterator[TokenDelta]:
@@ -163,8 +169,9 @@ class Pipeline:
 
     async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
         is_over = False  # finished, or failed: nothing left to abort
+        responses = aiter(call)
         try:
-            async for response in call:
+            async for response in responses:
                 is_over = bool(response.finish_reason or response.error)
                 yield _delta_from(response)  # NOTE: raises when the worker failed the request
                 if is_over:
@@ -177,6 +184,8 @@ class Pipeline:
         finally:
             if not is_over:  # the client left, or a stop string ended it: stop the worker now
                 self._stop(address, req_id, call)
+            if hasattr(responses, "aclose"):  # NOTE: now, not at garbage collection: ends its client span
+                await responses.aclose()
 
     def _stop(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall | None) -> None:
         """Cancel a Generate call (the worker aborts on cancellation) and send Abort to be sure."""

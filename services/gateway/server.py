@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.common.grpc_server import make_channel
 from services.common.logs import setup_logging
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
 from services.gateway import errors
 from services.gateway.admission import Admission
@@ -29,7 +30,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests)."""
     model = load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, int(time.time()))
     serving = Serving(settings, model, Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys),
-                      GatewayMetrics())
+                      GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s))
 
     def attach(channel: grpc.aio.Channel) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
@@ -55,6 +56,10 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     app.state.serving = serving
     errors.install_handlers(app)
     _add_routes(app, serving)
+    if setup_tracing("gateway"):  # a no-op unless OTEL_* says where traces go
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
     return app
 
 
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"tandem gateway: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                timeout_graceful_shutdown=30)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                    timeout_graceful_shutdown=30, log_config=None)  # NOTE: keep our JSON log handler
+    finally:
+        shutdown_tracing()
     return 0

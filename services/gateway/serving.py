@@ -13,6 +13,8 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from services.common.logs import request_id as current_request_id
+from services.common.tracing import span
 from services.gateway import errors
 from services.gateway.admission import Admission, Slot, read_body
 from services.gateway.choices import ChoiceDelta, Job, run_job
@@ -57,6 +59,8 @@ class Serving:
             self.check_model(req.model)
             slot = self.admission.acquire()
             job = await self._job(req)
+            timer.request_id = job.request_id
+            current_request_id.set(job.request_id)  # NOTE: this request's task only; tags its log records
             timer.num_prompt_tokens = len(job.prompt)
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
                 job.request_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
@@ -73,12 +77,14 @@ class Serving:
                 slot.release()
 
     async def _job(self, req: ChatCompletionRequest | CompletionRequest) -> Job:
-        if isinstance(req, ChatCompletionRequest):
-            request_id, param = f"chatcmpl-{uuid.uuid4().hex}", "messages"
-            prompt = await self._off_loop(self.model.chat_prompt, req.template_messages())
-        else:
-            request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
-            prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
+        with span("tokenize") as current:
+            if isinstance(req, ChatCompletionRequest):
+                request_id, param = f"chatcmpl-{uuid.uuid4().hex}", "messages"
+                prompt = await self._off_loop(self.model.chat_prompt, req.template_messages())
+            else:
+                request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
+                prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
+            current.set_attribute("tandem.prompt_tokens", len(prompt))
         self.model.check_prompt(prompt, param)
         params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens()))
         log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)

@@ -24,13 +24,16 @@ class GatewaySettings:
     request_timeout_s: float = 600.0
     route_timeout_s: float = 5.0
     log_level: str = "info"
+    slo_ttft_s: float = 2.0  # goodput: a request met its SLOs when its first token came within this ...
+    slo_itl_s: float = 0.1  # ... and its mean inter-token latency stayed within this
 
     def __post_init__(self) -> None:
         if not self.model_dir:
             raise SettingsError("the model is required: --model PATH or TANDEM_MODEL")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_body_bytes", "max_inflight", "request_timeout_s", "route_timeout_s"):
+        for name in ("max_body_bytes", "max_inflight", "request_timeout_s", "route_timeout_s", "slo_ttft_s",
+                     "slo_itl_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -70,6 +73,8 @@ _ENV = {
     "request_timeout_s": ("TANDEM_GATEWAY_REQUEST_TIMEOUT_S", float),
     "route_timeout_s": ("TANDEM_GATEWAY_ROUTE_TIMEOUT_S", float),
     "log_level": ("TANDEM_LOG_LEVEL", str),
+    "slo_ttft_s": ("TANDEM_SLO_TTFT_S", float),
+    "slo_itl_s": ("TANDEM_SLO_ITL_S", float),
 }
 _FLAGS = {"model_dir": ("--model", "--model-dir")}
 

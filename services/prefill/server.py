@@ -1,6 +1,7 @@
 """Prefill worker servicer: Prefill (hold_kv, first token), PullKv (stream blocks, then free),
 ReleaseKv. Everything else is the shared WorkerService."""
 import dataclasses
+import time
 
 import grpc
 
@@ -8,7 +9,8 @@ from engines.base import EngineRequest, FinishReason
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
 from services.common.protos import common_pb2, worker_pb2
-from services.common.worker_base import WorkerService, main_for
+from services.common.tracing import timed_span
+from services.common.worker_base import WorkerService, main_for, observed, wall_clock
 from services.prefill.leases import Leases
 
 KV_CHUNK_BYTES = 4 << 20
@@ -21,15 +23,19 @@ class PrefillService(WorkerService):
         super().__init__(settings, engine)
         self.leases = Leases(settings.kv_lease_s)
 
+    @observed("Prefill")
     async def Prefill(self, request, context):
         params = params_from_pb(request.params)
         first = dataclasses.replace(params, max_tokens=1)
         req = EngineRequest(request.req_id, tuple(request.token_ids), first, hold_kv=True)
+        start = time.monotonic()
         try:
             outputs = [out async for out in self.engine.add_request(req)]
         except Exception as exc:
             await abort_with(context, exc)
         last = outputs[-1]
+        _engine_spans("prefill", start, time.monotonic(), outputs[0].queue_s, len(request.token_ids),
+                      last.num_cached_tokens)
         if last.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             await context.abort(grpc.StatusCode.INTERNAL if last.error else grpc.StatusCode.CANCELLED,
                                 last.error or "prefill aborted")
@@ -44,7 +50,9 @@ class PrefillService(WorkerService):
             reply.kv.CopyFrom(self._handle(request.req_id, len(request.token_ids)))
         return reply
 
+    @observed("PullKv")
     async def PullKv(self, request, context):
+        start = time.monotonic()
         try:
             kv = await self.engine.export_kv(request.req_id)
         except Exception as exc:
@@ -61,6 +69,7 @@ class PrefillService(WorkerService):
                 data=_block_slice(kv.data, kv.num_blocks, first, n, kv.layout.num_layers),
             )
         self.kv_bytes_exported += len(kv.data)
+        self.metrics.kv_transfer("export", len(kv.data), time.monotonic() - start)
         await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
 
     async def ReleaseKv(self, request, context):
@@ -75,6 +84,20 @@ class PrefillService(WorkerService):
             num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
             lease_expires_unix_s=self.leases.grant(req_id),
         )
+
+
+def _engine_spans(stage: str, start: float, end: float, queue_s: float | None, num_prompt_tokens: int,
+                  num_cached_tokens: int) -> None:
+    """<stage>.queue (waiting for the engine's first step) and <stage>.compute (first step to first token);
+    one <stage>.engine span when the engine does not say how long it queued."""
+    attrs = {"tandem.prompt_tokens": num_prompt_tokens, "tandem.cached_tokens": num_cached_tokens}
+    wall_ns = wall_clock()
+    if queue_s is None:
+        timed_span(f"{stage}.engine", wall_ns(start), wall_ns(end), **attrs)
+        return
+    scheduled = min(start + queue_s, end)
+    timed_span(f"{stage}.queue", wall_ns(start), wall_ns(scheduled))
+    timed_span(f"{stage}.compute", wall_ns(scheduled), wall_ns(end), **attrs)
 
 
 def _block_slice(data: bytes, num_blocks: int, first: int, n: int, num_layers: int) -> bytes:

@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import functools
 import logging
-import sys
 import time
 
 from services.common.errors import ServiceError, abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
+from services.common.logs import request_id, setup_logging
+from services.common.metrics import MetricsEndpoint
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.settings import SettingsError
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
@@ -18,6 +20,7 @@ from services.router.convert import (decision_to_pb, load_from_pb, route_input_f
 from services.router.core import RouterCore
 from services.router.kv_policy import KvAwarePolicy
 from services.router.kv_subscriber import KvSubscriber
+from services.router.metrics import RouterMetrics
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.registry import Clock, Registry
 from services.router.settings import RouterSettings, add_arguments, settings_from
@@ -58,11 +61,13 @@ def make_subscriber(core: RouterCore) -> KvSubscriber | None:
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None):
+    def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None,
+                 metrics: RouterMetrics | None = None):
         self.core = core
         self.registry = core.registry
         self.settings = settings
         self.kv = kv
+        self.metrics = metrics or RouterMetrics(self.registry.views)
 
     @_maps_errors
     async def Register(self, request, context):
@@ -90,12 +95,24 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     @_maps_errors
     async def Route(self, request, context):
-        decision = self.core.route(route_input_from_pb(request))
-        log.debug("route %s (%d tokens) -> decode %s, prefill %s, %s, %d cached: %s", request.req_id,
-                  len(request.token_ids), decision.decode.worker_id,
-                  decision.prefill.worker_id if decision.prefill else "-", decision.policy,
-                  decision.num_cached_tokens, decision.reason)
-        return decision_to_pb(decision)
+        token = request_id.set(request.req_id)
+        try:
+            start = time.perf_counter()
+            try:
+                decision = self.core.route(route_input_from_pb(request))
+            except RouterError as exc:
+                outcome = status_for(exc).name.lower()
+                self.metrics.failed(self.settings.policy, outcome)
+                log.info("route failed: %s", exc, extra={"outcome": outcome})
+                raise
+            self.metrics.decided(decision, len(request.token_ids), time.perf_counter() - start)
+            log.info("routed to %s%s", decision.decode.worker_id,
+                     f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
+                     extra={"num_tokens": len(request.token_ids), "policy": decision.policy,
+                            "num_cached_tokens": decision.num_cached_tokens, "reason": decision.reason})
+            return decision_to_pb(decision)
+        finally:
+            request_id.reset(token)
 
     async def ListWorkers(self, request, context):
         return router_pb2.ListWorkersResponse(workers=[worker_status_to_pb(v) for v in self.registry.views()])
@@ -113,18 +130,27 @@ class RouterService:
         self.core = build_core(settings, clock)
         self.registry = self.core.registry
         self.kv = make_subscriber(self.core)
+        self.metrics = RouterMetrics(self.registry.views)
         self.server = GrpcServer(settings.address, [SERVICE_NAME])
-        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv), self.server.server)
+        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics),
+                                                     self.server.server)
         self._sweeper: asyncio.Task | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
 
     @property
     def port(self) -> int:
         return self.server.port
 
+    @property
+    def metrics_port(self) -> int:
+        return self._metrics_endpoint.port if self._metrics_endpoint else -1
+
     async def start(self) -> None:
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self.server.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="router-sweeper")
-        log.info("router serving on %s:%d (policy %s)", self.settings.host, self.port, self.settings.policy)
+        log.info("router serving on %s:%d (policy %s)", self.settings.host, self.port, self.settings.policy,
+                 extra={"metrics_port": self.metrics_port})
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._sweeper is not None:
@@ -133,6 +159,8 @@ class RouterService:
         if self.kv is not None:
             await self.kv.close()
         await self.server.stop(grace_s)
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
 
     def sweep(self) -> None:
         expired = self.registry.expire()
@@ -173,11 +201,14 @@ def main(argv: list[str] | None = None) -> None:
         settings = settings_from(args)
     except SettingsError as exc:
         parser.error(str(exc))  # exits 2 with the message
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("router")
     if args.verbose:  # our decisions only; grpc's and asyncio's debug output would drown them
         logging.getLogger("services").setLevel(logging.DEBUG)
-    asyncio.run(serve(settings))
+    setup_tracing("router")
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""Prometheus plumbing shared by the gRPC services: latency buckets, the /metrics HTTP endpoint, and the
+worker's metrics (engine gauges read at scrape time, RPC and KV-transfer counters updated as they happen).
+Names and meanings are documented in observability/README.md."""
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engines.base import EngineStats
+
+log = logging.getLogger(__name__)
+
+# 1 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5,
+                   5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# a routing decision: microseconds to a (pathological) second
+FAST_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class MetricsEndpoint:
+    """/metrics over HTTP on its own port (a daemon thread). port -1: none; 0: any free port."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int):
+        self.port = -1
+        self._server = None
+        if port < 0:
+            return
+        self._server, _ = start_http_server(port, addr=host, registry=registry)
+        self.port = self._server.server_port
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+class EngineCollector(Collector):
+    """The engine's own counters and gauges, read when Prometheus scrapes (never stale, no polling)."""
+
+    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str):
+        self._stats, self._worker_id, self._role = stats, worker_id, role
+
+    def collect(self):
+        s = self._stats()
+        labels = ["worker_id", "role"]
+        values = [self._worker_id(), self._role]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("tandem_worker_requests_waiting", "Requests queued in the engine", s.num_waiting)
+        yield gauge("tandem_worker_requests_running", "Requests in the running batch (the batch size)", s.num_running)
+        yield gauge("tandem_worker_requests_held", "Finished prefills whose KV waits to be pulled", s.num_held)
+        yield gauge("tandem_worker_kv_blocks_used", "KV cache blocks in use", s.num_blocks_used)
+        yield gauge("tandem_worker_kv_blocks_total", "KV cache blocks in the pool", s.num_blocks_total)
+        yield gauge("tandem_worker_kv_blocks_cached_free", "Free blocks still holding a reusable prefix",
+                    s.num_blocks_cached_free)
+        yield counter("tandem_worker_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                      s.prefix_queries)
+        yield counter("tandem_worker_prefix_cache_hits", "Prompt tokens served from the prefix cache", s.prefix_hits)
+        yield counter("tandem_worker_prompt_tokens", "Prompt tokens computed", s.num_prompt_tokens_computed)
+        yield counter("tandem_worker_generated_tokens", "Tokens generated", s.num_generated_tokens)
+        yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
+
+
+class WorkerMetrics:
+    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str,
+                 registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.role = role
+        self._worker_id = worker_id
+        self.registry.register(EngineCollector(stats, worker_id, role))
+        labels = ["worker_id", "role"]
+        self.rpcs = Counter("tandem_worker_rpcs", "Requests served by RPC and gRPC status",
+                            [*labels, "rpc", "code"], registry=self.registry)
+        self.kv_bytes = Counter("tandem_worker_kv_transfer_bytes", "KV cache bytes sent to / received from "
+                                "another worker", [*labels, "direction"], registry=self.registry)
+        self.kv_seconds = Histogram("tandem_worker_kv_transfer_seconds", "Time of one request's KV transfer",
+                                    [*labels, "direction"], buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def rpc_done(self, rpc: str, code: str) -> None:
+        self.rpcs.labels(self._worker_id(), self.role, rpc, code).inc()
+
+    def kv_transfer(self, direction: str, num_bytes: int, seconds: float) -> None:
+        self.kv_bytes.labels(self._worker_id(), self.role, direction).inc(num_bytes)
+        self.kv_seconds.labels(self._worker_id(), self.role, direction).observe(seconds)

@@ -1,0 +1,70 @@
+"""Prometheus metrics of the router: decisions by policy and outcome, decision time, predicted prefix
+overlap, and the per-worker load the router sees (read from the registry at scrape time).
+Documented in observability/README.md."""
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.common.metrics import FAST_BUCKETS
+from services.router.types import RouteDecision, WorkerRole, WorkerView
+
+OVERLAP_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+class RegistryCollector(Collector):
+    """Workers with a live lease, and what each last reported, as gauges."""
+
+    def __init__(self, views: Callable[[], Iterable[WorkerView]]):
+        self._views = views
+
+    def collect(self):
+        views = list(self._views())
+        workers = GaugeMetricFamily("tandem_router_workers", "Workers holding a live lease", labels=["role"])
+        for role in WorkerRole:
+            workers.add_metric([role.value], sum(v.info.role is role for v in views))
+        yield workers
+        labels = ["worker_id", "role"]
+        running = GaugeMetricFamily("tandem_router_worker_requests_running",
+                                    "Running requests the worker last reported", labels=labels)
+        waiting = GaugeMetricFamily("tandem_router_worker_requests_waiting",
+                                    "Waiting requests the worker last reported", labels=labels)
+        kv = GaugeMetricFamily("tandem_router_worker_kv_usage_ratio",
+                               "Used / total KV blocks the worker last reported", labels=labels)
+        inflight = GaugeMetricFamily("tandem_router_worker_requests_in_flight",
+                                     "Requests routed to the worker and not yet completed", labels=labels)
+        for v in views:
+            key = [v.worker_id, v.info.role.value]
+            running.add_metric(key, v.load.num_running)
+            waiting.add_metric(key, v.load.num_waiting)
+            kv.add_metric(key, v.load.num_blocks_used / v.load.num_blocks_total if v.load.num_blocks_total else 0.0)
+            inflight.add_metric(key, v.num_inflight)
+        yield from (running, waiting, kv, inflight)
+
+
+class RouterMetrics:
+    def __init__(self, views: Callable[[], Iterable[WorkerView]], registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        r.register(RegistryCollector(views))
+        self.decisions = Counter("tandem_router_decisions", "Route calls by policy and outcome",
+                                 ["policy", "outcome"], registry=r)
+        self.route_seconds = Histogram("tandem_router_route_seconds", "Time to take one routing decision",
+                                       ["policy"], buckets=FAST_BUCKETS, registry=r)
+        self.overlap = Histogram("tandem_router_predicted_overlap_ratio", "Share of the prompt predicted cached "
+                                 "at the chosen decode worker", ["policy"], buckets=OVERLAP_BUCKETS, registry=r)
+        self.cached_tokens = Counter("tandem_router_predicted_cached_tokens", "Prompt tokens predicted cached at "
+                                     "the chosen worker", ["policy"], registry=r)
+        self.routed_tokens = Counter("tandem_router_routed_tokens", "Prompt tokens routed", ["policy"], registry=r)
+
+    def decided(self, decision: RouteDecision, num_tokens: int, seconds: float) -> None:
+        policy = decision.policy
+        self.decisions.labels(policy, "disaggregated" if decision.prefill is not None else "aggregated").inc()
+        self.route_seconds.labels(policy).observe(seconds)
+        self.overlap.labels(policy).observe(decision.num_cached_tokens / num_tokens if num_tokens else 0.0)
+        self.cached_tokens.labels(policy).inc(decision.num_cached_tokens)
+        self.routed_tokens.labels(policy).inc(num_tokens)
+
+    def failed(self, policy: str, outcome: str) -> None:
+        self.decisions.labels(policy, outcome).inc()
