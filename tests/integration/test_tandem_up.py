@@ -1,5 +1,6 @@
 """`tandem up` as a user runs it: it prints the URL once ready, serves, and on SIGTERM or Ctrl-C
 (SIGINT) stops every process it started, leaving none behind."""
+import json
 import os
 import re
 import signal
@@ -55,6 +56,12 @@ def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal
         text = "".join(banner)
         assert f"tandem is up: http://127.0.0.1:{port}" in text
         assert re.search(r"curl http://127\.0\.0\.1:\d+/v1/chat/completions", text)
+        endpoints = dict(re.findall(r"^metrics: (\S+) (http://127\.0\.0\.1:\d+/metrics)$", text, re.M))
+        assert set(endpoints) == {"router", "prefill-0", "decode-0", "gateway"}, text
+        for url in endpoints.values():
+            assert httpx.get(url, timeout=5).text.startswith("# HELP"), url
+        targets = json.loads((tmp_path / "logs" / "prometheus-targets.json").read_text())
+        assert sorted(f"http://{t}/metrics" for g in targets for t in g["targets"]) == sorted(endpoints.values())
         pids = children_of(launcher.pid)
         assert len(pids) == 4, f"router, prefill, decode and gateway expected, found {pids}"
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
