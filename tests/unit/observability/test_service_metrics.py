@@ -1,0 +1,124 @@
+"""The workers', router's and gateway's Prometheus metrics, read back through the exposition format."""
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engines.base import EngineStats
+from services.common.metrics import MetricsEndpoint, WorkerMetrics
+from services.gateway.metrics import GatewayMetrics
+from services.router.metrics import RouterMetrics
+from services.router.types import RouteDecision, WorkerInfo, WorkerLoad, WorkerRole, WorkerView
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def stats(**kw) -> EngineStats:
+    base = dict(num_waiting=3, num_running=5, num_held=1, num_blocks_total=100, num_blocks_used=40,
+                num_blocks_cached_free=7, block_size=16, max_model_len=512, prefix_queries=1000, prefix_hits=250,
+                num_preemptions=2, num_prompt_tokens_computed=750, num_generated_tokens=90)
+    return EngineStats(**{**base, **kw})
+
+
+def test_worker_metrics_read_the_engine_at_scrape_time():
+    current = {"stats": stats()}
+    m = WorkerMetrics(lambda: current["stats"], lambda: "decode-0", "decode")
+    labels = (("role", "decode"), ("worker_id", "decode-0"))
+    got = samples(m.registry)
+    assert got[("tandem_worker_requests_waiting", labels)] == 3
+    assert got[("tandem_worker_requests_running", labels)] == 5
+    assert got[("tandem_worker_kv_blocks_used", labels)] == 40
+    assert got[("tandem_worker_kv_blocks_total", labels)] == 100
+    assert got[("tandem_worker_prefix_cache_hits_total", labels)] == 250
+    assert got[("tandem_worker_prefix_cache_queries_total", labels)] == 1000
+    assert got[("tandem_worker_preemptions_total", labels)] == 2
+    current["stats"] = stats(num_running=9, num_generated_tokens=120)
+    got = samples(m.registry)
+    assert got[("tandem_worker_requests_running", labels)] == 9
+    assert got[("tandem_worker_generated_tokens_total", labels)] == 120
+
+
+def test_worker_rpcs_and_kv_transfers_are_counted():
+    m = WorkerMetrics(stats, lambda: "prefill-0", "prefill")
+    m.rpc_done("Prefill", "OK")
+    m.rpc_done("Prefill", "OK")
+    m.rpc_done("PullKv", "CANCELLED")
+    m.kv_transfer("export", 4096, 0.02)
+    got = samples(m.registry)
+    base = (("role", "prefill"), ("worker_id", "prefill-0"))
+    assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", "Prefill"), ("code", "OK")))))] == 2
+    assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", "PullKv"), ("code", "CANCELLED")))))] == 1
+    key = tuple(sorted(base + (("direction", "export"),)))
+    assert got[("tandem_worker_kv_transfer_bytes_total", key)] == 4096
+    assert got[("tandem_worker_kv_transfer_seconds_count", key)] == 1
+    assert got[("tandem_worker_kv_transfer_seconds_bucket", tuple(sorted(key + (("le", "0.025"),))))] == 1
+    assert got[("tandem_worker_kv_transfer_seconds_bucket", tuple(sorted(key + (("le", "0.01"),))))] == 0
+
+
+def view(worker_id: str, role: WorkerRole, **load) -> WorkerView:
+    return WorkerView(WorkerInfo(worker_id, role, "127.0.0.1:1", "m"), WorkerLoad(**load), num_inflight=2)
+
+
+def test_router_metrics_count_decisions_and_show_each_workers_load():
+    d0 = view("decode-0", WorkerRole.DECODE, num_running=4, num_waiting=1, num_blocks_used=30, num_blocks_total=120)
+    p0 = view("prefill-0", WorkerRole.PREFILL)
+    m = RouterMetrics(lambda: [d0, p0])
+    m.decided(RouteDecision(d0, p0, "kv", num_cached_tokens=64, reason="long"), num_tokens=256, seconds=5e-5)
+    m.decided(RouteDecision(d0, None, "kv", num_cached_tokens=0, reason="short"), num_tokens=16, seconds=5e-5)
+    m.failed("kv", "unavailable")
+    got = samples(m.registry)
+    assert got[("tandem_router_decisions_total", (("outcome", "disaggregated"), ("policy", "kv")))] == 1
+    assert got[("tandem_router_decisions_total", (("outcome", "aggregated"), ("policy", "kv")))] == 1
+    assert got[("tandem_router_decisions_total", (("outcome", "unavailable"), ("policy", "kv")))] == 1
+    assert got[("tandem_router_predicted_cached_tokens_total", (("policy", "kv"),))] == 64
+    assert got[("tandem_router_routed_tokens_total", (("policy", "kv"),))] == 272
+    assert got[("tandem_router_predicted_overlap_ratio_bucket", (("le", "0.2"), ("policy", "kv")))] == 1  # 0 only
+    assert got[("tandem_router_predicted_overlap_ratio_bucket", (("le", "0.3"), ("policy", "kv")))] == 2  # + 0.25
+    assert got[("tandem_router_workers", (("role", "decode"),))] == 1
+    assert got[("tandem_router_workers", (("role", "prefill"),))] == 1
+    key = (("role", "decode"), ("worker_id", "decode-0"))
+    assert got[("tandem_router_worker_requests_running", key)] == 4
+    assert got[("tandem_router_worker_kv_usage_ratio", key)] == 0.25
+    assert got[("tandem_router_worker_requests_in_flight", key)] == 2
+
+
+def test_goodput_counts_only_successes_within_both_slos(monkeypatch):
+    clock = {"t": 100.0}
+    monkeypatch.setattr("services.gateway.metrics.time.perf_counter", lambda: clock["t"])
+    m = GatewayMetrics(slo_ttft_s=1.0, slo_itl_s=0.05)
+
+    def run(ttft: float, gap: float, tokens: int, status: int = 200) -> None:
+        timer = m.start("/v1/chat/completions", "m")
+        clock["t"] += ttft
+        timer.on_tokens(0, 1)
+        for _ in range(tokens - 1):
+            clock["t"] += gap
+            timer.on_tokens(0, 1)
+        timer.finish(status)
+
+    run(0.5, 0.01, 10)  # good
+    run(1.5, 0.01, 10)  # first token too late
+    run(0.5, 0.2, 10)  # too slow per token
+    run(0.5, 0.01, 10, status=499)  # the client left
+    run(0.9, 0.0, 1)  # one token: judged on TTFT alone
+    got = samples(m.registry)
+    assert got[("tandem_gateway_goodput_requests_total", (("model", "m"),))] == 2
+    assert got[("tandem_gateway_slo_seconds", (("slo", "ttft"),))] == 1.0
+
+
+def test_the_metrics_endpoint_serves_its_registry_and_can_be_off():
+    import httpx
+
+    registry = CollectorRegistry()
+    WorkerMetrics(stats, lambda: "decode-7", "decode", registry=registry)
+    endpoint = MetricsEndpoint(registry, "127.0.0.1", 0)
+    try:
+        body = httpx.get(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5).text
+        assert 'tandem_worker_kv_blocks_used{role="decode",worker_id="decode-7"} 40.0' in body
+    finally:
+        endpoint.close()
+    assert MetricsEndpoint(registry, "127.0.0.1", -1).port == -1
