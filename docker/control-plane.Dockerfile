@@ -30,7 +30,7 @@ RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
  && python -c "import services.gateway.server, services.router.server"
 
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin tandem \
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
  && mkdir -p /cache && chown tandem:tandem /cache
 USER tandem
 EXPOSE 8000 50051 9464

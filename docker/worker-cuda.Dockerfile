@@ -36,7 +36,7 @@ RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
  && python -c "import torch, services.prefill.server, services.decode.server; assert torch.version.cuda, torch.__version__"
 
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin tandem \
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
  && mkdir -p /cache && chown tandem:tandem /cache
 USER tandem
 EXPOSE 50061 9464
