@@ -38,7 +38,8 @@ class RouterCore:
         num_cached = self.overlap.num_cached_tokens(request.token_ids, decode.worker_id)
         split = self.disagg.decide(request, self.candidates(request, WorkerRole.PREFILL), num_cached)
         chosen = [decode.worker_id] + ([split.prefill.worker_id] if split.prefill else [])
-        self.registry.add_inflight(request.req_id, chosen)
+        num_tokens = len(request.token_ids)
+        self.registry.add_inflight(request.req_id, chosen, num_tokens, max(num_tokens - num_cached, 0))
         return RouteDecision(decode, split.prefill, self.policy.name, num_cached, split.reason)
 
     def candidates(self, request: RouteInput, role: WorkerRole) -> list[WorkerView]:

@@ -1,10 +1,11 @@
-"""KV-aware routing: each worker's cost is the blocks it would still have to prefill after its cached
-prefix, plus its active decode blocks and queue; the lowest cost wins (or a softmax draw over costs).
+"""KV-aware routing: each worker's cost is the blocks it would still have to prefill (its queue plus this
+prompt after its cached prefix) plus the blocks its in-flight requests hold; the lowest cost wins (or a softmax
+draw over costs). Both loads are the router's own account of its routes, so they are never a heartbeat stale.
 
 Pure: no I/O, no transport; time and randomness are injected. Hashes come from engines/base/block_hash.py.
 """
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,16 +81,14 @@ class KvPolicyConfig:
     overlap_weight: float = 1.0  # blocks of prefill saved per cached block; 0 = ignore the cache
     temperature: float = 0.0  # 0 = argmin; > 0 = softmax over min-max-normalised costs
     block_size: int = 16  # when a worker's layout does not say
-    waiting_blocks: float = 1.0  # blocks charged per sequence a worker reports waiting
     use_events: bool = True  # False: the approximate index alone (engines without KV events)
     predict_ttl_s: float = 120.0  # how long the router trusts its own decisions
-    max_pending: int = 256  # per worker: routes remembered until a load report reflects them
 
     def __post_init__(self) -> None:
-        if self.overlap_weight < 0 or self.temperature < 0 or self.waiting_blocks < 0:
-            raise ValueError("overlap_weight, temperature and waiting_blocks must be >= 0")
-        if self.block_size < 1 or self.max_pending < 1:
-            raise ValueError("block_size and max_pending must be >= 1")
+        if self.overlap_weight < 0 or self.temperature < 0:
+            raise ValueError("overlap_weight and temperature must be >= 0")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +99,17 @@ class KvScore:
     cost: float
 
     def key(self) -> tuple[float, int, str]:
-        # NOTE: a total order: equal costs go to the smaller cache, then the smaller worker_id
-        return self.cost, self.view.load.num_blocks_used, self.view.worker_id
+        # NOTE: a total order: equal costs go to fewer in-flight tokens, then the smaller worker_id
+        return self.cost, self.view.num_inflight_tokens, self.view.worker_id
 
 
 class KvAwarePolicy:
-    """`prefill = max(pending + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
-    `cost = prefill + num_blocks_used + waiting_blocks * num_waiting`, where `pending` is the blocks of
-    routes the worker has not yet reported (so a burst of siblings spreads before any event arrives)."""
+    """`prefill = max(queued + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
+    `cost = prefill + inflight`, in blocks: `queued` is the uncached blocks of the worker's routes it has likely
+    not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the prompt blocks of all its routes
+    not yet completed (`WorkerView.num_inflight_tokens`). Dynamo's cost, with the router's own load account:
+    a burst of siblings spreads before any event or heartbeat arrives, and a finished request stops counting
+    at once."""
 
     name = "kv"
 
@@ -120,7 +122,6 @@ class KvAwarePolicy:
         self.rng = rng
         self.tier_weights = tier_weights or DEFAULT_TIER_WEIGHTS
         self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
-        self._pending: dict[str, deque[int]] = {}  # worker_id -> new prefill blocks per route, newest last
         self._last: tuple[tuple[int, ...], dict[str, int]] = ((), {})  # token_ids -> cached tokens per worker
         self._last_hashes: tuple[tuple[int, ...], dict[int, list[int]]] = ((), {})  # token_ids -> block_size -> hashes
 
@@ -157,7 +158,6 @@ class KvAwarePolicy:
     def remove_worker(self, worker_id: str) -> None:
         self.index.remove_worker(worker_id)
         self.predicted.remove_worker(worker_id)
-        self._pending.pop(worker_id, None)
 
     # ---- internals ----
 
@@ -172,15 +172,10 @@ class KvAwarePolicy:
         cached = sum(self.tier_weights[t] for t in tiers)
         if num_predicted > len(tiers):  # NOTE: own decisions count as device blocks where events lag behind
             cached += num_predicted - len(tiers)
-        prefill = max(self._num_pending(view) + num_prompt - self.config.overlap_weight * cached, 0.0)
-        cost = prefill + view.load.num_blocks_used + self.config.waiting_blocks * view.load.num_waiting
+        queued = view.num_queued_prefill_tokens / block_size
+        prefill = max(queued + num_prompt - self.config.overlap_weight * cached, 0.0)
+        cost = prefill + view.num_inflight_tokens / block_size
         return KvScore(view, max(len(tiers), num_predicted), num_prompt, cost)
-
-    def _num_pending(self, view: WorkerView) -> int:
-        pending = self._pending.get(view.worker_id)
-        if not pending or view.num_unreflected <= 0:
-            return 0
-        return sum(list(pending)[-view.num_unreflected:])
 
     def _pick(self, scores: list[KvScore]) -> KvScore:
         if self.config.temperature == 0 or len(scores) == 1:
@@ -201,8 +196,6 @@ class KvAwarePolicy:
         if tokens != request.token_ids or block_size not in hashes:
             hashes = {block_size: chain_block_hashes(request.token_ids, block_size)}
         self.predicted.record(hashes[block_size], chosen.view.worker_id)
-        pending = self._pending.setdefault(chosen.view.worker_id, deque(maxlen=self.config.max_pending))
-        pending.append(max(chosen.num_prompt_blocks - chosen.num_overlap_blocks, 0))
 
     def _block_size(self, view: WorkerView) -> int:
         layout = view.info.layout

@@ -10,13 +10,45 @@ from services.router.types import WorkerInfo, WorkerLoad, WorkerRole, WorkerView
 Clock = Callable[[], float]
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    seq: int  # the route sequence number
+    num_tokens: int  # prompt tokens: the KV the request holds on the worker
+    num_uncached: int  # of those, the tokens the worker must prefill
+
+
 @dataclass(slots=True)
 class _Worker:
     info: WorkerInfo
     load: WorkerLoad
     expires_at: float
     load_seq: int  # the route sequence number when `load` was reported
-    inflight: dict[str, int] = field(default_factory=dict)  # req_id -> route sequence number
+    inflight: dict[str, _Route] = field(default_factory=dict)  # req_id -> route, oldest first
+    num_inflight_tokens: int = 0  # the sum of `inflight`'s num_tokens
+
+    def add(self, req_id: str, route: _Route) -> None:
+        self.inflight[req_id] = route
+        self.num_inflight_tokens += route.num_tokens
+
+    def pop(self, req_id: str) -> None:
+        route = self.inflight.pop(req_id, None)
+        if route is not None:
+            self.num_inflight_tokens -= route.num_tokens
+
+    def queued_prefill(self) -> tuple[int, int]:
+        """(routes since the last load report, uncached tokens of those and of the newest `num_waiting` before
+        them): the prefill work the worker likely still has queued. NOTE: an estimate from route order."""
+        num_unreflected = num_tokens = 0
+        num_waiting = self.load.num_waiting
+        for route in reversed(self.inflight.values()):
+            if route.seq > self.load_seq:
+                num_unreflected += 1
+            elif num_waiting > 0:
+                num_waiting -= 1
+            else:
+                break
+            num_tokens += route.num_uncached
+        return num_unreflected, num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +79,10 @@ class Registry:
         """Add or replace a worker; True when it was not live before."""
         info.validate()
         old = self._live(info.worker_id)
-        inflight = old.inflight if old else {}  # NOTE: a re-registering worker keeps requests the gateway owns
-        self._workers[info.worker_id] = _Worker(info, load, self._clock() + self.lease_ttl_s, self._seq, inflight)
+        rec = _Worker(info, load, self._clock() + self.lease_ttl_s, self._seq)
+        if old is not None:  # NOTE: a re-registering worker keeps requests the gateway owns
+            rec.inflight, rec.num_inflight_tokens = old.inflight, old.num_inflight_tokens
+        self._workers[info.worker_id] = rec
         self._models.add(info.model)
         return old is None
 
@@ -74,13 +108,16 @@ class Registry:
 
     # ---- in-flight requests ----
 
-    def add_inflight(self, req_id: str, worker_ids: Iterable[str]) -> None:
-        """Count `req_id` against each worker until `complete`; a re-route replaces the old entry."""
+    def add_inflight(self, req_id: str, worker_ids: Iterable[str], num_tokens: int = 0,
+                     num_uncached: int = 0) -> None:
+        """Count `req_id` (a prompt of `num_tokens`, `num_uncached` of them to prefill) against each worker until
+        `complete`; a re-route replaces the old entry."""
         self.complete(req_id)
         self._seq += 1
         live = tuple(w for w in worker_ids if w in self._workers)
+        route = _Route(self._seq, num_tokens, num_uncached)
         for worker_id in live:
-            self._workers[worker_id].inflight[req_id] = self._seq
+            self._workers[worker_id].add(req_id, route)
         self._inflight[req_id] = _InFlight(live, self._clock())
 
     def complete(self, req_id: str) -> bool:
@@ -89,7 +126,7 @@ class Registry:
             return False
         for worker_id in entry.worker_ids:
             if worker_id in self._workers:
-                self._workers[worker_id].inflight.pop(req_id, None)
+                self._workers[worker_id].pop(req_id)
         return True
 
     def expire_inflight(self, now: float | None = None) -> list[str]:
@@ -117,8 +154,9 @@ class Registry:
         return model in self._models
 
     def _view(self, rec: _Worker, now: float) -> WorkerView:
-        unreflected = sum(1 for seq in rec.inflight.values() if seq > rec.load_seq)
-        return WorkerView(rec.info, rec.load, len(rec.inflight), unreflected, rec.expires_at - now)
+        unreflected, queued = rec.queued_prefill()
+        return WorkerView(rec.info, rec.load, len(rec.inflight), unreflected, rec.expires_at - now,
+                          rec.num_inflight_tokens, queued)
 
     def _live(self, worker_id: str) -> _Worker | None:
         rec = self._workers.get(worker_id)

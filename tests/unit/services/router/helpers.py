@@ -20,6 +20,8 @@ def info(worker_id: str, role: WorkerRole = DECODE, model: str = "m", max_num_se
 
 
 def view(worker_id: str, running: int = 0, waiting: int = 0, blocks: int = 0, unreflected: int = 0,
-         max_num_seqs: int = 4, role: WorkerRole = DECODE) -> WorkerView:
+         max_num_seqs: int = 4, role: WorkerRole = DECODE, inflight_tokens: int = 0,
+         queued_tokens: int = 0) -> WorkerView:
     load = WorkerLoad(num_waiting=waiting, num_running=running, num_blocks_used=blocks)
-    return WorkerView(info(worker_id, role, max_num_seqs=max_num_seqs), load, unreflected, unreflected)
+    return WorkerView(info(worker_id, role, max_num_seqs=max_num_seqs), load, unreflected, unreflected,
+                      num_inflight_tokens=inflight_tokens, num_queued_prefill_tokens=queued_tokens)

@@ -42,9 +42,14 @@ def req(tokens=PROMPT, req_id: str = "r") -> RouteInput:
     return RouteInput(req_id, "m", tuple(tokens))
 
 
+def busy(worker_id: str, inflight_blocks: int = 0, queued_blocks: int = 0, **kw):
+    """A worker holding `inflight_blocks` of routed prompts, `queued_blocks` of them not yet prefilled."""
+    return view(worker_id, inflight_tokens=inflight_blocks * BS, queued_tokens=queued_blocks * BS, **kw)
+
+
 def docs_example() -> tuple[KvAwarePolicy, list]:
     policy = kv_policy(index_with(w1=2, w2=5, w3=8))
-    return policy, [view("w1", blocks=10), view("w2", blocks=5), view("w3", blocks=9)]
+    return policy, [busy("w1", 10), busy("w2", 5), busy("w3", 9)]
 
 
 def test_dynamo_docs_example_costs_and_choice():
@@ -59,24 +64,28 @@ def test_dynamo_docs_example_costs_and_choice():
 def test_overlap_beats_load_up_to_the_configured_trade_off(overlap_weight, chosen):
     # w1: 6 of 10 blocks cached, 4 decode blocks; w2: nothing cached, idle
     policy = kv_policy(index_with(w1=6), overlap_weight=overlap_weight)
-    candidates = [view("w1", blocks=4), view("w2")]
+    candidates = [busy("w1", 4), view("w2")]
     costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
     assert costs == {"w1": 10 - 6 * overlap_weight + 4, "w2": 10.0}  # 8 / 11 / 14 against 10
     assert policy.choose(req(), candidates).worker_id == chosen
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
-def test_equal_costs_break_on_fewest_blocks_then_worker_id(order):
-    # all cost 10: wa (2 cached + 2 decode blocks); wd, wc, wb (nothing cached, idle)
+def test_equal_costs_break_on_fewest_inflight_tokens_then_worker_id(order):
+    # all cost 10: wa (2 cached + 2 in-flight blocks); wd, wc, wb (nothing cached, idle; heartbeats stale)
     policy = kv_policy(index_with(wa=2))
-    candidates = [view("wa", blocks=2), view("wd"), view("wc"), view("wb")]
+    candidates = [busy("wa", 2), view("wd", blocks=9), view("wc", blocks=1), view("wb", blocks=5)]
     assert policy.choose(req(), [candidates[i] for i in order]).worker_id == "wb"
 
 
-def test_waiting_sequences_are_charged_as_blocks():
-    policy = kv_policy(index_with(w1=3), waiting_blocks=2.0)
-    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), [view("w1", waiting=3), view("w2")])}
-    assert costs == {"w1": 7 + 6.0, "w2": 10.0}
+def test_queued_prefill_is_charged_and_stale_heartbeat_load_is_not():
+    # w1: 3 cached, 6 blocks queued of 8 in flight; w2: a heartbeat says 50 blocks used and 3 waiting, but
+    # the router has nothing in flight there (those requests completed since)
+    policy = kv_policy(index_with(w1=3))
+    candidates = [busy("w1", inflight_blocks=8, queued_blocks=6), view("w2", blocks=50, waiting=3)]
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
+    assert costs == {"w1": 6 + 7 + 8.0, "w2": 10.0}
+    assert policy.choose(req(), candidates).worker_id == "w2"
 
 
 def test_host_and_disk_blocks_save_less_than_device_blocks():
@@ -91,15 +100,15 @@ def test_host_and_disk_blocks_save_less_than_device_blocks():
 def test_temperature_draws_from_softmax_over_normalised_costs(draw, chosen):
     # costs 10, 11, 18 -> normalised 0, 1/8, 1 -> weights 1, e^-0.125 (0.882), e^-1 (0.368), sum 2.250
     policy = kv_policy(index_with(w1=2, w2=5, w3=8), rng=FixedRng(draw), temperature=1.0)
-    candidates = [view("w1", blocks=10), view("w2", blocks=5), view("w3", blocks=9)]
+    candidates = [busy("w1", 10), busy("w2", 5), busy("w3", 9)]
     assert policy.choose(req(), candidates).worker_id == chosen
 
 
 def test_own_decisions_predict_overlap_until_their_ttl():
     clock = FakeClock()
     policy = kv_policy(PrefixIndex(), clock, use_events=False, predict_ttl_s=30.0)
-    assert policy.choose(req(), [view("w1", blocks=3), view("w2", blocks=5)]).worker_id == "w1"
-    later = [view("w1", blocks=8), view("w2", blocks=5)]  # w1 now busier, but holds the prompt
+    assert policy.choose(req(), [busy("w1", 3), busy("w2", 5)]).worker_id == "w1"
+    later = [busy("w1", 8), busy("w2", 5)]  # w1 now busier, but holds the prompt
     assert [(s.view.worker_id, s.num_overlap_blocks) for s in policy.scores(req(), later)] == [("w1", 10), ("w2", 0)]
     clock.advance(30.0)
     assert policy.choose(req(), later).worker_id == "w2"  # the prediction lapsed
@@ -131,17 +140,33 @@ def make_core(policy: KvAwarePolicy, clock: FakeClock, workers=("w1", "w2")) -> 
     return RouterCore(registry, policy, DisaggregationPolicy(1_000_000, 4))
 
 
-def test_sibling_burst_spreads_by_unreflected_prefill_blocks():
-    # 8 siblings share 8 leading blocks and differ in the last 2; no KV event arrives meanwhile
+def test_sibling_burst_spreads_by_the_routers_own_inflight_load():
+    # 8 siblings share 8 leading blocks and differ in the last 2; no KV event and no heartbeat arrives meanwhile.
+    # r0 -> w1 (cost 10 vs 10, tie); r1: w1 = 10 queued + 2 + 10 in flight = 22 vs w2 = 10 -> w2; r2: 22 vs 22
+    # -> w1 (fewer in-flight tokens: equal, so worker_id); r3: w1 = 12 + 2 + 20 = 34 vs w2 = 22 -> w2; ...
     clock = FakeClock()
     policy = kv_policy(PrefixIndex(), clock)
     core = make_core(policy, clock)
     siblings = [PROMPT[:32] + tuple(range(8 * i, 8 * i + 8)) for i in range(8)]
     picks = [core.route(req(s, f"r{i}")).decode.worker_id for i, s in enumerate(siblings)]
     assert picks == ["w1", "w2", "w1", "w2", "w1", "w2", "w1", "w2"]
-    ignoring_pending = kv_policy(PrefixIndex(), clock)  # the same decisions, but load views never unreflected
-    alone = [ignoring_pending.choose(req(s), [view("w1"), view("w2")]).worker_id for s in siblings]
+    views = {v.worker_id: v for v in core.registry.views()}
+    # w1 took r0 (40 uncached tokens) then r2, r4, r6 (8 each, their first 8 blocks predicted on w1)
+    assert (views["w1"].num_inflight_tokens, views["w1"].num_queued_prefill_tokens) == (160, 64)
+    ignoring_load = kv_policy(PrefixIndex(), clock)  # the same decisions, but never any in-flight load
+    alone = [ignoring_load.choose(req(s), [view("w1"), view("w2")]).worker_id for s in siblings]
     assert alone == ["w1"] * 8  # without in-flight tracking they all pile onto w1
+
+
+def test_completed_requests_stop_counting_at_once():
+    clock = FakeClock()
+    core = make_core(kv_policy(PrefixIndex(), clock), clock)
+    assert core.route(req(req_id="r0")).decode.worker_id == "w1"
+    other = tuple(range(5000, 5020))  # 5 blocks sharing nothing with PROMPT
+    assert core.route(req(other, "r1")).decode.worker_id == "w2"  # w1: 10 + 5 + 10 = 25 against 5
+    # a sibling of r1 would cost w1 25 and w2 5 queued + 0 + 5 in flight = 10; once r0 completes, w1 costs 5
+    core.registry.complete("r0")
+    assert core.route(req(other, "r2")).decode.worker_id == "w1"  # no heartbeat needed
 
 
 def test_decision_reports_cached_tokens_and_expired_workers_are_never_chosen():
