@@ -29,7 +29,7 @@ COPY . .
 # (tensorrt_llm itself needs the driver to import, which a build does not have: only its presence is checked)
 RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
- && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import services.decode.server"
+ && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import services.prefill.server, services.decode.server"
 
 RUN mkdir -p /cache
 EXPOSE 50061 9464

