@@ -12,6 +12,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: E4M3 with per-layer scales
+ATTENTION_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch elsewhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +31,17 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings, capped at 8192
     held_kv_ttl_s: float = 30.0  # a hold_kv request's blocks are freed if not exported by then
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    kv_cache_dtype: str = "auto"
+    attention_backend: str = "auto"
+    cuda_graphs: bool = True  # decode under CUDA graphs (CUDA with the triton backend only)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.num_blocks is not None and self.num_blocks < 1:

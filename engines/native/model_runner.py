@@ -3,10 +3,12 @@ the KV cache and the attention backend; knows nothing of requests' lifecycles.""
 import torch
 
 from engines.base.types import KvLayout, TokenLogprob
-from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend
+from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend, resolve_backend
+from engines.native.attention.varlen import build_varlen_metadata
 from engines.native.config import EngineConfig, ModelConfig
-from engines.native.kv_cache import KvCache, available_memory, bytes_per_block
+from engines.native.kv_cache import FP8_KV_DTYPE, KvCache, available_memory, bytes_per_block
 from engines.native.layers.linear import Linear
+from engines.native.quant.swap import read_quant_config
 from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
 from engines.native.sampler import sample
@@ -23,23 +25,42 @@ class ModelRunner:
         self.device, self.dtype = config.device, getattr(torch, config.dtype)
         self.block_size = config.block_size
         self.max_model_len = resolve_max_model_len(config, model_cfg)
-        self.model = load_model(config.model, model_cfg, get_backend(self.device), self.dtype, self.device)
+        self.backend_name = resolve_backend(self.device, config.attention_backend)
+        self.model = load_model(config.model, model_cfg, get_backend(self.device, self.backend_name), self.dtype,
+                                self.device)
         if self.device == "cpu" and config.dtype == "float32" and torch.backends.mkldnn.is_available():
             for module in self.model.modules():
                 if isinstance(module, Linear):
                     module.pack_for_cpu()
+        kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else config.dtype
         self.kv_layout = KvLayout(model_cfg.num_hidden_layers, model_cfg.num_key_value_heads,
-                                  model_cfg.head_dim, config.dtype, config.block_size)
-        self.kv_cache = KvCache(self.kv_layout, self._num_blocks(), self.device)
+                                  model_cfg.head_dim, kv_dtype, config.block_size)
+        quant = read_quant_config(config.model)
+        self.kv_cache = KvCache(self.kv_layout, self._num_blocks(), self.device,
+                                quant.kv_cache_scales if quant and config.kv_cache_dtype == "fp8" else ())
         rotary = RotaryEmbedding(model_cfg.head_dim, self.max_model_len, model_cfg.rope_theta,
                                  model_cfg.rope_scaling, self.device)
         for i, attn in enumerate(self.model.attention_layers):
             attn.k_cache, attn.v_cache = self.kv_cache.layer(i)
             attn.rotary = rotary
+            if self.kv_cache.is_quantized:  # NOTE: one backend per layer, holding that layer's scales
+                scales = tuple(self.kv_cache.scales[i].tolist())
+                attn.backend = get_backend(self.device, self.backend_name, scales)
+        self.graphs = self._maybe_capture_graphs()
 
     @property
     def num_blocks(self) -> int:
         return self.kv_cache.num_blocks
+
+    def _maybe_capture_graphs(self):
+        if not (self.config.cuda_graphs and self.device.startswith("cuda") and self.backend_name == "triton"):
+            return None
+        from engines.native.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, -(-self.max_model_len // self.block_size),
+                              self.device)
+        graphs.capture()
+        return graphs
 
     def _num_blocks(self) -> int:
         if self.config.num_blocks is not None:
@@ -54,8 +75,12 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
         """Run one step; returns (scheduled, new token, logprob) for each sequence that samples."""
         order = sorted(out.scheduled, key=lambda s: not _is_decode(s))  # decodes first
-        input_ids, positions, meta, last_rows = self._prepare(order)
-        hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
+        if self.graphs is not None and len(order) <= self.graphs.max_num_seqs and all(map(_is_decode, order)):
+            hidden = self._graph_decode(order)  # [num_decodes, hidden_size]
+            last_rows = {id(s): i for i, s in enumerate(order)}
+        else:
+            input_ids, positions, meta, last_rows = self._prepare(order)
+            hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
         samplers = [s for s in order if s.samples]
         if not samplers:
             return []
@@ -88,6 +113,11 @@ class ModelRunner:
             pos.extend(range(start, end))
             slots.extend(self._slot(s.seq.block_table, p) for p in range(start, end))
             last_rows[id(s)] = len(ids) - 1
+        if self.backend_name == "triton":
+            meta = build_varlen_metadata(
+                self._tensor(slots), [(s.seq.block_table, s.start + 1) for s in decodes],
+                [self._span_varlen(s, q_start) for s, q_start in spans], self.device)
+            return self._tensor(ids), self._tensor(pos), meta, last_rows
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             num_decode_tokens=len(decodes),
@@ -96,6 +126,16 @@ class ModelRunner:
             fresh=self._fresh([(s.num_new_tokens, q_start) for s, q_start in spans if s.start == 0]),
         )
         return self._tensor(ids), self._tensor(pos), meta, last_rows
+
+    def _graph_decode(self, order: list[ScheduledSeq]) -> torch.Tensor:
+        return self.graphs.run(
+            [s.seq.token_ids[s.start] for s in order], [s.start for s in order],
+            [self._slot(s.seq.block_table, s.start) for s in order], [s.seq.block_table for s in order],
+            [s.start + 1 for s in order])
+
+    def _span_varlen(self, s: ScheduledSeq, q_start: int) -> tuple[int, int, int, list[int]]:
+        ctx_len = s.start + s.num_new_tokens
+        return q_start, s.num_new_tokens, ctx_len, s.seq.block_table[: -(-ctx_len // self.block_size)]
 
     def _slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size

@@ -1,0 +1,46 @@
+"""Paged attention through Triton kernels (the default on CUDA): KV write through the slot mapping,
+paged decode over the block tables, varlen prefill over cached prefixes. Reads VarlenMetadata.
+
+One instance serves every layer of an unquantized cache; an FP8 cache gets one per layer (its scales).
+Checked against TorchPagedAttention / TorchFp8PagedAttention (tests/unit/kernels).
+"""
+import torch
+
+from engines.native.attention.varlen import VarlenMetadata
+from engines.native.kernels.kv_write import write_kv
+from engines.native.kernels.paged_decode import paged_decode
+from engines.native.kernels.paged_prefill import paged_prefill
+
+# prefill tiles: bigger on a GPU, tiny for the CPU interpreter
+_GPU_TILES = {"block_m": 64, "block_n": 64}
+_CPU_TILES = {"block_m": 16, "block_n": 16}
+
+
+class TritonPagedAttention:
+    def __init__(self, k_scale: float | None = None, v_scale: float | None = None):
+        self.k_scale = 1.0 if k_scale is None else k_scale
+        self.v_scale = 1.0 if v_scale is None else v_scale
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: VarlenMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # NOTE: every token's k/v is written before any read, as in the torch backend
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        out = torch.empty_like(q)
+        num_decodes = meta.num_decode_tokens
+        if num_decodes:
+            paged_decode(q[:num_decodes], k_cache, v_cache, meta.decode_block_table, meta.decode_seq_lens, scale,
+                         self.k_scale, self.v_scale, out=out[:num_decodes])
+        if meta.max_prefill_q_len:
+            tiles = _GPU_TILES if q.is_cuda else _CPU_TILES
+            paged_prefill(q, k_cache, v_cache, meta.prefill_block_table, meta.prefill_q_starts, meta.prefill_q_lens,
+                          meta.prefill_ctx_lens, meta.max_prefill_q_len, scale, self.k_scale, self.v_scale, out=out,
+                          **tiles)
+        return out
