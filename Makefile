@@ -33,9 +33,10 @@ protos: install
 model: install
 	$(TANDEM) model fetch
 
-# the whole stack on this machine: router, 1 prefill, 1 decode, gateway on :8000 (ARGS="--decode 2" ...)
+# the whole stack on this machine: router, 1 prefill, 1 decode, gateway on :8000, and Prometheus on :9090
+# when it is installed (ARGS="--decode 2" ...)
 up: install model
-	$(TANDEM) up $(ARGS)
+	$(TANDEM) up --prometheus $(ARGS)
 
 test: install model aiperf
 	$(PY) -m pytest -q tests

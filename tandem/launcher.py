@@ -4,6 +4,7 @@ it started (children also die with it if it is killed outright)."""
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 
 _PR_SET_PDEATHSIG = 1
+PROMETHEUS_CONFIG = Path(__file__).resolve().parents[1] / "observability" / "prometheus" / "prometheus-local.yml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class StackConfig:
     router_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    prometheus_port: int = -1  # > 0: also run Prometheus on it (scraping every service), when installed
 
 
 @dataclass(slots=True)
@@ -92,6 +95,22 @@ class Stack:
         tmp.replace(self.targets_path)
         return self.targets_path
 
+    def start_prometheus(self) -> str | None:
+        """Prometheus on the file_sd file, as a child like the services; None (and why, printed) when the
+        binary is not installed."""
+        binary = shutil.which("prometheus")
+        if binary is None:
+            print("prometheus is not installed (Debian: apt-get install prometheus); metrics are still served "
+                  "at the endpoints below", flush=True)
+            return None
+        config = self.cfg.log_dir / "prometheus.yml"  # next to the targets file it names by a relative path
+        shutil.copyfile(PROMETHEUS_CONFIG, config)
+        data = self.cfg.log_dir.parent / "prometheus-data"
+        port = self.cfg.prometheus_port
+        self._spawn_command("prometheus", [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                                           f"--web.listen-address=127.0.0.1:{port}"])
+        return f"http://127.0.0.1:{port}"
+
     def _metrics_args(self, name: str) -> list[str]:
         self.metrics_ports[name] = free_port()
         return ["--metrics-port", str(self.metrics_ports[name])]
@@ -121,11 +140,14 @@ class Stack:
                 child.proc.wait()
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self._spawn_command(name, [sys.executable, "-m", "tandem.cli", "serve", *args])
+
+    def _spawn_command(self, name: str, command: list[str]) -> None:
         log_path = self.cfg.log_dir / f"{name}.log"
         log_file = open(log_path, "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env}
-        proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "serve", *args], stdout=log_file,
-                                stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=_die_with_parent)
         log_file.close()
         self.children.append(Child(name, proc, log_path))
 
@@ -173,6 +195,9 @@ def _die_with_parent() -> None:
 
 
 def run_stack(cfg: StackConfig) -> int:
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness probe
     stack = Stack(cfg)
     stopping = {"flag": False}
 
@@ -184,7 +209,8 @@ def run_stack(cfg: StackConfig) -> int:
     try:
         stack.start()
         stack.wait_ready()
-        print_banner(stack)
+        prometheus = stack.start_prometheus() if cfg.prometheus_port > 0 else None
+        print_banner(stack, prometheus)
         while True:
             stack._check_alive()
             time.sleep(0.5)
@@ -200,15 +226,16 @@ def run_stack(cfg: StackConfig) -> int:
         stack.stop()
 
 
-def print_banner(stack: Stack) -> None:
+def print_banner(stack: Stack, prometheus: str | None = None) -> None:
     cfg = stack.cfg
     model = served_name(cfg.model)
     metrics = "\n".join(f"metrics: {name} {url}" for name, url in stack.metrics_urls.items())
+    prometheus_line = f"\n  prometheus: {prometheus}" if prometheus else ""
     print(f"""tandem is up: {stack.url}
   router 127.0.0.1:{stack.router_port} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
   logs: {cfg.log_dir}/
 {metrics}
-  Prometheus targets (file_sd): {stack.targets_path}
+  Prometheus targets (file_sd): {stack.targets_path}{prometheus_line}
 
 try it:
   curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\

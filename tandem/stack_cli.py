@@ -30,6 +30,8 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
+    up.add_argument("--prometheus", type=int, nargs="?", const=9090, default=-1, metavar="PORT",
+                    help="also run Prometheus (when installed) scraping every service, on PORT (default 9090)")
     up.set_defaults(func=_up)
 
 
@@ -47,7 +49,7 @@ def _up(args) -> int:
     model = args.model or str(_default_model())
     cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
-                      log_dir=args.log_dir)
+                      log_dir=args.log_dir, prometheus_port=args.prometheus)
     return run_stack(cfg)
 
 
