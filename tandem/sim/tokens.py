@@ -3,6 +3,7 @@ token prefixes at any engine block size that divides 16; rows without ids get un
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, TraceRow
 
 MARK_EVERY = 16  # one id-marking token per 16 positions: any engine block of 16k tokens carries its id
+_UNIQUE_BASE = 1 << 30  # ids of rows without hash ids: above any trace's, and token ids stay below 2**32
 _FILLER = [j % MARK_EVERY for j in range(MOONCAKE_BLOCK_SIZE)]  # values < MARK_EVERY, never a mark
 
 
@@ -25,5 +26,5 @@ def prompt_tokens(row: TraceRow, row_index: int) -> list[int]:
     """A row's prompt: its hash ids expanded, or (no ids, e.g. Azure) ids no other row shares."""
     if row.hash_ids:
         return expand_hash_ids(row.hash_ids, row.isl)
-    ids = tuple(-(row_index * 1024 + i) - 2 for i in range(-(-row.isl // MOONCAKE_BLOCK_SIZE)))
+    ids = tuple(_UNIQUE_BASE + row_index * 1024 + i for i in range(-(-row.isl // MOONCAKE_BLOCK_SIZE)))
     return expand_hash_ids(ids, row.isl)
