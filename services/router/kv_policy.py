@@ -12,11 +12,12 @@ from typing import Protocol
 
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvTier
-from services.router.prefix_index import PrefixIndex
+from services.router.prefix_index import CachedPrefix, PrefixIndex
 from services.router.types import RouteInput, WorkerView
 
 Clock = Callable[[], float]
 DEFAULT_TIER_WEIGHTS = {KvTier.DEVICE: 1.0, KvTier.HOST: 0.75, KvTier.DISK: 0.25}
+_NOTHING = CachedPrefix(0)
 
 
 class Rng(Protocol):
@@ -140,7 +141,7 @@ class KvAwarePolicy:
             if block_size not in matches:
                 matches[block_size] = self._match(request.token_ids, block_size)
             hashes, tiers, predicted = matches[block_size]
-            scores.append(self._score(request, view, block_size, tiers.get(view.worker_id, ()),
+            scores.append(self._score(request, view, block_size, tiers.get(view.worker_id, _NOTHING),
                                       predicted.get(view.worker_id, 0)))
         self._last = (request.token_ids, {s.view.worker_id: s.num_overlap_blocks * self._block_size(s.view)
                                           for s in scores})
@@ -166,16 +167,18 @@ class KvAwarePolicy:
         tiers = self.index.match(hashes) if self.config.use_events else {}
         return hashes, tiers, self.predicted.overlap(hashes)
 
-    def _score(self, request: RouteInput, view: WorkerView, block_size: int, tiers: Sequence[KvTier],
+    def _score(self, request: RouteInput, view: WorkerView, block_size: int, prefix: CachedPrefix,
                num_predicted: int) -> KvScore:
         num_prompt = -(-len(request.token_ids) // block_size)
-        cached = sum(self.tier_weights[t] for t in tiers)
-        if num_predicted > len(tiers):  # NOTE: own decisions count as device blocks where events lag behind
-            cached += num_predicted - len(tiers)
+        weights = self.tier_weights
+        cached = (prefix.num_device * weights[KvTier.DEVICE] + prefix.num_host * weights[KvTier.HOST]
+                  + prefix.num_disk * weights[KvTier.DISK])
+        if num_predicted > prefix.num_blocks:  # NOTE: own decisions count as device blocks where events lag behind
+            cached += num_predicted - prefix.num_blocks
         queued = view.num_queued_prefill_tokens / block_size
         prefill = max(queued + num_prompt - self.config.overlap_weight * cached, 0.0)
         cost = prefill + view.num_inflight_tokens / block_size
-        return KvScore(view, max(len(tiers), num_predicted), num_prompt, cost)
+        return KvScore(view, max(prefix.num_blocks, num_predicted), num_prompt, cost)
 
     def _pick(self, scores: list[KvScore]) -> KvScore:
         if self.config.temperature == 0 or len(scores) == 1:

@@ -3,7 +3,7 @@ import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEvent, KvEventKind, KvEventLog, KvTier
-from services.router.prefix_index import PrefixIndex
+from services.router.prefix_index import CachedPrefix, PrefixIndex
 
 BS = 4
 PROMPT = list(range(100, 120))  # 5 full blocks of 4
@@ -32,6 +32,15 @@ def test_longest_prefix_per_worker_from_token_ids():
     assert index.overlap_tokens(PROMPT, BS) == {"w1": 2, "w2": 5}
     assert index.overlap_tokens(PROMPT[:11], BS) == {"w1": 2, "w2": 2}  # partial last block never matches
     assert index.overlap_tokens([7] + PROMPT[1:], BS) == {}  # the first block differs: nothing downstream
+
+
+def test_workers_dropping_out_at_different_depths_and_one_joining_late():
+    index = PrefixIndex()
+    for worker_id, n in (("w1", 1), ("w2", 3), ("w3", 5), ("w4", 4)):
+        index.apply(worker_id, [stored(1, H[:n])])
+    index.apply("w5", [stored(1, H[2:], parent=H[1])])  # holds blocks 3..5 without their parents
+    assert index.overlap(H) == {"w1": 1, "w2": 3, "w3": 5, "w4": 4}
+    assert index.overlap(H[:2]) == {"w1": 1, "w2": 2, "w3": 2, "w4": 2}
 
 
 def test_a_hole_in_the_chain_ends_the_match():
@@ -82,9 +91,12 @@ def test_cleared_and_remove_worker_forget_everything_of_one_worker():
 def test_tiers_are_tracked_per_worker_and_removed_per_tier():
     index = PrefixIndex()
     index.apply("w1", [stored(1, H[:2]), stored(2, H[:2], tier=KvTier.HOST), removed(3, H[1:2])])
-    assert index.match(H) == {"w1": (KvTier.DEVICE, KvTier.HOST)}  # block 2 survives offloaded
+    assert index.match(H) == {"w1": CachedPrefix(2, num_host=1)}  # block 2 survives offloaded
+    index.apply("w2", [stored(1, H[:3])])
+    assert index.match(H) == {"w1": CachedPrefix(2, num_host=1), "w2": CachedPrefix(3)}
     index.apply("w1", [removed(4, H[1:2], tier=KvTier.HOST)])
-    assert index.match(H) == {"w1": (KvTier.DEVICE,)}
+    assert index.match(H) == {"w1": CachedPrefix(1), "w2": CachedPrefix(3)}
+    assert index.match(H)["w2"].num_device == 3
 
 
 def test_memory_bound_evicts_least_recently_touched_leaves_first():
