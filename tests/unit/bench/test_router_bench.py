@@ -1,0 +1,51 @@
+"""`tandem bench router` at a tiny size: the index it builds, the decision it times, the report and the CLI."""
+import json
+
+import pytest
+
+from engines.base.block_hash import chain_block_hashes
+from services.router.types import RouteInput
+from tandem.bench.router_bench import RouterBenchConfig, build, format_router_report, run_router_bench
+from tandem.cli import main
+
+TINY = RouterBenchConfig(num_workers=4, num_indexed_blocks=1000, num_prompt_tokens=256, block_size=16,
+                         num_iterations=5, num_inflight=2)
+
+
+def test_build_fills_the_index_and_every_worker_holds_a_prefix_of_the_prompt():
+    core, index, prompt = build(TINY)
+    assert len(index) == 1000 and len(prompt) == 256
+    overlap = index.overlap(chain_block_hashes(prompt, 16))
+    views = core.registry.views()
+    assert [v.worker_id for v in views] == ["decode-000", "decode-001", "decode-002", "decode-003"]
+    assert all(0 <= n <= 16 for n in overlap.values())
+    assert all(v.num_inflight == 2 for v in views)
+    # the decision goes to the cheapest worker by the policy's own scores
+    tokens = tuple(prompt)
+    best = core.policy.scores(RouteInput("x", "m", tokens), views)[0]
+    assert core.route(RouteInput("x", "m", tokens)).decode.worker_id == best.view.worker_id
+
+
+def test_report_counts_every_decision_and_compares_with_the_target():
+    report = run_router_bench(TINY)
+    d = report["decision_us"]
+    assert 0 < d["min"] <= d["p50"] <= d["p99"]
+    assert report["meets_target"] == (d["p50"] <= report["target_p50_us"] == 100.0)
+    assert report["num_indexed_blocks"] == 1000
+    text = format_router_report(report)
+    assert "256-token prompt (blocks of 16), 4 workers, 1,000 indexed blocks, 5 decisions" in text
+    assert ("met" if report["meets_target"] else "missed by") in text.splitlines()[-1]
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "router.json"
+    assert main(["bench", "router", "--workers", "2", "--indexed-blocks", "100", "--prompt-tokens", "64",
+                 "--block-size", "16", "--iterations", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["num_workers"] == 2 and report["benchmark"] == "router"
+    assert "one Route decision" in capsys.readouterr().out
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError):
+        RouterBenchConfig(num_workers=0)
