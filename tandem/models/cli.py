@@ -1,4 +1,4 @@
-"""`tandem model fetch|init`: argument parsing and printing only; the work is in fetch.py and init.py.
+"""`tandem model fetch|init|quantize`: argument parsing and printing only; the work is in fetch.py and init.py.
 
 Progress goes to stderr; the model directory is the last line of stdout, so scripts can `tail -n1`.
 """
@@ -31,6 +31,14 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="config.json override; VALUE is parsed as JSON when it can be (repeatable)")
     init.set_defaults(func=_run_init)
 
+    quantize = actions.add_parser("quantize", help="write an FP8 or NVFP4 copy of a checkpoint; prints its directory")
+    quantize.add_argument("src", type=Path, help="checkpoint directory (config.json + safetensors)")
+    quantize.add_argument("dst", type=Path, help="where the quantized copy goes")
+    quantize.add_argument("--format", required=True, choices=["fp8", "nvfp4"],
+                          help="fp8: E4M3 weights, one scale per output channel; nvfp4: E2M1 in 16-blocks")
+    quantize.add_argument("--device", default="cpu", help="where to quantize (cuda is faster for 8B shapes)")
+    quantize.set_defaults(func=_run_quantize)
+
 
 def parse_override(item: str) -> tuple[str, object]:
     key, sep, raw = item.partition("=")
@@ -58,4 +66,13 @@ def _run_init(args: argparse.Namespace) -> int:
         overrides=overrides, config_only=args.config_only,
     )
     print(out)
+    return 0
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    from engines.native.quant.transform import quantize_checkpoint  # lazy: pulls in torch
+
+    if not (args.src / "config.json").is_file():
+        raise ModelError(f"no config.json in {str(args.src)!r}: not a checkpoint directory")
+    print(quantize_checkpoint(args.src, args.dst, args.format, args.device))
     return 0

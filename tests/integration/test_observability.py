@@ -236,9 +236,9 @@ def prometheus(stack, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         def up_targets():
-            try:
+            try:  # until it listens and has loaded its storage (a 503 with a text body before that)
                 return _query(url, "sum(up)")
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 return []
 
         poll(up_targets, lambda r: bool(r) and float(r[0]["value"][1]) == 4, 30)

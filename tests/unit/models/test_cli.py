@@ -47,3 +47,27 @@ def test_up_serves_the_fetched_model_under_its_short_name():
 
     assert served_name("/c/models/HuggingFaceTB--SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
     assert served_name("/tmp/tiny-llama") == "tiny-llama"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_model_quantize_writes_a_copy_the_loader_swaps_in(tmp_path, capsys, fmt):
+    import torch
+
+    from engines.native.attention import get_backend
+    from engines.native.config import ModelConfig
+    from engines.native.loader import load_model
+
+    src, dst = tmp_path / "src", tmp_path / fmt
+    assert main(["model", "init", str(src), "--arch", "llama"]) == 0
+    assert main(["model", "quantize", str(src), str(dst), "--format", fmt]) == 0
+    assert last_stdout_line(capsys) == str(dst)
+    assert json.loads((dst / "tandem_quant.json").read_text())["format"] == fmt
+    model = load_model(dst, ModelConfig.from_dir(dst), get_backend("cpu"), torch.float32, "cpu")
+    quantized = [name for name, module in model.named_modules() if type(module).__module__.startswith(
+        "engines.native.quant")]
+    assert quantized, "no linear layer was swapped for its quantized module"
+
+
+def test_model_quantize_refuses_a_directory_without_a_checkpoint(tmp_path, capsys):
+    assert main(["model", "quantize", str(tmp_path), str(tmp_path / "out"), "--format", "fp8"]) == 2
+    assert "not a checkpoint directory" in capsys.readouterr().err
