@@ -9,7 +9,6 @@ import sys
 from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
 from tandem.bench.engine_bench import add_bench_commands
-from tandem.bench.router_bench import add_router_command
 from tandem.sim.cli import add_sim_command
 from tandem.models.errors import ModelError
 
@@ -20,15 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_model_commands(commands)
     add_stack_commands(commands)
-    bench = add_bench_commands(commands)
-    add_router_command(bench_subcommands(bench))
+    add_bench_commands(commands)
     add_sim_command(commands)
     return parser
-
-
-def bench_subcommands(bench: argparse.ArgumentParser):
-    """The `tandem bench` parser's subcommand group, to register more benchmarks on."""
-    return next(a for a in bench._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
 
 
 def main(argv: list[str] | None = None) -> int:

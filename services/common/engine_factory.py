@@ -11,7 +11,8 @@ def make_engine(s: WorkerSettings) -> Engine:
     if s.engine == "sim":
         from engines.sim.engine import SimEngine
 
-        return SimEngine(worker_id=s.worker_id or "sim")  # the default H100 / Llama-3.1-8B profile
+        # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
+        return SimEngine(s.sim_profile or None, time_factor=s.sim_time_factor, worker_id=s.worker_id or "sim")
     from engines.native.config import EngineConfig
     from engines.native.engine import NativeEngine
 

@@ -29,7 +29,9 @@ class WorkerSettings:
     max_model_len: int = 0  # 0: the model's
     enable_prefix_caching: bool = True
     kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
-    metrics_port: int = -1  # -1: no metrics endpoint (the observability issue)
+    metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
+    sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
+    sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -38,6 +40,8 @@ class WorkerSettings:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.kv_lease_s <= 0:
             raise SettingsError("kv_lease_s must be > 0")
+        if self.sim_time_factor < 0:
+            raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
 
     def resolved_worker_id(self, port: int) -> str:
         return self.worker_id or f"{self.role}-{socket.gethostname()}-{port}"
@@ -65,7 +69,7 @@ def parse_worker_settings(role: str, argv: list[str] | None) -> WorkerSettings:
     p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                 "max_model_len", "kv_lease_s", "metrics_port"):
+                 "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor"):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value)

@@ -136,6 +136,9 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     add_engine_arguments(engine)
     engine.set_defaults(func=cmd_bench_engine)
     add_serving_commands(sub)  # serve, overhead
+    from tandem.bench.router_bench import add_router_command
+
+    add_router_command(sub)  # router
     return bench
 
 

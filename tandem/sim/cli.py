@@ -2,11 +2,12 @@
 write the JSON report and PNG plots. Argument parsing and orchestration only."""
 import argparse
 import datetime
+import json
 import platform
 import time
 from pathlib import Path
 
-from engines.sim.profile import DEFAULT_PROFILE, load_profile
+from engines.sim.profile import DEFAULT_PROFILE, load_profile, profile_from_bench
 from tandem.bench.traces import load_trace
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
@@ -16,12 +17,16 @@ from tandem.sim.report import format_table, write_json, write_plots
 
 def add_sim_command(commands) -> None:
     p = commands.add_parser("sim", help="discrete-event cluster simulator: compare routing policies on a trace")
-    p.add_argument("--trace", type=Path, required=True, help="Mooncake JSONL or Azure CSV trace")
+    p.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL or Azure CSV trace (required to simulate)")
     p.add_argument("--workers", type=int, default=8, help="decode (or aggregated) workers")
     p.add_argument("--prefill-workers", type=int, default=0)
     p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated: " + ",".join(POLICY_NAMES))
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every arrival time (0.5 = 2x rate)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="shipped profile name or a profile JSON path")
+    p.add_argument("--profile-from-bench", type=Path, default=None, metavar="BENCH_JSON",
+                   help="fit the timing model to a `tandem bench engine --json` report (other fields from --profile)")
+    p.add_argument("--save-profile", type=Path, default=None, metavar="PATH",
+                   help="write the profile used (e.g. the fitted one) as JSON; without --trace, only that")
     p.add_argument("--max-requests", type=int, default=None, help="only the first N rows of the trace")
     p.add_argument("--slo-ttft-s", type=float, default=DEFAULT_SLO_TTFT_S)
     p.add_argument("--slo-itl-s", type=float, default=DEFAULT_SLO_ITL_S)
@@ -39,6 +44,16 @@ def run_sim(args: argparse.Namespace) -> int:
     if unknown or not names:
         raise SystemExit(f"tandem sim: unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     profile = load_profile(args.profile)
+    if args.profile_from_bench is not None:
+        profile = profile_from_bench(args.profile_from_bench, base=profile)
+    if args.save_profile is not None:
+        args.save_profile.parent.mkdir(parents=True, exist_ok=True)
+        args.save_profile.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.save_profile} (use it with --profile {args.save_profile})")
+        if args.trace is None:
+            return 0
+    if args.trace is None:
+        raise SystemExit("tandem sim: --trace is required to simulate")
     rows = load_trace(args.trace, args.max_requests, args.time_scale)
     config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight)
     slo = Slo(args.slo_ttft_s, args.slo_itl_s)

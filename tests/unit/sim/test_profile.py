@@ -43,3 +43,35 @@ def test_profile_from_bench_fits_the_points(tmp_path):
     assert p.prefill_ms_coeffs == pytest.approx((0.0, 0.01, 5.0), abs=1e-9)
     assert p.decode_ms_coeffs == pytest.approx((0.0, 40.0, 2.0), abs=1e-9)
     assert p.name == "bench-org_m" and p.num_blocks == 16384
+
+
+def test_tandem_sim_saves_a_fitted_profile_that_a_sim_worker_runs(tmp_path, capsys):
+    from services.common.engine_factory import make_engine
+    from services.common.worker_settings import WorkerSettings
+    from tandem.cli import main
+
+    entry = {"num_requests": 1, "isl": 1024, "osl": 128, "engines": {"native": {"ttft_s_p50": 0.5, "itl_s_p50": 0.02}}}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model": "org/m", "workloads": {"batch1": entry}}))
+    saved = tmp_path / "profiles" / "mine.json"
+    assert main(["sim", "--profile-from-bench", str(bench), "--save-profile", str(saved)]) == 0
+    assert f"wrote {saved}" in capsys.readouterr().out
+    assert load_profile(str(saved)) == profile_from_bench(bench)
+    engine = make_engine(WorkerSettings(role="decode", model="m", engine="sim", sim_profile=str(saved),
+                                        sim_time_factor=0.5, worker_id="decode-3"))
+    assert (engine.profile.name, engine.time_factor) == ("bench-org_m", 0.5)
+
+
+def test_tandem_sim_without_a_trace_or_a_profile_to_save_is_an_error(capsys):
+    from tandem.cli import main
+
+    with pytest.raises(SystemExit, match="--trace is required"):
+        main(["sim"])
+
+
+def test_a_negative_sim_time_factor_stops_the_worker_at_start_up():
+    from services.common.settings import SettingsError
+    from services.common.worker_settings import WorkerSettings
+
+    with pytest.raises(SettingsError, match="sim_time_factor"):
+        WorkerSettings(role="decode", model="m", engine="sim", sim_time_factor=-1)
