@@ -52,17 +52,45 @@ class ApproximateIndex:
             self._until.popitem(last=False)
 
     def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Per worker: the leading blocks routed to it within the TTL."""
-        now = self._clock()
-        counts: dict[str, int] = {}
-        active: set[str] | None = None
-        for block_hash in block_hashes:
-            live = {w for w, until in self._until.get(block_hash, {}).items() if until > now}
-            active = live if active is None else active & live
-            if not active:
+        """Per worker: the leading blocks routed to it within the TTL.
+
+        NOTE: a prompt is recorded with all its ancestors, so along a chain a worker's expiry never grows with
+        depth: walk presence alone (one lookup and one set comparison per block, as PrefixIndex.match), then
+        check each worker's deepest block, and binary-search its live prefix only when that one has lapsed.
+        """
+        entries = self._until
+        first = entries.get(block_hashes[0]) if block_hashes else None
+        if not first:
+            return {}
+        active, ends, depth = set(first), {}, len(block_hashes)
+        for i in range(1, len(block_hashes)):
+            holders = entries.get(block_hashes[i])
+            if holders is None:
+                depth = i
                 break
-            for worker_id in active:
-                counts[worker_id] = counts.get(worker_id, 0) + 1
+            if len(holders) != len(active) or not active <= holders.keys():
+                gone = active - holders.keys()
+                ends.update(dict.fromkeys(gone, i))
+                active -= gone
+                if not active:
+                    depth = i
+                    break
+        ends.update(dict.fromkeys(active, depth))
+        now = self._clock()
+        counts = {}
+        for worker_id, n in ends.items():
+            if entries[block_hashes[n - 1]][worker_id] > now:
+                counts[worker_id] = n
+                continue
+            lo, hi = 0, n - 1  # the first lapsed block is in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if entries[block_hashes[mid]][worker_id] > now:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo:
+                counts[worker_id] = lo
         return dict(sorted(counts.items()))
 
     def expire(self) -> None:
@@ -135,23 +163,38 @@ class KvAwarePolicy:
     def scores(self, request: RouteInput, candidates: list[WorkerView]) -> list[KvScore]:
         """Every candidate's cost, sorted best first (by `KvScore.key`)."""
         matches: dict[int, tuple[list[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
-        scores = []
-        for view in candidates:
+        num_tokens = len(request.token_ids)
+        weights = self.tier_weights
+        w_device, w_host, w_disk = weights[KvTier.DEVICE], weights[KvTier.HOST], weights[KvTier.DISK]
+        overlap_weight = self.config.overlap_weight
+        scores, cached_tokens = [], {}
+        for view in candidates:  # NOTE: the hot loop of a Route among many workers: locals, no calls per worker
             block_size = self._block_size(view)
-            if block_size not in matches:
-                matches[block_size] = self._match(request.token_ids, block_size)
-            hashes, tiers, predicted = matches[block_size]
-            scores.append(self._score(request, view, block_size, tiers.get(view.worker_id, _NOTHING),
-                                      predicted.get(view.worker_id, 0)))
-        self._last = (request.token_ids, {s.view.worker_id: s.num_overlap_blocks * self._block_size(s.view)
-                                          for s in scores})
+            match = matches.get(block_size)
+            if match is None:
+                match = matches[block_size] = self._match(request.token_ids, block_size)
+            worker_id = view.info.worker_id
+            prefix = match[1].get(worker_id, _NOTHING)
+            num_predicted = match[2].get(worker_id, 0)
+            num_blocks, num_host, num_disk = prefix
+            cached = (num_blocks - num_host - num_disk) * w_device + num_host * w_host + num_disk * w_disk
+            if num_predicted > num_blocks:  # NOTE: own decisions count as device blocks where events lag behind
+                cached += num_predicted - num_blocks
+            num_prompt = -(-num_tokens // block_size)
+            prefill = view.num_queued_prefill_tokens / block_size + num_prompt - overlap_weight * cached
+            cost = (prefill if prefill > 0.0 else 0.0) + view.num_inflight_tokens / block_size
+            overlap = num_blocks if num_blocks > num_predicted else num_predicted
+            scores.append(KvScore(view, overlap, num_prompt, cost))
+            cached_tokens[worker_id] = overlap * block_size
+        self._last = (request.token_ids, cached_tokens)
         self._last_hashes = (request.token_ids, {size: m[0] for size, m in matches.items()})
-        return sorted(scores, key=KvScore.key)
+        scores.sort(key=KvScore.key)
+        return scores
 
     def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int:
         """The PrefixOverlap of services/router/core.py: the estimate the last `choose` made."""
         tokens, cached = self._last
-        if tokens == token_ids and worker_id in cached:
+        if (tokens is token_ids or tokens == token_ids) and worker_id in cached:
             return cached[worker_id]
         hashes = chain_block_hashes(token_ids, self.config.block_size)
         return self.index.overlap(hashes).get(worker_id, 0) * self.config.block_size if self.config.use_events else 0
@@ -166,19 +209,6 @@ class KvAwarePolicy:
         hashes = chain_block_hashes(token_ids, block_size)
         tiers = self.index.match(hashes) if self.config.use_events else {}
         return hashes, tiers, self.predicted.overlap(hashes)
-
-    def _score(self, request: RouteInput, view: WorkerView, block_size: int, prefix: CachedPrefix,
-               num_predicted: int) -> KvScore:
-        num_prompt = -(-len(request.token_ids) // block_size)
-        weights = self.tier_weights
-        cached = (prefix.num_device * weights[KvTier.DEVICE] + prefix.num_host * weights[KvTier.HOST]
-                  + prefix.num_disk * weights[KvTier.DISK])
-        if num_predicted > prefix.num_blocks:  # NOTE: own decisions count as device blocks where events lag behind
-            cached += num_predicted - prefix.num_blocks
-        queued = view.num_queued_prefill_tokens / block_size
-        prefill = max(queued + num_prompt - self.config.overlap_weight * cached, 0.0)
-        cost = prefill + view.num_inflight_tokens / block_size
-        return KvScore(view, max(prefix.num_blocks, num_predicted), num_prompt, cost)
 
     def _pick(self, scores: list[KvScore]) -> KvScore:
         if self.config.temperature == 0 or len(scores) == 1:
@@ -196,7 +226,7 @@ class KvAwarePolicy:
     def _remember(self, request: RouteInput, chosen: KvScore) -> None:
         block_size = self._block_size(chosen.view)
         tokens, hashes = self._last_hashes  # NOTE: `scores` hashed this prompt already: do not hash it twice
-        if tokens != request.token_ids or block_size not in hashes:
+        if (tokens is not request.token_ids and tokens != request.token_ids) or block_size not in hashes:
             hashes = {block_size: chain_block_hashes(request.token_ids, block_size)}
         self.predicted.record(hashes[block_size], chosen.view.worker_id)
 

@@ -67,6 +67,7 @@ class Registry:
         self._workers: dict[str, _Worker] = {}
         self._inflight: dict[str, _InFlight] = {}
         self._models: set[str] = set()  # every model ever registered: its absence later is UNAVAILABLE
+        self._groups: dict[tuple[str, WorkerRole], list[_Worker]] | None = None  # by worker_id; None: stale
         self._seq = 0  # counts routes, so "routed after the last load report" is exact under any clock
 
     def __len__(self) -> int:
@@ -84,6 +85,7 @@ class Registry:
             rec.inflight, rec.num_inflight_tokens = old.inflight, old.num_inflight_tokens
         self._workers[info.worker_id] = rec
         self._models.add(info.model)
+        self._groups = None
         return old is None
 
     def heartbeat(self, worker_id: str, load: WorkerLoad) -> bool:
@@ -145,9 +147,19 @@ class Registry:
     def views(self, model: str | None = None, role: WorkerRole | None = None) -> list[WorkerView]:
         """Live workers, sorted by worker_id, optionally of one model and role."""
         now = self._clock()
+        if model is not None and role is not None:  # NOTE: the per-Route case: only that group, pre-sorted
+            return [self._view(rec, now) for rec in self._group(model, role) if rec.expires_at > now]
         return [self._view(rec, now) for _, rec in sorted(self._workers.items())
                 if rec.expires_at > now and (model is None or rec.info.model == model)
                 and (role is None or rec.info.role == role)]
+
+    def _group(self, model: str, role: WorkerRole) -> list[_Worker]:
+        if self._groups is None:
+            groups: dict[tuple[str, WorkerRole], list[_Worker]] = {}
+            for _, rec in sorted(self._workers.items()):
+                groups.setdefault((rec.info.model, rec.info.role), []).append(rec)
+            self._groups = groups
+        return self._groups.get((model, role), [])
 
     def has_model(self, model: str) -> bool:
         """True when some worker has ever served `model`, live or not."""
@@ -169,6 +181,7 @@ class Registry:
         rec = self._workers.pop(worker_id, None)
         if rec is None:
             return False
+        self._groups = None
         for req_id in rec.inflight:
             self._forget_worker(req_id, worker_id)
         return True
