@@ -71,7 +71,7 @@ class SimEngine:
             num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
             num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
             max_model_len=self.max_model_len, prefix_queries=sched.prefix_queries, prefix_hits=sched.prefix_hits,
-            num_preemptions=sched.num_preemptions, num_prompt_tokens_computed=0,
+            num_preemptions=sched.num_preemptions, num_prompt_tokens_computed=self.worker.num_prompt_tokens_computed,
             num_generated_tokens=self.worker.num_generated_tokens)
 
     async def export_kv(self, req_id: str) -> KvExport:

@@ -52,6 +52,7 @@ class SimWorker:
         self.busy_s = 0.0  # virtual time spent in steps
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self.num_prompt_tokens_computed = 0
 
     # -- requests ----------------------------------------------------------------------------
     def make_seq(self, req_id: str, token_ids: list[int], max_tokens: int) -> Sequence:
@@ -108,6 +109,7 @@ class SimWorker:
         self.busy_s += plan.duration_s
         self.num_steps += 1
         self.num_generated_tokens += len(emitted)
+        self.num_prompt_tokens_computed += plan.num_prefill_tokens
         return StepResult(emitted, finished, self.drain_events())
 
     def drain_events(self) -> list[KvEvent]:

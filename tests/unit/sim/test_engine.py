@@ -31,6 +31,8 @@ async def test_generates_and_holds_kv():
             await engine.export_kv("a")
         assert (await engine.kv_events_since(0))[0].block_hashes
         assert engine.stats().num_held == 0 and engine.stats().num_running == 0
+        # a prefilled all 8 prompt tokens; b only the 4 after its cached block (both prompts, then decodes)
+        assert (engine.stats().num_prompt_tokens_computed, engine.stats().num_generated_tokens) == (12, 6)
     finally:
         await engine.shutdown()
 
