@@ -14,10 +14,12 @@ OVERLAP_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95,
 
 
 class RegistryCollector(Collector):
-    """Workers with a live lease, and what each last reported, as gauges."""
+    """Workers with a live lease, and what each last reported, as gauges; with a prefix index, its size."""
 
-    def __init__(self, views: Callable[[], Iterable[WorkerView]]):
+    def __init__(self, views: Callable[[], Iterable[WorkerView]],
+                 index_blocks: Callable[[], dict[str, int]] | None = None):
         self._views = views
+        self._index_blocks = index_blocks
 
     def collect(self):
         views = list(self._views())
@@ -41,13 +43,21 @@ class RegistryCollector(Collector):
             kv.add_metric(key, v.load.num_blocks_used / v.load.num_blocks_total if v.load.num_blocks_total else 0.0)
             inflight.add_metric(key, v.num_inflight)
         yield from (running, waiting, kv, inflight)
+        if self._index_blocks is not None:
+            indexed = GaugeMetricFamily("tandem_router_kv_index_blocks",
+                                        "KV blocks the prefix index holds per worker, from its KV events",
+                                        labels=["worker_id"])
+            for worker_id, count in self._index_blocks().items():
+                indexed.add_metric([worker_id], count)
+            yield indexed
 
 
 class RouterMetrics:
-    def __init__(self, views: Callable[[], Iterable[WorkerView]], registry: CollectorRegistry | None = None):
+    def __init__(self, views: Callable[[], Iterable[WorkerView]], registry: CollectorRegistry | None = None,
+                 index_blocks: Callable[[], dict[str, int]] | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        r.register(RegistryCollector(views))
+        r.register(RegistryCollector(views, index_blocks))
         self.decisions = Counter("tandem_router_decisions", "Route calls by policy and outcome",
                                  ["policy", "outcome"], registry=r)
         self.route_seconds = Histogram("tandem_router_route_seconds", "Time to take one routing decision",

@@ -54,6 +54,10 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._holders)
 
+    def blocks_per_worker(self) -> dict[str, int]:
+        """How many indexed block hashes each worker holds (what its KV events told the router)."""
+        return {worker_id: len(hashes) for worker_id, hashes in sorted(self._blocks.items()) if hashes}
+
     def last_seq(self, worker_id: str) -> int:
         """The seq to resume the worker's stream after (0: nothing applied yet)."""
         return self._seq.get(worker_id, 0)

@@ -1,13 +1,17 @@
-"""KV-aware routing on a live stack: the router's kv policy follows two decode workers' KV events, sends
-requests that share a prefix to the worker caching it, and forgets a worker that died."""
+"""KV-aware routing on a live stack: the router's kv policy follows two decode workers' KV events (native and
+simulated engines), sends requests that share a prefix to the worker caching it, and forgets a worker that died:
+its blocks leave the prefix index."""
+import re
+
 import grpc
 import httpx
+import pytest
 
 from services.common.protos import router_pb2, router_pb2_grpc
 from tests.integration.conftest import all_worker_stats, running_stack, workers
 from tests.integration.helpers import wait_for
 
-SHARED = list(range(1, 65))  # 4 full blocks of 16
+SHARED = list(range(1, 65))  # 4 full blocks of 16 (native), 1 of 64 (the sim's H100 profile)
 # NOTE: predictions last 1 ms, so only the workers' KV events can explain requests sticking together
 ROUTER_ARGS = ("--policy", "kv", "--kv-predict-ttl-s", "0.001", "--lease-ttl-s", "3",
                "--heartbeat-interval-s", "0.5", "--sweep-interval-s", "0.2")
@@ -21,8 +25,16 @@ def route(stack, model: str, token_ids: list[int]) -> router_pb2.RouteResponse:
     return reply
 
 
-def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_stack_model, tmp_path):
-    with running_stack(tiny_stack_model, tmp_path, num_prefill=0, num_decode=2,
+def indexed_blocks(stack) -> dict[str, int]:
+    """tandem_router_kv_index_blocks per worker, from the router's /metrics."""
+    text = httpx.get(stack.metrics_urls["router"], timeout=5).text
+    return {w: int(float(n)) for w, n in re.findall(r'^tandem_router_kv_index_blocks\{worker_id="([^"]+)"\} (\S+)$',
+                                                     text, re.M)}
+
+
+@pytest.mark.parametrize("engine", ["native", "sim"])
+def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_stack_model, tmp_path, engine):
+    with running_stack(tiny_stack_model, tmp_path, num_prefill=0, num_decode=2, engine=engine,
                        router_args=ROUTER_ARGS) as stack, httpx.Client(timeout=60) as http:
         for i in range(4):
             prompt = SHARED + [100 + i] * 8
@@ -35,6 +47,7 @@ def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_
         (chosen,) = busy
         assert stats[chosen].num_generated_tokens == 16
         assert stats[chosen].prefix_hits > 0
+        held = wait_for(lambda: indexed_blocks(stack), lambda got: got.get(chosen, 0) > 0, 10, "KV events indexed")
         model = workers(stack)[0].worker.model
         probe = route(stack, model, SHARED + [7] * 8)  # the prefix index, fed only by KV events, knows
         assert (probe.decode.worker_id, probe.num_cached_tokens) == (chosen, len(SHARED))
@@ -46,5 +59,6 @@ def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_
                  f"{chosen} expiring")
         probe = route(stack, model, SHARED + [7] * 8)
         assert (probe.decode.worker_id != chosen, probe.num_cached_tokens) == (True, 0)
-        router_log = stack.cfg.log_dir / "router.log"  # the sweep that forgets it in the index and policy
-        wait_for(router_log.read_text, lambda text: f"lease expired: worker {chosen}" in text, 10, "the sweep")
+        # the sweep forgets it in the index too: its blocks are gone, the other worker's stay
+        after = wait_for(lambda: indexed_blocks(stack), lambda got: chosen not in got, 10, "the index forgetting it")
+        assert {w: n for w, n in held.items() if w != chosen} == after

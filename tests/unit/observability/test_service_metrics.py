@@ -122,3 +122,20 @@ def test_the_metrics_endpoint_serves_its_registry_and_can_be_off():
     finally:
         endpoint.close()
     assert MetricsEndpoint(registry, "127.0.0.1", -1).port == -1
+
+
+def test_router_metrics_show_the_prefix_index_per_worker_when_there_is_one():
+    from engines.base.block_hash import NONE_HASH
+    from engines.base.events import KvEvent, KvEventKind
+    from services.router.prefix_index import PrefixIndex
+
+    index = PrefixIndex(100)
+    index.apply("decode-0", [KvEvent(1, KvEventKind.STORED, NONE_HASH, (11, 12, 13))])
+    index.apply("decode-1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, (11,))])
+    got = samples(RouterMetrics(lambda: [], index_blocks=index.blocks_per_worker).registry)
+    assert got[("tandem_router_kv_index_blocks", (("worker_id", "decode-0"),))] == 3
+    assert got[("tandem_router_kv_index_blocks", (("worker_id", "decode-1"),))] == 1
+    index.remove_worker("decode-0")
+    got = samples(RouterMetrics(lambda: [], index_blocks=index.blocks_per_worker).registry)
+    assert ("tandem_router_kv_index_blocks", (("worker_id", "decode-0"),)) not in got
+    assert not any(name == "tandem_router_kv_index_blocks" for name, _ in samples(RouterMetrics(lambda: []).registry))
