@@ -143,11 +143,15 @@ class Stack:
         self._spawn_command(name, [sys.executable, "-m", "tandem.cli", "serve", *args])
 
     def _spawn_command(self, name: str, command: list[str]) -> None:
+        """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
+        dies with the launcher. NOTE: no preexec_fn: forking a process whose gRPC threads are busy (tests, the
+        readiness probe) can abort the child before exec; the child arms its own death signal instead."""
         log_path = self.cfg.log_dir / f"{name}.log"
         log_file = open(log_path, "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env}
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_die_with_parent)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, PARENT_PID_ENV: str(os.getpid())}
+        if command[0] != sys.executable:  # not Python: arm the signal in a tiny Python shim that execs it
+            command = [sys.executable, "-c", _EXEC_SHIM, *command]
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log_file.close()
         self.children.append(Child(name, proc, log_path))
 
@@ -187,11 +191,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Children get SIGTERM if the launcher dies, even by SIGKILL: nothing is left behind."""
-    os.setsid()  # own process group: a terminal's Ctrl-C reaches the launcher, which stops them in order
+PARENT_PID_ENV = "TANDEM_PARENT_PID"
+_EXEC_SHIM = "import os, sys; from tandem.launcher import die_with_parent; die_with_parent(); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def die_with_parent() -> None:
+    """In a child of `tandem up`: get SIGTERM when the launcher dies, even by SIGKILL, so nothing is left behind;
+    exit at once if it is already gone. A no-op outside `tandem up`."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")
+    if not parent:
+        return
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # NOTE: it died before the signal was armed
+        sys.exit(1)
 
 
 def run_stack(cfg: StackConfig) -> int:

@@ -36,6 +36,9 @@ def add_stack_commands(commands) -> None:
 
 
 def _serve(args) -> int:
+    from tandem.launcher import die_with_parent
+
+    die_with_parent()  # under `tandem up`: never outlive it
     module = importlib.import_module(SERVICES[args.service])
     module.main(args.args)
     return 0

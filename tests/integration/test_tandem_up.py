@@ -75,3 +75,53 @@ def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_up_with_prometheus_scrapes_every_service_and_nothing_outlives_a_killed_launcher(tiny_stack_model, tmp_path):
+    """`make up`'s `tandem up --prometheus`: Prometheus comes up on the file_sd file and finds all four services;
+    SIGKILL on the launcher (no chance to clean up) still takes every child, Prometheus included, down."""
+    import shutil
+
+    if shutil.which("prometheus") is None:
+        if os.environ.get("TANDEM_REQUIRE_PROMETHEUS"):
+            pytest.fail("TANDEM_REQUIRE_PROMETHEUS is set (.ci/run) but no prometheus binary is installed")
+        pytest.skip("the prometheus binary is not installed")
+    port, prom_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_stack_model), "--port", str(port),
+           "--num-threads", "1", "--log-dir", str(tmp_path / "logs"), "--prometheus", str(prom_port)]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = launcher.stdout.readline()
+            assert line, f"tandem up exited early:\n{''.join(banner)}"
+            banner.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        assert f"prometheus: http://127.0.0.1:{prom_port}" in "".join(banner)
+        pids = children_of(launcher.pid)
+        assert len(pids) >= 5, f"router, prefill, decode, gateway and prometheus expected, found {pids}"
+
+        def jobs_up() -> set[str]:
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "up == 1"},
+                                  timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                return set()
+            return {r["metric"].get("job", "") for r in reply.get("data", {}).get("result", [])}
+
+        deadline = time.monotonic() + 30
+        while jobs_up() != {"router", "prefill", "decode", "gateway"} and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jobs_up() == {"router", "prefill", "decode", "gateway"}
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if alive(p)], "processes outlived the killed launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
