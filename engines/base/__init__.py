@@ -2,6 +2,7 @@
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, hash_block
 from engines.base.engine import Engine
 from engines.base.errors import (
+    EngineBusyError,
     EngineError,
     InvalidRequestError,
     KvLayoutMismatchError,
@@ -21,7 +22,7 @@ from engines.base.types import (
 )
 
 __all__ = [
-    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineError", "InvalidRequestError",
+    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineError", "InvalidRequestError",
     "KvLayoutMismatchError", "ModelNotFoundError", "RequestNotFoundError", "UnsupportedArchitectureError",
     "EngineRequest", "EngineStats", "FinishReason", "KvExport", "KvLayout", "RequestOutput",
     "SamplingParams", "TokenLogprob",

@@ -26,3 +26,7 @@ class UnsupportedArchitectureError(EngineError):
 
 class KvLayoutMismatchError(EngineError, ValueError):
     """Imported KV blocks do not match this engine's layout (layers, heads, dtype, block size)."""
+
+
+class EngineBusyError(EngineError):
+    """The operation needs an idle engine (e.g. resetting the prefix cache while requests hold blocks)."""

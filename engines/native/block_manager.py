@@ -23,6 +23,7 @@ class BlockEvents:
 
     stored: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)  # (parent, hash, tokens)
     removed: list[int] = field(default_factory=list)
+    cleared: bool = False  # the whole cache was reset before `stored` and `removed` happened
 
 
 class BlockManager:
@@ -115,6 +116,18 @@ class BlockManager:
                 self.events.removed.append(block.block_hash)
             block.block_hash, block.token_ids = None, ()
         seq.num_registered_blocks = min(seq.num_registered_blocks, num_tokens // self.block_size)
+
+    def reset_prefix_cache(self) -> int | None:
+        """Forget every cached prefix; None (nothing changed) while any block is in use. Returns how many
+        cached blocks were dropped; the next drain starts with `cleared`."""
+        if any(block.ref_count for block in self.blocks):
+            return None
+        dropped = len(self.cached)
+        for block in self.blocks:
+            block.block_hash, block.token_ids, block.parent_hash = None, (), NONE_HASH
+        self.cached.clear()
+        self.events = BlockEvents(cleared=True)  # NOTE: what was pending is moot: everything is gone
+        return dropped
 
     def drain_events(self) -> BlockEvents:
         events, self.events = self.events, BlockEvents()

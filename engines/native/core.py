@@ -4,7 +4,7 @@ import time
 
 from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.requests import validate_request
-from engines.base.errors import InvalidRequestError, RequestNotFoundError
+from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.native.block_manager import BlockManager
 from engines.native.config import EngineConfig, ModelConfig
@@ -106,8 +106,16 @@ class EngineCore:
     def drain_kv_events(self) -> list[KvEvent]:
         """Record what the block manager changed since the last drain (steps, imports, evictions)."""
         drained = self.block_manager.drain_events()
-        return self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
-                                     KvTier.DEVICE)
+        cleared = [self.kv_events.cleared()] if drained.cleared else []
+        return cleared + self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
+                                               KvTier.DEVICE)
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix (published as a CLEARED event); refused while requests hold blocks."""
+        dropped = self.block_manager.reset_prefix_cache()
+        if dropped is None:
+            raise EngineBusyError("the prefix cache cannot be reset while requests hold KV blocks")
+        return dropped
 
     # -- the step ----------------------------------------------------------------------------
     @property

@@ -81,6 +81,10 @@ class NativeEngine:
     async def release_kv(self, req_id: str) -> None:
         await self._call(lambda: self.core.release_kv(req_id))
 
+    async def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix; the CLEARED event follows. Raises EngineBusyError while requests hold blocks."""
+        return await self._call(self.core.reset_prefix_cache)
+
     async def prompt_logits(self, token_ids: list[int]):
         """Next-token logits at every prompt position (evaluation only; see EngineCore)."""
         return await self._call(lambda: self.core.prompt_logits(token_ids))

@@ -5,7 +5,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from engines.base.requests import queue_stream, validate_request
-from engines.base.errors import EngineError, RequestNotFoundError
+from engines.base.errors import EngineBusyError, EngineError, RequestNotFoundError
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.native.sequence import Sequence
@@ -99,6 +99,16 @@ class SimEngine:
         changed = self._kv_changed
         if self.worker.event_log.last_seq <= after_seq:
             await changed.wait()
+
+    async def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix and publish CLEARED; refused while requests hold blocks."""
+        dropped = self.worker.block_manager.reset_prefix_cache()
+        if dropped is None:
+            raise EngineBusyError("the prefix cache cannot be reset while requests hold KV blocks")
+        if self.worker.drain_events():
+            self._kv_changed.set()
+            self._kv_changed = asyncio.Event()
+        return dropped
 
     # -- internals ---------------------------------------------------------------------------
     def _validate(self, request: EngineRequest) -> None:

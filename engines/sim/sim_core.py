@@ -114,6 +114,7 @@ class SimWorker:
 
     def drain_events(self) -> list[KvEvent]:
         drained = self.block_manager.drain_events()
+        cleared = [self.event_log.cleared()] if drained.cleared else []
         if not drained.stored and not drained.removed:
-            return []
-        return self.event_log.record(((p, h) for p, h, _ in drained.stored), drained.removed)
+            return cleared
+        return cleared + self.event_log.record(((p, h) for p, h, _ in drained.stored), drained.removed)

@@ -1,7 +1,7 @@
 """The one place engine and service errors become gRPC status codes."""
 import grpc
 
-from engines.base.errors import (EngineError, InvalidRequestError, KvLayoutMismatchError,
+from engines.base.errors import (EngineBusyError, EngineError, InvalidRequestError, KvLayoutMismatchError,
                                  ModelNotFoundError, RequestNotFoundError, UnsupportedArchitectureError)
 
 
@@ -20,6 +20,7 @@ class NoWorkerError(ServiceError):
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (KvLayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (EngineBusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestNotFoundError, grpc.StatusCode.NOT_FOUND),
     (ModelNotFoundError, grpc.StatusCode.NOT_FOUND),

@@ -12,6 +12,7 @@ from engines.base import Engine
 from engines.base.engine import KvEventSource
 from services.common.convert import layout_to_pb, load_to_pb
 from services.common.engine_factory import make_engine
+from services.common.errors import abort_with
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.kv_events import kv_event_batches
 from services.common.logs import request_id
@@ -40,6 +41,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
         return worker_pb2.AbortResponse()
+
+    async def ResetPrefixCache(self, request, context):
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine has no prefix cache to reset")
+        try:
+            dropped = await reset()
+        except Exception as exc:
+            await abort_with(context, exc)
+        log.info("prefix cache reset: %d cached blocks dropped", dropped)
+        return worker_pb2.ResetPrefixCacheResponse(num_blocks_dropped=dropped)
 
     async def GetStats(self, request, context):
         s = self.engine.stats()

@@ -7,7 +7,7 @@ import grpc
 import httpx
 import pytest
 
-from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.conftest import all_worker_stats, running_stack, workers
 from tests.integration.helpers import wait_for
 
@@ -48,6 +48,18 @@ def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_
         assert stats[chosen].num_generated_tokens == 16
         assert stats[chosen].prefix_hits > 0
         held = wait_for(lambda: indexed_blocks(stack), lambda got: got.get(chosen, 0) > 0, 10, "KV events indexed")
+
+        # an operator's reset travels as a CLEARED event: the index forgets the worker's blocks, then relearns
+        address = next(w.worker.address for w in workers(stack) if w.worker.worker_id == chosen)
+        with grpc.insecure_channel(address) as channel:
+            reply = worker_pb2_grpc.WorkerStub(channel).ResetPrefixCache(worker_pb2.ResetPrefixCacheRequest(),
+                                                                          timeout=10)
+        assert reply.num_blocks_dropped >= held[chosen]
+        wait_for(lambda: indexed_blocks(stack), lambda got: chosen not in got, 10, "CLEARED reaching the index")
+        response = http.post(stack.url + "/v1/completions", json={
+            "model": tiny_stack_model.name, "prompt": SHARED + [99] * 8, "max_tokens": 4, "temperature": 0})
+        assert response.status_code == 200, response.text
+        held = wait_for(lambda: indexed_blocks(stack), lambda got: got.get(chosen, 0) > 0, 10, "blocks relearned")
         model = workers(stack)[0].worker.model
         probe = route(stack, model, SHARED + [7] * 8)  # the prefix index, fed only by KV events, knows
         assert (probe.decode.worker_id, probe.num_cached_tokens) == (chosen, len(SHARED))

@@ -65,3 +65,32 @@ def test_zero_engine_has_an_empty_log(tmp_path, after_seq):
     assert isinstance(engine, KvEventSource)
     assert asyncio.run(engine.kv_events_since(after_seq)) == ([] if after_seq == 0 else None)
     assert asyncio.run(engine.kv_snapshot()).events == ()
+
+
+def test_resetting_the_prefix_cache_publishes_cleared_and_forgets_every_prefix(tiny_llama):
+    from engines.base import EngineBusyError
+
+    async def go():
+        engine = await started(tiny_llama, num_blocks=64)
+        try:
+            await collect(engine, EngineRequest("a", PROMPT, greedy(1)))
+            await asyncio.wait_for(engine.wait_kv_events(0), 5)
+            # busy: a held request keeps its blocks, so the reset is refused and nothing is published
+            await collect(engine, EngineRequest("held", PROMPT, greedy(1), hold_kv=True))
+            with pytest.raises(EngineBusyError):
+                await engine.reset_prefix_cache()
+            await engine.release_kv("held")
+            assert await engine.reset_prefix_cache() == 2  # the prompt's two full blocks
+            await asyncio.wait_for(engine.wait_kv_events(1), 5)
+            events = await engine.kv_events_since(1)
+            again = await collect(engine, EngineRequest("b", PROMPT, greedy(1)))
+            await asyncio.wait_for(engine.wait_kv_events(events[-1].seq), 5)
+            return events, again, await engine.kv_snapshot()
+        finally:
+            await engine.shutdown()
+
+    events, again, snapshot = asyncio.run(go())
+    assert [e.kind for e in events] == [KvEventKind.CLEARED]
+    assert again[1].num_cached_tokens == 0  # nothing cached any more: computed afresh, and stored again
+    h0, h1 = chain_block_hashes(PROMPT, 16)
+    assert snapshot.events == (KvEvent(snapshot.seq, KvEventKind.STORED, 0, (h0, h1), KvTier.DEVICE),)

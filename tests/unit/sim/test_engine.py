@@ -43,3 +43,23 @@ def test_worker_settings_build_a_sim_engine():
 
     engine = make_engine(WorkerSettings(role="decode", engine="sim", model="unused"))
     assert isinstance(engine, SimEngine) and engine.kv_layout.block_size == 64
+
+
+async def test_resetting_the_sim_prefix_cache_publishes_cleared():
+    from engines.base import EngineBusyError
+    from engines.base.events import KvEventKind
+
+    engine = SimEngine(PROFILE, time_factor=0.0)
+    await engine.start()
+    try:
+        await collect(engine, EngineRequest("a", tuple(range(8)), SamplingParams(max_tokens=2), hold_kv=True))
+        with pytest.raises(EngineBusyError):
+            await engine.reset_prefix_cache()
+        await engine.release_kv("a")
+        last = engine.worker.event_log.last_seq
+        assert await engine.reset_prefix_cache() == 2  # 8 prompt + 1 computed output token: 2 blocks of 4
+        assert [e.kind for e in await engine.kv_events_since(last)] == [KvEventKind.CLEARED]
+        again = await collect(engine, EngineRequest("b", tuple(range(8)), SamplingParams(max_tokens=2)))
+        assert again[0].num_cached_tokens == 0
+    finally:
+        await engine.shutdown()
