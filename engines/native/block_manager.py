@@ -82,6 +82,12 @@ class BlockManager:
 
         All or nothing: returns False and changes nothing when the blocks are not there.
         """
+        bs = self.block_size
+        if not computed:  # NOTE: the per-decode-step case: room in the last block and no block newly full
+            num_after = seq.num_computed_tokens + num_new_tokens
+            if num_after <= len(seq.block_table) * bs and (
+                    not self.enable_prefix_caching or min(num_after, len(seq.token_ids)) // bs <= seq.num_registered_blocks):
+                return True
         num_after = seq.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_needed = self.num_blocks_for(num_after) - len(seq.block_table) - len(computed)
         num_revived = sum(1 for b in computed if self.blocks[b].ref_count == 0)
