@@ -8,7 +8,7 @@ import sys
 
 from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
-from tandem.bench.engine_bench import add_bench_commands
+from tandem.bench.commands import add_bench_commands
 from tandem.sim.cli import add_sim_command
 from tandem.models.errors import ModelError
 

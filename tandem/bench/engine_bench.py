@@ -6,7 +6,6 @@ import concurrent.futures
 import multiprocessing
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +14,9 @@ import torch
 
 from engines.native.config import ModelConfig
 from tandem.bench import hf_baseline, native_runner
-from tandem.bench.report import NATIVE, TRANSFORMERS, WorkloadResult, build_report, format_report, json_safe
+from tandem.bench.jsonsafe import json_safe
+from tandem.bench.report import NATIVE, TRANSFORMERS, WorkloadResult, build_report, format_report
 from tandem.bench.roofline import GemmRate, GemmShape, fastest, linear_shapes, measure_gemm_rate
-from tandem.bench.serve_bench import add_serving_commands
 from tandem.bench.stats import RunSummary, summarize
 from tandem.bench.workload import Workload, prompts_for
 
@@ -127,38 +126,7 @@ def _header(cfg: BenchConfig, mode: str) -> dict:
             "transformers_version": transformers.__version__}
 
 
-# -- CLI ---------------------------------------------------------------------------------------
-def add_bench_commands(subparsers) -> argparse.ArgumentParser:
-    """Register `bench` (`engine`, `serve`, `overhead`) on a CLI's subparsers; `args.func(args)` runs it."""
-    bench = subparsers.add_parser("bench", help="benchmarks")
-    sub = bench.add_subparsers(dest="bench_command", required=True)
-    engine = sub.add_parser("engine", help="native engine vs transformers: throughput, TTFT, ITL, roofline")
-    add_engine_arguments(engine)
-    engine.set_defaults(func=cmd_bench_engine)
-    add_serving_commands(sub)  # serve, overhead
-    from tandem.bench.router_bench import add_router_command
-
-    add_router_command(sub)  # router
-    return bench
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: SmolLM2)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--threads", type=int, default=_all_cores(),
-                        help="torch threads for both engines (default: all cores)")
-    parser.add_argument("--num-requests", type=int, default=32, help="concurrent requests")
-    parser.add_argument("--isl", type=int, default=128, help="prompt tokens per request")
-    parser.add_argument("--osl", type=int, default=128, help="output tokens per request")
-    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of native,transformers")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-
-
-def _all_cores() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux: the cores this process may use
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
-
-
+# -- CLI (the argument parser is in tandem/bench/commands.py, which the `tandem` command loads) ------------
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if not engines or set(engines) - set(ENGINES):
@@ -185,6 +153,8 @@ def _resolve_model(model: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tandem.bench.commands import add_engine_arguments
+
     parser = argparse.ArgumentParser(prog="python -m tandem.bench.engine_bench")
     add_engine_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -86,14 +86,3 @@ def _fmt(value: float | None) -> str:
 
 def _safe_div(a: float, b: float) -> float | None:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else None
-
-
-def json_safe(value):
-    """NaN and infinities become null: the document must stay valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value

@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from tandem.bench.report import json_safe
+from tandem.bench.jsonsafe import json_safe
 from tandem.bench.serve_stats import Distribution, ServeSummary, Slo
 
 _LATENCIES = (("TTFT", "ttft_s"), ("ITL (chunk gaps)", "itl_s"), ("mean ITL per request", "mean_itl_s"),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.bench.report import json_safe
+from tandem.bench.jsonsafe import json_safe
 
 _ROWS = (  # (label, key, scale)
     ("TTFT mean (s)", "ttft_mean_s", 1.0), ("TTFT p50 (s)", "ttft_p50_s", 1.0),

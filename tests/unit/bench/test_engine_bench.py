@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tandem.bench import engine_bench, native_runner
+from tandem.bench import commands, engine_bench, native_runner
 from tests.unit.bench.conftest import FakeEngine
 
 ENGINE_KEYS = {"output_tokens_per_s", "ttft_s_p50", "itl_s_p50", "roofline_fraction"}
@@ -12,13 +12,13 @@ ENGINE_KEYS = {"output_tokens_per_s", "ttft_s_p50", "itl_s_p50", "roofline_fract
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tandem")
-    engine_bench.add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    commands.add_bench_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 
 def test_cli_defaults():
     args = parse(["bench", "engine", "--model", "/m"])
-    assert args.func is engine_bench.cmd_bench_engine
+    assert args.func is commands.run_bench_engine
     assert (args.num_requests, args.isl, args.osl, args.dtype) == (32, 128, 128, "float32")
     assert args.threads >= 1 and args.json is None
 
