@@ -64,6 +64,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.released: list[str] = []
         self.cancelled: list[str] = []
         self.sent: dict[str, int] = {}  # req_id -> messages sent
+        self.token_delay_s = 0.0  # Generate: pause before each message, like a real decode step
 
     async def Generate(self, request, context):
         self.generate_requests.append(request)
@@ -71,6 +72,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         stream = self.tokens[done:done + request.params.max_tokens]
         try:
             for i, token_id in enumerate(stream):
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
                 await self._maybe_stall_or_fail(i, context)
                 if i == self.engine_error_after:
                     yield worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_ERROR,
