@@ -55,4 +55,5 @@ def merge(outputs: list[RequestOutput]) -> RequestOutput:
         num_prompt_tokens=last.num_prompt_tokens,
         num_cached_tokens=last.num_cached_tokens,
         error=last.error,
+        queue_s=next((o.queue_s for o in outputs if o.queue_s is not None), None),
     )
