@@ -93,9 +93,16 @@ def traced_request(stack, tiny_stack_model, otlp):
                           json={"model": tiny_stack_model.name, "temperature": 0, "max_tokens": 8,
                                 "messages": [{"role": "user", "content": PROMPT}]})
     assert response.status_code == 200, response.text
-    expected = {"tokenize", "route", "prefill.compute", "kv.transfer", "decode.stream", "detokenize"}
-    spans = poll(lambda: otlp.trace(trace_id), lambda got: expected <= {s.name for s in got}, 20)
-    time.sleep(1.0)  # the last batches (server spans end after the stream) may still be on their way
+    # every span the tests below look at; server spans end after their streams, so they may come last
+    expected = {("gateway", "POST /v1/chat/completions"), ("gateway", "tokenize"), ("gateway", "route"),
+                ("gateway", "detokenize"), ("router", "/tandem.v1.Router/Route"),
+                ("prefill", "/tandem.v1.Worker/Prefill"), ("prefill", "prefill.queue"), ("prefill", "prefill.compute"),
+                ("prefill", "/tandem.v1.Worker/PullKv"), ("decode", "/tandem.v1.Worker/Generate"),
+                ("decode", "kv.transfer"), ("decode", "/tandem.v1.Worker/PullKv"), ("decode", "decode.queue"),
+                ("decode", "decode.first_token"), ("decode", "decode.stream")}
+    expected = {(f"tandem-{service}", name) for service, name in expected}
+    poll(lambda: otlp.trace(trace_id), lambda got: expected <= {(s.service, s.name) for s in got}, 30)
+    time.sleep(0.5)  # anything else in flight (both sides of PullKv, the Complete call)
     return trace_id, client_span, otlp.trace(trace_id), response.json()
 
 
