@@ -20,12 +20,9 @@ class TorchPagedAttention:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, num_kv_heads, head_dim]
-        v_flat = v_cache.view(-1, *v_cache.shape[2:])
         # NOTE: every token's k/v is written before any read, so a span may read blocks that
         # another sequence fills in this same step (a prefix-cache hit on a block in flight).
-        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        k, v = self._write(k, v, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         num_decodes = meta.num_decode_tokens
         if num_decodes:
@@ -34,8 +31,20 @@ class TorchPagedAttention:
             self._fresh(q, k, v, meta.fresh, scale, out)
         for span in meta.prefills:
             sl = slice(span.q_start, span.q_start + span.q_len)
-            out[sl] = self._prefill(q[sl], k[sl], v[sl], k_cache, v_cache, span, scale)
+            out[sl] = self._prefill(q[sl], k_cache, v_cache, span, scale)
         return out
+
+    # -- the cache's storage: what an FP8 cache (torch_fp8.py) does differently ------------------
+    def _write(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's k/v at their slots; returns the k/v that fresh spans attend to."""
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            flat = cache.view(-1, *cache.shape[2:])  # [num_slots, num_kv_heads, head_dim]
+            flat.index_copy_(0, meta.slot_mapping, x.to(flat.dtype))
+        return k, v
+
+    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype, is_value: bool) -> torch.Tensor:
+        """Whole blocks [len(block_ids), block_size, num_kv_heads, head_dim], as `dtype`."""
+        return cache.index_select(0, block_ids).to(dtype)
 
     def _fresh(self, q, k, v, fresh, scale: float, out: torch.Tensor) -> None:
         """All spans with nothing cached in one causal SDPA call over a padded batch."""
@@ -54,26 +63,27 @@ class TorchPagedAttention:
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_decodes, kv_shape = q.shape[0], k_cache.shape[2:]
         # [num_decodes, num_kv_heads, max_blocks * block_size, head_dim]
-        keys = k_cache.index_select(0, meta.decode_block_tables).view(num_decodes, -1, *kv_shape).transpose(1, 2)
-        values = v_cache.index_select(0, meta.decode_block_tables).view(num_decodes, -1, *kv_shape).transpose(1, 2)
+        tables = meta.decode_block_tables
+        keys = self._gather(k_cache, tables, q.dtype, False).view(num_decodes, -1, *kv_shape).transpose(1, 2)
+        values = self._gather(v_cache, tables, q.dtype, True).view(num_decodes, -1, *kv_shape).transpose(1, 2)
         num_kv_heads = kv_shape[0]
         # NOTE: a decode has one query per head, so a GQA group's queries become the "sequence"
         # of their shared kv head: [num_decodes, num_kv_heads, group, head_dim]. No K/V repeat.
         out = F.scaled_dot_product_attention(
-            q.view(num_decodes, num_kv_heads, -1, q.shape[-1]), keys.to(q.dtype), values.to(q.dtype),
+            q.view(num_decodes, num_kv_heads, -1, q.shape[-1]), keys, values,
             attn_mask=meta.decode_mask, scale=scale,
         )
         return out.reshape(q.shape)
 
-    def _prefill(self, q, k, v, k_cache, v_cache, span, scale: float) -> torch.Tensor:
+    def _prefill(self, q, k_cache, v_cache, span, scale: float) -> torch.Tensor:
         """One span that continues a cached prefix: its keys come from the cache."""
         kv_shape = k_cache.shape[2:]
-        keys = k_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
-        values = v_cache.index_select(0, span.block_table).view(-1, *kv_shape)[: span.ctx_len]
+        keys = self._gather(k_cache, span.block_table, q.dtype, False).view(-1, *kv_shape)[: span.ctx_len]
+        values = self._gather(v_cache, span.block_table, q.dtype, True).view(-1, *kv_shape)[: span.ctx_len]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, num_heads, q_len, head_dim]
-            keys.transpose(0, 1).unsqueeze(0).to(q.dtype),
-            values.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
             attn_mask=span.mask, scale=scale, enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)
