@@ -1,6 +1,7 @@
 """The Worker service's shared half: stats, abort, role checks, and the serve loop (engine,
 gRPC server, router registration, drain on SIGTERM). Prefill and decode add their calls."""
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -101,39 +102,34 @@ def observed(rpc: str):
     info line when it ends. Works for unary methods and for response-streaming (async generator) ones."""
 
     def decorate(method):
-        def finish(self, request, context, start: float, exc: BaseException | None) -> None:
-            code = _status_name(context, exc)
-            self.metrics.rpc_done(rpc, code)
-            log.info("%s %s", rpc, code, extra={"rpc": rpc, "code": code,
-                                                "duration_s": round(time.monotonic() - start, 6)})
+        @contextlib.contextmanager
+        def observing(self, request, context):
+            token, start, exc = request_id.set(request.req_id), time.monotonic(), None
+            try:
+                yield
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                code = _status_name(context, exc)
+                self.metrics.rpc_done(rpc, code)
+                log.info("%s %s", rpc, code, extra={"rpc": rpc, "code": code,
+                                                    "duration_s": round(time.monotonic() - start, 6)})
+                request_id.reset(token)
 
         if inspect.isasyncgenfunction(method):
             @functools.wraps(method)
             async def stream(self, request, context):
-                token, start, exc = request_id.set(request.req_id), time.monotonic(), None
-                try:
+                with observing(self, request, context):
                     async for reply in method(self, request, context):
                         yield reply
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    finish(self, request, context, start, exc)
-                    request_id.reset(token)
 
             return stream
 
         @functools.wraps(method)
         async def unary(self, request, context):
-            token, start, exc = request_id.set(request.req_id), time.monotonic(), None
-            try:
+            with observing(self, request, context):
                 return await method(self, request, context)
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                finish(self, request, context, start, exc)
-                request_id.reset(token)
 
         return unary
 
