@@ -1,6 +1,8 @@
 """Helpers for tests against a live stack: bounded polling, worker idleness, SSE parsing, and the
 OpenAI error-body check every error test shares. No fixtures here (they live in conftest.py)."""
 import json
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -77,3 +79,39 @@ def assert_error(response: httpx.Response, status: int, *, type: str, code: str 
     assert response.headers["content-type"].startswith("application/json"), response.headers
     assert response.headers.get("retry-after") == retry_after, dict(response.headers)
     return assert_error_body(response.json(), type=type, code=code, param=param)
+
+
+# -- `tandem up` as a process ------------------------------------------------------------------------
+
+def wait_for_banner(launcher: subprocess.Popen, timeout_s: float) -> str:
+    """What `tandem up` printed up to its ready banner's last line; fails if it exits or stays silent."""
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        assert line, "tandem up exited early:\n" + "".join(lines)
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            return "".join(lines)
+    raise AssertionError("no banner within %.0fs:\n%s" % (timeout_s, "".join(lines)))
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live process whose parent chain reaches `pid` (the launcher gives each its own session)."""
+    found, frontier = set(), {pid}
+    while frontier:
+        parent = frontier.pop()
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(parent)], capture_output=True, text=True)
+        kids = {int(p) for p in out.stdout.split()}
+        frontier |= kids - found
+        found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for its parent to reap it
+        return f.read().split()[2] != "Z"

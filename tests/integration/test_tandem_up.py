@@ -12,30 +12,7 @@ import httpx
 import pytest
 
 from tandem.launcher import free_port
-
-
-def children_of(pid: int) -> set[int]:
-    """Every live process whose parent chain reaches `pid` (the launcher gives each its own session)."""
-    found, frontier = set(), {pid}
-    while frontier:
-        parent = frontier.pop()
-        try:
-            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(parent)], capture_output=True, text=True)
-        except FileNotFoundError:
-            pytest.fail("ps is needed to find the launcher's children")
-        kids = {int(p) for p in out.stdout.split()}
-        frontier |= kids - found
-        found |= kids
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for its parent to reap it
-        return f.read().split()[2] != "Z"
+from tests.integration.helpers import alive, children_of, wait_for_banner
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
@@ -45,15 +22,7 @@ def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal
            "--prefill", "1", "--decode", "1", "--num-threads", "1", "--log-dir", str(tmp_path / "logs")]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        banner = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = launcher.stdout.readline()
-            assert line, f"tandem up exited early:\n{''.join(banner)}"
-            banner.append(line)
-            if "Ctrl-C stops everything" in line:
-                break
-        text = "".join(banner)
+        text = wait_for_banner(launcher, timeout_s=120)
         assert f"tandem is up: http://127.0.0.1:{port}" in text
         assert re.search(r"curl http://127\.0\.0\.1:\d+/v1/chat/completions", text)
         endpoints = dict(re.findall(r"^metrics: (\S+) (http://127\.0\.0\.1:\d+/metrics)$", text, re.M))
@@ -91,15 +60,8 @@ def test_up_with_prometheus_scrapes_every_service_and_nothing_outlives_a_killed_
            "--num-threads", "1", "--log-dir", str(tmp_path / "logs"), "--prometheus", str(prom_port)]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        banner = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = launcher.stdout.readline()
-            assert line, f"tandem up exited early:\n{''.join(banner)}"
-            banner.append(line)
-            if "Ctrl-C stops everything" in line:
-                break
-        assert f"prometheus: http://127.0.0.1:{prom_port}" in "".join(banner)
+        banner = wait_for_banner(launcher, timeout_s=120)
+        assert f"prometheus: http://127.0.0.1:{prom_port}" in banner
         pids = children_of(launcher.pid)
         assert len(pids) >= 5, f"router, prefill, decode, gateway and prometheus expected, found {pids}"
 

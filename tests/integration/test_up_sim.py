@@ -3,7 +3,6 @@ request, and on SIGTERM leaves no process behind."""
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -11,7 +10,7 @@ import grpc
 
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
-from tests.integration.test_tandem_up import alive, children_of
+from tests.integration.helpers import alive, children_of, wait_for_banner
 
 NUM_DECODE = 16
 
@@ -44,18 +43,6 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-
-
-def wait_for_banner(launcher: subprocess.Popen, timeout_s: float) -> str:
-    lines = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = launcher.stdout.readline()
-        assert line, "tandem up exited early:\n" + "".join(lines)
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            return "".join(lines)
-    raise AssertionError("no banner within %.0fs:\n%s" % (timeout_s, "".join(lines)))
 
 
 def registered_workers(router_port: int) -> list[str]:
