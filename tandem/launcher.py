@@ -50,8 +50,14 @@ class Stack:
     def __init__(self, cfg: StackConfig):
         self.cfg = cfg
         self.children: list[Child] = []
-        self.router_port = cfg.router_port or free_port()
-        self.metrics_ports: dict[str, int] = {}  # service name -> its /metrics port (the gateway: its API port)
+        workers = [f"prefill-{i}" for i in range(cfg.num_prefill)] + [f"decode-{i}" for i in range(cfg.num_decode)]
+        # NOTE: every port a child listens on is chosen here, all at once and distinct, and no child binds port 0:
+        # a child's "any free port" could otherwise take a port chosen for another one before that one binds it
+        ports = iter(free_ports(2 + 2 * len(workers)))  # router gRPC and metrics; per worker gRPC and metrics
+        self.router_port = cfg.router_port or next(ports)
+        self.worker_ports = {name: next(ports) for name in workers}  # gRPC
+        self.metrics_ports: dict[str, int] = {name: next(ports) for name in ["router", *workers]}
+        self.metrics_ports["gateway"] = cfg.port  # the gateway serves /metrics on its API port
 
     @property
     def url(self) -> str:
@@ -66,12 +72,9 @@ class Stack:
         common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
                   "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]
         for i in range(self.cfg.num_prefill):
-            self._spawn(f"prefill-{i}", ["prefill", *common, "--worker-id", f"prefill-{i}",
-                                         *self._metrics_args(f"prefill-{i}")])
+            self._spawn(f"prefill-{i}", ["prefill", *common, *self._worker_args(f"prefill-{i}")])
         for i in range(self.cfg.num_decode):
-            self._spawn(f"decode-{i}", ["decode", *common, "--worker-id", f"decode-{i}",
-                                        *self._metrics_args(f"decode-{i}")])
-        self.metrics_ports["gateway"] = self.cfg.port
+            self._spawn(f"decode-{i}", ["decode", *common, *self._worker_args(f"decode-{i}")])
         self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
                                 "--served-model-name", served_name(self.cfg.model),
                                 "--host", self.cfg.host, "--port", str(self.cfg.port), *self.cfg.gateway_args])
@@ -112,8 +115,10 @@ class Stack:
         return f"http://127.0.0.1:{port}"
 
     def _metrics_args(self, name: str) -> list[str]:
-        self.metrics_ports[name] = free_port()
         return ["--metrics-port", str(self.metrics_ports[name])]
+
+    def _worker_args(self, name: str) -> list[str]:
+        return ["--worker-id", name, "--port", str(self.worker_ports[name]), *self._metrics_args(name)]
 
     def wait_ready(self) -> None:
         """Until the gateway says ready and every worker has registered; raises if a child dies."""
@@ -186,9 +191,19 @@ def served_name(model: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free now (each held until all are picked, so none repeats)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 PARENT_PID_ENV = "TANDEM_PARENT_PID"
