@@ -53,7 +53,9 @@ class Stack:
         workers = [f"prefill-{i}" for i in range(cfg.num_prefill)] + [f"decode-{i}" for i in range(cfg.num_decode)]
         # NOTE: every port a child listens on is chosen here, all at once and distinct, and no child binds port 0:
         # a child's "any free port" could otherwise take a port chosen for another one before that one binds it
-        ports = iter(free_ports(2 + 2 * len(workers)))  # router gRPC and metrics; per worker gRPC and metrics
+        # router gRPC and metrics, per worker gRPC and metrics; never the ports the caller chose (picked earlier,
+        # and already released, so the kernel may offer them again)
+        ports = iter(free_ports(2 + 2 * len(workers), exclude={cfg.port, cfg.router_port}))
         self.router_port = cfg.router_port or next(ports)
         self.worker_ports = {name: next(ports) for name in workers}  # gRPC
         self.metrics_ports: dict[str, int] = {name: next(ports) for name in ["router", *workers]}
@@ -194,13 +196,17 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct ports free now (each held until all are picked, so none repeats)."""
-    sockets = [socket.socket() for _ in range(n)]
+def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
+    """`n` distinct ports free now and not in `exclude` (each held until all are picked, so none repeats)."""
+    sockets, ports = [], []
     try:
-        for s in sockets:
+        while len(ports) < n:
+            s = socket.socket()
+            sockets.append(s)
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+            if s.getsockname()[1] not in exclude:
+                ports.append(s.getsockname()[1])
+        return ports
     finally:
         for s in sockets:
             s.close()
