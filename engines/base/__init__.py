@@ -4,6 +4,7 @@ from engines.base.engine import Engine
 from engines.base.errors import (
     EngineBusyError,
     EngineError,
+    EngineUnavailableError,
     InvalidRequestError,
     KvLayoutMismatchError,
     ModelNotFoundError,
@@ -22,7 +23,8 @@ from engines.base.types import (
 )
 
 __all__ = [
-    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineError", "InvalidRequestError",
+    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineError",
+    "EngineUnavailableError", "InvalidRequestError",
     "KvLayoutMismatchError", "ModelNotFoundError", "RequestNotFoundError", "UnsupportedArchitectureError",
     "EngineRequest", "EngineStats", "FinishReason", "KvExport", "KvLayout", "RequestOutput",
     "SamplingParams", "TokenLogprob",

@@ -30,3 +30,8 @@ class KvLayoutMismatchError(EngineError, ValueError):
 
 class EngineBusyError(EngineError):
     """The operation needs an idle engine (e.g. resetting the prefix cache while requests hold blocks)."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine cannot run on this host as configured: its package, its device or a checkpoint it needs is
+    missing. Raised at start-up; the message says what is missing and how to get it."""

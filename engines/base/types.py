@@ -11,6 +11,8 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # cancelled by the caller
     ERROR = "error"  # the engine failed this request
+    # hold_kv: the first token is out and the KV is held for a decode worker (not finished for the client)
+    PREFILLED = "prefilled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False  # log-probability of each chosen token
     top_logprobs: int = 0  # and of this many alternatives
+    min_tokens: int = 0  # no stop (EOS or stop ids) before this many generated tokens
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -36,6 +39,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 <= self.top_logprobs <= 20:
             raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
 
     @property
     def is_greedy(self) -> bool:
@@ -78,10 +83,14 @@ class EngineRequest:
     req_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
-    # Prefill role: keep the KV blocks after finishing until export_kv/release_kv is called.
+    # Prefill only: compute the prompt, sample exactly one token, hold the KV (until export_kv/release_kv).
     hold_kv: bool = False
     # Decode role: KV for a prefix of the prompt computed elsewhere (see KvExport).
     kv: KvExport | None = None
+    # Tokens already generated elsewhere; the engine continues after them. params.max_tokens counts them too.
+    output_token_ids: tuple[int, ...] = ()
+    # Opaque KV transfer parameters from a prefill engine of the same kind; only that engine reads them.
+    kv_params: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +112,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
     error: str | None = None
     queue_s: float | None = None  # arrival to first scheduled step, when the engine knows it (for traces)
+    kv_params: bytes = b""  # the last output of a hold_kv request whose KV is held (FinishReason.PREFILLED)
 
     @property
     def finished(self) -> bool:
