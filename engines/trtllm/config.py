@@ -1,0 +1,31 @@
+"""TrtllmConfig: what a TensorRT-LLM worker engine is asked to run, frozen. Built from the worker's settings
+(services/common/engine_factory.py); what TensorRT-LLM measures at start-up is reported, never written back."""
+from dataclasses import dataclass
+
+# the release this adapter is written against (docker/worker-trtllm.Dockerfile pins the same image)
+TRTLLM_VERSION = "1.2.1"
+
+
+@dataclass(frozen=True, slots=True)
+class TrtllmConfig:
+    model: str  # a Hugging Face checkpoint directory, or a prebuilt TensorRT engine directory
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+    block_size: int = 16  # TensorRT-LLM's tokens_per_block: the router hashes prompts in blocks of this size
+    num_blocks: int = 0  # > 0: exactly this many KV blocks; 0: sized from gpu_memory_utilization
+    max_num_seqs: int = 64  # max_batch_size
+    max_num_batched_tokens: int = 2048  # max_num_tokens
+    max_model_len: int = 0  # max_seq_len; 0: the checkpoint's
+    enable_prefix_caching: bool = True  # enable_block_reuse (and KV events for the router)
+    gpu_memory_utilization: float = 0.9  # vLLM's meaning: the share of the whole card this worker may use
+    held_kv_ttl_s: float = 30.0  # a prefilled request's KV no decode worker took is let go after this long
+    backend: str = "auto"  # "pytorch" | "tensorrt" | "auto" (tensorrt for an engine directory)
+    quant: str = ""  # "" | "fp8" | "nvfp4": weights
+    kv_cache_dtype: str = "auto"  # "auto" | "fp8"
+    cache_transceiver: str = "DEFAULT"  # TensorRT-LLM's KV transfer backend; "off": no disaggregation
+    tensor_parallel_size: int = 1
+    options_file: str = ""  # JSON object of further LLM(...) keyword arguments, applied last
+
+    @property
+    def disaggregation(self) -> bool:
+        return self.cache_transceiver != "off"
