@@ -26,7 +26,7 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--decode", type=int, default=1, help="decode workers")
     up.add_argument("--port", type=int, default=8000, help="gateway port")
     up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--engine", default="native", choices=["native", "zero", "sim"])
+    up.add_argument("--engine", default="native", choices=["native", "zero", "sim", "trtllm"])
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))

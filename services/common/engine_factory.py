@@ -8,6 +8,18 @@ def make_engine(s: WorkerSettings) -> Engine:
         from engines.zero import ZeroCostEngine
 
         return ZeroCostEngine(s.model, block_size=s.block_size)
+    if s.engine == "trtllm":
+        from engines.trtllm import TrtllmConfig, TrtllmEngine
+
+        return TrtllmEngine(TrtllmConfig(
+            model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size, num_blocks=s.num_blocks,
+            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+            max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
+            gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s,
+            backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
+            cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
+            options_file=s.trtllm_options,
+        ))
     if s.engine == "sim":
         from engines.sim.engine import SimEngine
 

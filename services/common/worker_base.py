@@ -5,11 +5,12 @@ import contextlib
 import functools
 import inspect
 import logging
+import sys
 import time
 
 import grpc
 
-from engines.base import Engine
+from engines.base import Engine, EngineUnavailableError, ModelNotFoundError
 from engines.base.engine import KvEventSource
 from services.common.convert import layout_to_pb, load_to_pb
 from services.common.engine_factory import make_engine
@@ -20,6 +21,7 @@ from services.common.logs import request_id
 from services.common.metrics import MetricsEndpoint, WorkerMetrics
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.registration import Registrar
+from services.common.settings import SettingsError
 from services.common.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -190,9 +192,14 @@ def main_for(role: str, service_cls: type[WorkerService], argv: list[str] | None
     from services.common.worker_settings import parse_worker_settings
 
     setup_logging(role)
-    settings = parse_worker_settings(role, argv)
-    setup_tracing(role)
     try:
-        asyncio.run(serve_worker(settings, service_cls))
-    finally:
-        shutdown_tracing()
+        settings = parse_worker_settings(role, argv)
+        setup_tracing(role)
+        try:
+            asyncio.run(serve_worker(settings, service_cls))
+        finally:
+            shutdown_tracing()
+    except (SettingsError, EngineUnavailableError, ModelNotFoundError) as exc:
+        # NOTE: a worker that cannot start says why in one line (no traceback) and exits 2, as a bad flag does
+        print(f"tandem serve {role}: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

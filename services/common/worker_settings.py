@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from services.common.settings import SettingsError, env
 
 ROLES = ("prefill", "decode")
-ENGINES = ("native", "zero", "sim")
+ENGINES = ("native", "zero", "sim", "trtllm")
+TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
+TRTLLM_QUANT = ("", "fp8", "nvfp4")
+TRTLLM_KV_DTYPES = ("auto", "fp8")
+TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,13 @@ class WorkerSettings:
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
+    gpu_memory_utilization: float = 0.9  # GPU engines: share of the card's memory this worker may use (vLLM's)
+    trtllm_backend: str = "auto"  # auto: "tensorrt" for a prebuilt engine directory, else "pytorch"
+    trtllm_quant: str = ""  # weights: "fp8" / "nvfp4" (pytorch: a ModelOpt checkpoint; tensorrt: at build)
+    trtllm_kv_cache_dtype: str = "auto"  # "fp8": FP8 KV cache
+    trtllm_cache_transceiver: str = "DEFAULT"  # how TensorRT-LLM moves KV between workers; "off": no transfer
+    trtllm_tensor_parallel_size: int = 1
+    trtllm_options: str = ""  # a JSON file of further tensorrt_llm.LLM keyword arguments (applied last)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -42,6 +53,18 @@ class WorkerSettings:
             raise SettingsError("kv_lease_s must be > 0")
         if self.sim_time_factor < 0:
             raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise SettingsError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        self._check_trtllm()
+
+    def _check_trtllm(self) -> None:
+        for name, allowed in (("trtllm_backend", TRTLLM_BACKENDS), ("trtllm_quant", TRTLLM_QUANT),
+                              ("trtllm_kv_cache_dtype", TRTLLM_KV_DTYPES),
+                              ("trtllm_cache_transceiver", TRTLLM_TRANSCEIVERS)):
+            if getattr(self, name) not in allowed:
+                raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.trtllm_tensor_parallel_size < 1:
+            raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
 
     def resolved_worker_id(self, port: int) -> str:
         return self.worker_id or f"{self.role}-{socket.gethostname()}-{port}"
@@ -63,16 +86,30 @@ def _own_address() -> str:
         return name
 
 
+_TRTLLM_FLAGS = ("trtllm_backend", "trtllm_quant", "trtllm_kv_cache_dtype", "trtllm_cache_transceiver",
+                 "trtllm_tensor_parallel_size", "trtllm_options")
+_HELP = {
+    "engine": f"one of {ENGINES}",
+    "gpu_memory_utilization": "GPU engines: share of the card's memory this worker may use, weights included",
+    "trtllm_backend": f"engine trtllm: one of {TRTLLM_BACKENDS} (auto: tensorrt for an engine directory)",
+    "trtllm_quant": "engine trtllm: fp8 or nvfp4 weights (pytorch backend: a ModelOpt checkpoint of them)",
+    "trtllm_kv_cache_dtype": f"engine trtllm: one of {TRTLLM_KV_DTYPES}",
+    "trtllm_cache_transceiver": f"engine trtllm: how KV moves between workers, one of {TRTLLM_TRANSCEIVERS}",
+    "trtllm_options": "engine trtllm: a JSON file of further tensorrt_llm.LLM(...) arguments",
+}
+
+
 def parse_worker_settings(role: str, argv: list[str] | None) -> WorkerSettings:
     p = argparse.ArgumentParser(prog=f"tandem serve {role}")
     defaults = WorkerSettings(role=role, model="")
     p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                 "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor"):
+                 "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor",
+                 "gpu_memory_utilization", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value)
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
     p.add_argument("--no-prefix-caching", action="store_true",
                    default=not env("TANDEM_WORKER_ENABLE_PREFIX_CACHING", True))
     args = p.parse_args(argv)
