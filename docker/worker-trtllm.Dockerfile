@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # tandem worker on NVIDIA's TensorRT-LLM release image: TensorRT-LLM, its PyTorch build, CUDA, NCCL and
 # NIXL come from NVIDIA; tandem installs on top without replacing any of them (the image's own packages
-# are pinned as constraints, and torch is left out of the install).
+# are pinned as constraints, and torch is left out of the install). TRTLLM_TAG is the release engines/trtllm
+# is written against (engines/trtllm/config.py: TRTLLM_VERSION); another tag is another, untested API.
 # Build from the repository root: docker build -f docker/worker-trtllm.Dockerfile .
 ARG TRTLLM_TAG=1.2.1
 FROM nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_TAG}
@@ -29,7 +30,7 @@ COPY . .
 # (tensorrt_llm itself needs the driver to import, which a build does not have: only its presence is checked)
 RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
- && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import services.prefill.server, services.decode.server"
+ && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import engines.trtllm, services.prefill.server, services.decode.server"
 
 RUN mkdir -p /cache
 EXPOSE 50061 9464

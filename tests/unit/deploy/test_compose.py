@@ -60,10 +60,6 @@ def test_the_compose_file_has_the_stack():
 def test_every_tandem_command_parses_into_valid_settings(name, monkeypatch):
     service = SERVICES[name]
     env = environment(service)
-    if env.get("TANDEM_WORKER_ENGINE") == "trtllm" or "trtllm" in service["command"]:
-        from services.common.worker_settings import ENGINES
-        if "trtllm" not in ENGINES:
-            pytest.skip(f"engine trtllm is not built yet (worker engines: {ENGINES})")
     try:
         check_command(service["command"], env, monkeypatch)
     except SystemExit as e:  # argparse's way of saying a flag is wrong
@@ -90,18 +86,25 @@ def test_gateway_and_workers_serve_the_same_model_path(monkeypatch):
 
 @pytest.mark.parametrize("name", WORKERS)
 def test_workers_listen_everywhere_register_with_the_router_and_serve_metrics(name, monkeypatch):
-    env = environment(SERVICES[name])
-    if "trtllm" in SERVICES[name]["command"]:
-        env = {**env, "TANDEM_WORKER_ENGINE": "native"}  # the flags are what this checks, not the engine
-        argv = [a for a in SERVICES[name]["command"] if a not in ("--engine", "trtllm")]
-    else:
-        argv = SERVICES[name]["command"]
-    settings = check_command(argv, env, monkeypatch)
+    settings = check_command(SERVICES[name]["command"], environment(SERVICES[name]), monkeypatch)
     assert settings.host == "0.0.0.0" and settings.advertise_host == ""  # advertise the container's own address
     assert settings.router_address == "router:50051" and settings.metrics_port == 9464
     assert settings.port > 0  # a fixed port: the healthcheck asks it
     assert SERVICES[name]["healthcheck"]["test"][-1] == f"127.0.0.1:{settings.port}"
     assert settings.model.startswith("/cache/") and settings.model == environment(SERVICES["gateway"])["TANDEM_MODEL"]
+
+
+@pytest.mark.parametrize("name", ["prefill-trtllm", "decode-trtllm"])
+def test_the_trtllm_profile_runs_the_trtllm_engine_on_a_gpu(name, monkeypatch):
+    from engines.trtllm.config import TRTLLM_VERSION
+
+    settings = check_command(SERVICES[name]["command"], environment(SERVICES[name]), monkeypatch)
+    assert (settings.engine, settings.device, settings.dtype) == ("trtllm", "cuda", "bfloat16")
+    assert settings.role == name.split("-")[0] and settings.gpu_memory_utilization == 0.9
+    assert (settings.trtllm_backend, settings.trtllm_kv_cache_dtype, settings.trtllm_cache_transceiver) == (
+        "auto", "auto", "DEFAULT")
+    assert SERVICES[name]["build"]["args"]["TRTLLM_TAG"] == TRTLLM_VERSION  # the release the adapter is written for
+    assert "NOT YET" not in COMPOSE_FILE.read_text()
 
 
 def test_router_serves_grpc_and_metrics_on_the_ports_its_clients_use(monkeypatch):
