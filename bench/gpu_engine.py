@@ -252,7 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", nargs="+", default=["decode", "prefill", "offline"],
                         choices=["decode", "prefill", "offline"])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--engine", choices=["native", "trtllm"], default="native",
+                        help="trtllm: the TensorRT-LLM engine through tandem's adapter (bench/trtllm_engine.py)")
+    parser.add_argument("--model", type=Path, default=None, help="--engine trtllm: a checkpoint (default: random 8B)")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--engine trtllm")
     args = parser.parse_args(argv)
+    if args.engine == "trtllm":
+        from bench import trtllm_engine
+
+        return trtllm_engine.main(args.model, args.dry_run, args.json, args.kv_cache_dtype)
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # NOTE: before any kernel module is imported
         torch.set_num_threads(1)
