@@ -228,6 +228,7 @@ class TrtllmEngine:
                 async for item in fetch(POLL_TIMEOUT_S):
                     handle(json_dict(item))
                     drained = True
+                    await asyncio.sleep(0)  # NOTE: a queue that always has more must not starve the streams
             except (asyncio.TimeoutError, asyncio.QueueEmpty):
                 pass
             except Exception as exc:  # NOTE: a failed drain must not end the worker; the next one may succeed

@@ -213,3 +213,35 @@ def test_a_host_without_tensorrt_llm_is_told_what_to_install(tiny_llama, monkeyp
 def test_it_runs_on_cuda_only(tiny_llama):
     with pytest.raises(EngineUnavailableError, match="--device cuda"):
         TrtllmEngine(TrtllmConfig(model=str(tiny_llama), device="cpu"), api=fake_api())
+
+
+async def test_a_failed_drain_does_not_stop_the_stats_and_json_text_is_read(tiny_llama):
+    engine = await make(tiny_llama)
+    llm = fake_trtllm.LLM.instances[0]
+    calls = {"n": 0}
+
+    async def flaky(timeout=2):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("executor busy")
+        yield '{"numActiveRequests": 0, "kvCacheStats": {"maxNumBlocks": 77, "usedNumBlocks": 5}}'
+
+    for task in engine._pollers:
+        task.cancel()
+    engine._pollers = [asyncio.ensure_future(engine._poll(flaky, engine._on_stats))]
+    for _ in range(60):  # the poller backs off a second after a failure
+        await asyncio.sleep(0.05)
+        if engine.stats().num_blocks_total == 77:
+            break
+    assert calls["n"] >= 2 and engine.stats().num_blocks_total == 77
+    await engine.shutdown()
+
+
+async def test_shutdown_ends_live_requests_with_abort(tiny_llama):
+    engine = await make(tiny_llama)
+    fake_trtllm.LLM.instances[0].step_delay = 0.01
+    stream = engine.add_request(EngineRequest("r", PROMPT, greedy(1000)))
+    await stream.__anext__()
+    await engine.shutdown()
+    assert [o.finish_reason async for o in stream][-1] is FinishReason.ABORT
+    assert fake_trtllm.LLM.instances[0].is_shut_down
