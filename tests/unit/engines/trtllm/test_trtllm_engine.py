@@ -50,6 +50,13 @@ def greedy(n, **kw):
     return SamplingParams(max_tokens=n, ignore_eos=True, **kw)
 
 
+async def endless(engine):
+    """A slow request that would run for long, and its first output."""
+    fake_trtllm.LLM.instances[0].step_delay = 0.01
+    stream = engine.add_request(EngineRequest("r", PROMPT, greedy(1000)))
+    return stream, await stream.__anext__()
+
+
 async def test_it_streams_the_models_tokens_and_passes_the_request_as_mapped(tiny_llama):
     engine = await make(tiny_llama)
     outs = await collect(engine, EngineRequest("r", PROMPT, greedy(6)))
@@ -77,9 +84,7 @@ async def test_the_models_eos_stops_it_unless_ignored(tiny_llama):
 
 async def test_abort_ends_the_stream_and_cancels_the_request_in_tensorrt_llm(tiny_llama):
     engine = await make(tiny_llama)
-    fake_trtllm.LLM.instances[0].step_delay = 0.01
-    stream = engine.add_request(EngineRequest("r", PROMPT, greedy(1000)))
-    first = await stream.__anext__()
+    stream, first = await endless(engine)
     await engine.abort("r")
     rest = [out async for out in stream]
     assert first.finish_reason is None and rest[-1].finish_reason is FinishReason.ABORT
@@ -90,9 +95,7 @@ async def test_abort_ends_the_stream_and_cancels_the_request_in_tensorrt_llm(tin
 
 async def test_a_consumer_that_leaves_early_aborts_the_request(tiny_llama):
     engine = await make(tiny_llama)
-    fake_trtllm.LLM.instances[0].step_delay = 0.01
-    stream = engine.add_request(EngineRequest("r", PROMPT, greedy(1000)))
-    await stream.__anext__()
+    stream, _ = await endless(engine)
     await stream.aclose()
     assert fake_trtllm.LLM.instances[0].live[0].abort_calls == 1 and "r" not in engine._live
     await engine.shutdown()
@@ -239,9 +242,7 @@ async def test_a_failed_drain_does_not_stop_the_stats_and_json_text_is_read(tiny
 
 async def test_shutdown_ends_live_requests_with_abort(tiny_llama):
     engine = await make(tiny_llama)
-    fake_trtllm.LLM.instances[0].step_delay = 0.01
-    stream = engine.add_request(EngineRequest("r", PROMPT, greedy(1000)))
-    await stream.__anext__()
+    stream, _ = await endless(engine)
     await engine.shutdown()
     assert [o.finish_reason async for o in stream][-1] is FinishReason.ABORT
     assert fake_trtllm.LLM.instances[0].is_shut_down
