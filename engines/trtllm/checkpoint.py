@@ -18,6 +18,7 @@ class Checkpoint:
     num_kv_heads: int
     head_dim: int
     max_position: int  # the longest sequence it was built or trained for
+    vocab_size: int = 0
     eos_token_ids: tuple[int, ...] = ()
     quant_algo: str | None = None  # ModelOpt / TensorRT-LLM names: "FP8", "NVFP4", ...
     kv_cache_quant_algo: str | None = None
@@ -44,7 +45,8 @@ def _hf_dir(path: Path, config: dict) -> Checkpoint:
         path=path, is_engine=False, num_layers=config["num_hidden_layers"],
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        max_position=config.get("max_position_embeddings", 0), eos_token_ids=_eos_ids(path, config),
+        max_position=config.get("max_position_embeddings", 0), vocab_size=config.get("vocab_size", 0),
+        eos_token_ids=_eos_ids(path, config),
         quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         weight_bytes=_file_bytes(path, ("*.safetensors", "*.bin")),
     )
@@ -59,6 +61,7 @@ def _engine_dir(path: Path, config: dict) -> Checkpoint:
         num_kv_heads=pretrained.get("num_key_value_heads") or heads,
         head_dim=pretrained.get("head_size") or pretrained["hidden_size"] // heads,
         max_position=build.get("max_seq_len") or pretrained.get("max_position_embeddings", 0),
+        vocab_size=pretrained.get("vocab_size", 0),
         eos_token_ids=_eos_ids(path, {}), quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         tokens_per_block=(build.get("plugin_config") or {}).get("tokens_per_block"),

@@ -97,8 +97,13 @@ class TrtllmEngine:
             raise EngineError("engine is not started")
         self._expire_held()
         validate_request(request, self.max_model_len, self._live)
-        if len(request.prompt_token_ids) + len(request.output_token_ids) >= self.max_model_len:
+        tokens = request.prompt_token_ids + request.output_token_ids
+        if len(tokens) >= self.max_model_len:
             raise InvalidRequestError(f"prompt and output tokens fill the context ({self.max_model_len} tokens)")
+        vocab = self.ckpt.vocab_size
+        if vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
+            # NOTE: TensorRT-LLM does not check: an id past the embedding table faults the GPU, and every request
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         if (request.hold_kv or request.kv_params) and not self.config.disaggregation:
             raise InvalidRequestError("this trtllm worker runs without a cache transceiver (--trtllm-cache-"
                                       "transceiver off): it neither holds nor takes KV for another worker")

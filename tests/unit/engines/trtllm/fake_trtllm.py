@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from engines.trtllm.api import TrtllmApi
 
-VOCAB = 1000
+VOCAB = 512  # the tiny test checkpoint's
 
 
 # ---- tensorrt_llm.sampling_params ----

@@ -21,6 +21,7 @@ def engine_dir(root: Path, tokens_per_block=32, quant=None) -> Path:
         "version": "1.2.1",
         "pretrained_config": {"architecture": "LlamaForCausalLM", "num_hidden_layers": 32, "num_attention_heads": 32,
                               "num_key_value_heads": 8, "hidden_size": 4096, "max_position_embeddings": 131072,
+                              "vocab_size": 128256,
                               "quantization": quant or {"quant_algo": None, "kv_cache_quant_algo": None}},
         "build_config": {"max_seq_len": 8192, "max_batch_size": 256,
                          "plugin_config": {"tokens_per_block": tokens_per_block}}}))
@@ -33,6 +34,7 @@ def test_a_hugging_face_checkpoint(tiny_llama):
     assert (ckpt.is_engine, ckpt.num_layers, ckpt.num_kv_heads, ckpt.head_dim, ckpt.max_position) == (
         False, 2, 2, 16, 512)
     assert ckpt.eos_token_ids == (2, 0)  # config.json's, then generation_config.json's: as the native engine
+    assert ckpt.vocab_size == 512
     assert ckpt.quant_algo is None and ckpt.weight_bytes == (tiny_llama / "model.safetensors").stat().st_size
 
 
@@ -43,6 +45,7 @@ def test_a_prebuilt_engine_directory(tmp_path):
         True, 32, 8, 128, 8192)
     assert (ckpt.quant_algo, ckpt.kv_cache_quant_algo, ckpt.tokens_per_block, ckpt.weight_bytes) == (
         "FP8", "FP8", 32, 1000)
+    assert ckpt.vocab_size == 128256
 
 
 def test_a_modelopt_checkpoint_says_how_it_is_quantized(tiny_llama, tmp_path):

@@ -157,6 +157,8 @@ async def test_without_a_cache_transceiver_it_neither_holds_nor_takes_kv(tiny_ll
     (EngineRequest("r", tuple(range(512)), greedy(4)), "context holds 512"),
     (EngineRequest("r", tuple(range(500)), greedy(20), output_token_ids=tuple(range(12))), "fill the context"),
     (EngineRequest("r", PROMPT, SamplingParams(max_tokens=4, min_tokens=2)), "min_tokens"),
+    (EngineRequest("r", (1, 512), greedy(4)), r"prompt token ids must be in \[0, 512\)"),
+    (EngineRequest("r", (1, 2), greedy(4), output_token_ids=(-1,)), r"must be in \[0, 512\)"),
 ])
 async def test_bad_requests_are_refused_at_once(tiny_llama, request_, message):
     engine = await make(tiny_llama)
