@@ -126,6 +126,12 @@ REAL_SOURCES = {  # faked name -> (file in the real package, class there)
     "CompletionOutput": ("executor/result.py", "CompletionOutput"),
     "RequestError": ("executor/utils.py", "RequestError"),
 }
+EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's __init__ files)
+    "__init__.py": ("LLM", "SamplingParams"),
+    "llmapi/__init__.py": ("DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
+                           "QuantAlgo"),
+    "_tensorrt_engine/__init__.py": ("LLM",),
+}
 LLM_METHODS = {  # LLM method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
     "generate_async": ("inputs", "sampling_params", "streaming", "disaggregated_params"),
     "get_stats_async": ("timeout",), "get_kv_cache_events_async": ("timeout",), "shutdown": (),

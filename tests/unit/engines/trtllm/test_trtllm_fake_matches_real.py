@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.engines.trtllm import fake_trtllm
-from tests.unit.engines.trtllm.trtllm_source import TrtllmSource, class_names, classes, methods, parameters, \
-    string_constants
+from tests.unit.engines.trtllm.trtllm_source import TrtllmSource, bound_names, class_names, classes, methods, \
+    parameters, string_constants
 
 
 def fake_names(obj) -> set[str]:
@@ -29,6 +29,9 @@ def mismatches(src: TrtllmSource) -> list[str]:
             continue
         problems += [f"{rel}: {real_name} has no {field}"
                      for field in sorted(fake_names(getattr(fake_trtllm, name)) - class_names(real))]
+    for rel, names in fake_trtllm.EXPORTS.items():
+        bound = bound_names(src.tree(rel))
+        problems += [f"{rel} does not export {n}" for n in names if n not in bound]
     llm = src.tree("llmapi/llm.py")
     for method, params in fake_trtllm.LLM_METHODS.items():
         defined = methods(llm, method)
@@ -77,6 +80,10 @@ STAND_IN = {  # a tiny tensorrt_llm that has what the fake offers, minus what ea
         "        pass\n    async def get_stats_async(self, timeout=2):\n        pass\n"
         "    def get_kv_cache_events_async(self, timeout=2):\n        pass\n    def shutdown(self):\n        pass\n",
     "_utils.py": "class KVCacheEventSerializer:\n    KEYS = " + repr(list(fake_trtllm.KV_EVENT_KEYS)) + "\n",
+    "__init__.py": "from .llmapi import LLM, SamplingParams\n",
+    "llmapi/__init__.py": "from ..disaggregated_params import DisaggregatedParams\n"
+                          "from .llm_args import CacheTransceiverConfig, KvCacheConfig, QuantAlgo, QuantConfig\n",
+    "_tensorrt_engine/__init__.py": "from .llm import LLM\n",
 }
 
 
@@ -94,8 +101,10 @@ def test_the_checker_passes_a_matching_package_and_names_each_difference(tmp_pat
     broken = stand_in(tmp_path / "broken",
                       **{"quantization/mode.py": "class QuantAlgo:\n    FP8 = 'FP8'\n",
                          "llmapi/llm.py": STAND_IN["llmapi/llm.py"].replace("streaming=False, ", ""),
-                         "_utils.py": "class KVCacheEventSerializer:\n    KEYS = ['event_id']\n"})
+                         "_utils.py": "class KVCacheEventSerializer:\n    KEYS = ['event_id']\n",
+                         "llmapi/__init__.py": "from .llm_args import KvCacheConfig\n"})
     problems = mismatches(broken)
     assert "quantization/mode.py: QuantAlgo has no NVFP4" in problems
     assert "llmapi/llm.py: generate_async takes no streaming" in problems
     assert "_utils.py: KV events have no key 'block_hashes'" in problems
+    assert "llmapi/__init__.py does not export QuantConfig" in problems

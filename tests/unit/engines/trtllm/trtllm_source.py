@@ -31,7 +31,12 @@ class TrtllmSource:
         return cls(lambda rel: (package / rel).read_text())
 
     def text(self, rel: str) -> str:
-        return self._read(rel)
+        try:
+            return self._read(rel)
+        except (FileNotFoundError, KeyError):
+            if not rel.endswith("/__init__.py"):
+                raise
+            return self._read(rel.removesuffix("/__init__.py") + ".py")  # a package in one release, a module in another
 
     def tree(self, rel: str) -> ast.Module:
         return ast.parse(self.text(rel))
@@ -72,3 +77,16 @@ def methods(tree: ast.Module, name: str) -> list[ast.FunctionDef | ast.AsyncFunc
 
 def string_constants(node: ast.AST) -> set[str]:
     return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def bound_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at top level: imported (as written or aliased), defined, or assigned."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
