@@ -30,8 +30,8 @@ def finish_from_pb(value: int) -> FinishReason | None:
 def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(
         max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-        stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=p.logprobs,
-        top_logprobs=p.top_logprobs,
+        stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
+        logprobs=p.logprobs, top_logprobs=p.top_logprobs,
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -42,7 +42,7 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
     return SamplingParams(
         max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
         top_p=msg.top_p if msg.HasField("top_p") else 1.0, seed=msg.seed if msg.HasField("seed") else None, stop_token_ids=tuple(msg.stop_token_ids),
-        ignore_eos=msg.ignore_eos, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
+        ignore_eos=msg.ignore_eos, min_tokens=msg.min_tokens, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
     )
 
 

@@ -38,6 +38,7 @@ class ChoiceDelta:
     num_tokens: int  # generated tokens this delta covers (all of them count as usage)
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None  # "stop" | "length"
+    num_cached_tokens: int | None = None  # on a choice's first delta: prompt tokens found in a prefix cache
 
 
 OnTokens = Callable[[int, int], None]  # (choice index, number of new tokens)
@@ -61,7 +62,7 @@ async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job
         async with aclosing(pipeline.generate(req_id, job.prompt, params)) as stream:
             async for delta in stream:
                 began = time.perf_counter()
-                first_ns = first_ns or time.time_ns()
+                is_first, first_ns = not first_ns, first_ns or time.time_ns()
                 num_tokens += len(delta.token_ids)
                 on_tokens(index, len(delta.token_ids))
                 text = stop.push(detokenizer.push(delta.token_ids))
@@ -70,7 +71,8 @@ async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job
                     text += stop.flush()
                 finish = "stop" if stop.is_stopped else _FINISH.get(delta.finish_reason)
                 busy_s += time.perf_counter() - began
-                yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish)
+                yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish,
+                                  delta.num_cached_tokens if is_first else None)
                 if finish is not None:
                     return
     finally:

@@ -1,57 +1,53 @@
-"""Incremental detokenization: text deltas that never split a UTF-8 character, O(1) amortized per token,
-special tokens skipped. Also each token's raw bytes, which logprobs report. No I/O, no request state."""
+"""Incremental detokenization: text deltas that never split a UTF-8 character, O(1) per token, special tokens
+skipped, decoded once in the tokenizers library (its DecodeStream). Also each token's raw bytes, which logprobs
+report. No I/O, no request state."""
 import re
 from collections.abc import Sequence
 
+from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerBase
 
-REPLACEMENT = "\ufffd"  # what decoding an incomplete UTF-8 sequence ends with
 CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, so a leading space decodes as it would mid-text
 _SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece byte-fallback tokens
 _SP_SPACE = "\u2581"
 
 
 class IncrementalDetokenizer:
-    """Decodes a growing list of token ids into text deltas.
+    """Decodes a growing list of token ids into text deltas, with the fast tokenizer's own DecodeStream.
 
-    Two offsets into the ids: text up to `read_offset` has been emitted; decoding starts at
-    `prefix_offset` so the tokens before it give context. A delta is emitted only once the decoded
-    window grew and does not end in U+FFFD (the tail of a character whose bytes are still coming).
+    The stream holds back the tokens of a character whose bytes are still coming; they are kept here too, so
+    that `flush` can emit them (as U+FFFD) when the output ends inside a character.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[int] = ()):
-        self._tokenizer = tokenizer
-        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:]) if CONTEXT_TOKENS else []
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        self._backend = tokenizer.backend_tokenizer
+        context = list(prompt_ids[-CONTEXT_TOKENS:]) if CONTEXT_TOKENS else []
+        self._stream = DecodeStream(ids=context, skip_special_tokens=True)
+        self._emitted: list[int] = context  # the last ids that produced text: the context for `flush`
+        self._pending: list[int] = []  # ids pushed since the last text came out
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the text they complete (possibly "")."""
-        self._ids.extend(token_ids)
-        prefix, text = self._window()
-        if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
+        if not token_ids:
             return ""
-        self._advance()
-        return text[len(prefix):]
+        text = self._stream.step(self._backend, list(token_ids))
+        self._pending.extend(token_ids)
+        if text is None:
+            return ""
+        self._emitted, self._pending = self._pending[-CONTEXT_TOKENS:], []
+        return text
 
     def flush(self) -> str:
         """At the end: whatever is held back, even an incomplete character (as U+FFFD)."""
-        prefix, text = self._window()
-        self._advance()
-        return text[len(prefix):] if len(text) > len(prefix) else ""
-
-    def _window(self) -> tuple[str, str]:
-        ids = self._ids
-        prefix = self._decode(ids[self._prefix_offset:self._read_offset])
-        return prefix, self._decode(ids[self._prefix_offset:])
-
-    def _advance(self) -> None:
-        # NOTE: keep only the new context window, so every decode stays a handful of tokens long
-        del self._ids[:self._read_offset]
-        self._prefix_offset, self._read_offset = 0, len(self._ids)
+        if not self._pending:
+            return ""
+        prefix = self._decode(self._emitted)
+        text = self._decode(self._emitted + self._pending)
+        self._pending = []
+        return text[len(prefix):] if len(text) > len(prefix) and text.startswith(prefix) else ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        return self._backend.decode(ids, skip_special_tokens=True) if ids else ""
 
 
 def _byte_level_table() -> dict[str, int]:

@@ -58,6 +58,7 @@ class RequestTimer:
         self.request_id = ""
         self.num_prompt_tokens = 0
         self.num_completion_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens a worker found in its prefix cache (the most any choice saw)
         self.is_finished = False
         metrics.inflight.labels(model).inc()
 
@@ -73,6 +74,10 @@ class RequestTimer:
                 self._m.itl.labels(self._model).observe(gap)
         self._last[index] = now
         self.num_completion_tokens += num_tokens
+
+    def on_cached_tokens(self, num_cached_tokens: int | None) -> None:
+        if num_cached_tokens is not None and num_cached_tokens > self.num_cached_tokens:
+            self.num_cached_tokens = num_cached_tokens
 
     def finish(self, status: int) -> None:
         """Record the outcome; only the first call counts."""

@@ -49,6 +49,9 @@ class _Common(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's extensions that benchmark clients send (e.g. to make every request produce max_tokens tokens)
+    ignore_eos: bool = Field(False, strict=True)
+    min_tokens: int = Field(0, ge=0, strict=True)
     # accepted only at the values that mean "off"
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -65,10 +68,12 @@ class _Common(_Strict):
         return self.max_tokens
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
+        _check_min_tokens(self.min_tokens, max_tokens)
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=self.seed, logprobs=self.num_top_logprobs() is not None,
+                              seed=self.seed, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+                              logprobs=self.num_top_logprobs() is not None,
                               top_logprobs=self.num_top_logprobs() or 0)
 
     def num_top_logprobs(self) -> int | None:
@@ -181,7 +186,14 @@ def _check_supported(req: _Common) -> None:
             raise InvalidRequestError(f"`{name}` is not supported by this server: {rule[1]}", param=name)
 
 
+def _check_min_tokens(min_tokens: int, max_tokens: int | None) -> None:
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequestError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
+                                  f"{min_tokens}", param="min_tokens")
+
+
 def _check_consistent(req: _Common) -> None:
+    _check_min_tokens(req.min_tokens, req.requested_max_tokens())
     stops = req.stop_strings()
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
         raise InvalidRequestError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop")

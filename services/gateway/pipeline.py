@@ -28,6 +28,7 @@ class TokenDelta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None  # STOP or LENGTH; failures raise instead
+    num_cached_tokens: int = 0  # prompt tokens the worker that prefilled found cached (read on the first delta)
 
 
 class Pipeline:
@@ -123,12 +124,12 @@ class Pipeline:
         logprobs = (convert.logprob_from_pb(first.first_logprob),) if first.HasField("first_logprob") else ()
         call = None
         if finish is None:  # NOTE: started before the first token goes out, so the KV pull overlaps it
-            rest = replace(params, max_tokens=params.max_tokens - 1)
+            rest = replace(params, max_tokens=params.max_tokens - 1, min_tokens=max(params.min_tokens - 1, 0))
             call = self._start_generate(route.decode.address, req_id, [*prompt, first.first_token_id], rest,
                                         len(prompt), kv=first.kv)
         is_handed_over = False
         try:
-            yield TokenDelta((first.first_token_id,), logprobs, finish)
+            yield TokenDelta((first.first_token_id,), logprobs, finish, first.num_cached_tokens)
             is_handed_over = call is not None
         finally:
             if not is_handed_over:
@@ -229,5 +230,5 @@ def _delta_from(response: worker_pb2.GenerateResponse) -> TokenDelta:
     finish = convert.finish_from_pb(response.finish_reason)
     if response.error or finish in (FinishReason.ERROR, FinishReason.ABORT):
         raise errors.from_worker_finish(finish, response.error)
-    logprobs = tuple(convert.logprob_from_pb(lp) for lp in response.logprobs)
-    return TokenDelta(tuple(response.token_ids), logprobs, finish)
+    logprobs = tuple(convert.logprob_from_pb(lp) for lp in response.logprobs) if response.logprobs else ()
+    return TokenDelta(tuple(response.token_ids), logprobs, finish, response.num_cached_tokens)

@@ -2,6 +2,7 @@
 
 Pure functions of choice deltas; what the JSON looks like and nothing else.
 """
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -32,9 +33,21 @@ def _finite(logprob: float) -> float:
     return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens}
+            "total_tokens": num_prompt_tokens + num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": num_cached_tokens}}
+
+
+_SLOTS = ("\x00index", "\x00text", "\x00finish")  # placeholders: JSON-encoded, they appear as "\u0000index"...
+
+
+def _template(chunk: dict) -> str:
+    """`chunk`'s JSON with %-slots where its placeholders were: index (%d), text and finish reason (%s, JSON)."""
+    text = json.dumps(chunk).replace("%", "%%")
+    for slot, fmt in zip(_SLOTS, ("%d", "%s", "%s")):
+        text = text.replace(json.dumps(slot), fmt)
+    return text
 
 
 class _Format:
@@ -46,16 +59,30 @@ class _Format:
         self.request_id, self.model = request_id, model
         self.created = int(time.time())
         self._bytes, self._wants_logprobs = token_bytes, wants_logprobs
+        self._templates: dict[bool, str] = {}  # is_first -> a chunk's JSON with slots (no logprobs)
 
     def chunk(self, delta: ChoiceDelta, is_first: bool) -> dict:
         return self._envelope(self.chunk_object_name, [self.chunk_choice(delta, is_first)])
 
-    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> dict:
-        return self._envelope(self.chunk_object_name, [], usage=usage(num_prompt_tokens, num_completion_tokens))
+    def chunk_json(self, delta: ChoiceDelta, is_first: bool) -> str:
+        """`chunk` as JSON. Without logprobs (the streaming hot path) only the text is encoded: the rest comes
+        from a template made once per request and kind of chunk."""
+        if self._wants_logprobs:
+            return json.dumps(self.chunk(delta, is_first))
+        template = self._templates.get(is_first)
+        if template is None:
+            template = self._templates[is_first] = _template(self.chunk(ChoiceDelta(*_SLOTS[:2], 0,
+                                                                                     finish_reason=_SLOTS[2]), is_first))
+        return template % (delta.index, json.dumps(delta.text), json.dumps(delta.finish_reason))
 
-    def whole(self, choices: list[ChoiceTotal], num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:
+        return self._envelope(self.chunk_object_name, [],
+                              usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens))
+
+    def whole(self, choices: list[ChoiceTotal], num_prompt_tokens: int, num_completion_tokens: int,
+              num_cached_tokens: int = 0) -> dict:
         return self._envelope(self.object_name, [self.whole_choice(c) for c in choices],
-                              usage=usage(num_prompt_tokens, num_completion_tokens))
+                              usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens))
 
     def _envelope(self, obj: str, choices: list[dict], **extra) -> dict:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,

@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import TypeVar
 
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -25,6 +24,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses import ChatFormat, ChoiceTotal, CompletionFormat
 from services.gateway.settings import GatewaySettings
+from services.gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,9 +105,10 @@ class Serving:
             async with aclosing(self._deltas(job, timer)) as deltas:
                 async for delta in deltas:
                     totals[delta.index].add(delta)
+                    timer.on_cached_tokens(delta.num_cached_tokens)
 
         await until_disconnected(request, collect())
-        return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens))
+        return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens, timer.num_cached_tokens))
 
     async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
                       include_usage: bool) -> Response:
@@ -118,7 +119,7 @@ class Serving:
         except BaseException:
             await deltas.aclose()
             raise
-        events = _events(_prepend(first, deltas), fmt, len(job.prompt), timer, slot, include_usage)
+        events = _events(first, deltas, fmt, len(job.prompt), timer, slot, include_usage)
 
         async def on_close() -> None:
             await events.aclose()
@@ -126,58 +127,51 @@ class Serving:
             timer.finish(errors.CLIENT_CLOSED_STATUS)  # a no-op unless the stream never got to finish
             slot.release()
 
-        return _SseResponse(events, on_close, sep="\n")
+        return SseResponse(events, on_close)
 
 
-async def _events(deltas: AsyncIterator[ChoiceDelta], fmt, num_prompt_tokens: int, timer: RequestTimer,
-                  slot: Slot, include_usage: bool) -> AsyncIterator[str]:
+async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, num_prompt_tokens: int,
+                  timer: RequestTimer, slot: Slot, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE `data:` payloads; a failure after the first byte becomes one error event, then the end."""
     status, started = 200, set()
     try:
         async with aclosing(deltas):
+            data = _chunk(fmt, first, started, timer)
+            if data is not None:
+                yield data
             async for delta in deltas:
-                is_first = delta.index not in started
-                started.add(delta.index)
-                if is_first or delta.text or delta.logprobs or delta.finish_reason:
-                    yield json.dumps(fmt.chunk(delta, is_first))
+                data = _chunk(fmt, delta, started, timer)
+                if data is not None:
+                    yield data
         if include_usage:
-            yield json.dumps(fmt.usage_chunk(num_prompt_tokens, timer.num_completion_tokens))
-        yield "[DONE]"
+            yield json.dumps(fmt.usage_chunk(num_prompt_tokens, timer.num_completion_tokens,
+                                             timer.num_cached_tokens)).encode()
+        yield b"[DONE]"
     except errors.GatewayError as exc:
         status = exc.status
         log.warning("%s failed mid-stream: %s", fmt.request_id, exc)
-        yield errors.sse_error_data(exc)
+        yield errors.sse_error_data(exc).encode()
     except asyncio.CancelledError:
         status = errors.CLIENT_CLOSED_STATUS
         raise
     except Exception as exc:  # a bug must still end the stream cleanly, never hang the client
         status = errors.status_of(exc)
         log.exception("%s failed mid-stream", fmt.request_id)
-        yield errors.sse_error_data(exc)
+        yield errors.sse_error_data(exc).encode()
     finally:
         timer.finish(status)
         slot.release()
 
 
-async def _prepend(first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
-    yield first
-    async with aclosing(rest):
-        async for item in rest:
-            yield item
-
-
-class _SseResponse(EventSourceResponse):
-    """An SSE response whose cleanup runs however it ends, even when the client left before it started."""
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]], **kwargs):
-        super().__init__(content, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
+def _chunk(fmt, delta: ChoiceDelta, started: set[int], timer: RequestTimer) -> bytes | None:
+    """A delta's chunk; None for one that says nothing (no text, no logprobs, not a choice's first or last)."""
+    is_first = delta.index not in started
+    if is_first:
+        started.add(delta.index)
+        timer.on_cached_tokens(delta.num_cached_tokens)
+    elif not (delta.text or delta.logprobs or delta.finish_reason):
+        return None
+    return fmt.chunk_json(delta, is_first).encode()
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -65,6 +65,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.cancelled: list[str] = []
         self.sent: dict[str, int] = {}  # req_id -> messages sent
         self.token_delay_s = 0.0  # Generate: pause before each message, like a real decode step
+        self.num_cached_tokens = 0  # reported on every response, as engines do
 
     async def Generate(self, request, context):
         self.generate_requests.append(request)
@@ -83,7 +84,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 yield worker_pb2.GenerateResponse(
                     token_ids=[token_id], logprobs=_logprobs(token_id, done + i, request.params),
                     finish_reason=_finish(is_last, done + i + 1 == len(self.tokens)),
-                    num_prompt_tokens=request.num_prompt_tokens, kv_imported=request.HasField("kv") and i == 0)
+                    num_prompt_tokens=request.num_prompt_tokens, kv_imported=request.HasField("kv") and i == 0,
+                    num_cached_tokens=self.num_cached_tokens)
                 self.sent[request.req_id] = i + 1
         except (asyncio.CancelledError, GeneratorExit):  # cancelled while stalled, or between messages
             self.cancelled.append(request.req_id)
@@ -106,7 +108,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         if self.prefill_error is not None:
             await context.abort(self.prefill_error, "prefill failed")
         finish = _finish(True, len(self.tokens) == 1) if min(request.params.max_tokens, len(self.tokens)) == 1 else 0
-        response = worker_pb2.PrefillResponse(first_token_id=self.tokens[0], finish_reason=finish)
+        response = worker_pb2.PrefillResponse(first_token_id=self.tokens[0], finish_reason=finish,
+                                              num_cached_tokens=self.num_cached_tokens)
         if request.params.logprobs:
             response.first_logprob.CopyFrom(_logprobs(self.tokens[0], 0, request.params)[0])
         if not finish:

@@ -300,3 +300,51 @@ async def test_app_with_a_given_router_channel_over_asgi(stack, model_dir):
         response = await http.post("/v1/completions", json={"model": "other", "prompt": PROMPT, "max_tokens": 2})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
     await channel.close()
+
+
+async def test_ignore_eos_and_min_tokens_reach_the_workers(stack):
+    extra = {"ignore_eos": True, "min_tokens": 5}
+    await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body=extra)
+    stack.disaggregate()
+    await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, extra_body=extra)
+    (prefill,) = stack.prefill.prefill_requests
+    aggregated, continued = stack.decode.generate_requests
+    for params in (aggregated.params, prefill.params):
+        assert (params.ignore_eos, params.min_tokens, params.max_tokens) == (True, 5, 8)
+    assert continued.params.ignore_eos and continued.HasField("kv")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 4, "min_tokens": 5}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "min_tokens": 100_000}),  # more than the context leaves
+    ("/v1/completions", {"prompt": PROMPT, "min_tokens": -1}),
+    ("/v1/completions", {"prompt": PROMPT, "ignore_eos": "yes"}),
+])
+async def test_bad_min_tokens_or_ignore_eos_are_clear_400s(stack, path, body):
+    reply = await stack.http.post(path, json={"model": MODEL, **body})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] in ("min_tokens", "ignore_eos")
+    assert stack.router.routes == []
+
+
+async def test_cached_tokens_in_whole_and_streamed_usage(stack):
+    stack.decode.num_cached_tokens = 7
+    out = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+    assert out.usage.prompt_tokens_details.cached_tokens == 7
+    stream = await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True,
+                                                        stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 7
+
+
+async def test_cached_tokens_come_from_the_prefill_worker_when_disaggregated(stack):
+    """The decode worker imports the whole prompt's KV; what the client saved is the prefill worker's hit."""
+    stack.disaggregate()
+    stack.prefill.num_cached_tokens, stack.decode.num_cached_tokens = 3, 99
+    out = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=2)
+    assert out.usage.prompt_tokens_details.cached_tokens == 3
+    stream = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True,
+                                                   stream_options={"include_usage": True})
+    assert [c async for c in stream][-1].usage.prompt_tokens_details.cached_tokens == 3

@@ -49,20 +49,19 @@ def test_an_incomplete_character_is_flushed_at_the_end(tokenizer):
     assert not any("\ufffd" in d for d in out[:-1])
 
 
-def test_decode_windows_stay_short(tokenizer):
-    """O(1) per token: every decode call sees a handful of ids, however long the output gets."""
-    lengths = []
-
-    class Spy:
-        def decode(self, ids, **kwargs):
-            lengths.append(len(ids))
-            return tokenizer.decode(ids, **kwargs)
-
-    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. 中文 " * 40, add_special_tokens=False)
-    detok = IncrementalDetokenizer(Spy(), [])
-    text = "".join(detok.push([i]) for i in ids) + detok.flush()
-    assert text == tokenizer.decode(ids) and len(ids) > 400
-    assert max(lengths) <= 8
+def test_long_output_in_uneven_deltas(tokenizer):
+    """Deltas of 1..7 tokens, as a coalescing worker sends them, add up to the whole decode."""
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. 中文 😀 " * 40, add_special_tokens=False)
+    detok, out, i = IncrementalDetokenizer(tokenizer, []), [], 0
+    for size in [1, 2, 7, 3, 5] * 1000:
+        if i >= len(ids):
+            break
+        out.append(detok.push(ids[i:i + size]))
+        i += size
+    out.append(detok.flush())
+    assert "".join(out) == tokenizer.decode(ids) and len(ids) > 400
+    assert not any("\ufffd" in d for d in out)
+    assert detok.push([]) == "" and detok.flush() == ""
 
 
 def test_token_bytes_and_labels(tokenizer):

@@ -117,3 +117,37 @@ def test_sampling_params_mapping():
     assert legacy.requested_max_tokens() == 16 and legacy.sampling_params(16).logprobs
     assert completion().sampling_params(16).logprobs is False
     assert chat(stop=["a", "b", "a"]).stop_strings() == ("a", "b")
+
+
+@pytest.mark.parametrize("parse", [chat, completion])
+def test_ignore_eos_and_min_tokens_map_to_sampling_params(parse):
+    params = parse(ignore_eos=True, min_tokens=4, max_tokens=8).sampling_params(8)
+    assert (params.ignore_eos, params.min_tokens, params.max_tokens) == (True, 4, 8)
+    params = parse().sampling_params(8)
+    assert (params.ignore_eos, params.min_tokens) == (False, 0)
+
+
+@pytest.mark.parametrize("parse", [chat, completion])
+@pytest.mark.parametrize("fields", [{"min_tokens": 9, "max_tokens": 8}, {"min_tokens": -1}, {"min_tokens": 1.5},
+                                    {"min_tokens": "3"}, {"ignore_eos": "maybe"}, {"ignore_eos": None}])
+def test_bad_ignore_eos_or_min_tokens_are_400s(parse, fields):
+    err = rejected(parse, fields)
+    assert err.param == ("ignore_eos" if "ignore_eos" in fields else "min_tokens")
+
+
+def test_min_tokens_beyond_what_the_context_leaves_is_a_400():
+    """Without max_tokens the limit is what the context holds; min_tokens above it cannot be honoured."""
+    req = chat(min_tokens=100)
+    with pytest.raises(InvalidRequestError) as info:
+        req.sampling_params(99)
+    assert info.value.param == "min_tokens" and "max_tokens=99" in str(info.value)
+
+
+def test_sampling_params_validate_min_tokens():
+    from engines.base.errors import InvalidRequestError as EngineInvalid
+    from engines.base.types import SamplingParams
+
+    SamplingParams(max_tokens=4, min_tokens=4).validate()
+    for bad in (5, -1):
+        with pytest.raises(EngineInvalid, match="min_tokens"):
+            SamplingParams(max_tokens=4, min_tokens=bad).validate()

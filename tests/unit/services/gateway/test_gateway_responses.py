@@ -1,6 +1,8 @@
 """OpenAI response shapes built from choice deltas."""
 import json
 
+import pytest
+
 from engines.base.types import TokenLogprob
 from services.gateway.choices import ChoiceDelta
 from services.gateway.detokenizer import TokenBytes
@@ -22,9 +24,25 @@ def test_chat_chunks_and_whole(tokenizer):
     total = ChoiceTotal(0)
     total.add(delta)
     total.add(ChoiceDelta(0, "!", 1, (), "stop"))
-    whole = fmt.whole([total], 3, 2)
+    whole = fmt.whole([total], 3, 2, num_cached_tokens=1)
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hi!"}
-    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                              "prompt_tokens_details": {"cached_tokens": 1}}
+    assert fmt.usage_chunk(3, 2, 2)["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+@pytest.mark.parametrize("kind", [ChatFormat, CompletionFormat])
+def test_chunk_json_from_a_template_is_the_chunk_encoded(tokenizer, kind):
+    """The streaming fast path splices text into a per-request template; it must say exactly what json.dumps says."""
+    fmt = kind("id-1", 'model "50%" %s', TokenBytes(tokenizer), wants_logprobs=False)
+    deltas = [ChoiceDelta(0, 'say "hi" \\ 100% %d %s\n中文 😀', 1), ChoiceDelta(2, "", 0, finish_reason="length"),
+              ChoiceDelta(15, "\u0000index", 3, finish_reason="stop")]
+    for delta in deltas:
+        for is_first in (True, False):
+            assert fmt.chunk_json(delta, is_first) == json.dumps(fmt.chunk(delta, is_first))
+    delta = ChoiceDelta(0, "x", 1, (TokenLogprob(5, -0.25),))  # logprobs: encoded whole (text offsets are state)
+    one, other = (kind("id-2", "m", TokenBytes(tokenizer), wants_logprobs=True) for _ in range(2))
+    assert one.chunk_json(delta, True) == json.dumps(other.chunk(delta, True))
 
 
 def test_completion_text_offsets_continue_across_chunks(tokenizer):
