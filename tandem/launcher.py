@@ -37,6 +37,7 @@ class StackConfig:
     gateway_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     prometheus_port: int = -1  # > 0: also run Prometheus on it (scraping every service), when installed
+    num_gateway_workers: int | None = None  # gateway processes on its port; None: TANDEM_GATEWAY_WORKERS, else 1
 
 
 @dataclass(slots=True)
@@ -79,7 +80,8 @@ class Stack:
             self._spawn(f"decode-{i}", ["decode", *common, *self._worker_args(f"decode-{i}")])
         self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
                                 "--served-model-name", served_name(self.cfg.model),
-                                "--host", self.cfg.host, "--port", str(self.cfg.port), *self.cfg.gateway_args])
+                                "--host", self.cfg.host, "--port", str(self.cfg.port), *self._gateway_workers_args(),
+                                *self.cfg.gateway_args])
         self.write_targets()
 
     @property
@@ -115,6 +117,9 @@ class Stack:
         self._spawn_command("prometheus", [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
                                            f"--web.listen-address=127.0.0.1:{port}"])
         return f"http://127.0.0.1:{port}"
+
+    def _gateway_workers_args(self) -> list[str]:
+        return [] if self.cfg.num_gateway_workers is None else ["--workers", str(self.cfg.num_gateway_workers)]
 
     def _metrics_args(self, name: str) -> list[str]:
         return ["--metrics-port", str(self.metrics_ports[name])]

@@ -29,6 +29,8 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--engine", default="native", choices=["native", "zero", "sim", "trtllm"])
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    up.add_argument("--gateway-workers", type=int, default=None,
+                    help="gateway processes on the one port (default: TANDEM_GATEWAY_WORKERS, else 1)")
     up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
     up.add_argument("--prometheus", type=int, nargs="?", const=9090, default=-1, metavar="PORT",
                     help="also run Prometheus (when installed) scraping every service, on PORT (default 9090)")
@@ -40,8 +42,7 @@ def _serve(args) -> int:
 
     die_with_parent()  # under `tandem up`: never outlive it
     module = importlib.import_module(SERVICES[args.service])
-    module.main(args.args)
-    return 0
+    return module.main(args.args) or 0  # NOTE: a service's exit code (2: bad settings) is the command's
 
 
 def _up(args) -> int:
@@ -52,7 +53,7 @@ def _up(args) -> int:
     model = args.model or str(_default_model())
     cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
-                      log_dir=args.log_dir, prometheus_port=args.prometheus)
+                      log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers)
     return run_stack(cfg)
 
 

@@ -1,14 +1,23 @@
 """Prometheus metrics of the gateway: requests by route/model/status, TTFT, inter-token and end-to-end
-latency, prompt/completion tokens, requests in flight. One registry per app, so tests can build many."""
+latency, prompt/completion tokens, requests in flight. One registry per app, so tests can build many.
+
+Under several gateway processes (PROMETHEUS_MULTIPROC_DIR set by the supervisor before prometheus-client is
+imported) every process writes its values to that directory and /metrics, in any process, merges them all.
+"""
 import logging
+import os
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # 5 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,
                    10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# the routes and statuses every request series starts with, at zero, so dashboards have data from start-up
+ROUTES = ("/v1/chat/completions", "/v1/completions")
+KNOWN_STATUSES = ("200", "400", "429", "499", "500", "503")
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
                5.0, 10.0, 30.0, 60.0)
 
@@ -33,18 +42,34 @@ class GatewayMetrics:
                                      ["model"], registry=r)
         self.completion_tokens = Counter("tandem_gateway_completion_tokens", "Generated tokens", ["model"],
                                          registry=r)
-        self.inflight = Gauge("tandem_gateway_requests_in_flight", "Requests being served", ["model"], registry=r)
+        self.inflight = Gauge("tandem_gateway_requests_in_flight", "Requests being served", ["model"], registry=r,
+                              multiprocess_mode="livesum")
         self.goodput = Counter("tandem_gateway_goodput_requests", "Successful requests that met the TTFT and "
                                "mean inter-token latency SLOs", ["model"], registry=r)
-        slo = Gauge("tandem_gateway_slo_seconds", "The SLOs goodput is judged against", ["slo"], registry=r)
+        slo = Gauge("tandem_gateway_slo_seconds", "The SLOs goodput is judged against", ["slo"], registry=r,
+                    multiprocess_mode="max")
         slo.labels("ttft").set(slo_ttft_s)
         slo.labels("itl").set(slo_itl_s)
+        self._multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+    def start_at_zero(self, model: str) -> None:
+        """Create every series of `model` the dashboards read, so each exists (at 0) before the first request."""
+        for route in ROUTES:
+            for status in KNOWN_STATUSES:
+                self.requests.labels(route, model, status)
+            self.e2e.labels(route, model)
+        for family in (self.ttft, self.itl, self.prompt_tokens, self.completion_tokens, self.inflight, self.goodput):
+            family.labels(model)
 
     def start(self, route: str, model: str) -> "RequestTimer":
         return RequestTimer(self, route, model)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if self._multiproc_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self._multiproc_dir)
+        return generate_latest(merged), CONTENT_TYPE_LATEST
 
 
 class RequestTimer:
@@ -60,6 +85,7 @@ class RequestTimer:
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens a worker found in its prefix cache (the most any choice saw)
         self.is_finished = False
+        self._itl = metrics.itl.labels(model)  # NOTE: looked up once; observed per token
         metrics.inflight.labels(model).inc()
 
     def on_tokens(self, index: int, num_tokens: int) -> None:
@@ -71,7 +97,7 @@ class RequestTimer:
         if last is not None and num_tokens:
             gap = (now - last) / num_tokens
             for _ in range(num_tokens):
-                self._m.itl.labels(self._model).observe(gap)
+                self._itl.observe(gap)
         self._last[index] = now
         self.num_completion_tokens += num_tokens
 

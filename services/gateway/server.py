@@ -15,7 +15,7 @@ from services.common.logs import setup_logging
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
 from services.gateway import errors
-from services.gateway.admission import Admission
+from services.gateway.admission import Admission, Inflight
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.model_info import load_model_info
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -26,11 +26,15 @@ from services.gateway.settings import GatewaySettings, parse_args
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | None = None) -> FastAPI:
-    """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests)."""
+def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | None = None,
+               inflight: Inflight | None = None) -> FastAPI:
+    """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
+    is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
     model = load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, int(time.time()))
-    serving = Serving(settings, model, Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys),
-                      GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s))
+    admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight)
+    metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
+    metrics.start_at_zero(model.name)
+    serving = Serving(settings, model, admission, metrics)
 
     def attach(channel: grpc.aio.Channel) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
@@ -112,13 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         settings = parse_args(argv)
         setup_logging("gateway")
         logging.getLogger().setLevel(settings.log_level.upper())
-        app = create_app(settings)
+        if settings.num_workers > 1:  # checked here once, so a bad model is one clear line, not N dying processes
+            load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, 0)
+        else:
+            app = create_app(settings)
     except SettingsError as exc:
         print(f"tandem gateway: error: {exc}", file=sys.stderr)
         return 2
+    if settings.num_workers > 1:
+        from services.gateway.supervisor import run_supervisor
+
+        return run_supervisor(settings)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                    timeout_graceful_shutdown=30, log_config=None)  # NOTE: keep our JSON log handler
+                    timeout_graceful_shutdown=settings.drain_timeout_s,
+                    log_config=None,  # NOTE: keep our JSON log handler
+                    access_log=False)  # RequestTimer.finish logs one line per request already
     finally:
         shutdown_tracing()
     return 0

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from services.common.settings import SettingsError, env
 
+MAX_WORKERS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
@@ -26,6 +28,8 @@ class GatewaySettings:
     log_level: str = "info"
     slo_ttft_s: float = 2.0  # goodput: a request met its SLOs when its first token came within this ...
     slo_itl_s: float = 0.1  # ... and its mean inter-token latency stayed within this
+    num_workers: int = 1  # gateway processes sharing the port (> 1: a supervisor process starts them)
+    drain_timeout_s: float = 30.0  # at SIGTERM: how long streams in flight may take to finish
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -33,9 +37,11 @@ class GatewaySettings:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_body_bytes", "max_inflight", "request_timeout_s", "route_timeout_s", "slo_ttft_s",
-                     "slo_itl_s"):
+                     "slo_itl_s", "drain_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 1 <= self.num_workers <= MAX_WORKERS:
+            raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SettingsError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -75,8 +81,10 @@ _ENV = {
     "log_level": ("TANDEM_LOG_LEVEL", str),
     "slo_ttft_s": ("TANDEM_SLO_TTFT_S", float),
     "slo_itl_s": ("TANDEM_SLO_ITL_S", float),
+    "num_workers": ("TANDEM_GATEWAY_WORKERS", int),
+    "drain_timeout_s": ("TANDEM_GATEWAY_DRAIN_TIMEOUT_S", float),
 }
-_FLAGS = {"model_dir": ("--model", "--model-dir")}
+_FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
 
 
 def from_env(**overrides) -> GatewaySettings:

@@ -32,6 +32,19 @@ def test_bad_values_fail_at_start(monkeypatch):
     assert main(["--model", "/no/such/model"]) == 2
 
 
+def test_gateway_processes(monkeypatch):
+    monkeypatch.setenv("TANDEM_GATEWAY_WORKERS", "3")
+    assert parse_args(["--model", "/m"]).num_workers == 3
+    assert parse_args(["--model", "/m", "--workers", "2"]).num_workers == 2  # the flag wins
+    assert GatewaySettings(model_dir="/m").num_workers == 1 and GatewaySettings(model_dir="/m").drain_timeout_s == 30
+    for bad in (0, 65):
+        with pytest.raises(SettingsError, match="num_workers"):
+            GatewaySettings(model_dir="/m", num_workers=bad)
+    with pytest.raises(SettingsError, match="drain_timeout_s"):
+        GatewaySettings(model_dir="/m", drain_timeout_s=0)
+    assert main(["--model", "/no/such/model", "--workers", "2"]) == 2  # checked once, before any process starts
+
+
 def test_frozen():
     settings = GatewaySettings(model_dir="/m")
     with pytest.raises(AttributeError):
