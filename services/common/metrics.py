@@ -88,6 +88,16 @@ class WorkerMetrics:
         self.kv_seconds = Histogram("tandem_worker_kv_transfer_seconds", "Time of one request's KV transfer",
                                     [*labels, "direction"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
+    def start_at_zero(self, rpcs: tuple[str, ...], directions: tuple[str, ...]) -> None:
+        """Create this worker's RPC (status OK) and KV-transfer series, so each exists (at 0) from start-up; call
+        once the worker id is known."""
+        key = (self._worker_id(), self.role)
+        for rpc in rpcs:
+            self.rpcs.labels(*key, rpc, "OK")
+        for direction in directions:
+            self.kv_bytes.labels(*key, direction)
+            self.kv_seconds.labels(*key, direction)
+
     def rpc_done(self, rpc: str, code: str) -> None:
         self.rpcs.labels(self._worker_id(), self.role, rpc, code).inc()
 

@@ -27,6 +27,8 @@ from services.common.worker_settings import WorkerSettings
 log = logging.getLogger(__name__)
 SERVICE_NAME = "tandem.v1.Worker"
 _ROLES = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+# per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
+_ZERO_SERIES = {"prefill": (("Prefill", "PullKv"), ("export",)), "decode": (("Generate",), ("import",))}
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -163,6 +165,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
+    service.metrics.start_at_zero(*_ZERO_SERIES[settings.role])
     registrar = Registrar(settings.router_address, service.info(service.address), service.load)
     endpoint: MetricsEndpoint | None = None
 

@@ -10,6 +10,8 @@ from prometheus_client.registry import Collector
 from services.common.metrics import FAST_BUCKETS
 from services.router.types import RouteDecision, WorkerRole, WorkerView
 
+# decided, or failed with these gRPC statuses (lower case, as RouterError subclasses name them)
+KNOWN_OUTCOMES = ("aggregated", "disaggregated", "unavailable", "not_found", "invalid_argument")
 OVERLAP_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -67,6 +69,13 @@ class RouterMetrics:
         self.cached_tokens = Counter("tandem_router_predicted_cached_tokens", "Prompt tokens predicted cached at "
                                      "the chosen worker", ["policy"], registry=r)
         self.routed_tokens = Counter("tandem_router_routed_tokens", "Prompt tokens routed", ["policy"], registry=r)
+
+    def start_at_zero(self, policy: str) -> None:
+        """Create the series of `policy` the dashboards read, so each exists (at 0) from start-up."""
+        for outcome in KNOWN_OUTCOMES:
+            self.decisions.labels(policy, outcome)
+        for family in (self.route_seconds, self.overlap, self.cached_tokens, self.routed_tokens):
+            family.labels(policy)
 
     def decided(self, decision: RouteDecision, num_tokens: int, seconds: float) -> None:
         policy = decision.policy

@@ -132,6 +132,7 @@ class RouterService:
         self.kv = make_subscriber(self.core)
         index = self.core.policy.index if isinstance(self.core.policy, KvAwarePolicy) and self.kv is not None else None
         self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
+        self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME])
         router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics),
                                                      self.server.server)

@@ -139,3 +139,36 @@ def test_router_metrics_show_the_prefix_index_per_worker_when_there_is_one():
     got = samples(RouterMetrics(lambda: [], index_blocks=index.blocks_per_worker).registry)
     assert ("tandem_router_kv_index_blocks", (("worker_id", "decode-0"),)) not in got
     assert not any(name == "tandem_router_kv_index_blocks" for name, _ in samples(RouterMetrics(lambda: []).registry))
+
+
+def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
+    gateway = GatewayMetrics()
+    gateway.start_at_zero("m")
+    got = samples(gateway.registry)
+    for route in ("/v1/chat/completions", "/v1/completions"):
+        for status in ("200", "429", "499", "500", "503"):
+            assert got[("tandem_gateway_requests_total", (("model", "m"), ("route", route), ("status", status)))] == 0
+        assert got[("tandem_gateway_request_duration_seconds_count", (("model", "m"), ("route", route)))] == 0
+    for name in ("tandem_gateway_goodput_requests_total", "tandem_gateway_prompt_tokens_total",
+                 "tandem_gateway_completion_tokens_total", "tandem_gateway_requests_in_flight",
+                 "tandem_gateway_time_to_first_token_seconds_count", "tandem_gateway_inter_token_latency_seconds_count"):
+        assert got[(name, (("model", "m"),))] == 0, name
+
+    router = RouterMetrics(lambda: [])
+    router.start_at_zero("kv")
+    got = samples(router.registry)
+    for outcome in ("aggregated", "disaggregated", "unavailable"):
+        assert got[("tandem_router_decisions_total", (("outcome", outcome), ("policy", "kv")))] == 0
+    for name in ("tandem_router_predicted_cached_tokens_total", "tandem_router_routed_tokens_total",
+                 "tandem_router_route_seconds_count", "tandem_router_predicted_overlap_ratio_count"):
+        assert got[(name, (("policy", "kv"),))] == 0, name
+
+    worker = WorkerMetrics(stats, lambda: "prefill-0", "prefill")
+    worker.start_at_zero(("Prefill", "PullKv"), ("export",))
+    got = samples(worker.registry)
+    base = (("role", "prefill"), ("worker_id", "prefill-0"))
+    for rpc in ("Prefill", "PullKv"):
+        assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", rpc), ("code", "OK")))))] == 0
+    key = tuple(sorted(base + (("direction", "export"),)))
+    assert got[("tandem_worker_kv_transfer_bytes_total", key)] == 0
+    assert got[("tandem_worker_kv_transfer_seconds_count", key)] == 0
