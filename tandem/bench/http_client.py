@@ -94,15 +94,27 @@ class StreamingClient:
         return record
 
     async def _consume(self, reply: httpx.Response, record: RequestRecord) -> None:
-        usage = None
+        recorder = SseRecorder(record)
         async for line in reply.aiter_lines():
-            now = self.clock()
-            event = parse_sse_line(line)
-            # NOTE: a chunk with text, or the last one (its token may decode to no text); not a role-only opener
-            if event.kind is EventKind.CONTENT and (event.text or event.finish_reason):
-                record.chunk_times_s.append(now)
-            elif event.kind is EventKind.ERROR:
-                record.error = event.error
-            if event.num_completion_tokens is not None:
-                usage = event.num_completion_tokens
-        record.num_output_tokens = usage if usage is not None else len(record.chunk_times_s)
+            recorder.line(line, self.clock())
+        recorder.finish()
+
+
+class SseRecorder:
+    """Turns one response's SSE lines into its RequestRecord: chunk stamps, an error event, the usage."""
+
+    def __init__(self, record: RequestRecord):
+        self.record, self._usage = record, None
+
+    def line(self, line: str, now: float) -> None:
+        event = parse_sse_line(line)
+        # NOTE: a chunk with text, or the last one (its token may decode to no text); not a role-only opener
+        if event.kind is EventKind.CONTENT and (event.text or event.finish_reason):
+            self.record.chunk_times_s.append(now)
+        elif event.kind is EventKind.ERROR:
+            self.record.error = event.error
+        if event.num_completion_tokens is not None:
+            self._usage = event.num_completion_tokens
+
+    def finish(self) -> None:
+        self.record.num_output_tokens = self._usage if self._usage is not None else len(self.record.chunk_times_s)

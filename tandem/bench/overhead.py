@@ -1,9 +1,11 @@
 """`tandem bench overhead`: what the control plane adds. The same closed-loop load runs (a) against a
-ZeroCostEngine in this process and (b) through a zero-engine stack (gateway -> router -> worker, HTTP and
-gRPC) that this command starts and stops; the difference is the services' cost, tokens being free."""
+ZeroCostEngine in this process and (b) through zero-engine stacks (gateway -> router -> worker, HTTP and gRPC)
+that this command starts and stops, with 1 and then N gateway processes; tokens being free, the difference is
+the services' cost. Every phase records the load average and each process's CPU time."""
 import argparse
 import asyncio
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -15,8 +17,10 @@ from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.http_client import Endpoint, StreamingClient
 from tandem.bench.loadgen import (PromptMaker, RequestSpec, allowed_token_ids, run_schedule, synthetic_specs,
                                   warm_up_specs)
-from tandem.bench.serve_report import format_rows, ms, rate, write_json
-from tandem.bench.serve_stats import RequestRecord, ServeSummary, summarize_serve
+from tandem.bench.overhead_report import Phase, build_report, format_overhead
+from tandem.bench.raw_client import RawStreamingClient
+from tandem.bench.serve_report import write_json
+from tandem.bench.serve_stats import RequestRecord, summarize_serve
 
 log = logging.getLogger(__name__)
 # NOTE: with a prefill worker, every prompt takes the disaggregated path, however short or queued
@@ -25,16 +29,22 @@ _ALWAYS_DISAGGREGATE = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "0", "TANDEM_ROUTER_P
 
 @dataclass(frozen=True, slots=True)
 class OverheadConfig:
-    num_requests: int = 256
-    concurrency: int = 16
+    num_requests: int = 256  # at the highest concurrency; a quarter of it at concurrency 1
+    concurrencies: tuple[int, ...] = (1, 16)
+    gateway_workers: tuple[int, ...] = (1, 2)  # stacks to run; more than 1 only at the highest concurrency
     isl: int = 128
     osl: int = 128
     num_prefill: int = 0  # 1: disaggregated, the prompt's KV moves prefill -> decode
     num_warmup: int = 16
     model: Path | None = None  # None: a tiny config-only checkpoint in a temporary directory
-    max_added_ttft_s: float = 0.003  # target: p50 TTFT through the stack minus in-process
-    min_relay_tokens_per_s: float = 20_000.0  # target: streamed tokens/s summed over every stream
     seed: int = 0
+    client: str = "raw"  # the load generator: raw (raw_client.py) or httpx (what `bench serve` uses)
+
+    def num_requests_at(self, concurrency: int) -> int:
+        return self.num_requests if concurrency > 1 else max(1, self.num_requests // 4)
+
+    def concurrencies_for(self, workers: int) -> tuple[int, ...]:
+        return tuple(sorted(self.concurrencies)) if workers == 1 else (max(self.concurrencies),)
 
 
 class InProcessSender:
@@ -64,10 +74,11 @@ def run_overhead(cfg: OverheadConfig, log_dir: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="tandem-overhead-") as tmp:
         model = cfg.model or _tiny_model(Path(tmp) / "tiny")
         prompts = PromptMaker(allowed_token_ids(model), cfg.seed)
-        specs = synthetic_specs(cfg.num_requests, cfg.isl, cfg.osl, seed=cfg.seed)
-        in_process = asyncio.run(_run_in_process(model, cfg, prompts, specs))
-        through_stack = _run_through_stack(model, cfg, prompts, specs, log_dir or Path(tmp) / "logs")
-    return build_report(cfg, in_process, through_stack)
+        phases = [asyncio.run(_run_in_process(model, cfg, prompts, c)) for c in sorted(cfg.concurrencies)]
+        for workers in cfg.gateway_workers:
+            phases += _run_through_stack(model, cfg, prompts, workers, (log_dir or Path(tmp) / "logs") / f"gw{workers}")
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    return build_report(config, phases)
 
 
 def _tiny_model(out: Path) -> Path:
@@ -76,106 +87,117 @@ def _tiny_model(out: Path) -> Path:
     return init_model(out, "llama", tiny=True, config_only=True)  # the zero engine needs no weights
 
 
-async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker,
-                          specs: list[RequestSpec]) -> ServeSummary:
+def _specs(cfg: OverheadConfig, concurrency: int) -> list[RequestSpec]:
+    return synthetic_specs(cfg.num_requests_at(concurrency), cfg.isl, cfg.osl, seed=cfg.seed)
+
+
+async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker, concurrency: int) -> Phase:
     from engines.zero import ZeroCostEngine
 
     engine = ZeroCostEngine(str(model))
     await engine.start()
     try:
         sender = InProcessSender(engine, prompts)
-        await run_schedule(_warm_up(cfg), sender.send, cfg.concurrency)
-        log.info("overhead: %d requests in-process", len(specs))
-        return summarize_serve(await run_schedule(specs, sender.send, cfg.concurrency))
+        await run_schedule(warm_up_specs(cfg.num_warmup, cfg.isl, cfg.osl), sender.send, concurrency)
+        log.info("overhead: in-process at concurrency %d", concurrency)
+        return await _measure(sender.send, _specs(cfg, concurrency), concurrency, 0, {})
     finally:
         await engine.shutdown()
 
 
-def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, specs: list[RequestSpec],
-                       log_dir: Path) -> ServeSummary:
+def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, workers: int,
+                       log_dir: Path) -> list[Phase]:
     from tandem.launcher import Stack, StackConfig, free_port
 
     stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=cfg.num_prefill, num_decode=1,
                               port=free_port(), num_threads=1, log_dir=log_dir, ready_timeout_s=120,
-                              env=_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}))
+                              env=_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}, num_gateway_workers=workers))
     try:
         stack.start()
         stack.wait_ready()
-        return asyncio.run(_run_http(stack.url, cfg, prompts, specs))
+        pids = service_pids(stack)
+        return [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids)) for c in cfg.concurrencies_for(workers)]
     finally:
         stack.stop()
 
 
-async def _run_http(url: str, cfg: OverheadConfig, prompts: PromptMaker, specs: list[RequestSpec]) -> ServeSummary:
-    async with StreamingClient(Endpoint(url), prompts, max_connections=cfg.concurrency) as client:
+async def _run_http(url: str, cfg: OverheadConfig, prompts: PromptMaker, concurrency: int, workers: int,
+                    pids: dict[str, list[int]]) -> Phase:
+    client_cls = RawStreamingClient if cfg.client == "raw" else StreamingClient
+    async with client_cls(Endpoint(url), prompts, max_connections=concurrency) as client:
         await client.model_card()
-        await run_schedule(_warm_up(cfg), client.send, cfg.concurrency)
-        log.info("overhead: %d requests through %s", len(specs), url)
-        return summarize_serve(await run_schedule(specs, client.send, cfg.concurrency))
+        await run_schedule(warm_up_specs(cfg.num_warmup, cfg.isl, cfg.osl), client.send, concurrency)
+        log.info("overhead: through %s at concurrency %d, %d gateway processes", url, concurrency, workers)
+        return await _measure(client.send, _specs(cfg, concurrency), concurrency, workers, pids)
 
 
-def _warm_up(cfg: OverheadConfig) -> list[RequestSpec]:
-    return warm_up_specs(cfg.num_warmup, cfg.isl, cfg.osl)
+async def _measure(send, specs: list[RequestSpec], concurrency: int, workers: int,
+                   pids: dict[str, list[int]]) -> Phase:
+    load, cpu = os.getloadavg()[0], cpu_seconds(pids)
+    summary = summarize_serve(await run_schedule(specs, send, concurrency))
+    spent = {name: s - cpu[name] for name, s in cpu_seconds(pids).items()} if pids else {}
+    return Phase(concurrency, workers, summary, (load, os.getloadavg()[0]), spent)
 
 
-def build_report(cfg: OverheadConfig, a: ServeSummary, b: ServeSummary) -> dict:
-    added_ttft = b.ttft_s.p50 - a.ttft_s.p50
-    relay = b.output_tokens_per_s
-    return {
-        "benchmark": "overhead", "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-        "added_ttft_p50_s": added_ttft, "relay_tokens_per_s": relay,
-        "added_itl_p50_s": b.itl_s.p50 - a.itl_s.p50, "added_e2e_p50_s": b.e2e_s.p50 - a.e2e_s.p50,
-        "is_added_ttft_met": added_ttft <= cfg.max_added_ttft_s,
-        "is_relay_met": relay >= cfg.min_relay_tokens_per_s,
-        "in_process": a.as_dict(), "through_stack": b.as_dict(),
-    }
+def service_pids(stack) -> dict[str, list[int]]:
+    """Each child of the stack with its own children (the gateway's processes under its supervisor)."""
+    return {child.name: [child.proc.pid, *_descendants(child.proc.pid)] for child in stack.children}
 
 
-def format_overhead(report: dict) -> str:
-    a, b, cfg = report["in_process"], report["through_stack"], report["config"]
-    yes = {True: "yes", False: "NO"}
-    rows = [
-        ("TTFT p50 (ms)", ms(a["ttft_s"]["p50"]), ms(b["ttft_s"]["p50"]), ms(report["added_ttft_p50_s"]),
-         f"<= {ms(cfg['max_added_ttft_s'])}", yes[report["is_added_ttft_met"]]),
-        ("TTFT p99 (ms)", ms(a["ttft_s"]["p99"]), ms(b["ttft_s"]["p99"]),
-         ms(b["ttft_s"]["p99"] - a["ttft_s"]["p99"]), "", ""),
-        ("ITL p50 (ms)", ms(a["itl_s"]["p50"]), ms(b["itl_s"]["p50"]), ms(report["added_itl_p50_s"]), "", ""),
-        ("end-to-end p50 (ms)", ms(a["e2e_s"]["p50"]), ms(b["e2e_s"]["p50"]), ms(report["added_e2e_p50_s"]), "", ""),
-        ("streamed tokens/s (all streams)", rate(a["output_tokens_per_s"]), rate(b["output_tokens_per_s"]), "",
-         f">= {rate(cfg['min_relay_tokens_per_s'])}", yes[report["is_relay_met"]]),
-        ("requests/s", rate(a["requests_per_s"]), rate(b["requests_per_s"]), "", "", ""),
-        ("errors", str(a["num_errors"]), str(b["num_errors"]), "", "", ""),
-    ]
-    head = (f"{cfg['num_requests']} requests, closed loop x{cfg['concurrency']}, isl {cfg['isl']}, osl {cfg['osl']}, "
-            f"{cfg['num_prefill']} prefill + 1 decode zero-engine worker"
-            + (" (every prompt disaggregated)" if cfg["num_prefill"] else ""))
-    table = format_rows(("metric", "in-process", "through stack", "added", "target", "met"), rows)
-    return head + "\n" + table
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for kid in map(int, task.read_text().split()):
+            found += [kid, *_descendants(kid)]
+    return found
+
+
+def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """User + system CPU seconds so far of each named group of processes, and of this one ("client")."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {name: sum(_ticks(pid) for pid in group) / tick for name, group in pids.items()}
+    times = os.times()
+    out["client"] = times.user + times.system
+    return out
+
+
+def _ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
 
 
 # -- CLI ---------------------------------------------------------------------------------------
 def add_overhead_command(bench_commands) -> None:
     p = bench_commands.add_parser("overhead", help="control-plane overhead: zero engine in-process vs through "
-                                                   "gateway/router/worker")
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=16)
+                                                   "gateway/router/worker, 1 and N gateway processes")
+    p.add_argument("--num-requests", type=int, default=256, help="at the highest concurrency (a quarter at 1)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--gateway-workers", type=int, nargs="+", default=[1, 2],
+                   help="gateway processes of each stack; more than 1 runs the highest concurrency only")
     p.add_argument("--isl", type=int, default=128)
     p.add_argument("--osl", type=int, default=128)
     p.add_argument("--prefill", action="store_true", help="add one prefill worker (disaggregated path)")
-    p.add_argument("--warmup", type=int, default=16, help="untimed requests before each side")
+    p.add_argument("--warmup", type=int, default=16, help="untimed requests before each phase")
     p.add_argument("--model", type=Path, default=None, help="model dir for tokenizer/config (default: tiny)")
-    p.add_argument("--log-dir", type=Path, default=None, help="keep the stack's logs here")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep the stacks' logs here")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="load generator: raw asyncio sockets (lean), or httpx as `bench serve` uses")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_overhead)
 
 
 def cmd_bench_overhead(args: argparse.Namespace) -> int:
-    cfg = OverheadConfig(args.num_requests, args.concurrency, args.isl, args.osl, int(args.prefill), args.warmup,
-                         args.model)
+    if 1 not in args.gateway_workers:
+        raise SystemExit("tandem bench overhead: --gateway-workers must include 1 (the reference)")
+    cfg = OverheadConfig(args.num_requests, tuple(args.concurrency), tuple(args.gateway_workers), args.isl,
+                         args.osl, int(args.prefill), args.warmup, args.model, client=args.client)
     report = run_overhead(cfg, args.log_dir)
     print(format_overhead(report))
     if args.json is not None:
         write_json(args.json, report)
         print(f"\nwrote {args.json}")
-    errors = report["in_process"]["num_errors"] + report["through_stack"]["num_errors"]
+    errors = sum(p["summary"]["num_errors"] for p in report["phases"])
     return 0 if errors == 0 else 1

@@ -59,16 +59,25 @@ def test_mooncake_trace_is_replayed_clipped_to_the_context(zero_stack, tiny_stac
     assert 0.03 <= report["summary"]["duration_s"] < 2.0
 
 
-def test_overhead_runs_both_sides_with_the_same_load(tmp_path):
+def test_overhead_runs_every_phase_with_the_same_load(tmp_path):
     out = tmp_path / "overhead.json"
     run = subprocess.run([sys.executable, "-m", "tandem.cli", "bench", "overhead", "--num-requests", "8",
-                          "--concurrency", "2", "--isl", "16", "--osl", "8", "--warmup", "1", "--json", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=180)
+                          "--concurrency", "1", "2", "--gateway-workers", "1", "2", "--isl", "16", "--osl", "8",
+                          "--warmup", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
-    a, b = report["in_process"], report["through_stack"]
-    assert (a["num_completed"], b["num_completed"], a["num_errors"], b["num_errors"]) == (8, 8, 0, 0)
-    assert a["num_output_tokens"] == b["num_output_tokens"] == 64
-    assert report["added_ttft_p50_s"] == pytest.approx(b["ttft_s"]["p50"] - a["ttft_s"]["p50"])
-    assert report["relay_tokens_per_s"] == b["output_tokens_per_s"] > 0
-    assert "added" in run.stdout and "target" in run.stdout
+    phases = {(p["concurrency"], p["gateway_workers"]): p for p in report["phases"]}
+    assert sorted(phases) == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+    for (concurrency, workers), p in phases.items():
+        s = p["summary"]
+        n = 8 if concurrency > 1 else 2
+        assert (s["num_completed"], s["num_errors"], s["num_output_tokens"]) == (n, 0, 8 * n)
+        if workers:  # every process of the stack and the client were measured
+            assert set(p["cpu_s"]) == {"router", "decode-0", "gateway", "client"}
+    assert sum(p["cpu_s"]["gateway"] for p in phases.values() if p["gateway_workers"]) > 0  # in 10 ms ticks
+    names = [t["name"] for t in report["targets"]]
+    assert names == ["added TTFT p50, concurrency 1", "relay, concurrency 2, 1 gateway",
+                     "relay 2 gateways / 1, concurrency 2"]
+    added = report["targets"][0]["value"]
+    assert added == pytest.approx(phases[(1, 1)]["summary"]["ttft_s"]["p50"] - phases[(1, 0)]["summary"]["ttft_s"]["p50"])
+    assert report["host"]["cores"] >= 1 and "target" in run.stdout and "load avg" in run.stdout

@@ -4,7 +4,8 @@ import pytest
 
 from engines.zero import ZeroCostEngine
 from tandem.bench.loadgen import PromptMaker, RequestSpec, run_schedule, synthetic_specs
-from tandem.bench.overhead import InProcessSender, OverheadConfig, build_report, format_overhead
+from tandem.bench.overhead import InProcessSender, OverheadConfig
+from tandem.bench.overhead_report import Phase, build_report, format_overhead
 from tandem.bench.serve_stats import RequestRecord, summarize_serve
 
 
@@ -32,12 +33,25 @@ def summary(ttft_s: float, num_tokens: int, duration_s: float):
     return summarize_serve([RequestRecord(0.0, times, end_s=duration_s, num_output_tokens=num_tokens)])
 
 
-def test_report_subtracts_p50_ttft_and_checks_both_targets():
-    cfg = OverheadConfig()
-    report = build_report(cfg, summary(0.001, 100, 0.01), summary(0.003, 100, 0.004))
-    assert report["added_ttft_p50_s"] == pytest.approx(0.002) and report["is_added_ttft_met"]
-    assert report["relay_tokens_per_s"] == pytest.approx(25_000) and report["is_relay_met"]
-    slow = build_report(cfg, summary(0.001, 100, 0.01), summary(0.0045, 100, 0.01))
-    assert not slow["is_added_ttft_met"] and not slow["is_relay_met"]  # 3.5 ms added; 10,000 tokens/s
-    table = format_overhead(slow)
-    assert "TTFT p50 (ms)" in table and "3.50" in table and "NO" in table and "<= 3.00" in table
+def test_report_checks_each_target_against_its_own_phases():
+    phases = [Phase(1, 0, summary(0.001, 100, 0.01)), Phase(1, 1, summary(0.003, 100, 0.01)),
+              Phase(16, 0, summary(0.001, 100, 0.01)), Phase(16, 1, summary(0.0175, 100, 0.02)),
+              Phase(16, 2, summary(0.0175, 100, 0.0125), cpu_s={"gateway": 0.002, "client": 0.001})]
+    report = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases, host={"cpu": "x", "cores": 2, "flags": []})
+    got = {t["name"]: (pytest.approx(t["value"]), t["is_met"]) for t in report["targets"]}
+    assert got == {"added TTFT p50, concurrency 1": (0.002, True),  # 3 ms - 1 ms
+                   "added TTFT p50, concurrency 16": (0.0165, False),  # over 15 ms
+                   "relay, concurrency 16, 1 gateway": (5_000, False),  # 100 tokens in 20 ms
+                   "relay 2 gateways / 1, concurrency 16": (1.6, True)}  # 8,000 / 5,000
+    assert report["phases"][4]["cpu_s"] == {"gateway": 0.002, "client": 0.001}
+    assert phases[4].cpu_us_per_token() == {"gateway": pytest.approx(20.0), "client": pytest.approx(10.0)}
+    table = format_overhead(report)
+    for text in ("added TTFT p50, concurrency 16", "16.50 ms", "<= 15.00 ms", "NO", "1.60x", ">= 1.60x",
+                 "stack, 2 gateway", "CPU µs per streamed token"):
+        assert text in table, text
+
+
+def test_requests_and_phases_per_concurrency():
+    cfg = OverheadConfig(num_requests=256, concurrencies=(16, 1), gateway_workers=(1, 2))
+    assert (cfg.num_requests_at(16), cfg.num_requests_at(1)) == (256, 64)
+    assert cfg.concurrencies_for(1) == (1, 16) and cfg.concurrencies_for(2) == (16,)

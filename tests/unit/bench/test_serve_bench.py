@@ -26,7 +26,8 @@ def test_flags_become_a_config_with_slos_in_seconds():
 
 def test_overhead_is_registered_next_to_serve():
     args = build_parser().parse_args(["bench", "overhead", "--num-requests", "64", "--prefill"])
-    assert (args.num_requests, args.prefill, args.concurrency) == (64, True, 16)
+    assert (args.num_requests, args.prefill, args.concurrency, args.gateway_workers) == (64, True, [1, 16], [1, 2])
+    assert args.client == "raw"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,0 +1,114 @@
+"""`tandem bench overhead`'s report: the targets checked against one run's phases, the table, the host it ran on.
+Arithmetic and formatting only; overhead.py runs the phases."""
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tandem.bench.serve_report import format_rows, ms, rate
+from tandem.bench.serve_stats import ServeSummary
+
+# added TTFT p50 targets by concurrency, relay and scale-out targets (the issue's numbers)
+TTFT_TARGETS_S = {1: 0.003, 16: 0.015}
+MIN_RELAY_TOKENS_PER_S = 20_000.0
+MIN_SCALE_OUT = 1.6
+
+
+@dataclass(slots=True)
+class Phase:
+    """One load at one concurrency: in-process (gateway_workers 0) or through a stack with that many gateways."""
+
+    concurrency: int
+    gateway_workers: int
+    summary: ServeSummary
+    load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at its start and its end
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process (or "client") -> CPU seconds during it
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "summary": self.summary.as_dict()}
+
+    def cpu_us_per_token(self) -> dict[str, float]:
+        tokens = max(1, self.summary.num_output_tokens)
+        return {name: 1e6 * s / tokens for name, s in self.cpu_s.items()}
+
+
+def host_info() -> dict:
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z]*)\b", cpuinfo)))
+    return {"cpu": model.group(1) if model else "?", "cores": os.cpu_count(), "flags": flags}
+
+
+def _find(phases: list[Phase], concurrency: int, workers: int) -> Phase | None:
+    return next((p for p in phases if p.concurrency == concurrency and p.gateway_workers == workers), None)
+
+
+def check_targets(phases: list[Phase]) -> list[dict]:
+    """Each target the phases can judge: name, measured value, target, whether it is met."""
+    results = []
+    for c, target in TTFT_TARGETS_S.items():
+        a, b = _find(phases, c, 0), _find(phases, c, 1)
+        if a and b:
+            added = b.summary.ttft_s.p50 - a.summary.ttft_s.p50
+            results.append(_result(f"added TTFT p50, concurrency {c}", added, target, added <= target, "s"))
+    top = max((p.concurrency for p in phases), default=0)
+    one = _find(phases, top, 1)
+    if one is not None:
+        relay = one.summary.output_tokens_per_s
+        results.append(_result(f"relay, concurrency {top}, 1 gateway", relay, MIN_RELAY_TOKENS_PER_S,
+                               relay >= MIN_RELAY_TOKENS_PER_S, "tokens/s"))
+    for p in phases:
+        if one is not None and p.concurrency == top and p.gateway_workers > 1:
+            ratio = p.summary.output_tokens_per_s / max(one.summary.output_tokens_per_s, 1e-9)
+            results.append(_result(f"relay {p.gateway_workers} gateways / 1, concurrency {top}", ratio,
+                                   MIN_SCALE_OUT, ratio >= MIN_SCALE_OUT, "x"))
+    return results
+
+
+def _result(name: str, value: float, target: float, is_met: bool, unit: str) -> dict:
+    return {"name": name, "value": value, "target": target, "is_met": is_met, "unit": unit}
+
+
+def build_report(config: dict, phases: list[Phase], host: dict | None = None) -> dict:
+    return {"benchmark": "overhead", "config": config, "host": host or host_info(),
+            "phases": [p.as_dict() for p in phases], "targets": check_targets(phases)}
+
+
+def format_overhead(report: dict) -> str:
+    cfg, host = report["config"], report["host"]
+    head = (f"isl {cfg['isl']}, osl {cfg['osl']}, closed loop; {cfg['num_prefill']} prefill + 1 decode zero-engine "
+            f"worker; host {host['cores']} cores ({', '.join(host['flags']) or 'no AVX2'}), {host['cpu']}")
+    return "\n\n".join([head, _phase_table(report["phases"]), _target_table(report["targets"]),
+                        _cpu_table(report["phases"])])
+
+
+def _phase_table(phases: list[dict]) -> str:
+    rows = []
+    for p in phases:
+        s = p["summary"]
+        where = "in-process" if p["gateway_workers"] == 0 else f"stack, {p['gateway_workers']} gateway"
+        rows.append((where, str(p["concurrency"]), str(s["num_requests"]), ms(s["ttft_s"]["p50"]),
+                     ms(s["ttft_s"]["p99"]), ms(s["itl_s"]["p50"]), rate(s["output_tokens_per_s"]),
+                     rate(s["requests_per_s"]), str(s["num_errors"]), "%.1f-%.1f" % tuple(p["load_avg"])))
+    return format_rows(("phase", "conc", "reqs", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "tokens/s", "req/s",
+                        "errors", "load avg"), rows)
+
+
+def _target_table(targets: list[dict]) -> str:
+    def show(value: float, unit: str) -> str:
+        return ms(value) + " ms" if unit == "s" else (f"{value:.2f}x" if unit == "x" else rate(value))
+
+    rows = [(t["name"], show(t["value"], t["unit"]), ("<= " if t["unit"] == "s" else ">= ") + show(t["target"], t["unit"]),
+             "yes" if t["is_met"] else "NO") for t in targets]
+    return format_rows(("target", "measured", "target", "met"), rows)
+
+
+def _cpu_table(phases: list[dict]) -> str:
+    through = [p for p in phases if p["gateway_workers"] > 0 and p["cpu_s"]]
+    names = sorted({n for p in through for n in p["cpu_s"]})
+    rows = []
+    for p in through:
+        tokens = max(1, p["summary"]["num_output_tokens"])
+        rows.append((f"c{p['concurrency']}, {p['gateway_workers']} gateway",
+                     *(f"{1e6 * p['cpu_s'].get(n, 0.0) / tokens:.1f}" for n in names)))
+    return "CPU µs per streamed token, by process\n" + format_rows(("phase", *names), rows) if rows else ""
