@@ -48,6 +48,7 @@ class Supervisor:
         self.children: list[_Child] = []
         self._deaths: list[float] = []
         self._is_stopping = False
+        self._wakeup_r, self._wakeup_w = os.pipe()  # NOTE: a signal wakes _watch at once, not at its next timeout
 
     def run(self) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir  # NOTE: read by the children at import
@@ -61,6 +62,8 @@ class Supervisor:
             return code
         finally:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            os.close(self._wakeup_r)
+            os.close(self._wakeup_w)
 
     def _start(self, index: int) -> _Child:
         sock = reuse_port_socket(self.settings.host, self.port)
@@ -76,7 +79,7 @@ class Supervisor:
 
     def _watch(self) -> int:
         while not self._is_stopping:
-            dead = wait([c.process.sentinel for c in self.children], timeout=0.5)
+            dead = wait([c.process.sentinel for c in self.children] + [self._wakeup_r], timeout=5.0)
             for child in [c for c in self.children if c.process.sentinel in dead]:
                 if self._is_stopping:
                     break
@@ -104,6 +107,7 @@ class Supervisor:
 
     def _on_signal(self, signum, frame) -> None:
         self._is_stopping = True
+        os.write(self._wakeup_w, b"\0")
 
     def _stop(self) -> None:
         """Each process stops accepting and finishes its streams (uvicorn's graceful shutdown, bounded)."""

@@ -74,6 +74,7 @@ def test_concurrent_streams_all_complete_whole(idle, endless_model):
     for i, events in enumerate(streams):
         *chunks, usage, done = events
         assert done == "[DONE]", i
+        assert 0 <= usage["usage"].pop("prompt_tokens_details")["cached_tokens"] <= len(prompts[i]), i
         assert usage["choices"] == [] and usage["usage"] == {
             "prompt_tokens": len(prompts[i]), "completion_tokens": MAX_TOKENS,
             "total_tokens": len(prompts[i]) + MAX_TOKENS}, i

@@ -167,10 +167,7 @@ async def test_sigterm_lets_streams_finish_refuses_new_requests_and_is_bounded(m
         assert all(line.startswith("data: ") for line in firsts)
         children, started = gateway_processes(gw), time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.5)
-        with pytest.raises(httpx.ConnectError):  # no process accepts any more
-            async with httpx.AsyncClient(timeout=2) as http:
-                await http.get(f"{gw.url}/health")
+        await wait_for_async(lambda: refuses(gw.url), "no process to accept connections any more", 3.0)
         *finite, stalled = readers
         for reader in finite:
             lines = [line async for line in reader if line.startswith("data: ")]
@@ -185,6 +182,24 @@ async def test_sigterm_lets_streams_finish_refuses_new_requests_and_is_bounded(m
         await wait_for(lambda: len(gw.worker.cancelled) == 1, "the stalled stream to be cancelled at the worker")
         for http, _ in streams:
             await http.aclose()
+
+
+async def refuses(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as http:
+            await http.get(f"{url}/health")
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+async def wait_for_async(condition, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def wait_for(condition, what: str, timeout_s: float = 20.0) -> None:
