@@ -151,7 +151,7 @@ async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, n
         status = exc.status
         log.warning("%s failed mid-stream: %s", fmt.request_id, exc)
         yield errors.sse_error_data(exc).encode()
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, GeneratorExit):  # NOTE: closed at a yield: the client left while we wrote
         status = errors.CLIENT_CLOSED_STATUS
         raise
     except Exception as exc:  # a bug must still end the stream cleanly, never hang the client
