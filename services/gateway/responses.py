@@ -71,8 +71,8 @@ class _Format:
             return json.dumps(self.chunk(delta, is_first))
         template = self._templates.get(is_first)
         if template is None:
-            template = self._templates[is_first] = _template(self.chunk(ChoiceDelta(*_SLOTS[:2], 0,
-                                                                                     finish_reason=_SLOTS[2]), is_first))
+            slots = ChoiceDelta(_SLOTS[0], _SLOTS[1], 0, finish_reason=_SLOTS[2])  # type: ignore[arg-type]
+            template = self._templates[is_first] = _template(self.chunk(slots, is_first))
         return template % (delta.index, json.dumps(delta.text), json.dumps(delta.finish_reason))
 
     def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:

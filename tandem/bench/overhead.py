@@ -116,7 +116,8 @@ def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, w
         stack.start()
         stack.wait_ready()
         pids = service_pids(stack)
-        return [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids)) for c in cfg.concurrencies_for(workers)]
+        return [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids))
+                for c in cfg.concurrencies_for(workers)]
     finally:
         stack.stop()
 

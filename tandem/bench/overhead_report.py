@@ -98,8 +98,10 @@ def _target_table(targets: list[dict]) -> str:
     def show(value: float, unit: str) -> str:
         return ms(value) + " ms" if unit == "s" else (f"{value:.2f}x" if unit == "x" else rate(value))
 
-    rows = [(t["name"], show(t["value"], t["unit"]), ("<= " if t["unit"] == "s" else ">= ") + show(t["target"], t["unit"]),
-             "yes" if t["is_met"] else "NO") for t in targets]
+    def bound(t: dict) -> str:
+        return ("<= " if t["unit"] == "s" else ">= ") + show(t["target"], t["unit"])
+
+    rows = [(t["name"], show(t["value"], t["unit"]), bound(t), "yes" if t["is_met"] else "NO") for t in targets]
     return format_rows(("target", "measured", "target", "met"), rows)
 
 
