@@ -14,17 +14,30 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # more deaths than this in the window: give up, something is wrong
+METRICS_DIR_PREFIX = "tandem-gateway-metrics-"  # then the supervisor's pid
 
 
 @dataclass
 class _Child:
     index: int
     process: multiprocessing.Process
+
+
+def remove_orphaned_metrics_dirs(root: str | None = None) -> list[str]:
+    """Metrics directories of supervisors that are gone without cleaning up (killed outright)."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(METRICS_DIR_PREFIX + "*"):
+        pid = path.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -43,7 +56,8 @@ class Supervisor:
         self.settings = settings
         self._ctx = multiprocessing.get_context("spawn")  # NOTE: never fork a process that may hold gRPC threads
         self.slots = self._ctx.Array("i", settings.num_workers)  # in flight per process (admission.SharedInflight)
-        self.metrics_dir = tempfile.mkdtemp(prefix="tandem-gateway-metrics-")
+        remove_orphaned_metrics_dirs()
+        self.metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
         self.port = settings.port
         self.children: list[_Child] = []
         self._deaths: list[float] = []

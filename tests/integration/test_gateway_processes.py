@@ -67,9 +67,13 @@ async def gateway(model_dir: Path, tmp_path: Path, *args: str):
         await wait_ready(gw)
         yield gw
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # NOTE: SIGTERM, so the supervisor removes its metrics directory
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         for server in servers:
             await server.stop(0)
 

@@ -44,3 +44,4 @@ def test_admission_slots_release_once():
         admission.acquire()
     second.release()
     assert isinstance(admission.inflight, LocalInflight) and admission.num_inflight == 1
+
