@@ -63,6 +63,8 @@ def make_subscriber(core: RouterCore) -> KvSubscriber | None:
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None,
                  metrics: RouterMetrics | None = None):
+        self.traffic = router_pb2.Traffic()  # cumulative; GetTraffic stamps uptime_s
+        self._started = time.monotonic()
         self.core = core
         self.registry = core.registry
         self.settings = settings
@@ -106,6 +108,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 log.info("route failed: %s", exc, extra={"outcome": outcome})
                 raise
             self.metrics.decided(decision, len(request.token_ids), time.perf_counter() - start)
+            self.traffic.num_routed += 1
+            self.traffic.num_prompt_tokens += len(request.token_ids)
             log.info("routed to %s%s", decision.decode.worker_id,
                      f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
                      extra={"num_tokens": len(request.token_ids), "policy": decision.policy,
@@ -119,7 +123,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def Complete(self, request, context):
         self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
+        self.traffic.num_completed += 1
         return router_pb2.CompleteResponse()
+
+    async def GetTraffic(self, request, context):
+        reply = router_pb2.Traffic()
+        reply.CopyFrom(self.traffic)
+        reply.uptime_s = time.monotonic() - self._started
+        return reply
 
 
 class RouterService:
