@@ -1,10 +1,13 @@
 """TimingProfile: what a simulated engine costs (prefill and decode step time, KV capacity, KV transfer),
-loaded from a JSON data file or fitted from `tandem bench engine --json` measurements. Pure: no torch."""
+loaded from a JSON data file, fitted from `tandem bench engine --json` results, or built from measured step
+times (`tandem bench profile`). Pure: no torch."""
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from engines.sim.measured import Points1D, Points2D, decode_table, interp, prefill_table, read_measurements
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "h100-llama3.1-8b"
@@ -27,6 +30,9 @@ class TimingProfile:
     kv_bytes_per_token: int = 131072
     kv_transfer_gb_per_s: float = 64.0
     sources: tuple[str, ...] = ()
+    # measured step times; when present they replace the coefficients (engines/sim/measured.py)
+    prefill_ms_points: Points1D = ()  # (prompt tokens in the step, ms)
+    decode_ms_points: Points2D = ()  # (running sequences, mean context tokens, ms)
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_num_seqs, self.max_num_batched_tokens) < 1:
@@ -40,6 +46,9 @@ class TimingProfile:
         """Time to prefill `num_tokens` uncached tokens in one step (0 for none)."""
         if num_tokens <= 0:
             return 0.0
+        if self.prefill_ms_points:
+            return max(interp(prefill_table(self.prefill_ms_points, self.min_step_ms), num_tokens),
+                       self.min_step_ms) / 1e3
         a, b, c = self.prefill_ms_coeffs
         return max((a * num_tokens + b) * num_tokens + c, self.min_step_ms) / 1e3
 
@@ -48,18 +57,44 @@ class TimingProfile:
         a, b, c = self.decode_ms_coeffs
         return max((a * active_fraction + b) * active_fraction + c, self.min_step_ms) / 1e3
 
+    def decode_step_s(self, num_seqs: int, num_context_tokens: float) -> float:
+        """One decode step of `num_seqs` sequences holding `num_context_tokens` of KV between them."""
+        if num_seqs <= 0:
+            return 0.0
+        if not self.decode_ms_points:
+            return self.decode_s(num_context_tokens / self.kv_capacity_tokens)
+        ms = decode_table(self.decode_ms_points).step_ms(num_seqs, num_context_tokens / num_seqs)
+        return max(ms, self.min_step_ms) / 1e3
+
     def step_s(self, num_prefill_tokens: int, num_decodes: int, active_fraction: float) -> float:
-        """A mixed step costs its prefill plus, when any sequence decodes, one decode step."""
-        decode = self.decode_s(active_fraction) if num_decodes else 0.0
-        return self.prefill_s(num_prefill_tokens) + decode
+        """A mixed step costs its prefill plus, when any sequence decodes, one decode step (with measured tables,
+        less the weights pass the two would otherwise both pay)."""
+        if not num_decodes:
+            return self.prefill_s(num_prefill_tokens)
+        if not self.decode_ms_points:
+            return self.prefill_s(num_prefill_tokens) + self.decode_s(active_fraction)
+        decode = self.decode_step_s(num_decodes, active_fraction * self.kv_capacity_tokens)
+        if num_prefill_tokens <= 0:
+            return decode
+        # NOTE: measured prefill times include one pass over the weights (min_step_ms) that a step which also
+        # decodes has already paid for
+        return decode + max(self.prefill_s(num_prefill_tokens) - self.min_step_ms / 1e3, 0.0)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_measured_isl(self) -> float:
+        """The longest prompt the prefill timing was measured at; 0 when it is a formula."""
+        return self.prefill_ms_points[-1][0] if self.prefill_ms_points else 0.0
 
     def transfer_s(self, num_tokens: int) -> float:
         """Moving `num_tokens` tokens of KV from a prefill worker to a decode worker."""
         return num_tokens * self.kv_bytes_per_token / (self.kv_transfer_gb_per_s * 1e9)
 
     def to_dict(self) -> dict:
-        return {f: (list(v) if isinstance(v, tuple) else v) for f in self.__dataclass_fields__
-                for v in [getattr(self, f)]}
+        return {f: _lists(getattr(self, f)) for f in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TimingProfile":
@@ -68,6 +103,9 @@ class TimingProfile:
             for key in ("prefill_ms_coeffs", "decode_ms_coeffs", "sources"):
                 if key in known:
                     known[key] = tuple(known[key])
+            for key in ("prefill_ms_points", "decode_ms_points"):
+                if key in known:
+                    known[key] = tuple(sorted(tuple(float(x) for x in p) for p in known[key]))
             return cls(**known)
         except TypeError as exc:
             raise ProfileError(f"not a timing profile: {exc}") from None
@@ -111,6 +149,29 @@ def profile_from_bench(json_path: str | Path, base: TimingProfile | None = None)
     sources = (f"fitted from {json_path} ({len(prefill)} workload(s)) by engines/sim/profile.py",)
     return TimingProfile.from_dict({**base.to_dict(), "name": name, "sources": sources,
                                     "prefill_ms_coeffs": _fit(prefill), "decode_ms_coeffs": _fit(decode)})
+
+
+def profile_from_measurements(json_path: str | Path, base: TimingProfile, name: str) -> TimingProfile:
+    """`base`'s limits with the measured prefill and decode step times of a `tandem bench profile` file; the
+    coefficients are least-squares fits to the same points (u = batch x context / KV capacity)."""
+    try:
+        meta, prefill, decode = read_measurements(json_path)
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    capacity = base.kv_capacity_tokens
+    source = (f"measured step times from {Path(json_path).name} ({meta.get('device', 'unknown device')}, "
+              f"{meta.get('model', 'unknown model')}): {len(prefill)} prefill and {len(decode)} decode points, "
+              "interpolated piecewise-linearly by engines/sim/measured.py; the coefficients are least-squares fits")
+    limits = ", ".join(f"{k}={getattr(base, k)}" for k in ("block_size", "num_blocks", "max_num_seqs",
+                       "max_num_batched_tokens", "min_step_ms", "kv_bytes_per_token", "kv_transfer_gb_per_s"))
+    return TimingProfile.from_dict({
+        **base.to_dict(), "name": name, "sources": (source, f"Limits (given, not measured): {limits}"),
+        "prefill_ms_points": prefill, "decode_ms_points": decode, "prefill_ms_coeffs": _fit(list(prefill)),
+        "decode_ms_coeffs": _fit([(b * c / capacity, ms) for b, c, ms in decode])})
+
+
+def _lists(value):
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float, float]:

@@ -7,7 +7,8 @@ import platform
 import time
 from pathlib import Path
 
-from engines.sim.profile import DEFAULT_PROFILE, load_profile, profile_from_bench
+from engines.sim.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
+                                 profile_from_measurements)
 from tandem.bench.traces import load_trace
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
@@ -25,6 +26,10 @@ def add_sim_command(commands) -> None:
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="shipped profile name or a profile JSON path")
     p.add_argument("--profile-from-bench", type=Path, default=None, metavar="BENCH_JSON",
                    help="fit the timing model to a `tandem bench engine --json` report (other fields from --profile)")
+    p.add_argument("--profile-from-measured", type=Path, default=None, metavar="MEASURED_JSON",
+                   help="step times measured by `tandem bench profile` (limits from --profile and --set)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override one profile field, e.g. --set num_blocks=24576 (repeatable)")
     p.add_argument("--save-profile", type=Path, default=None, metavar="PATH",
                    help="write the profile used (e.g. the fitted one) as JSON; without --trace, only that")
     p.add_argument("--max-requests", type=int, default=None, help="only the first N rows of the trace")
@@ -43,9 +48,10 @@ def run_sim(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown or not names:
         raise SystemExit(f"tandem sim: unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
-    profile = load_profile(args.profile)
-    if args.profile_from_bench is not None:
-        profile = profile_from_bench(args.profile_from_bench, base=profile)
+    try:
+        profile = build_profile(args)
+    except ProfileError as exc:
+        raise SystemExit(f"tandem sim: {exc}") from None
     if args.save_profile is not None:
         args.save_profile.parent.mkdir(parents=True, exist_ok=True)
         args.save_profile.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
@@ -67,6 +73,29 @@ def run_sim(args: argparse.Namespace) -> int:
         for path in write_plots(prefix, policies):
             print(f"wrote {path}")
     return 0
+
+
+def build_profile(args: argparse.Namespace) -> TimingProfile:
+    """--profile, refitted from --profile-from-bench or --profile-from-measured, with --set overrides."""
+    profile = load_profile(args.profile)
+    if args.set:
+        profile = TimingProfile.from_dict({**profile.to_dict(), **_overrides(args.set, profile)})
+    if args.profile_from_bench is not None:
+        profile = profile_from_bench(args.profile_from_bench, base=profile)
+    if args.profile_from_measured is not None:
+        profile = profile_from_measurements(args.profile_from_measured, profile, args.profile_from_measured.stem)
+    return profile
+
+
+def _overrides(items: list[str], profile: TimingProfile) -> dict:
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        current = getattr(profile, key, None)
+        if not sep or key not in TimingProfile.__dataclass_fields__ or isinstance(current, tuple):
+            raise ProfileError(f"--set {item!r}: expected FIELD=VALUE for a scalar profile field")
+        out[key] = type(current)(raw)
+    return out
 
 
 def simulate(profile, config: SimConfig, name: str, rows, slo: Slo) -> dict:
