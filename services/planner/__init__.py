@@ -1,0 +1,1 @@
+"""The planner: sizes the prefill and decode pools against latency SLOs and scales them through a connector."""

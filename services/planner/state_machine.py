@@ -1,0 +1,214 @@
+"""The planner's core: every tick it takes an Observation and the time, and returns the replica targets.
+
+Two loops: every adjustment interval the predicted load goes through the perf model (the base); every tick a
+fast correction adds or removes one replica, with hysteresis, when observed SLOs are violated or every worker is
+well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
+"""
+from dataclasses import dataclass, field
+
+from services.planner.perf_model import PerfModel
+from services.planner.predictors import make_predictor
+from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
+
+
+@dataclass(frozen=True, slots=True)
+class RoleBounds:
+    min_replicas: int = 1
+    max_replicas: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    adjustment_interval_s: float = 60.0
+    prefill: RoleBounds = RoleBounds()  # max_replicas 0: no prefill pool (aggregated serving)
+    decode: RoleBounds = RoleBounds()
+    up_ticks: int = 2  # consecutive violated ticks before +1
+    down_ticks: int = 6  # consecutive under-budget ticks before -1
+    under_budget: float = 0.8  # "well under": every worker below this fraction of its SLO
+    max_correction: int = 4  # the fast loop adds at most this many replicas to the model's
+    min_correction: int = 0  # and removes at most -min_correction below it
+    down_stabilization: int = 3  # the model's count is the highest of its last N adjustments (slow to shrink)
+    predictor: str = "holt_winters"
+    predictor_window: int = 3  # moving_average
+    season_length: int = 0  # holt_winters, in adjustment intervals (0: no seasonality)
+
+    def bounds(self, role: WorkerRole) -> RoleBounds:
+        return self.prefill if role is WorkerRole.PREFILL else self.decode
+
+
+@dataclass(slots=True)
+class _Window:
+    """Arrivals and lengths accumulated over one adjustment interval."""
+
+    seconds: float = 0.0
+    num_requests: int = 0
+    isl_sum: float = 0.0
+    osl_sum: float = 0.0
+    num_osl: int = 0
+    num_output_tokens: int = 0
+    has_output_tokens: bool = True
+    is_missing: bool = False
+
+    def add(self, obs: Observation) -> None:
+        self.seconds += obs.window_s
+        self.num_requests += obs.num_requests or 0
+        if obs.num_requests and obs.mean_isl is not None:
+            self.isl_sum += obs.mean_isl * obs.num_requests
+        if obs.num_requests and obs.mean_osl is not None:
+            self.osl_sum += obs.mean_osl * obs.num_requests
+            self.num_osl += obs.num_requests
+        if obs.num_output_tokens is None:
+            self.has_output_tokens = False
+        else:
+            self.num_output_tokens += obs.num_output_tokens
+
+    def osl(self) -> float | None:
+        """Tokens generated per arrival (unbiased by which requests happen to finish), else finished OSL."""
+        if self.has_output_tokens and self.num_requests and self.num_output_tokens:
+            return self.num_output_tokens / self.num_requests
+        return self.osl_sum / self.num_osl if self.num_osl else None
+
+
+@dataclass(slots=True)
+class _RoleState:
+    base: int = -1  # the model's replicas (before the first adjustment: the count found at start)
+    history: list[int] = field(default_factory=list)  # the model's last counts, newest last
+    correction: int = 0
+    num_over: int = 0
+    num_under: int = 0
+    reason: str = "initial count"
+
+
+class PlannerCore:
+    def __init__(self, config: PlannerConfig, model: PerfModel):
+        self.config, self.model = config, model
+        self.roles = tuple(r for r in ROLES if config.bounds(r).max_replicas > 0)
+        self.state = {role: _RoleState() for role in self.roles}
+        self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
+                           for k in ("rate", "isl", "osl")}
+        self.last_load = Load(0.0, 1.0, 1.0)
+        self._window = _Window()
+        self._next_adjust_at: float | None = None
+        self._uncovered = False
+        self._is_warm = False  # the first interval only observes: a planner starting cold sees a biased OSL
+
+    def on_tick(self, obs: Observation, now: float) -> TickResult:
+        if self._next_adjust_at is None:
+            self._start(obs, now)
+        if obs.num_requests is None or any(r not in obs.replicas for r in self.roles):
+            self._window.is_missing = True
+            return TickResult(targets=self.targets(), warnings=("metrics missing: holding every replica count",))
+        self._window.add(obs)
+        predicted, warnings = None, []
+        if now >= self._next_adjust_at:
+            predicted, warnings = self._adjust(now)
+        budgets = self._budgets(obs)
+        self._correct(obs, budgets)
+        return TickResult(self._decisions(obs), self.targets(), predicted, budgets, tuple(warnings))
+
+    def targets(self) -> dict[WorkerRole, int]:
+        out = {}
+        for role, s in self.state.items():
+            b = self.config.bounds(role)
+            out[role] = min(max(s.base + s.correction, b.min_replicas, 1), b.max_replicas)
+        return out
+
+    # -- the adjustment loop -----------------------------------------------------------------
+    def _start(self, obs: Observation, now: float) -> None:
+        self._next_adjust_at = now + self.config.adjustment_interval_s
+        for role in self.roles:
+            replicas = obs.replicas.get(role)
+            self.state[role].base = replicas.desired if replicas is not None else self.config.bounds(role).min_replicas
+
+    def _adjust(self, now: float) -> tuple[Load | None, list[str]]:
+        window, self._window = self._window, _Window()
+        self._next_adjust_at = now + self.config.adjustment_interval_s
+        if window.is_missing or window.seconds <= 0:
+            return None, ["metrics missing during the interval: holding the model's replica counts"]
+        observed = self._observed_load(window)
+        for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
+            self.predictors[key].observe(value)
+        predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
+        if self._is_warm:
+            for role, count in self.model.replicas(predicted, WorkerRole.PREFILL in self.roles).items():
+                if role in self.state:
+                    self._rebase(self.state[role], count)
+        self._is_warm = True
+        return predicted, self._coverage_warning(predicted.isl)
+
+    def _rebase(self, s: _RoleState, count: int) -> None:
+        """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
+        now covers is given back."""
+        s.history = [*s.history, count][-self.config.down_stabilization:]
+        base = max(s.history)
+        if base > s.base and s.correction > 0:
+            s.correction -= min(s.correction, base - s.base)
+        if base != s.base:
+            s.reason = "predicted load"
+        s.base = base
+
+    def _observed_load(self, window: _Window) -> Load:
+        isl = window.isl_sum / window.num_requests if window.num_requests else self.last_load.isl
+        osl = window.osl() or self.last_load.osl
+        self.last_load = Load(window.num_requests / window.seconds, isl, osl)
+        return self.last_load
+
+    def _coverage_warning(self, isl: float) -> list[str]:
+        """Warn once each time the ISL leaves the profile's measured range (the model then extrapolates)."""
+        uncovered = not self.model.covers(isl)
+        is_new, self._uncovered = uncovered and not self._uncovered, uncovered
+        if not is_new:
+            return []
+        return [f"predicted ISL {isl:.0f} is past the profile's longest measured prompt "
+                f"({self.model.profile.max_measured_isl:.0f} tokens): extrapolating its prefill time"]
+
+    # -- the fast correction loop ------------------------------------------------------------
+    def _budgets(self, obs: Observation) -> dict[WorkerRole, float]:
+        isl = obs.mean_isl or self.last_load.isl
+        out: dict[WorkerRole, float] = {}
+        for sample in obs.workers:
+            if sample.role in self.state:
+                out[sample.role] = max(out.get(sample.role, 0.0), self.model.budget(sample, isl))
+        return out
+
+    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float]) -> None:
+        over, under = self._over(obs, budgets), self._under(obs, budgets)
+        for role, s in self.state.items():
+            s.num_over = s.num_over + 1 if over[role] else 0
+            s.num_under = s.num_under + 1 if under[role] else 0
+            if obs.replicas[role].starting > 0:
+                continue  # NOTE: what it asked for is still coming; judge again once it serves
+            top = self.config.bounds(role).max_replicas
+            if s.num_over >= self.config.up_ticks and s.correction < self.config.max_correction \
+                    and s.base + s.correction < top:
+                s.correction, s.num_over, s.reason = s.correction + 1, 0, "SLO violated"
+            elif s.num_under >= self.config.down_ticks and s.correction > -self.config.min_correction:
+                s.correction, s.num_under, s.reason = s.correction - 1, 0, "every worker under budget"
+
+    def _over(self, obs: Observation, budgets: dict[WorkerRole, float]) -> dict[WorkerRole, bool]:
+        slo = self.model.slo
+        ttft = obs.ttft_s > slo.ttft_s if obs.ttft_s is not None else budgets.get(WorkerRole.PREFILL, 0.0) > 1
+        itl = obs.itl_s > slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0) > 1
+        decode = [w for w in obs.workers if w.role is WorkerRole.DECODE]
+        is_decode_queued = sum(w.num_waiting for w in decode) > len(decode)
+        blame_decode = is_decode_queued or WorkerRole.PREFILL not in self.state
+        return {WorkerRole.PREFILL: ttft and not blame_decode, WorkerRole.DECODE: itl or (ttft and blame_decode)}
+
+    def _under(self, obs: Observation, budgets: dict[WorkerRole, float]) -> dict[WorkerRole, bool]:
+        slo, limit = self.model.slo, self.config.under_budget
+        ttft_ok = obs.ttft_s is None or obs.ttft_s < limit * slo.ttft_s
+        itl_ok = obs.itl_s is None or obs.itl_s < limit * slo.itl_s
+        seen = {w.role for w in obs.workers}
+        out = {role: role in seen and budgets.get(role, 0.0) < limit for role in ROLES}
+        out[WorkerRole.PREFILL] = out[WorkerRole.PREFILL] and ttft_ok
+        out[WorkerRole.DECODE] = out[WorkerRole.DECODE] and itl_ok and (ttft_ok or WorkerRole.PREFILL in self.state)
+        return out
+
+    def _decisions(self, obs: Observation) -> tuple[Decision, ...]:
+        out = []
+        for role, target in self.targets().items():
+            replicas = obs.replicas[role]
+            if target == replicas.desired or (target < replicas.desired and replicas.starting > 0):
+                continue  # NOTE: never scale down while a replica it added has not started serving
+            out.append(Decision(role, replicas.desired, target, self.state[role].reason))
+        return tuple(out)

@@ -1,0 +1,146 @@
+"""PlannerCore, pure and on an injected clock: the adjustment loop follows predicted load through the perf model,
+the fast loop moves one replica with hysteresis, bounds hold, missing metrics hold every count."""
+from dataclasses import replace
+
+from services.planner.perf_model import PerfModel, Sizing, Slo
+from services.planner.state_machine import PlannerConfig, PlannerCore, RoleBounds
+from services.planner.types import Observation, Replicas, WorkerRole, WorkerSample
+from tests.unit.services.planner.helpers import round_profile
+
+P, D = WorkerRole.PREFILL, WorkerRole.DECODE
+SLO = Slo(ttft_s=0.5, itl_s=0.05)
+# 20 ms decode steps (101 sequences of 1,000 tokens: 5,050 tokens/s); prefill busy at most half the time
+MODEL = PerfModel(round_profile(), SLO, Sizing(itl_headroom=0.4, prefill_max_utilization=0.5))
+CONFIG = PlannerConfig(adjustment_interval_s=10.0, prefill=RoleBounds(1, 6), decode=RoleBounds(1, 6),
+                       up_ticks=2, down_ticks=3, predictor="constant", down_stabilization=1)
+
+
+def obs(rate=4.0, isl=990.0, osl=20.0, prefill=1, decode=1, window=5.0, **kw):
+    """One 5-second window of `rate` arrivals/s (4: one worker of each role is the model's count), `osl` tokens
+    generated per arrival, calm workers."""
+    replicas = kw.pop("replicas", {P: Replicas(prefill), D: Replicas(decode)})
+    workers = kw.pop("workers", (WorkerSample("p0", P), WorkerSample("d0", D, num_running=1, num_blocks_used=1,
+                                                                          num_blocks_total=100)))
+    n = round(rate * window)
+    return Observation(window, n, isl, osl, num_output_tokens=round(osl * n), replicas=replicas, workers=workers,
+                       **kw)
+
+
+HEAVY = obs(rate=30.0, isl=900.0, osl=200.0)
+
+
+def run(core, observations, start=0.0, step=5.0):
+    return [core.on_tick(o, start + i * step) for i, o in enumerate(observations)]
+
+
+def test_the_first_tick_keeps_the_counts_found():
+    core = PlannerCore(CONFIG, MODEL)
+    result = core.on_tick(obs(prefill=2, decode=3), now=100.0)
+    assert result.decisions == () and result.targets == {P: 2, D: 3} and result.predicted is None
+
+
+def test_the_adjustment_loop_sizes_from_predicted_load_after_a_warm_up_interval():
+    core = PlannerCore(CONFIG, MODEL)
+    # 30 req/s of 900 tokens: 30 x 90 ms = 2.7 prefill-seconds per second / 0.5 -> 6;
+    # 200 tokens each at context 1,000: 6,000 tokens/s / 5,050 per worker -> 2
+    results = run(core, [HEAVY] * 5)
+    assert [r.predicted is not None for r in results] == [False, False, True, False, True]
+    assert results[2].decisions == ()  # the first interval only observes
+    assert results[2].predicted.request_rate == 30.0 and results[2].predicted.osl == 200.0
+    assert {(d.role, d.current, d.target, d.reason) for d in results[4].decisions} == {
+        (P, 1, 6, "predicted load"), (D, 1, 2, "predicted load")}
+
+
+def test_bounds_hold_and_no_role_ever_goes_to_zero():
+    core = PlannerCore(replace(CONFIG, prefill=RoleBounds(1, 4)), MODEL)
+    results = run(core, [HEAVY] * 5 + [obs(rate=0.0, prefill=4, decode=2)] * 4)
+    assert results[4].targets == {P: 4, D: 2}  # the model's 6 prefill workers capped at 4
+    assert results[-1].targets == {P: 1, D: 1}  # no traffic: the last worker of each role stays
+
+
+def test_missing_metrics_hold_every_count():
+    core = PlannerCore(CONFIG, MODEL)
+    missing = Observation(5.0, None, replicas={P: Replicas(2), D: Replicas(2)})
+    results = run(core, [obs(prefill=2, decode=2), missing, obs(rate=0.0, prefill=2, decode=2),
+                         obs(rate=0.0, prefill=2, decode=2), obs(rate=0.0, prefill=2, decode=2)])
+    assert results[1].decisions == () and "missing" in results[1].warnings[0]
+    assert "missing" in results[2].warnings[0]  # the interval that saw the gap is not trusted
+    assert all(r.decisions == () for r in results)
+    no_replicas = core.on_tick(Observation(5.0, 10, 990.0, replicas={D: Replicas(2)}), 25.0)
+    assert no_replicas.decisions == () and no_replicas.warnings  # the connector did not answer for prefill
+
+
+def itl(value, **kw):
+    return obs(itl_s=value, ttft_s=0.1, **kw)
+
+
+def test_an_itl_violation_adds_one_decode_replica_after_two_ticks():
+    core = PlannerCore(CONFIG, MODEL)
+    results = run(core, [itl(0.06), itl(0.03), itl(0.06), itl(0.06)])
+    assert [r.decisions for r in results[:3]] == [(), (), ()]  # one bad tick, then a good one: hysteresis
+    assert [(d.role, d.target, d.reason) for d in results[3].decisions] == [(D, 2, "SLO violated")]
+
+
+def test_nothing_more_is_added_while_a_replica_is_starting_and_none_removed():
+    core = PlannerCore(CONFIG, MODEL)
+    starting = {P: Replicas(1), D: Replicas(ready=1, starting=1)}
+    results = run(core, [itl(0.06)] * 2 + [itl(0.06, replicas=starting)] * 4)
+    assert results[1].targets[D] == 2
+    assert all(r.decisions == () for r in results[2:])  # still violated, but the new replica is coming
+    calm = [itl(0.01, replicas=starting)] * 6
+    assert all(r.decisions == () for r in run(core, calm, start=30.0))  # never down while one is starting
+
+
+def test_every_worker_under_budget_gives_back_a_correction_but_not_below_the_model():
+    core = PlannerCore(CONFIG, MODEL)
+    up = run(core, [itl(0.06)] * 2)
+    assert up[1].targets[D] == 2
+    results = run(core, [itl(0.01, decode=2)] * 5, start=10.0)
+    assert [r.targets[D] for r in results] == [2, 2, 1, 1, 1]  # three calm ticks, then -1 ...
+    assert all(r.targets[D] == 1 for r in run(core, [itl(0.01)] * 6, start=40.0))  # ... and not below the model
+    below = PlannerCore(replace(CONFIG, min_correction=1), MODEL)
+    run(below, [itl(0.01, decode=2)] * 3)
+    assert below.targets()[D] == 1 and below.state[D].correction == -1  # allowed one below when configured
+
+
+def test_ttft_violations_blame_prefill_unless_decode_queues():
+    core = PlannerCore(CONFIG, MODEL)
+    results = run(core, [obs(ttft_s=0.9, itl_s=0.01)] * 2)
+    assert [(d.role, d.target) for d in results[1].decisions] == [(P, 2)]
+    queued = (WorkerSample("p0", P), WorkerSample("d0", D, num_waiting=5, num_running=1))
+    core = PlannerCore(CONFIG, MODEL)
+    results = run(core, [obs(ttft_s=0.9, itl_s=0.01, workers=queued)] * 2)
+    assert [(d.role, d.target) for d in results[1].decisions] == [(D, 2)]
+
+
+def test_without_observed_latencies_the_workers_own_load_is_the_budget():
+    core = PlannerCore(CONFIG, MODEL)
+    # a prefill worker with 9 prompts ahead: 10 x 99 ms = 990 ms > 500 ms
+    busy = (WorkerSample("p0", P, num_waiting=8, num_running=1), WorkerSample("d0", D))
+    results = run(core, [obs(workers=busy)] * 2)
+    assert results[1].budgets[P] > 1.0
+    assert [(d.role, d.target) for d in results[1].decisions] == [(P, 2)]
+
+
+def test_aggregated_serving_sizes_decode_only_and_blames_it_for_ttft():
+    config = replace(CONFIG, prefill=RoleBounds(0, 0))
+    core = PlannerCore(config, MODEL)
+    only_decode = {D: Replicas(1)}
+    results = run(core, [obs(ttft_s=0.9, itl_s=0.01, replicas=only_decode)] * 2)
+    assert set(results[1].targets) == {D} and [(d.role, d.target) for d in results[1].decisions] == [(D, 2)]
+
+
+def test_shrinking_waits_for_the_stabilization_window():
+    core = PlannerCore(replace(CONFIG, down_stabilization=2), MODEL)
+    results = run(core, [HEAVY] * 5 + [obs(rate=10.0, prefill=6, decode=2)] * 4)
+    assert results[4].targets == {P: 6, D: 2}
+    assert results[6].targets == {P: 6, D: 2}  # one interval at the lower load: still the peak's count
+    assert results[8].targets == {P: 2, D: 1}  # two: the lower count wins
+
+
+def test_a_profile_that_does_not_cover_the_isl_warns_once():
+    core = PlannerCore(CONFIG, MODEL)
+    results = run(core, [obs(isl=3000.0)] * 7)
+    warned = [w for r in results for w in r.warnings]
+    assert len(warned) == 1 and "past the profile's longest measured prompt (2000 tokens)" in warned[0]
+    assert results[4].targets[P] > 1  # it still sizes, extrapolating
