@@ -12,12 +12,14 @@ from engines.sim.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, l
 from tandem.bench.traces import load_trace
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
+from tandem.sim.planner_cli import add_planner_arguments, run_planner_sim
 from tandem.sim.policies import POLICY_NAMES
 from tandem.sim.report import format_table, write_json, write_plots
 
 
 def add_sim_command(commands) -> None:
-    p = commands.add_parser("sim", help="discrete-event cluster simulator: compare routing policies on a trace")
+    p = commands.add_parser("sim", help="discrete-event cluster simulator: compare routing policies on a trace, "
+                                        "or drive the planner (--planner sla)")
     p.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL or Azure CSV trace (required to simulate)")
     p.add_argument("--workers", type=int, default=8, help="decode (or aggregated) workers")
     p.add_argument("--prefill-workers", type=int, default=0)
@@ -40,6 +42,7 @@ def add_sim_command(commands) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     p.add_argument("--plots", type=Path, default=None,
                    help="PNG path prefix (default: the --json path without .json)")
+    add_planner_arguments(p)
     p.set_defaults(func=run_sim)
 
 
@@ -61,6 +64,8 @@ def run_sim(args: argparse.Namespace) -> int:
     if args.trace is None:
         raise SystemExit("tandem sim: --trace is required to simulate")
     rows = load_trace(args.trace, args.max_requests, args.time_scale)
+    if args.planner:
+        return run_planner_sim(args, profile, rows, _header(args, profile, len(rows)))
     config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight)
     slo = Slo(args.slo_ttft_s, args.slo_itl_s)
     policies = {name: simulate(profile, config, name, rows, slo) for name in names}

@@ -4,6 +4,7 @@ router's real RouterCore, Registry (on the virtual clock), policy and PrefixInde
 No gRPC, no sleeping, no wall clock: the same trace and seed give the same result.
 """
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engines.base.types import KvLayout
@@ -70,6 +71,32 @@ class ClusterSim:
         self._order = 0
         self._busy: set[str] = set()
         self._live: dict[str, int] = {}  # req_id -> decode tokens still to come after a prefill hand-off
+        self._hooks: list[tuple[float, Callable[[float], None]]] = []
+        self._layout = layout
+
+    # -- scaling: what the planner's virtual connector calls ---------------------------------
+    def add_worker(self, role: WorkerRole) -> str:
+        """A new worker of `role`, routable from now on; returns its id."""
+        prefix = "prefill" if role is WorkerRole.PREFILL else "decode"
+        worker_id = f"{prefix}-{sum(w.startswith(prefix) for w in self.workers):03d}"
+        self._add_worker(worker_id, role, self._layout)
+        self.num_routed[worker_id] = 0
+        return worker_id
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Stop routing to `worker_id`; it keeps what it holds and finishes it (see `is_drained`)."""
+        self.registry.deregister(worker_id)
+
+    def is_drained(self, worker_id: str) -> bool:
+        """True once the worker holds no request and none is on its way to it (a KV hand-off)."""
+        if self.workers[worker_id].has_work or worker_id in self._busy:
+            return False
+        incoming = any(kind == "handoff" and payload[0] == worker_id for _, _, kind, payload in self._heap)
+        return not incoming and not any(self.records[r].worker_id == worker_id for r in self._live)
+
+    def every(self, interval_s: float, hook: Callable[[float], None]) -> None:
+        """Call `hook(now)` every `interval_s` of virtual time from the start of `run` until the trace is done."""
+        self._hooks.append((interval_s, hook))
 
     def _add_worker(self, worker_id: str, role: WorkerRole, layout: KvLayout) -> None:
         self.workers[worker_id] = SimWorker(worker_id, self.profile, self.config.enable_prefix_caching)
@@ -82,6 +109,8 @@ class ClusterSim:
         i = 0
         if self.config.heartbeat_interval_s > 0:
             self._push(self.config.heartbeat_interval_s, "beat", ())
+        for interval_s, hook in self._hooks:
+            self._push(interval_s, "hook", (interval_s, hook))
         while i < len(rows) or self._heap:
             if i < len(rows) and (not self._heap or rows[i].arrival_s < self._heap[0][0]):
                 self.now = max(self.now, rows[i].arrival_s)
@@ -92,7 +121,9 @@ class ClusterSim:
             if kind == "step":
                 self._end_step(*payload)
             elif kind == "beat":
-                self._beat(more=i < len(rows) or bool(self._heap))
+                self._beat(more=i < len(rows) or self._has_work())
+            elif kind == "hook":
+                self._hook(*payload, more=i < len(rows) or self._has_work())
             else:
                 self._hand_off(*payload)
         return list(self.records.values())
@@ -177,6 +208,15 @@ class ClusterSim:
         """With no heartbeat interval, the router sees each worker's load after every change."""
         if self.config.heartbeat_interval_s <= 0:
             self.registry.heartbeat(worker_id, self._load(worker_id))
+
+    def _has_work(self) -> bool:
+        """Events other than the periodic ones are pending (each periodic event must not keep the other alive)."""
+        return any(kind not in ("beat", "hook") for _, _, kind, _ in self._heap)
+
+    def _hook(self, interval_s: float, hook: Callable[[float], None], more: bool) -> None:
+        hook(self.now)
+        if more:
+            self._push(self.now + interval_s, "hook", (interval_s, hook))
 
     def _beat(self, more: bool) -> None:
         """Every worker reports its load, as live workers do each heartbeat interval."""

@@ -1,0 +1,63 @@
+"""What the planner sees of a simulated cluster each tick, as Prometheus would show it for a live one: arrivals
+and their ISL, the OSL of finished requests, TTFT and per-request ITL quantiles, and the router's view of every
+worker's load. Reads the simulator's records; changes nothing."""
+import bisect
+import itertools
+
+import numpy as np
+
+from services.planner.types import Observation, WorkerSample
+from tandem.bench.traces import TraceRow
+from tandem.sim.des import ClusterSim
+
+
+class SimObserver:
+    def __init__(self, sim: ClusterSim, rows: list[TraceRow], quantile: float = 0.95):
+        self.sim, self.quantile = sim, quantile
+        self._arrivals = [r.arrival_s for r in rows]
+        self._isl_cum = np.concatenate([[0], np.cumsum([r.isl for r in rows])])
+        self._pending: list[str] = []  # routed requests not finished at the last tick
+        self._last_s = 0.0
+        self._num_seen = 0
+        self._generated = 0
+
+    def observe(self, now: float, replicas) -> Observation:
+        window = max(now - self._last_s, 1e-9)
+        first = bisect.bisect_right(self._arrivals, self._last_s)
+        last = bisect.bisect_right(self._arrivals, now)
+        num = last - first
+        ttfts, itls, osls = self._finished_since(self._last_s, now)
+        self._last_s = now
+        generated = sum(w.num_generated_tokens for w in self.sim.workers.values())
+        num_output, self._generated = generated - self._generated, generated
+        return Observation(
+            window_s=window, num_requests=num,
+            mean_isl=float(self._isl_cum[last] - self._isl_cum[first]) / num if num else None,
+            mean_osl=float(np.mean(osls)) if osls else None, num_output_tokens=num_output,
+            ttft_s=self._quantile(ttfts), itl_s=self._quantile(itls),
+            workers=tuple(WorkerSample(v.worker_id, v.info.role, v.load.num_waiting, v.load.num_running,
+                                       v.load.num_blocks_used, v.load.num_blocks_total)
+                          for v in self.sim.registry.views()),
+            replicas=replicas)
+
+    def _finished_since(self, start: float, now: float) -> tuple[list[float], list[float], list[int]]:
+        """TTFTs of first tokens in (start, now]; per-request ITL and OSL of requests finished in it."""
+        records = self.sim.records
+        self._pending.extend(itertools.islice(records, self._num_seen, None))  # NOTE: records keeps arrival order
+        self._num_seen = len(records)
+        ttfts, itls, osls, still = [], [], [], []
+        for req_id in self._pending:
+            r = records[req_id]
+            if start < r.first_token_s <= now:
+                ttfts.append(r.first_token_s - r.arrival_s)
+            if r.finish_s < 0:
+                still.append(req_id)
+                continue
+            osls.append(r.num_output_tokens)
+            if r.num_output_tokens > 1:
+                itls.append((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1))
+        self._pending = still
+        return ttfts, itls, osls
+
+    def _quantile(self, values: list[float]) -> float | None:
+        return float(np.quantile(values, self.quantile)) if values else None
