@@ -174,10 +174,11 @@ class PlannerCore:
     def _correct(self, obs: Observation, budgets: dict[WorkerRole, float]) -> None:
         over, under = self._over(obs, budgets), self._under(obs, budgets)
         for role, s in self.state.items():
+            if obs.replicas[role].starting > 0:  # NOTE: what it asked for is still coming: judge afresh once it serves
+                s.num_over = s.num_under = 0
+                continue
             s.num_over = s.num_over + 1 if over[role] else 0
             s.num_under = s.num_under + 1 if under[role] else 0
-            if obs.replicas[role].starting > 0:
-                continue  # NOTE: what it asked for is still coming; judge again once it serves
             top = self.config.bounds(role).max_replicas
             if s.num_over >= self.config.up_ticks and s.correction < self.config.max_correction \
                     and s.base + s.correction < top:
@@ -189,10 +190,20 @@ class PlannerCore:
         slo = self.model.slo
         ttft = obs.ttft_s > slo.ttft_s if obs.ttft_s is not None else budgets.get(WorkerRole.PREFILL, 0.0) > 1
         itl = obs.itl_s > slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0) > 1
-        decode = [w for w in obs.workers if w.role is WorkerRole.DECODE]
-        is_decode_queued = sum(w.num_waiting for w in decode) > len(decode)
-        blame_decode = is_decode_queued or WorkerRole.PREFILL not in self.state
-        return {WorkerRole.PREFILL: ttft and not blame_decode, WorkerRole.DECODE: itl or (ttft and blame_decode)}
+        return {WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
+                WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs))}
+
+    def _blames_decode(self, obs: Observation) -> bool:
+        """A slow first token is the prefill pool's doing when the load of this very window needs more prefill
+        workers than there are, or they are busy (the router then overflows prompts to decode workers); the
+        decode pool's only when the prefill workers sit idle."""
+        if WorkerRole.PREFILL not in self.state:
+            return True
+        if obs.window_s > 0 and obs.num_requests:
+            now = Load(obs.num_requests / obs.window_s, obs.mean_isl or self.last_load.isl, self.last_load.osl)
+            if self.model.replicas(now, True)[WorkerRole.PREFILL] > obs.replicas[WorkerRole.PREFILL].desired:
+                return False
+        return not any(w.num_waiting or w.num_running for w in obs.workers if w.role is WorkerRole.PREFILL)
 
     def _under(self, obs: Observation, budgets: dict[WorkerRole, float]) -> dict[WorkerRole, bool]:
         slo, limit = self.model.slo, self.config.under_budget
@@ -208,7 +219,7 @@ class PlannerCore:
         out = []
         for role, target in self.targets().items():
             replicas = obs.replicas[role]
-            if target == replicas.desired or (target < replicas.desired and replicas.starting > 0):
+            if target == replicas.desired or replicas.is_held or (target < replicas.desired and replicas.starting):
                 continue  # NOTE: never scale down while a replica it added has not started serving
             out.append(Decision(role, replicas.desired, target, self.state[role].reason))
         return tuple(out)

@@ -19,6 +19,10 @@ class ConnectorError(PlannerError):
 
     grpc_status = "UNAVAILABLE"
 
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status  # the API's HTTP status, when there was one
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerSample:
@@ -39,6 +43,7 @@ class Replicas:
     ready: int = 0
     starting: int = 0
     draining: int = 0
+    is_held: bool = False  # someone else changed the count by hand: the planner leaves this role alone for now
 
     @property
     def desired(self) -> int:
@@ -57,6 +62,7 @@ class Observation:
     num_output_tokens: int | None = None  # generated in the window (every worker); preferred over mean_osl
     ttft_s: float | None = None  # observed TTFT quantile (the SLO's percentile); None: not observed
     itl_s: float | None = None  # observed inter-token latency quantile
+    attainment: Mapping[str, float] = field(default_factory=dict)  # "ttft"/"itl": share within the SLO (reported)
     workers: tuple[WorkerSample, ...] = ()
     replicas: Mapping[WorkerRole, Replicas] = field(default_factory=dict)
 

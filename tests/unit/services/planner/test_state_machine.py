@@ -103,13 +103,14 @@ def test_every_worker_under_budget_gives_back_a_correction_but_not_below_the_mod
     assert below.targets()[D] == 1 and below.state[D].correction == -1  # allowed one below when configured
 
 
-def test_ttft_violations_blame_prefill_unless_decode_queues():
+def test_ttft_violations_blame_prefill_while_it_is_busy_else_decode():
+    busy = (WorkerSample("p0", P, num_running=3), WorkerSample("d0", D, num_waiting=5, num_running=1))
     core = PlannerCore(CONFIG, MODEL)
-    results = run(core, [obs(ttft_s=0.9, itl_s=0.01)] * 2)
-    assert [(d.role, d.target) for d in results[1].decisions] == [(P, 2)]
-    queued = (WorkerSample("p0", P), WorkerSample("d0", D, num_waiting=5, num_running=1))
+    results = run(core, [obs(ttft_s=0.9, itl_s=0.01, workers=busy)] * 2)
+    assert [(d.role, d.target) for d in results[1].decisions] == [(P, 2)]  # decode queues from prefill overflow
+    idle_prefill = (WorkerSample("p0", P), WorkerSample("d0", D, num_waiting=5, num_running=1))
     core = PlannerCore(CONFIG, MODEL)
-    results = run(core, [obs(ttft_s=0.9, itl_s=0.01, workers=queued)] * 2)
+    results = run(core, [obs(ttft_s=0.9, itl_s=0.01, workers=idle_prefill)] * 2)
     assert [(d.role, d.target) for d in results[1].decisions] == [(D, 2)]
 
 

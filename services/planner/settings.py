@@ -1,0 +1,133 @@
+"""The planner's settings: one frozen object from TANDEM_PLANNER_* variables, overridden by CLI flags.
+
+A bad value raises SettingsError at start-up, naming the setting.
+"""
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from engines.sim.profile import DEFAULT_PROFILE
+from services.common.settings import SettingsError, env
+from services.planner.perf_model import Sizing, Slo
+from services.planner.predictors import PREDICTORS
+from services.planner.state_machine import PlannerConfig, RoleBounds
+
+ENV_PREFIX = "TANDEM_PLANNER_"
+SOURCES = ("router", "prometheus")
+LIVE_CONNECTORS = ("local", "compose", "kubernetes")  # "virtual" belongs to `tandem sim --planner`
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    host: str = "0.0.0.0"
+    port: int = 50071  # gRPC (GetPlan); 0 = any free port
+    metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
+    source: str = "router"  # observed load: the router's and workers' own figures, or "prometheus"
+    router_address: str = "127.0.0.1:50051"
+    prometheus_url: str = "http://127.0.0.1:9090"
+    prometheus_range_s: float = 30.0  # rates and quantiles over this much of the past (>= 2 scrape intervals)
+    connector: str = "local"
+    profile: str = DEFAULT_PROFILE  # the workers' timing profile: a shipped name or a JSON path
+    slo_ttft_s: float = 0.5
+    slo_itl_s: float = 0.05
+    slo_quantile: float = 0.95  # observed TTFT and ITL are compared to the SLO at this quantile
+    adjustment_interval_s: float = 60.0
+    tick_s: float = 5.0  # the fast correction loop
+    predictor: str = "holt_winters"
+    predictor_window: int = 3
+    season_length: int = 0
+    min_prefill: int = 1
+    max_prefill: int = 8  # 0: no prefill pool (aggregated serving)
+    min_decode: int = 1
+    max_decode: int = 8
+    up_ticks: int = 2
+    down_ticks: int = 6
+    down_stabilization: int = 3
+    max_correction: int = 4
+    itl_headroom: float = 0.8
+    prefill_max_utilization: float = 0.8
+    connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
+    connector_backoff_s: float = 1.0
+    local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
+    compose_command: str = "docker compose"
+    compose_file: str = "compose.yaml"
+    compose_project: str = ""
+    compose_prefill_service: str = "prefill"
+    compose_decode_service: str = "decode"
+    k8s_namespace: str = ""  # "": the pod's own namespace (in-cluster), else "default"
+    k8s_prefill_deployment: str = "tandem-prefill"
+    k8s_decode_deployment: str = "tandem-decode"
+    k8s_gpus_per_replica: int = 1
+    k8s_gpu_budget: int = 0  # most GPUs the worker Deployments may hold together; 0: no budget
+    k8s_kubeconfig: str = ""  # "": in-cluster configuration, else the default kubeconfig
+    k8s_manual_hold_s: float = 300.0  # a count changed by hand is left alone this long
+
+    def __post_init__(self) -> None:
+        _one_of("source", self.source, SOURCES)
+        _one_of("predictor", self.predictor, PREDICTORS)
+        if self.connector == "virtual":
+            raise SettingsError("connector virtual is the simulator's: use `tandem sim --planner sla`")
+        _one_of("connector", self.connector, LIVE_CONNECTORS)
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("slo_ttft_s", "slo_itl_s", "adjustment_interval_s", "tick_s", "connector_backoff_s",
+                     "prometheus_range_s", "k8s_manual_hold_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("slo_quantile", "itl_headroom", "prefill_max_utilization"):
+            if not 0 < getattr(self, name) <= 1:
+                raise SettingsError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 1 <= self.min_decode <= self.max_decode:
+            raise SettingsError(f"need 1 <= min_decode <= max_decode, got {self.min_decode} and {self.max_decode}")
+        if self.max_prefill and not 1 <= self.min_prefill <= self.max_prefill:
+            raise SettingsError(f"need 1 <= min_prefill <= max_prefill (or max_prefill 0), got "
+                                f"{self.min_prefill} and {self.max_prefill}")
+        for name in ("up_ticks", "down_ticks", "down_stabilization", "predictor_window", "connector_retries",
+                     "k8s_gpus_per_replica"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_correction < 0 or self.season_length < 0 or self.k8s_gpu_budget < 0:
+            raise SettingsError("max_correction, season_length and k8s_gpu_budget must be >= 0")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def slo(self) -> Slo:
+        return Slo(self.slo_ttft_s, self.slo_itl_s)
+
+    @property
+    def sizing(self) -> Sizing:
+        return Sizing(self.itl_headroom, self.prefill_max_utilization)
+
+    @property
+    def planner_config(self) -> PlannerConfig:
+        return PlannerConfig(
+            adjustment_interval_s=self.adjustment_interval_s,
+            prefill=RoleBounds(self.min_prefill if self.max_prefill else 0, self.max_prefill),
+            decode=RoleBounds(self.min_decode, self.max_decode), up_ticks=self.up_ticks, down_ticks=self.down_ticks,
+            max_correction=self.max_correction, down_stabilization=self.down_stabilization,
+            predictor=self.predictor, predictor_window=self.predictor_window, season_length=self.season_length)
+
+    @classmethod
+    def from_env(cls) -> "PlannerSettings":
+        return cls(**{f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(cls)})
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (--slo-ttft-s, ...); an absent flag keeps the environment's value."""
+    for f in dataclasses.fields(PlannerSettings):
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
+                            help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+
+
+def settings_from(args: argparse.Namespace) -> PlannerSettings:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(PlannerSettings)
+                 if getattr(args, f.name, None) is not None}
+    return dataclasses.replace(PlannerSettings.from_env(), **overrides)
