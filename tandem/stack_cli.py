@@ -9,6 +9,7 @@ SERVICES = {
     "router": "services.router.server",
     "prefill": "services.prefill.server",
     "decode": "services.decode.server",
+    "planner": "services.planner.server",
 }
 
 
@@ -34,6 +35,8 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
     up.add_argument("--prometheus", type=int, nargs="?", const=9090, default=-1, metavar="PORT",
                     help="also run Prometheus (when installed) scraping every service, on PORT (default 9090)")
+    up.add_argument("--planner", action="store_true",
+                    help="also run the planner, adding and removing workers (TANDEM_PLANNER_* configure it)")
     up.set_defaults(func=_up)
 
 
@@ -53,7 +56,8 @@ def _up(args) -> int:
     model = args.model or str(_default_model())
     cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
-                      log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers)
+                      log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers,
+                      planner=args.planner)
     return run_stack(cfg)
 
 

@@ -26,6 +26,7 @@ from services.common.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "tandem.v1.Worker"
+SETTLE_S = 1.0  # after deregistering: longer than a route's way to the worker (not a long remote prefill)
 _ROLES = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
 # per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
 _ZERO_SERIES = {"prefill": (("Prefill", "PullKv"), ("export",)), "decode": (("Generate",), ("import",))}
@@ -180,13 +181,29 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
 
     async def stop() -> None:
         await registrar.stop()  # no new requests routed here
+        # NOTE: still serving while it drains: requests routed just before the deregistration still arrive
+        # (SETTLE_S), and a prefill worker's held KV is pulled by new PullKv calls
+        await asyncio.sleep(min(SETTLE_S, drain_s))
+        await wait_idle(engine, drain_s)
         service.stopping.set()
-        await server.stop(grace_s=drain_s)  # in-flight streams finish within the grace period
+        await server.stop(grace_s=1.0)  # the last messages of finished streams
         await engine.shutdown()
         if endpoint is not None:
             endpoint.close()
 
     await run_until_signal(start, stop)
+
+
+async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Until the engine holds no request (waiting, running, or prefilled KV not yet pulled); False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.num_waiting + s.num_running + s.num_held == 0:
+            return True
+        await asyncio.sleep(poll_s)
+    log.warning("drain: requests still held after %.0f s; stopping anyway", timeout_s)
+    return False
 
 
 def main_for(role: str, service_cls: type[WorkerService], argv: list[str] | None) -> None:

@@ -50,7 +50,7 @@ class RouterSource:
                                      w.load.num_running, w.load.num_blocks_used, w.load.num_blocks_total)
                         for w in listing.workers)
         if last is None or counters.traffic.uptime_s < last.traffic.uptime_s:  # first read, or a new router
-            return Observation(0.0, None, workers=samples, replicas=replicas)
+            return Observation(0.0, 0, workers=samples, replicas=replicas)  # NOTE: nothing to difference yet
         routed = counters.traffic.num_routed - last.traffic.num_routed
         prompt = counters.traffic.num_prompt_tokens - last.traffic.num_prompt_tokens
         generated = sum(n - last.generated[w] for w, n in counters.generated.items() if w in last.generated)

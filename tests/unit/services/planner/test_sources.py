@@ -51,7 +51,7 @@ async def test_the_router_source_turns_counters_into_a_window(router_and_worker)
     clock = {"now": 0.0}
     source = RouterSource(f"127.0.0.1:{router.port}", clock=lambda: clock["now"])
     first = await source.observe(REPLICAS)
-    assert first.num_requests is None and first.workers[0].num_running == 3  # nothing to difference yet
+    assert (first.window_s, first.num_requests) == (0.0, 0) and first.workers[0].num_running == 3  # a baseline
     for i in range(4):
         await stub.Route(router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=range(50)))
     worker.generated += 800
