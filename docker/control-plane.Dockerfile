@@ -1,9 +1,15 @@
 # syntax=docker/dockerfile:1
-# tandem control plane: gateway and router (the planner joins them later). No model weights run here, but
-# the gateway's tokenizer stack and the `tandem` CLI import torch, so it carries the CPU build of torch.
+# tandem control plane: gateway, router and planner. No model weights run here, but the gateway's tokenizer
+# stack and the `tandem` CLI import torch, so it carries the CPU build of torch. The planner's compose connector
+# runs `docker compose` against the host's Docker socket: the CLI and its compose plugin come from Docker's image.
 # Build from the repository root: docker build -f docker/control-plane.Dockerfile .
 ARG PYTHON_VERSION=3.11
+ARG DOCKER_CLI_TAG=28.5.1-cli
+FROM docker:${DOCKER_CLI_TAG} AS docker-cli
+
 FROM python:${PYTHON_VERSION}-slim-bookworm
+COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
+COPY --from=docker-cli /usr/local/libexec/docker/cli-plugins/docker-compose /usr/local/libexec/docker/cli-plugins/docker-compose
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -28,10 +34,10 @@ RUN python docker/pyproject_deps.py pyproject.toml > /tmp/requirements.txt \
 COPY . .
 RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
- && python -c "import services.gateway.server, services.router.server"
+ && python -c "import services.gateway.server, services.router.server, services.planner.server"
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
  && mkdir -p /cache && chown tandem:tandem /cache
 USER tandem
-EXPOSE 8000 50051 9464
+EXPOSE 8000 50051 50071 9464
 CMD ["tandem", "serve", "gateway"]

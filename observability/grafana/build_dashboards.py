@@ -191,6 +191,58 @@ ROUTER = (
     )),
 )
 
+# --- Planner: the load it predicts, the replicas it wants and has, and the SLOs it sizes for -------------------
+
+PLANNER = (
+    Row("Load", (
+        Panel("Request rate: observed and predicted", (
+            Target('max(tandem_planner_observed_load{quantity="request_rate"})', "observed"),
+            Target('max(tandem_planner_predicted_load{quantity="request_rate"})', "predicted (next interval)")),
+            unit="reqps", width=12, description="Arrivals per second over the last tick, and the predictor's "
+                                                "forecast for the next adjustment interval."),
+        Panel("Prompt and output length", (
+            Target("max by (quantity) (tandem_planner_observed_load{quantity=~\"isl|osl\"})", "observed {{quantity}}"),
+            Target("max by (quantity) (tandem_planner_predicted_load{quantity=~\"isl|osl\"})",
+                   "predicted {{quantity}}")),
+            width=12, description="Mean prompt (ISL) and output (OSL) tokens per request."),
+    )),
+    Row("Replicas", (
+        Panel("Desired and ready replicas", (
+            Target("sum by (role) (tandem_planner_replicas_desired)", "desired {{role}}"),
+            Target('sum by (role) (tandem_planner_replicas{state="ready"})', "ready {{role}}")),
+            width=8, description="What the planner wants per role, and what serves now."),
+        Panel("Replicas by state", (
+            Target("sum by (role, state) (tandem_planner_replicas)", "{{role}} {{state}}"),), width=8,
+            description="Ready, starting (asked for, not serving yet) and draining (leaving after their requests)."),
+        Panel("Scaling decisions", (
+            Target(f"sum by (role, direction) (increase(tandem_planner_decisions_total[{RATE}]))",
+                   "{{role}} {{direction}}"),), width=8, description="Replica changes asked of the connector."),
+    )),
+    Row("SLOs", (
+        Panel("Observed latency and the SLO", (
+            Target("max by (slo) (tandem_planner_observed_latency_seconds)", "observed {{slo}}"),
+            Target("max by (slo) (tandem_planner_slo_seconds)", "SLO {{slo}}")),
+            unit="s", width=8, description="TTFT and inter-token latency at the SLO quantile (Prometheus source)."),
+        Panel("SLO attainment", (
+            Target("max by (slo) (tandem_planner_slo_attainment_ratio)", "{{slo}}"),),
+            unit="percentunit", width=8, description="Share of requests (TTFT) and tokens (ITL) within the SLO."),
+        Panel("SLO budget per role", (
+            Target("max by (role) (tandem_planner_slo_budget_ratio)", "{{role}}"),), width=8,
+            description="The busiest worker's estimated latency over its SLO (> 1: over; < 0.8: room to shrink)."),
+    )),
+    Row("Health", (
+        Panel("Connector failures per second", (
+            Target(f"sum by (connector, operation) (rate(tandem_planner_connector_failures_total[{RATE}]))",
+                   "{{connector}} {{operation}}"),), width=8, description="Failed reads and scaling calls (each retry)."),
+        Panel("Ticks without metrics per second", (
+            Target(f"sum(rate(tandem_planner_missing_observations_total[{RATE}]))", "held"),), width=8,
+            description="Ticks whose load could not be read: every replica count was held."),
+        Panel("Held after a hand edit", (
+            Target("max by (role) (tandem_planner_manual_hold)", "{{role}}"),), width=8,
+            description="1 while a replica count changed by hand is left alone (Kubernetes connector)."),
+    )),
+)
+
 DASHBOARDS = {
     "overview": ("tandem-overview", "tandem / Overview", OVERVIEW,
                  [variable("model", "model", "tandem_gateway_requests_total")]),
@@ -198,6 +250,7 @@ DASHBOARDS = {
                 [variable("role", "role", "tandem_worker_kv_blocks_total"),
                  variable("worker", "worker_id", "tandem_worker_kv_blocks_total")]),
     "router": ("tandem-router", "tandem / Router", ROUTER, []),
+    "planner": ("tandem-planner", "tandem / Planner", PLANNER, []),
 }
 
 

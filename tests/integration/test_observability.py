@@ -1,4 +1,5 @@
-"""Observability of a live stack (router, 1 prefill, 1 decode, gateway as real processes, disaggregated):
+"""Observability of a live stack (router, 1 prefill, 1 decode, gateway and planner as real processes,
+disaggregated):
 one request is one OTLP trace across all four services, correctly parented; every log line is JSON and the
 request's lines carry its trace id; every service serves /metrics and `tandem up`'s file_sd file lists them;
 and a real Prometheus scraping the stack returns data for every PromQL expression of every dashboard."""
@@ -76,11 +77,24 @@ def otlp():
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_stack_model, tmp_path_factory, otlp):
+def prometheus_port() -> int:
+    return free_port()
+
+
+# the planner reads the test's Prometheus (its SLO panels need the gateway's histograms) and, held at one worker
+# per role, never scales the stack under the other tests
+PLANNER_ENV = {"TANDEM_PLANNER_SOURCE": "prometheus", "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "10",
+               "TANDEM_PLANNER_TICK_S": "0.5", "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "1",
+               "TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"}
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_stack_model, tmp_path_factory, otlp, prometheus_port):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp.port}", "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"}
+           "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", **PLANNER_ENV,
+           "TANDEM_PLANNER_PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}"}
     with running_stack(tiny_stack_model, tmp_path_factory.mktemp("observed"), num_prefill=1, num_decode=1,
-                       env=env) as s:
+                       env=env, planner=True) as s:
         yield s
 
 
@@ -184,9 +198,9 @@ def test_log_lines_are_json_and_carry_the_requests_trace_id(traced_request, stac
 def test_every_service_serves_metrics_listed_in_the_file_sd_file(traced_request, stack):
     groups = json.loads(stack.targets_path.read_text())
     listed = {g["labels"]["instance_name"]: g["targets"][0] for g in groups}
-    assert set(listed) == {"gateway", "router", "prefill-0", "decode-0"}
+    assert set(listed) == {"gateway", "router", "prefill-0", "decode-0", "planner"}
     prefixes = {"gateway": "tandem_gateway_", "router": "tandem_router_", "prefill-0": "tandem_worker_",
-                "decode-0": "tandem_worker_"}
+                "decode-0": "tandem_worker_", "planner": "tandem_planner_"}
     for name, target in listed.items():
         assert stack.metrics_urls[name] == f"http://{target}/metrics"
         text = httpx.get(f"http://{target}/metrics", timeout=5).text
@@ -222,7 +236,7 @@ def _concrete(expr: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def prometheus(stack, tmp_path_factory):
+def prometheus(stack, tmp_path_factory, prometheus_port):
     binary = shutil.which("prometheus")
     if binary is None:
         if os.environ.get("TANDEM_REQUIRE_PROMETHEUS"):
@@ -236,7 +250,7 @@ def prometheus(stack, tmp_path_factory):
     config.write_text(local.replace("scrape_interval: 5s", "scrape_interval: 1s")
                       .replace("scrape_timeout: 4s", "scrape_timeout: 1s")
                       .replace("refresh_interval: 30s", "refresh_interval: 1s"))
-    port = free_port()
+    port = prometheus_port  # the planner was told it up front
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                             stderr=open(work / "prometheus.log", "w"))
@@ -248,7 +262,8 @@ def prometheus(stack, tmp_path_factory):
             except (httpx.HTTPError, ValueError):
                 return []
 
-        poll(up_targets, lambda r: bool(r) and float(r[0]["value"][1]) == 4, 30)
+        num_targets = len(json.loads(stack.targets_path.read_text()))
+        poll(up_targets, lambda r: bool(r) and float(r[0]["value"][1]) == num_targets, 30)
         yield url
     finally:
         proc.terminate()
@@ -263,7 +278,7 @@ def _query(url: str, expr: str) -> list:
 
 def test_every_dashboard_expression_returns_live_data(stack, tiny_stack_model, prometheus):
     exprs = _dashboard_exprs()
-    assert len({d for d, _, _ in exprs}) >= 3 and len(exprs) >= 20, exprs  # Overview, Workers, Router
+    assert len({d for d, _, _ in exprs}) >= 4 and len(exprs) >= 20, exprs  # Overview, Workers, Router, Planner
     with httpx.Client(timeout=60) as http:  # traffic across several scrapes: streamed, whole, and refused
         for i in range(6):
             body = {"model": tiny_stack_model.name, "max_tokens": 8, "temperature": 0,
@@ -277,6 +292,8 @@ def test_every_dashboard_expression_returns_live_data(stack, tiny_stack_model, p
             assert http.post(f"{stack.url}/v1/chat/completions", json={**body, "model": "nope"}).status_code == 404
             time.sleep(0.5)
     time.sleep(3)  # a few scrapes after the last request
+    # the planner reads the gateway's histograms from this Prometheus, then is scraped itself: a few ticks later
+    poll(lambda: _query(prometheus, "tandem_planner_observed_latency_seconds"), lambda r: len(r) == 2, 30)
     empty = []
     for dashboard, title, expr in exprs:
         result = _query(prometheus, _concrete(expr))

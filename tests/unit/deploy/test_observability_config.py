@@ -49,10 +49,10 @@ def _concrete(expr: str) -> str:
     return re.sub(r"\$\{?\w+(:\w+)?\}?", ".*", expr.replace("$__rate_interval", "1m"))
 
 
-def test_the_three_dashboards_exist_and_parse():
+def test_the_four_dashboards_exist_and_parse():
     dashboards = _dashboards()
-    assert set(dashboards) == {"overview", "workers", "router"}
-    assert len({d["uid"] for d in dashboards.values()}) == 3
+    assert set(dashboards) == {"overview", "workers", "router", "planner"}
+    assert len({d["uid"] for d in dashboards.values()}) == 4
     assert len(_exprs()) >= 20
 
 
@@ -98,7 +98,9 @@ def test_every_catalogued_area_is_on_a_dashboard():
                    "tandem_worker_kv_blocks_total", "tandem_worker_prefix_cache_hits_total",
                    "tandem_worker_kv_transfer_bytes_total", "tandem_worker_kv_transfer_seconds",
                    "tandem_worker_preemptions_total", "tandem_router_decisions_total", "tandem_router_route_seconds",
-                   "tandem_router_predicted_overlap_ratio", "tandem_router_workers"):
+                   "tandem_router_predicted_overlap_ratio", "tandem_router_workers",
+                   "tandem_planner_predicted_load", "tandem_planner_replicas_desired", "tandem_planner_replicas",
+                   "tandem_planner_slo_attainment_ratio"):
         assert metric in used, metric
 
 
