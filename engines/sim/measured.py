@@ -62,5 +62,5 @@ def read_measurements(path: str | Path) -> tuple[dict, Points1D, Points2D]:
         raise ValueError(f"{path}: not an engine measurement file ({exc!r})") from None
     if len(prefill) < 2 or len({c for _, c, _ in decode}) < 1 or len(decode) < 2:
         raise ValueError(f"{path}: need >= 2 prefill points and >= 2 decode points")
-    meta = {k: data[k] for k in ("device", "model", "date", "command") if k in data}
+    meta = {k: data[k] for k in ("device", "model", "date", "command", "engine") if k in data}
     return meta, prefill, decode

@@ -158,6 +158,8 @@ def profile_from_measurements(json_path: str | Path, base: TimingProfile, name: 
         meta, prefill, decode = read_measurements(json_path)
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
+    measured_with = {k: v for k, v in meta.get("engine", {}).items() if k in ("block_size", "max_num_batched_tokens")}
+    base = TimingProfile.from_dict({**base.to_dict(), **measured_with})
     capacity = base.kv_capacity_tokens
     source = (f"measured step times from {Path(json_path).name} ({meta.get('device', 'unknown device')}, "
               f"{meta.get('model', 'unknown model')}): {len(prefill)} prefill and {len(decode)} decode points, "

@@ -4,6 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tandem.bench.profile_bench import add_profile_command
 from tandem.bench.router_bench import add_router_command
 from tandem.bench.serve_bench import add_serving_commands
 
@@ -19,6 +20,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     engine.set_defaults(func=run_bench_engine)
     add_serving_commands(sub)  # serve, overhead
     add_router_command(sub)  # router
+    add_profile_command(sub)  # profile: the step times the planner and the sim engine use
     return bench
 
 
