@@ -199,81 +199,13 @@ class Stack:
             return 0
 
 
-class ScalableStack(Stack):
-    """A Stack whose workers the planner adds and removes at run time (`tandem up --planner`)."""
+def make_stack(cfg: StackConfig) -> Stack:
+    """A Stack, or with cfg.planner one whose workers the planner scales (tandem/stack_control.py)."""
+    if not cfg.planner:
+        return Stack(cfg)
+    from tandem.stack_control import ScalableStack
 
-    def start(self) -> None:
-        super().start()
-        if self.cfg.planner:
-            self._start_planner(f"127.0.0.1:{self.router_port}")
-            self.write_targets()
-
-    def _start_planner(self, router: str) -> None:
-        from tandem.stack_control import ControlServer
-
-        self.control = ControlServer(self)
-        self.control.start()
-        grpc_port, metrics_port = free_ports(2, exclude=self._ports_in_use())
-        self.metrics_ports["planner"] = metrics_port
-        profile = os.environ.get("TANDEM_WORKER_SIM_PROFILE", "")  # NOTE: size with what sim workers run
-        self._spawn("planner", ["planner", "--port", str(grpc_port), "--metrics-port", str(metrics_port),
-                                "--router-address", router, "--connector", "local",
-                                "--local-control-url", self.control.url,
-                                *(["--profile", profile] if profile and "TANDEM_PLANNER_PROFILE" not in os.environ
-                                  else []), *self.cfg.planner_args])
-
-    def live_workers(self, role: str) -> list[str]:
-        """Running workers of `role` not asked to leave, oldest first."""
-        return [c.name for c in self.children if c.name.startswith(f"{role}-") and c.proc.poll() is None]
-
-    def add_worker(self, role: str) -> str:
-        taken = {c.name for c in [*self.children, *self.retired]}
-        name = next(f"{role}-{i}" for i in range(len(taken) + 1) if f"{role}-{i}" not in taken)
-        grpc_port, metrics_port = free_ports(2, exclude=self._ports_in_use())
-        self.worker_ports[name], self.metrics_ports[name] = grpc_port, metrics_port
-        threads = str(self.cfg.num_threads or 1)
-        self._spawn(name, [role, "--model", self.cfg.model, "--router-address", f"127.0.0.1:{self.router_port}",
-                           "--engine", self.cfg.engine, "--dtype", self.cfg.dtype, "--num-threads", threads,
-                           *self.cfg.worker_args, *self._worker_args(name)])
-        self.write_targets()
-        print(f"planner: started {name}", flush=True)
-        return name
-
-    def remove_worker(self, name: str) -> None:
-        """SIGTERM: the worker deregisters, finishes what it holds, and exits; it is counted as draining until then."""
-        child = next(c for c in self.children if c.name == name)
-        self.children.remove(child)
-        self.retired.append(child)
-        child.proc.send_signal(signal.SIGTERM)
-        self.metrics_ports.pop(name, None)
-        self.write_targets()
-        print(f"planner: draining {name}", flush=True)
-
-    def worker_counts(self) -> dict[str, dict[str, int]]:
-        registered = self._registered_ids()
-        self.retired = [c for c in self.retired if c.proc.poll() is None]
-        counts = {}
-        for role in ("prefill", "decode"):
-            live = self.live_workers(role)
-            ready = sum(1 for name in live if name in registered)
-            counts[role] = {"ready": ready, "starting": len(live) - ready,
-                            "draining": sum(1 for c in self.retired if c.name.startswith(f"{role}-"))}
-        return counts
-
-    def _ports_in_use(self) -> set[int]:
-        return {self.cfg.port, self.router_port, *self.worker_ports.values(), *self.metrics_ports.values()}
-
-    def _registered_ids(self) -> set[str]:
-        import grpc
-
-        from services.common.protos import router_pb2, router_pb2_grpc
-
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{self.router_port}") as channel:
-                reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=2)
-        except grpc.RpcError:
-            return set()
-        return {w.worker.worker_id for w in reply.workers}
+    return ScalableStack(cfg)
 
 
 def served_name(model: str) -> str:
@@ -321,7 +253,7 @@ def run_stack(cfg: StackConfig) -> int:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness probe
-    stack = ScalableStack(cfg) if cfg.planner else Stack(cfg)
+    stack = make_stack(cfg)
     stopping = {"flag": False}
 
     def on_signal(signum, frame):

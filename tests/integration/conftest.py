@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.launcher import ScalableStack, Stack, StackConfig, free_port
+from tandem.launcher import Stack, StackConfig, free_port, make_stack
 
 
 @contextlib.contextmanager
@@ -15,7 +15,7 @@ def running_stack(model: Path, tmp_path: Path, **kw):
     kw.setdefault("num_threads", 1)
     kw.setdefault("worker_args", ("--num-blocks", "512", "--max-num-batched-tokens", "1024"))
     cfg = StackConfig(model=str(model), port=free_port(), log_dir=tmp_path / "logs", ready_timeout_s=120, **kw)
-    stack = ScalableStack(cfg) if cfg.planner else Stack(cfg)
+    stack = make_stack(cfg)
     try:
         stack.start()
         stack.wait_ready()
