@@ -23,7 +23,8 @@ def add_sim_command(commands) -> None:
     p.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL or Azure CSV trace (required to simulate)")
     p.add_argument("--workers", type=int, default=8, help="decode (or aggregated) workers")
     p.add_argument("--prefill-workers", type=int, default=0)
-    p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated: " + ",".join(POLICY_NAMES))
+    p.add_argument("--policies", default=",".join(POLICY_NAMES),
+                   help="comma-separated: " + ",".join(POLICY_NAMES) + " (with --planner: the one named, else least_loaded)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every arrival time (0.5 = 2x rate)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="shipped profile name or a profile JSON path")
     p.add_argument("--profile-from-bench", type=Path, default=None, metavar="BENCH_JSON",

@@ -38,9 +38,11 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
                             decode=RoleBounds(args.min_decode, args.max_decode), predictor=args.predictor,
                             down_stabilization=args.down_stabilization)
     peak_window = args.peak_window_s or 60.0 * args.time_scale
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    policy = names[0] if len(names) == 1 else "least_loaded"  # NOTE: the router's default unless one is named
     return PlannerSimConfig(planner, Slo(args.slo_ttft_ms / 1e3, args.slo_itl_ms / 1e3),
                             Sizing(args.itl_headroom, args.prefill_max_utilization), args.tick_s,
-                            peak_window, args.start_delay_s, policy=args.policies.split(",")[0], seed=args.seed,
+                            peak_window, args.start_delay_s, policy=policy, seed=args.seed,
                             disagg_min_tokens=args.disagg_min_tokens)
 
 
