@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engines.sim.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
                                  profile_from_measurements)
-from tandem.bench.traces import load_trace
+from tandem.bench.traces import TraceError, load_trace
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
 from tandem.sim.planner_cli import add_planner_arguments, run_planner_sim
@@ -64,7 +64,12 @@ def run_sim(args: argparse.Namespace) -> int:
             return 0
     if args.trace is None:
         raise SystemExit("tandem sim: --trace is required to simulate")
-    rows = load_trace(args.trace, args.max_requests, args.time_scale)
+    try:
+        rows = load_trace(args.trace, args.max_requests, args.time_scale)
+    except (TraceError, OSError) as exc:
+        raise SystemExit(f"tandem sim: {exc}") from None
+    if not rows:
+        raise SystemExit(f"tandem sim: {args.trace} has no requests")
     if args.planner:
         return run_planner_sim(args, profile, rows, _header(args, profile, len(rows)))
     config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight)

@@ -63,7 +63,10 @@ def test_it_pays_for_less_than_static_peak_and_serves_better_than_static_mean(ru
     assert planner["gpu_hours"] < peak["gpu_hours"]
     assert planner["sla_attainment"] > mean["sla_attainment"]
     assert peak["decisions"] == [] and mean["gpu_hours"] < peak["gpu_hours"]
-    assert peak["gpu_hours"] == pytest.approx(sum(peak["replicas"].values()) * peak["end_s"] / 3600)
+    window = max(run["end_s"] for run in runs.values())
+    assert peak["window_s"] == planner["window_s"] == window  # every run paid for over the same span
+    assert peak["gpu_hours"] == pytest.approx(sum(peak["replicas"].values()) * window / 3600)
+    assert peak["gpu_hours_own_end"] == pytest.approx(sum(peak["replicas"].values()) * peak["end_s"] / 3600)
 
 
 def test_tandem_sim_planner_writes_json_and_plot(tmp_path, capsys):
