@@ -12,6 +12,9 @@ from services.planner.types import ROLES, ConnectorError, Replicas, WorkerRole
 
 log = logging.getLogger(__name__)
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# every (resource, verb) this connector calls, in its namespace: what the planner's Role must grant, and no more
+API_CALLS = frozenset({("deployments", "get"), ("deployments/scale", "get"), ("deployments/scale", "patch"),
+                       ("pods", "list")})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from services.planner.connectors.kubernetes import KubernetesConnector, KubernetesTarget, load_apis
+from services.planner.connectors.kubernetes import API_CALLS, KubernetesConnector, KubernetesTarget, load_apis
 from services.planner.types import ConnectorError, Replicas, WorkerRole
 
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
@@ -211,3 +211,21 @@ current-context: kmock
     deployment = await call(apps.read_namespaced_deployment, "tandem-decode", NS)
     assert deployment.spec.replicas == 2
     assert kmock[-1].headers["Authorization"] == "Bearer test-token"
+
+
+async def test_the_calls_it_makes_are_exactly_the_ones_its_role_must_grant(kmock, cluster, clock):
+    c = connector(kmock, clock, gpu_budget=16)
+    await call(c.replicas)
+    await call(c.scale, D, 4)
+    cluster.status("tandem-decode", updated=4, ready=3, pods=["Running"] * 3 + ["Pending"])
+    await call(c.scale, D, 2)  # refused while a pod is Pending: it had to list them
+    verbs = {"GET": "get", "PATCH": "patch"}
+    seen = set()
+    for request in kmock:
+        parts = request.url.path.strip("/").split("/")  # .../namespaces/NS/<resource>[/<name>[/<sub>]]
+        resource = parts[parts.index("namespaces") + 2]
+        assert parts[parts.index("namespaces") + 1] == NS
+        name_and_sub = parts[parts.index("namespaces") + 3:]
+        verb = "list" if not name_and_sub and request.method == "GET" else verbs[str(request.method).split(".")[-1]]
+        seen.add(("/".join([resource, *name_and_sub[1:]]), verb))
+    assert seen == API_CALLS
