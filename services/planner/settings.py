@@ -33,7 +33,7 @@ class PlannerSettings:
     slo_quantile: float = 0.95  # observed TTFT and ITL are compared to the SLO at this quantile
     adjustment_interval_s: float = 60.0
     tick_s: float = 5.0  # the fast correction loop
-    predictor: str = "holt_winters"
+    predictor: str = "constant"  # the best of the three on the Azure trace (bench/RESULTS.md, "Planner")
     predictor_window: int = 3
     season_length: int = 0
     min_prefill: int = 1
@@ -42,7 +42,7 @@ class PlannerSettings:
     max_decode: int = 8
     up_ticks: int = 2
     down_ticks: int = 6
-    down_stabilization: int = 3
+    down_stabilization: int = 2
     max_correction: int = 4
     itl_headroom: float = 0.8
     prefill_max_utilization: float = 0.8

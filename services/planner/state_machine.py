@@ -27,8 +27,8 @@ class PlannerConfig:
     under_budget: float = 0.8  # "well under": every worker below this fraction of its SLO
     max_correction: int = 4  # the fast loop adds at most this many replicas to the model's
     min_correction: int = 0  # and removes at most -min_correction below it
-    down_stabilization: int = 3  # the model's count is the highest of its last N adjustments (slow to shrink)
-    predictor: str = "holt_winters"
+    down_stabilization: int = 2  # the model's count is the highest of its last N adjustments (slow to shrink)
+    predictor: str = "constant"
     predictor_window: int = 3  # moving_average
     season_length: int = 0  # holt_winters, in adjustment intervals (0: no seasonality)
 

@@ -17,7 +17,7 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--start-delay-s", type=float, default=30.0, help="a new replica serves this long after it is asked for")
     g.add_argument("--adjustment-interval-s", type=float, default=60.0)
     g.add_argument("--tick-s", type=float, default=5.0, help="the fast correction loop's period")
-    g.add_argument("--predictor", choices=PREDICTORS, default="holt_winters")
+    g.add_argument("--predictor", choices=PREDICTORS, default=PlannerConfig().predictor)
     g.add_argument("--min-prefill", type=int, default=1)
     g.add_argument("--max-prefill", type=int, default=32, help="0: no prefill pool (aggregated serving)")
     g.add_argument("--min-decode", type=int, default=1)

@@ -55,6 +55,19 @@ def static_counts(rows: list[TraceRow], model: PerfModel, cfg: PlannerSimConfig)
     return {"static_peak": peak, "static_mean": mean}
 
 
+def perfect_foresight_share(rows: list[TraceRow], model: PerfModel, cfg: PlannerSimConfig) -> float:
+    """A bound, not a run: the replicas the perf model gives each window's actual load (no prediction error, no
+    start delay, no hysteresis), averaged over the trace, as a share of static peak's."""
+    window = cfg.peak_window_s
+    counts: dict[int, int] = {}
+    for k in range(int(rows[-1].arrival_s // window) + 1):
+        group = [r for r in rows if int(r.arrival_s // window) == k]
+        load = _load(group, window) if group else Load(0.0, 1.0, 1.0)
+        counts[k] = sum(max(n, 1) for n in model.replicas(load, cfg.has_prefill).values())
+    peak = sum(static_counts(rows, model, cfg)["static_peak"].values())
+    return sum(counts.values()) / len(counts) / peak
+
+
 def run_all(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig) -> dict[str, dict]:
     """The planner run and both static runs: each one's summary, replicas over time and TTFT samples. GPU-hours
     of all three are counted over the same window: until the last of them has finished its last request."""
@@ -67,6 +80,7 @@ def run_all(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig)
     for run in runs.values():
         run["gpu_hours_own_end"] = run["gpu_hours"](run["end_s"])
         run["gpu_hours"], run["window_s"] = run["gpu_hours"](window), window
+    runs["planner"]["perfect_foresight_share"] = perfect_foresight_share(rows, model, cfg)
     return runs
 
 

@@ -63,6 +63,7 @@ def test_it_pays_for_less_than_static_peak_and_serves_better_than_static_mean(ru
     assert planner["gpu_hours"] < peak["gpu_hours"]
     assert planner["sla_attainment"] > mean["sla_attainment"]
     assert peak["decisions"] == [] and mean["gpu_hours"] < peak["gpu_hours"]
+    assert 0 < planner["perfect_foresight_share"] < 1  # the bound a planner without delay or error would reach
     window = max(run["end_s"] for run in runs.values())
     assert peak["window_s"] == planner["window_s"] == window  # every run paid for over the same span
     assert peak["gpu_hours"] == pytest.approx(sum(peak["replicas"].values()) * window / 3600)
