@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from services.planner.types import ROLES, Observation, Replicas, TickResult, WorkerRole
 
 STATES = ("ready", "starting", "draining")
+QUANTITIES = ("request_rate", "isl", "osl")
 OPERATIONS = ("replicas", "scale")
 
 
@@ -38,9 +39,14 @@ class PlannerMetrics:
         self._zero(slo)
 
     def _zero(self, slo: dict[str, float]) -> None:
-        """Every labelled series exists from the start, so dashboards show 0 rather than nothing."""
+        """Every labelled series exists from the start: counts at 0, what is not known yet at NaN."""
         for name, seconds in slo.items():
             self.slo.labels(name).set(seconds)
+            self.latency.labels(name).set(float("nan"))
+            self.attainment.labels(name).set(float("nan"))
+        for quantity in QUANTITIES:
+            self.predicted.labels(quantity).set(float("nan"))
+            self.observed.labels(quantity).set(float("nan"))
         for role in ROLES:
             self.desired.labels(role.value)
             self.budget.labels(role.value)
@@ -61,7 +67,7 @@ class PlannerMetrics:
                 if value is not None:
                     self.observed.labels(name).set(value)
         if result.predicted is not None:
-            for name in ("request_rate", "isl", "osl"):
+            for name in QUANTITIES:
                 self.predicted.labels(name).set(getattr(result.predicted, name))
         for role, target in result.targets.items():
             self.desired.labels(role.value).set(target)

@@ -293,7 +293,8 @@ def test_every_dashboard_expression_returns_live_data(stack, tiny_stack_model, p
             time.sleep(0.5)
     time.sleep(3)  # a few scrapes after the last request
     # the planner reads the gateway's histograms from this Prometheus, then is scraped itself: a few ticks later
-    poll(lambda: _query(prometheus, "tandem_planner_observed_latency_seconds"), lambda r: len(r) == 2, 30)
+    observed = "tandem_planner_observed_latency_seconds"  # NaN until the planner has seen a latency
+    poll(lambda: _query(prometheus, observed), lambda r: len(r) == 2 and "NaN" not in {s["value"][1] for s in r}, 30)
     empty = []
     for dashboard, title, expr in exprs:
         result = _query(prometheus, _concrete(expr))
