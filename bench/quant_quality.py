@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from engines.native.config import EngineConfig  # noqa: E402
-from engines.native.core import EngineCore  # noqa: E402
+from engines.native.runner import build_core, prompt_logits  # noqa: E402
 from engines.native.quant.transform import quantize_checkpoint  # noqa: E402
 
 PROMPTS = (
@@ -72,8 +72,8 @@ def prompt_ids(model_dir: Path, prompts=PROMPTS) -> list[list[int]]:
 
 def run_logits(model_dir: Path, token_ids: list[list[int]], dtype: str, **engine) -> tuple[list[torch.Tensor], float]:
     start = time.perf_counter()
-    core = EngineCore(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=64, **engine))
-    logits = [core.prompt_logits(ids) for ids in token_ids]
+    core = build_core(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=64, **engine))
+    logits = [prompt_logits(core, ids) for ids in token_ids]
     return logits, time.perf_counter() - start
 
 

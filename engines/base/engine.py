@@ -1,13 +1,25 @@
-"""The Engine protocol: what a worker holds, whatever the backend."""
+"""The Engine protocol: what a worker holds, whatever the backend, and the capabilities it declares."""
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.types import EngineRequest, EngineStats, KvExport, KvLayout, RequestOutput
 
 
+@dataclass(frozen=True, slots=True)
+class EngineCapabilities:
+    """What an engine supports beyond generating; a worker answers UNIMPLEMENTED for what it lacks."""
+
+    kv_events: bool = False  # kv_events_since / kv_snapshot / wait_kv_events
+    reset_prefix_cache: bool = False
+    kv_export: bool = False  # export_kv: held KV can be pulled as bytes (PullKv)
+
+
 @runtime_checkable
 class Engine(Protocol):
+    capabilities: EngineCapabilities
+
     async def start(self) -> None:
         """Start the step loop. Idempotent."""
 
@@ -18,7 +30,7 @@ class Engine(Protocol):
         """Validate and enqueue; raises InvalidRequestError at once for bad input.
 
         Returns the request's output stream of deltas, ending with the one that has a
-        finish_reason.
+        finish_reason (PREFILLED for a hold_kv request whose KV is held).
         """
 
     async def abort(self, req_id: str) -> None:
@@ -30,17 +42,21 @@ class Engine(Protocol):
     def kv_layout(self) -> KvLayout:
         """The layout of this engine's KV blocks (what an import must match)."""
 
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens one request may hold: computed by the engine, reported by the worker."""
+
     async def export_kv(self, req_id: str) -> KvExport:
-        """The KV of a finished request that was added with hold_kv=True."""
+        """The KV of a prefilled request (added with hold_kv=True)."""
 
     async def release_kv(self, req_id: str) -> None:
-        """Free the blocks held for a finished hold_kv request."""
+        """Free the blocks held for a prefilled request."""
 
+    async def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix (EngineBusyError while requests hold blocks); how many blocks were dropped."""
 
-@runtime_checkable
-class KvEventSource(Protocol):
-    """An optional capability: an engine that publishes its prefix cache's KV events (engines/base/events.py).
-    A worker whose engine lacks it answers StreamKvEvents with UNIMPLEMENTED."""
+    async def wait_failed(self) -> str:
+        """Return, with the reason, once the engine can serve no more (e.g. its process died)."""
 
     async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:
         """Events with seq > `after_seq`, or None when the reader must take `kv_snapshot` instead."""

@@ -92,6 +92,17 @@ class KvEventLog:
             events.append(self.stored(parent, hashes, tier))
         return events
 
+    def replay(self, event: KvEvent) -> None:
+        """Apply an event another log numbered (an engine process's), keeping its seq: a mirror of that log."""
+        if event.seq != self.last_seq + 1:
+            raise ValueError(f"KV event {event.seq} does not follow {self.last_seq}")
+        if event.kind is KvEventKind.STORED:
+            self.stored(event.parent_hash, event.block_hashes, event.tier)
+        elif event.kind is KvEventKind.REMOVED:
+            self.removed(event.block_hashes, event.tier)
+        else:
+            self.cleared()
+
     # ---- reading ----
 
     def since(self, after_seq: int) -> list[KvEvent] | None:

@@ -11,7 +11,7 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # cancelled by the caller
     ERROR = "error"  # the engine failed this request
-    # hold_kv: the first token is out and the KV is held for a decode worker (not finished for the client)
+    # a hold_kv request's first token is out and its KV is held for a decode worker: finished here, not for the client
     PREFILLED = "prefilled"
 
 
@@ -21,7 +21,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
-    seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
+    seed: int | None = None  # randomness keyed on (seed, index of the generated token): same seed, same tokens
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False  # log-probability of each chosen token
@@ -81,16 +81,20 @@ class KvExport:
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     req_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    # Prefill only: compute the prompt, sample exactly one token, hold the KV (until export_kv/release_kv).
+    prompt_token_ids: tuple[int, ...]  # the user's prompt: len() is num_prompt_tokens everywhere
+    params: SamplingParams = field(default_factory=SamplingParams)  # the user's; max_tokens counts output_token_ids
+    # Prefill only: compute the prompt, sample exactly one token, hold the KV until export_kv/release_kv.
     hold_kv: bool = False
-    # Decode role: KV for a prefix of the prompt computed elsewhere (see KvExport).
+    # KV for a prefix of prompt + output_token_ids computed elsewhere (see KvExport).
     kv: KvExport | None = None
-    # Tokens already generated elsewhere; the engine continues after them. params.max_tokens counts them too.
+    # Tokens already generated for this request elsewhere (a prefill worker's first token, a migrated
+    # request's output); the engine continues after them and never sends them again.
     output_token_ids: tuple[int, ...] = ()
-    # Opaque KV transfer parameters from a prefill engine of the same kind; only that engine reads them.
-    kv_params: bytes = b""
+    kv_params: bytes = b""  # opaque, from a prefill engine of the same kind; only that kind reads it
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + self.output_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
     error: str | None = None
     queue_s: float | None = None  # arrival to first scheduled step, when the engine knows it (for traces)
-    kv_params: bytes = b""  # the last output of a hold_kv request whose KV is held (FinishReason.PREFILLED)
+    kv_params: bytes = b""  # the last output of a hold_kv request whose KV is held, when its engine has any
 
     @property
     def finished(self) -> bool:

@@ -7,10 +7,10 @@ import os
 
 import torch
 
-from engines.base.errors import KvLayoutMismatchError
+from engines.base.requests import FP8_KV_DTYPE, check_importable
 from engines.base.types import KvExport, KvLayout
 
-FP8_KV_DTYPE = "float8_e4m3fn"
+__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "KvCache", "available_memory", "bytes_per_block", "check_importable"]
 FP8_MAX = 448.0  # largest finite E4M3 value
 
 
@@ -60,21 +60,6 @@ class KvCache:
             return blocks
         ratio = (theirs / self.scales.to(blocks.device)).view(-1, 2, 1, 1, 1, 1)
         return (blocks.float() * ratio).clamp(-FP8_MAX, FP8_MAX).to(self.dtype)
-
-
-def check_importable(layout: KvLayout, kv: KvExport) -> None:
-    if kv.layout != layout:
-        raise KvLayoutMismatchError(f"KV layout {kv.layout} does not match this engine's {layout}")
-    num_blocks = -(-kv.num_tokens // layout.block_size)
-    itemsize = torch.empty(0, dtype=getattr(torch, layout.dtype)).element_size()
-    expected = layout.num_layers * 2 * num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim
-    if kv.num_blocks != num_blocks or len(kv.data) != expected * itemsize:
-        raise KvLayoutMismatchError(
-            f"KV export holds {kv.num_blocks} blocks / {len(kv.data)} bytes; "
-            f"{kv.num_tokens} tokens need {num_blocks} blocks / {expected * itemsize} bytes")
-    num_scales = 2 * layout.num_layers if layout.dtype == FP8_KV_DTYPE else 0
-    if len(kv.scales) != num_scales:
-        raise KvLayoutMismatchError(f"KV export carries {len(kv.scales)} scales; this cache needs {num_scales}")
 
 
 def _layer_scales(layout: KvLayout, scales: tuple[float, ...], device: str) -> torch.Tensor:

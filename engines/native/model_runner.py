@@ -2,7 +2,7 @@
 the KV cache and the attention backend; knows nothing of requests' lifecycles."""
 import torch
 
-from engines.base.types import KvLayout, TokenLogprob
+from engines.base.types import KvLayout
 from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend, resolve_backend
 from engines.native.attention.varlen import build_varlen_metadata
 from engines.native.config import EngineConfig, ModelConfig
@@ -11,8 +11,8 @@ from engines.native.layers.linear import Linear
 from engines.native.quant.swap import read_quant_config
 from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
-from engines.native.sampler import sample
-from engines.native.scheduler import ScheduledSeq, SchedulerOutput
+from engines.native.sampler import SampledTokens, SampleRow, sample
+from engines.core.scheduler import ScheduledSeq, SchedulerOutput
 
 MAX_DEFAULT_MODEL_LEN = 8192
 
@@ -47,6 +47,8 @@ class ModelRunner:
                 scales = tuple(self.kv_cache.scales[i].tolist())
                 attn.backend = get_backend(self.device, self.backend_name, scales)
         self.graphs = self._maybe_capture_graphs()
+        self.generator = torch.Generator(device=self.device)  # unseeded sampling rows draw from it
+        self.generator.seed()
 
     @property
     def num_blocks(self) -> int:
@@ -72,8 +74,8 @@ class ModelRunner:
         return max(1, min(by_memory, useful))
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
-        """Run one step; returns (scheduled, new token, logprob) for each sequence that samples."""
+    def launch(self, out: SchedulerOutput) -> SampledTokens | None:
+        """Enqueue one step (on a GPU the host does not wait); the sampled tokens of `out.sampling`, in order."""
         order = sorted(out.scheduled, key=lambda s: not _is_decode(s))  # decodes first
         if self.graphs is not None and len(order) <= self.graphs.max_num_seqs and all(map(_is_decode, order)):
             hidden = self._graph_decode(order)  # [num_decodes, hidden_size]
@@ -81,14 +83,13 @@ class ModelRunner:
         else:
             input_ids, positions, meta, last_rows = self._prepare(order)
             hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
-        samplers = [s for s in order if s.samples]
+        samplers = out.sampling
         if not samplers:
-            return []
+            return None
         rows = torch.tensor([last_rows[id(s)] for s in samplers], device=self.device)
         logits = self.model.compute_logits(hidden[rows]).float()  # [num_samplers, vocab_size]
-        tokens, logprobs = sample(logits, [s.seq.params for s in samplers],
-                                  [s.seq.generator for s in samplers])
-        return list(zip(samplers, tokens, logprobs))
+        return sample(logits, [SampleRow(s.seq.params, s.seq.num_output_tokens, s.seq.banned_token_ids())
+                               for s in samplers], self.generator)
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

@@ -6,9 +6,14 @@ import pytest
 
 from engines.base import (EngineRequest, InvalidRequestError, ModelNotFoundError, SamplingParams,
                           UnsupportedArchitectureError)
+from engines.core.client import EngineClient
+from engines.native import native_spec
 from engines.native.config import EngineConfig
-from engines.native.engine import NativeEngine
 from tests.unit.engines.helpers import collect, greedy, started
+
+
+def NativeEngine(config: EngineConfig) -> EngineClient:
+    return EngineClient(native_spec(config))
 
 BAD_REQUESTS = [
     ((), greedy(4), "prompt is empty"),
@@ -89,16 +94,17 @@ async def test_failed_step_fails_its_requests_and_leaves_no_stale_cache(tiny_lla
         await fresh.shutdown()
     engine = await started(tiny_llama)
     try:
-        real_execute = engine.core.runner.execute
+        runner = engine.channel.core.runner  # NOTE: the engine thread's runner, reached in-process
+        real_launch = runner.model_runner.launch
         calls = {"n": 0}
 
         def failing_once(out):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("simulated device fault")
-            return real_execute(out)
+            return real_launch(out)
 
-        engine.core.runner.execute = failing_once
+        runner.model_runner.launch = failing_once
         _, last = await collect(engine, EngineRequest("boom", prompt, greedy(8)))
         assert last.finish_reason.value == "error" and "simulated device fault" in last.error
         # the failed step's blocks were never written: a hit on them would corrupt this output

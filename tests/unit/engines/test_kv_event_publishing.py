@@ -4,7 +4,6 @@ import asyncio
 import pytest
 
 from engines.base import EngineRequest, chain_block_hashes
-from engines.base.engine import KvEventSource
 from engines.base.events import KvEvent, KvEventKind, KvTier
 from tests.unit.engines.helpers import collect, greedy, started
 
@@ -15,7 +14,7 @@ def test_native_engine_publishes_stored_events_for_a_small_prompt(tiny_llama):
     async def go():
         engine = await started(tiny_llama, num_blocks=64)
         try:
-            assert isinstance(engine, KvEventSource)
+            assert engine.capabilities.kv_events
             assert await engine.kv_events_since(0) == []
             waiter = asyncio.create_task(engine.wait_kv_events(0))
             await collect(engine, EngineRequest("a", PROMPT, greedy(1)))
@@ -58,11 +57,12 @@ def test_evicting_a_cached_block_publishes_removed(tiny_llama):
 
 
 @pytest.mark.parametrize("after_seq", [0, 5])
-def test_zero_engine_has_an_empty_log(tmp_path, after_seq):
-    from engines.zero import ZeroCostEngine
+def test_a_fresh_zero_engine_has_an_empty_log(tmp_path, after_seq):
+    from engines.core.client import EngineClient
+    from engines.zero import zero_spec
 
-    engine = ZeroCostEngine(str(tmp_path))
-    assert isinstance(engine, KvEventSource)
+    engine = EngineClient(zero_spec(str(tmp_path)))
+    assert engine.capabilities.kv_events
     assert asyncio.run(engine.kv_events_since(after_seq)) == ([] if after_seq == 0 else None)
     assert asyncio.run(engine.kv_snapshot()).events == ()
 
@@ -76,7 +76,7 @@ def test_resetting_the_prefix_cache_publishes_cleared_and_forgets_every_prefix(t
             await collect(engine, EngineRequest("a", PROMPT, greedy(1)))
             await asyncio.wait_for(engine.wait_kv_events(0), 5)
             # busy: a held request keeps its blocks, so the reset is refused and nothing is published
-            await collect(engine, EngineRequest("held", PROMPT, greedy(1), hold_kv=True))
+            await collect(engine, EngineRequest("held", PROMPT, greedy(4), hold_kv=True))
             with pytest.raises(EngineBusyError):
                 await engine.reset_prefix_cache()
             await engine.release_kv("held")

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engines.base import EngineRequest, SamplingParams
-from engines.native.sampler import make_generator, sample
+from engines.native.sampler import SampleRow, sample
 from tests.unit.engines.helpers import collect, greedy, run_batch, started
 
 PROMPT = (11, 22, 33, 44, 55)
@@ -40,12 +40,25 @@ async def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama):
 
 def test_top_k_and_top_p_restrict_the_support():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
-    gen = make_generator(0, "cpu")
-    seen_k = {sample(logits, [SamplingParams(temperature=5.0, top_k=2)], [gen])[0][0] for _ in range(200)}
-    assert seen_k == {0, 1}
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(params: SamplingParams) -> int:
+        return sample(logits, [SampleRow(params, 0)], gen).to_host()[0][0]
+
+    assert {draw(SamplingParams(temperature=5.0, top_k=2)) for _ in range(200)} == {0, 1}
     # probabilities at T=1: .64 .24 .09 .03 .01 -> top_p .8 keeps the first two
-    seen_p = {sample(logits, [SamplingParams(temperature=1.0, top_p=0.8)], [gen])[0][0] for _ in range(200)}
-    assert seen_p == {0, 1}
+    assert {draw(SamplingParams(temperature=1.0, top_p=0.8)) for _ in range(200)} == {0, 1}
+
+
+def test_banned_tokens_are_never_drawn_and_seeds_key_on_the_token_index():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    gen = torch.Generator().manual_seed(0)
+    greedy_row = SampleRow(SamplingParams(), 0, banned=(0, 1))
+    assert sample(logits, [greedy_row], gen).to_host()[0][0] == 2
+    seeded = [SampleRow(SamplingParams(temperature=5.0, seed=7), i) for i in range(32)]
+    first = [t for t, _ in sample(logits.expand(32, 5), seeded, gen).to_host()]
+    again = [t for t, _ in sample(logits.expand(32, 5), seeded[::-1], gen).to_host()][::-1]
+    assert first == again and len(set(first)) > 1  # same (seed, index), same token, in any row order
 
 
 async def test_stop_token_ends_request(tiny_llama):

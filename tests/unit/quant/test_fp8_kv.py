@@ -9,7 +9,7 @@ import torch
 from engines.base import EngineRequest, KvLayoutMismatchError
 from engines.base.types import KvLayout
 from engines.native.config import EngineConfig
-from engines.native.core import EngineCore
+from engines.native.runner import build_core, prompt_logits
 from engines.native.kv_cache import KvCache, check_importable
 from engines.native.quant.transform import quantize_checkpoint
 from tests.unit.engines.helpers import collect, greedy, started
@@ -54,7 +54,7 @@ def test_import_without_scales_is_rejected():
 
 def test_engine_fp8_kv_stays_close_to_float_cache(tiny_llama):
     def logits(**kw):
-        return EngineCore(EngineConfig(model=str(tiny_llama), num_blocks=16, **kw)).prompt_logits(PROMPT)
+        return prompt_logits(build_core(EngineConfig(model=str(tiny_llama), num_blocks=16, **kw)), PROMPT)
 
     ref, ours = logits(), logits(kv_cache_dtype="fp8")
     rel = ((ours - ref).norm() / ref.norm()).item()
@@ -65,7 +65,7 @@ def test_checkpoint_kv_scales_reach_the_cache(tiny_llama, tmp_path):
     model_dir = tmp_path / "scaled"
     shutil.copytree(tiny_llama, model_dir)
     quantize_checkpoint(tiny_llama, model_dir, "fp8", kv_cache_scales=(0.5, 0.25, 2.0, 4.0))
-    core = EngineCore(EngineConfig(model=str(model_dir), num_blocks=16, kv_cache_dtype="fp8"))
+    core = build_core(EngineConfig(model=str(model_dir), num_blocks=16, kv_cache_dtype="fp8"))
     assert core.runner.kv_cache.scales.flatten().tolist() == [0.5, 0.25, 2.0, 4.0]
     assert [layer.backend.k_scale for layer in core.runner.model.attention_layers] == [0.5, 2.0]
 

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.native.config import EngineConfig
-from engines.native.core import EngineCore
+from engines.core.engine_core import EngineCore
+from engines.native.runner import build_core, prompt_logits
 from engines.native.quant import formats
 from engines.native.quant.modules import Fp8Linear, Nvfp4Linear
 from engines.native.quant.swap import QUANT_CONFIG, read_quant_config
@@ -23,8 +24,8 @@ EXACT_REL = 1e-5  # the same fp32 math in a different order
 
 
 def run(model_dir) -> tuple[torch.Tensor, EngineCore]:
-    core = EngineCore(EngineConfig(model=str(model_dir), num_blocks=16))
-    return core.prompt_logits(PROMPT), core
+    core = build_core(EngineConfig(model=str(model_dir), num_blocks=16))
+    return prompt_logits(core, PROMPT), core
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,11 +1,15 @@
-"""Continuous-batching scheduler: a per-step token budget shared by decodes and (chunked)
-prefills, prefix-cache hits on admission, and preemption by recompute. No torch, no I/O."""
+"""Continuous-batching scheduler: a per-step token budget shared by decodes and (chunked) prefills,
+prefix-cache hits on admission, preemption by recompute, and committing a step's sampled tokens
+(`update_from_output`). No torch, no I/O, no clock."""
 from collections import deque
 from dataclasses import dataclass, field
 
-from engines.base.types import FinishReason
-from engines.native.block_manager import BlockManager
-from engines.native.sequence import Sequence, SequenceStatus
+from engines.base.types import FinishReason, TokenLogprob
+from engines.core.block_manager import BlockManager
+from engines.core.sequence import Sequence, SequenceStatus
+
+# what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order
+Sampled = tuple[int, TokenLogprob | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +35,16 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    num_blocks_used: int = 0  # KV blocks in use once this step's are allocated (what a timing model reads)
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def sampling(self) -> list[ScheduledSeq]:
+        """The scheduled sequences that sample a token this step, in schedule order."""
+        return [s for s in self.scheduled if s.samples]
 
 
 class Scheduler:
@@ -46,6 +56,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache on admission
         self.prefix_hits = 0
+        self.num_prompt_tokens_computed = 0
+        self.num_generated_tokens = 0
+        self.num_held = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -60,19 +73,49 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # NOTE: admitting while preempting would thrash
             self._schedule_waiting(out, budget)
+        out.num_blocks_used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
         return out
 
+    def update_from_output(self, out: SchedulerOutput, sampled: list[Sampled]) -> list[Sequence]:
+        """Commit a step: computed tokens advance, each sampling sequence gets its token (`sampled`, in
+        `out.sampling` order), finished ones leave. Returns the sequences that got a token."""
+        for s in out.scheduled:
+            seq = s.seq
+            seq.num_computed_tokens = s.start + s.num_new_tokens
+            if s.start < seq.num_prompt_tokens:
+                self.num_prompt_tokens_computed += min(s.num_new_tokens, seq.num_prompt_tokens - s.start)
+        emitted = []
+        for s, (token_id, logprob) in zip(out.sampling, sampled, strict=True):
+            seq = s.seq
+            if seq.is_finished:  # NOTE: aborted between schedule and commit; its blocks are gone
+                continue
+            seq.append_token(token_id)
+            if logprob is not None:
+                seq.pending_logprobs.append(logprob)
+            if seq.is_finished:
+                self.finish(seq)
+            emitted.append(seq)
+        self.num_generated_tokens += len(emitted)
+        return emitted
+
     def finish(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out; its blocks are freed unless held for export."""
-        if seq in self.running:
+        """Take a finished or aborted sequence out; a prefilled one keeps its blocks, held for export."""
+        if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq in self.waiting:
+        elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        if seq.hold_kv and seq.block_table and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+        if seq.finish_reason is FinishReason.PREFILLED and seq.block_table:
             seq.status = SequenceStatus.HELD
+            self.num_held += 1
         else:
-            self.block_manager.free(seq)
-            seq.status = SequenceStatus.FINISHED
+            self.release(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Free a finished sequence's blocks (a held one's when its KV was pulled, dropped or expired)."""
+        if seq.status is SequenceStatus.HELD:
+            self.num_held -= 1
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
 
     # -- internals ---------------------------------------------------------------------------
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -3,9 +3,9 @@ import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, hash_block
 from engines.base.types import SamplingParams
-from engines.native import block_manager as bm_module
-from engines.native.block_manager import BlockManager
-from engines.native.sequence import Sequence
+from engines.core import block_manager as bm_module
+from engines.core.block_manager import BlockManager
+from engines.core.sequence import Sequence
 
 BS = 4
 

@@ -1,13 +1,10 @@
-"""Scheduler on CPU: token budgets, chunked prefill, prefix hits on admission, preemption by recompute.
-
-Each `step` does what EngineCore.step does around the model: mark the scheduled tokens computed,
-append a token where one is sampled, and finish sequences that are done.
-"""
+"""Scheduler on CPU: token budgets, chunked prefill, prefix hits on admission, preemption by recompute, and the
+commit of a step's tokens (`update_from_output`); every sampled token is NEXT."""
 from engines.base.block_hash import NONE_HASH, hash_block
 from engines.base.types import FinishReason, SamplingParams
-from engines.native.block_manager import BlockManager
-from engines.native.scheduler import Scheduler, SchedulerConfig
-from engines.native.sequence import Sequence, SequenceStatus
+from engines.core.block_manager import BlockManager
+from engines.core.scheduler import Scheduler, SchedulerConfig
+from engines.core.sequence import Sequence, SequenceStatus
 
 BS = 4
 NEXT = 900  # the token every simulated step samples
@@ -27,13 +24,7 @@ def step(sched: Scheduler) -> list[tuple[str, int, int, bool]]:
     """One engine step; returns (req_id, start, num_new_tokens, samples) per scheduled sequence."""
     out = sched.schedule()
     plan = [(s.seq.req_id, s.start, s.num_new_tokens, s.samples) for s in out.scheduled]
-    for s in out.scheduled:
-        samples = s.samples
-        s.seq.num_computed_tokens = s.start + s.num_new_tokens
-        if samples:
-            s.seq.append_token(NEXT)
-            if s.seq.is_finished:
-                sched.finish(s.seq)
+    sched.update_from_output(out, [(NEXT, None)] * len(out.sampling))
     return plan
 
 
@@ -262,7 +253,7 @@ def test_preempting_several_keeps_their_admission_order_in_waiting():
 
 def test_a_sequence_that_cannot_fit_alone_preempts_itself():
     sched = make_sched(num_blocks=2)
-    held = make_seq("held", range(3), max_tokens=1, hold_kv=True)
+    held = make_seq("held", range(3), max_tokens=2, hold_kv=True)
     sched.add(held)
     assert step(sched) == [("held", 0, 3, True)]
     assert held.status is SequenceStatus.HELD and held.block_table == [0]
@@ -278,16 +269,26 @@ def test_a_sequence_that_cannot_fit_alone_preempts_itself():
 
 
 # -- finish ----------------------------------------------------------------------------------
-def test_finish_of_a_hold_kv_sequence_keeps_its_blocks():
+def test_a_prefilled_hold_kv_sequence_keeps_its_blocks():
     sched = make_sched(num_blocks=4)
-    a = make_seq("a", range(5), max_tokens=1, hold_kv=True)
+    a = make_seq("a", range(5), max_tokens=8, hold_kv=True)
     sched.add(a)
     assert step(sched) == [("a", 0, 5, True)]
-    assert a.status is SequenceStatus.HELD
+    assert a.finish_reason is FinishReason.PREFILLED and a.num_output_tokens == 1
+    assert a.status is SequenceStatus.HELD and sched.num_held == 1
     assert a.block_table == [0, 1]
     assert [b.ref_count for b in sched.block_manager.blocks] == [1, 1, 0, 0]
     assert list(sched.block_manager.free_queue) == [2, 3]
     assert sched.running == [] and not sched.has_work
+
+
+def test_a_hold_kv_sequence_whose_first_token_ends_it_holds_nothing():
+    sched = make_sched(num_blocks=4)
+    a = make_seq("a", range(5), max_tokens=1, hold_kv=True)
+    sched.add(a)
+    step(sched)
+    assert a.finish_reason is FinishReason.LENGTH and a.status is SequenceStatus.FINISHED
+    assert a.block_table == [] and sched.num_held == 0
 
 
 def test_an_aborted_hold_kv_sequence_frees_its_blocks():

@@ -5,7 +5,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from engines.base.block_hash import NONE_HASH, hash_block
-from engines.native.sequence import Sequence
+from engines.core.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -19,7 +19,7 @@ class Block:
 
 @dataclass(slots=True)
 class BlockEvents:
-    """What changed in the cache since the last drain (the KV events of the routing issue)."""
+    """What changed in the cache since the last drain: what KV events are made of."""
 
     stored: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)  # (parent, hash, tokens)
     removed: list[int] = field(default_factory=list)
@@ -34,6 +34,7 @@ class BlockManager:
         # NOTE: every block with ref_count 0 is here; the front is evicted first.
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        self.num_cached_free_blocks = 0  # NOTE: a counter, kept as blocks come and go: stats never scan
         self.events = BlockEvents()
 
     # -- queries -----------------------------------------------------------------------------
@@ -44,10 +45,6 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        return sum(1 for b in self.free_queue if self.blocks[b].block_hash is not None)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -110,6 +107,8 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.block_hash is None:
                     self.free_queue.move_to_end(block_id, last=False)  # nothing worth keeping
+                else:
+                    self.num_cached_free_blocks += 1
         seq.block_table = []
         seq.num_registered_blocks = 0
 
@@ -126,12 +125,13 @@ class BlockManager:
     def reset_prefix_cache(self) -> int | None:
         """Forget every cached prefix; None (nothing changed) while any block is in use. Returns how many
         cached blocks were dropped; the next drain starts with `cleared`."""
-        if any(block.ref_count for block in self.blocks):
+        if len(self.free_queue) < len(self.blocks):  # some block is in use
             return None
         dropped = len(self.cached)
         for block in self.blocks:
             block.block_hash, block.token_ids, block.parent_hash = None, (), NONE_HASH
         self.cached.clear()
+        self.num_cached_free_blocks = 0
         self.events = BlockEvents(cleared=True)  # NOTE: what was pending is moot: everything is gone
         return dropped
 
@@ -142,14 +142,16 @@ class BlockManager:
     # -- internals ---------------------------------------------------------------------------
     def _touch(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        if block.ref_count == 0:
+        if block.ref_count == 0:  # a cached free block revived by a prefix hit
             del self.free_queue[block_id]
+            self.num_cached_free_blocks -= 1
         block.ref_count += 1
 
     def _pop_free(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict its cached content
+            self.num_cached_free_blocks -= 1
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
                 self.events.removed.append(block.block_hash)

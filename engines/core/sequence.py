@@ -1,7 +1,7 @@
-"""Sequence: one request's tokens, progress and blocks as the scheduler sees them. No torch."""
+"""Sequence: one request's tokens, progress and blocks as the scheduler sees them, and the one place that
+decides when a request stops. No torch, no I/O."""
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 
@@ -9,14 +9,14 @@ from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    HELD = "held"  # finished, KV kept for export
+    HELD = "held"  # prefilled, KV kept for export
     FINISHED = "finished"
 
 
 @dataclass(slots=True, eq=False)
 class Sequence:
     req_id: str
-    token_ids: list[int]  # prompt + generated so far
+    token_ids: list[int]  # prompt + generated so far (including output tokens generated elsewhere)
     num_prompt_tokens: int
     params: SamplingParams
     eos_token_ids: tuple[int, ...] = ()
@@ -30,9 +30,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, extended lazily
     num_registered_blocks: int = 0  # leading blocks of block_table already in the prefix cache
     finish_reason: FinishReason | None = None
-    num_emitted_tokens: int = 0  # generated tokens already sent out
+    num_emitted_tokens: int = 0  # generated tokens already sent out (or given with the request)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
-    generator: Any = None  # the sampler's per-request RNG; opaque here
     held_until: float = 0.0
     arrival_s: float = 0.0  # time.monotonic() when added
     first_scheduled_s: float = 0.0  # when a step first computed it; 0: not yet
@@ -53,14 +52,24 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.params.stop_token_ids + (() if self.params.ignore_eos else self.eos_token_ids)
+
+    def banned_token_ids(self) -> tuple[int, ...]:
+        """Tokens the next sample must not be: every stop token while fewer than min_tokens are out."""
+        return self.stop_token_ids if self.num_output_tokens < self.params.min_tokens else ()
+
     def append_token(self, token_id: int) -> None:
         """Add a sampled token and decide whether the sequence is done."""
         self.token_ids.append(token_id)
-        stops = self.params.stop_token_ids + (() if self.params.ignore_eos else self.eos_token_ids)
-        if token_id in stops:
+        num_out = self.num_output_tokens
+        if num_out > self.params.min_tokens - 1 and token_id in self.stop_token_ids:
             self.finish_reason = FinishReason.STOP
-        elif self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
+        elif num_out >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
             self.finish_reason = FinishReason.LENGTH
+        elif self.hold_kv:  # NOTE: prefill only: one token, then the KV waits for a decode worker
+            self.finish_reason = FinishReason.PREFILLED
 
     def reset_for_recompute(self) -> None:
         """Preempted: drop all KV; the tokens stay and are prefilled again."""

@@ -1,0 +1,203 @@
+"""EngineCore: one engine's requests over a Runner — admit, schedule, run, commit, emit deltas, hold and
+export KV, record KV events, count stats. Synchronous and single-threaded; the engine loop (loop.py) drives
+it, the cluster simulator drives it in virtual time. No torch, no I/O, no transport."""
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
+from engines.base.events import KvEvent, KvEventLog, KvTier
+from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
+from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
+from engines.core.block_manager import BlockManager
+from engines.core.runner import PendingStep, Runner, RunnerInfo
+from engines.core.scheduler import Sampled, Scheduler, SchedulerConfig, SchedulerOutput
+from engines.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    max_num_seqs: int = 64  # running requests per step
+    max_num_batched_tokens: int = 2048  # per-step token budget
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    held_kv_ttl_s: float = 30.0  # a prefilled request's blocks are freed if not exported by then
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.held_kv_ttl_s <= 0:
+            raise ValueError(f"held_kv_ttl_s must be > 0, got {self.held_kv_ttl_s}")
+
+
+def validate(request: EngineRequest, info: RunnerInfo) -> None:
+    """Raise InvalidRequestError (or KvLayoutMismatchError) for anything an engine of `info` cannot serve."""
+    validate_request(request, info.max_model_len)
+    check_token_ids(request.all_token_ids, info.vocab_size)
+    if request.kv is not None:
+        check_importable(info.kv_layout, request.kv)
+        check_kv_prefix(request)
+
+
+class EngineCore:
+    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic):
+        self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.info.max_model_len:
+            raise ValueError("without chunked prefill, max_num_batched_tokens must be >= max_model_len "
+                             f"({config.max_num_batched_tokens} < {self.info.max_model_len})")
+        self.block_manager = BlockManager(self.info.num_blocks, self.info.kv_layout.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   config.enable_chunked_prefill), self.block_manager)
+        self.seqs: dict[str, Sequence] = {}  # live and held
+        self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
+        self.kv_events = KvEventLog()
+
+    # -- commands ----------------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> None:
+        """Enqueue a request `validate` accepted; raises InvalidRequestError for a live id."""
+        if request.req_id in self.seqs:
+            raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
+        seq = Sequence(
+            req_id=request.req_id, token_ids=list(request.all_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids), params=request.params,
+            eos_token_ids=self.info.eos_token_ids, max_model_len=self.info.max_model_len,
+            hold_kv=request.hold_kv, num_emitted_tokens=len(request.output_token_ids), arrival_s=self.clock(),
+        )
+        if request.kv is not None:
+            self._maybe_import(seq, request.kv)
+        self.seqs[seq.req_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, req_id: str) -> RequestOutput | None:
+        """End a live request (its last output, ABORT) or drop held KV (None). Unknown ids are ignored."""
+        seq = self.seqs.pop(req_id, None)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.HELD:
+            del self.held[req_id]
+            self.scheduler.release(seq)
+            return None
+        seq.finish_reason = FinishReason.ABORT
+        self.scheduler.finish(seq)
+        return self._output(seq)
+
+    def export_kv(self, req_id: str) -> KvExport:
+        seq = self._held(req_id)
+        num_tokens = seq.num_computed_tokens
+        block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
+        return self.runner.export_kv(block_ids, tuple(seq.token_ids[:num_tokens]))
+
+    def release_kv(self, req_id: str) -> None:
+        self._held(req_id)
+        self.abort(req_id)
+
+    def expire_held(self, now: float) -> list[str]:
+        expired = []
+        while self.held and next(iter(self.held.values())).held_until <= now:
+            expired.append(next(iter(self.held)))
+            self.abort(expired[-1])
+        return expired
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """Record what the block manager changed since the last drain (steps, imports, evictions)."""
+        drained = self.block_manager.drain_events()
+        if not (drained.cleared or drained.stored or drained.removed):
+            return []
+        cleared = [self.kv_events.cleared()] if drained.cleared else []
+        return cleared + self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
+                                               KvTier.DEVICE)
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix (published as a CLEARED event); refused while requests hold blocks."""
+        dropped = self.block_manager.reset_prefix_cache()
+        if dropped is None:
+            raise EngineBusyError("the prefix cache cannot be reset while requests hold KV blocks")
+        return dropped
+
+    # -- the step ----------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def schedule(self) -> SchedulerOutput | None:
+        """The next step's plan; None when nothing can run."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return None
+        now = self.clock()
+        for s in out.scheduled:
+            if not s.seq.first_scheduled_s:
+                s.seq.first_scheduled_s = now
+        return out
+
+    def launch(self, out: SchedulerOutput) -> PendingStep:
+        return self.runner.launch(out)
+
+    def commit(self, out: SchedulerOutput, sampled: list[Sampled]) -> list[RequestOutput]:
+        """Apply a step's tokens; the deltas of every sequence that got one."""
+        return [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
+
+    def fail(self, out: SchedulerOutput, exc: BaseException) -> list[RequestOutput]:
+        """A failed step fails its requests, never the engine."""
+        return [self._fail(s.seq, f"engine step failed: {exc!r}") for s in out.scheduled if not s.seq.is_finished]
+
+    def step(self) -> list[RequestOutput]:
+        """One step start to finish (no overlap): what the simulator and simple callers use."""
+        out = self.schedule()
+        if out is None:
+            return []
+        try:
+            sampled = self.launch(out).wait()
+        except Exception as exc:
+            return self.fail(out, exc)
+        return self.commit(out, sampled)
+
+    def stats(self) -> EngineStats:
+        bm, sched = self.block_manager, self.scheduler
+        return EngineStats(
+            num_waiting=len(sched.waiting), num_running=len(sched.running), num_held=sched.num_held,
+            num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
+            num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
+            max_model_len=self.info.max_model_len, prefix_queries=sched.prefix_queries,
+            prefix_hits=sched.prefix_hits, num_preemptions=sched.num_preemptions,
+            num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
+            num_generated_tokens=sched.num_generated_tokens,
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+    def _emit(self, seq: Sequence) -> RequestOutput:
+        if seq.status is SequenceStatus.HELD:
+            seq.held_until = self.clock() + self.config.held_kv_ttl_s
+            self.held[seq.req_id] = seq
+        elif seq.is_finished:
+            del self.seqs[seq.req_id]
+        return self._output(seq)
+
+    def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        self.block_manager.uncache_from(seq, seq.num_computed_tokens)
+        seq.finish_reason = FinishReason.ERROR
+        self.scheduler.finish(seq)
+        self.seqs.pop(seq.req_id, None)
+        return self._output(seq, error=message)
+
+    def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
+        new_ids, logprobs = seq.take_new_tokens()
+        queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
+        return RequestOutput(seq.req_id, new_ids, logprobs, seq.finish_reason, seq.num_prompt_tokens,
+                             seq.num_cached_tokens, error, queue_s)
+
+    def _held(self, req_id: str) -> Sequence:
+        seq = self.held.get(req_id)
+        if seq is None:
+            raise RequestNotFoundError(f"no KV held for request {req_id!r}")
+        return seq
+
+    def _maybe_import(self, seq: Sequence, kv: KvExport) -> None:
+        """Place imported KV in fresh blocks; with no room, fall back to computing it here."""
+        if not self.block_manager.allocate_slots(seq, kv.num_tokens):
+            return
+        self.runner.import_kv(seq.block_table, kv)
+        seq.num_computed_tokens = kv.num_tokens
+        seq.num_cached_tokens = kv.num_tokens

@@ -1,0 +1,171 @@
+"""The messages between an engine loop and its client, and their msgpack encoding for the process channel.
+
+Client -> engine: Add, Abort, Call, Stop. Engine -> client: Ready or Failed once, then one StepOutputs per step
+(every request's new tokens, the stats, the KV events) and a Reply per Call. KV bytes travel only in Add and
+Reply, never in StepOutputs. Plain tuples on the hot path; no torch, no I/O.
+"""
+from dataclasses import dataclass, field
+
+import msgpack
+
+from engines.base import errors
+from engines.base.events import KvEvent, KvEventKind, KvTier
+from engines.base.types import (EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput,
+                                SamplingParams, TokenLogprob)
+from engines.core.runner import RunnerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    request: EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    req_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    call_id: int
+    name: str  # "export_kv", "release_kv" or "reset_prefix_cache"
+    arg: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    info: RunnerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    outputs: list[RequestOutput]
+    stats: EngineStats
+    events: list[KvEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    call_id: int
+    value: object = None  # KvExport, int or None
+    error: Exception | None = None
+
+
+# -- encoding ------------------------------------------------------------------------------------
+_KV_EXPORT, _ERROR = 1, 2  # msgpack extension codes for the values a Reply or Failed carries
+
+
+def encode(message) -> bytes:
+    return msgpack.packb(_ENCODERS[type(message)](message), default=_ext)
+
+
+def decode(data: bytes):
+    tag, *fields = msgpack.unpackb(data, use_list=False, ext_hook=_from_ext)
+    return _DECODERS[tag](*fields)
+
+
+def _layout(layout: KvLayout) -> tuple:
+    return (layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype, layout.block_size)
+
+
+def _kv(kv: KvExport | None) -> tuple | None:
+    return None if kv is None else (_layout(kv.layout), kv.token_ids, kv.num_blocks, kv.data, kv.scales)
+
+
+def _kv_from(t: tuple | None) -> KvExport | None:
+    return None if t is None else KvExport(KvLayout(*t[0]), t[1], t[2], t[3], t[4])
+
+
+def _request(r: EngineRequest) -> tuple:
+    p = r.params
+    params = (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.stop_token_ids, p.ignore_eos, p.min_tokens,
+              p.logprobs, p.top_logprobs)
+    return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params)
+
+
+def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params) -> EngineRequest:
+    p = dict(zip(("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
+                  "min_tokens", "logprobs", "top_logprobs"), params))
+    return EngineRequest(req_id, prompt, SamplingParams(**p), hold_kv, _kv_from(kv), output_ids, kv_params)
+
+
+def _output(o: RequestOutput) -> tuple:
+    logprobs = tuple((lp.token_id, lp.logprob, lp.top) for lp in o.logprobs)
+    return (o.req_id, o.new_token_ids, logprobs, o.finish_reason.value if o.finish_reason else None,
+            o.num_prompt_tokens, o.num_cached_tokens, o.error, o.queue_s, o.kv_params)
+
+
+def _output_from(t: tuple) -> RequestOutput:
+    req_id, ids, logprobs, finish, num_prompt, num_cached, error, queue_s, kv_params = t
+    lps = tuple(TokenLogprob(i, v, top) for i, v, top in logprobs)
+    return RequestOutput(req_id, ids, lps, FinishReason(finish) if finish else None, num_prompt, num_cached, error,
+                         queue_s, kv_params)
+
+
+def _event(e: KvEvent) -> tuple:
+    return (e.seq, e.kind.value, e.parent_hash, e.block_hashes, e.tier.value)
+
+
+def _event_from(t: tuple) -> KvEvent:
+    return KvEvent(t[0], KvEventKind(t[1]), t[2], t[3], KvTier(t[4]))
+
+
+def _info(i: RunnerInfo) -> tuple:
+    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids)
+
+
+def _ext(value):
+    if isinstance(value, KvExport):
+        return msgpack.ExtType(_KV_EXPORT, msgpack.packb(_kv(value)))
+    if isinstance(value, Exception):
+        return msgpack.ExtType(_ERROR, msgpack.packb((type(value).__name__, str(value))))
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _from_ext(code: int, data: bytes):
+    fields = msgpack.unpackb(data, use_list=False)
+    if code == _KV_EXPORT:
+        return _kv_from(fields)
+    kind = getattr(errors, fields[0], None)  # NOTE: only engines.base.errors cross as themselves
+    if isinstance(kind, type) and issubclass(kind, errors.EngineError):
+        return kind(fields[1])
+    return errors.EngineError(f"{fields[0]}: {fields[1]}")
+
+
+_ENCODERS = {
+    Add: lambda m: ("add", _request(m.request)),
+    Abort: lambda m: ("abort", m.req_id),
+    Call: lambda m: ("call", m.call_id, m.name, m.arg),
+    Stop: lambda m: ("stop",),
+    Ready: lambda m: ("ready", _info(m.info)),
+    Failed: lambda m: ("failed", m.error),
+    StepOutputs: lambda m: ("step", [_output(o) for o in m.outputs], _stats(m.stats), [_event(e) for e in m.events]),
+    Reply: lambda m: ("reply", m.call_id, m.value, m.error),
+}
+
+
+def _stats(s: EngineStats) -> tuple:
+    return tuple(getattr(s, f) for f in EngineStats.__dataclass_fields__)
+
+
+_DECODERS = {
+    "add": lambda r: Add(_request_from(*r)),
+    "abort": Abort,
+    "call": Call,
+    "stop": Stop,
+    "ready": lambda i: Ready(RunnerInfo(KvLayout(*i[0]), i[1], i[2], i[3], i[4])),
+    "failed": Failed,
+    "step": lambda outs, stats, events: StepOutputs([_output_from(o) for o in outs], EngineStats(*stats),
+                                                    [_event_from(e) for e in events]),
+    "reply": Reply,
+}

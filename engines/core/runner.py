@@ -1,0 +1,66 @@
+"""The Runner: what EngineCore needs from a backend — run one scheduled step, move KV blocks, say what it
+is — and nothing of requests' lifecycles. native (PyTorch), sim (a timing model) and zero (free tokens) are
+runners. No torch here."""
+from dataclasses import dataclass
+from typing import Protocol
+
+from engines.base.requests import DTYPE_BYTES
+from engines.base.types import KvExport, KvLayout
+from engines.core.scheduler import Sampled, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerInfo:
+    """What the core asks a runner once: the shape of its KV cache and of its vocabulary."""
+
+    kv_layout: KvLayout
+    num_blocks: int
+    max_model_len: int  # computed once, here; workers report it, the gateway reads it from the router
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class PendingStep(Protocol):
+    def wait(self) -> list[Sampled]:
+        """Block until the step is done; (token, logprob) per sampling sequence, in `out.sampling` order."""
+
+
+class Runner(Protocol):
+    info: RunnerInfo
+
+    def launch(self, out: SchedulerOutput) -> PendingStep:
+        """Start one step. Whatever a device can run asynchronously runs after this returns, so the core
+        processes the previous step's outputs meanwhile (overlap); `wait()` collects the tokens."""
+
+    def step_duration(self, out: SchedulerOutput) -> float:
+        """The step's duration in virtual time (the cluster simulator's clock); 0 for runners that
+        really run, whose time is the wall clock's."""
+
+    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        """The KV of `block_ids` (the first len(token_ids) tokens of a request), as bytes."""
+
+    def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
+        """Write `kv` into `block_ids` (already checked against `info.kv_layout`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A step that finished when it was launched (runners with nothing asynchronous to wait for)."""
+
+    sampled: list[Sampled]
+
+    def wait(self) -> list[Sampled]:
+        return self.sampled
+
+
+def zero_kv_export(layout: KvLayout, num_blocks: int, token_ids: tuple[int, ...]) -> KvExport:
+    """Real-sized zero bytes, for runners that hold no KV: what a transfer of their blocks would move."""
+    values = layout.num_layers * 2 * num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim
+    return KvExport(layout, token_ids, num_blocks, bytes(values * DTYPE_BYTES[layout.dtype]))
+
+
+def deterministic_token(candidate: int, banned: tuple[int, ...], vocab_size: int) -> int:
+    """`candidate`, or the first id after it that is not banned (a stop token before min_tokens)."""
+    while candidate in banned:
+        candidate = (candidate + 1) % vocab_size
+    return candidate

@@ -1,0 +1,75 @@
+"""The native (PyTorch) runner: EngineCore's Runner over a ModelRunner, and the builders an engine process
+calls. Builds the model where it is called (the engine process or thread)."""
+from dataclasses import dataclass
+
+import torch
+
+from engines.base.errors import InvalidRequestError
+from engines.base.types import KvExport, SamplingParams
+from engines.core.engine_core import CoreConfig, EngineCore
+from engines.core.runner import RunnerInfo
+from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
+from engines.core.sequence import Sequence
+from engines.native.config import EngineConfig, ModelConfig
+from engines.native.model_runner import ModelRunner
+from engines.native.sampler import SampledTokens
+
+
+@dataclass(slots=True)
+class _Pending:
+    sampled: SampledTokens | None
+
+    def wait(self) -> list[Sampled]:
+        return self.sampled.to_host() if self.sampled is not None else []
+
+
+class NativeRunner:
+    def __init__(self, config: EngineConfig):
+        model_cfg = ModelConfig.from_dir(config.model)
+        self.model_runner = ModelRunner(config, model_cfg)
+        self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
+                               self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids)
+
+    @property
+    def model(self):
+        return self.model_runner.model
+
+    @property
+    def kv_cache(self):
+        return self.model_runner.kv_cache
+
+    def launch(self, out: SchedulerOutput) -> _Pending:
+        return _Pending(self.model_runner.launch(out))
+
+    def step_duration(self, out: SchedulerOutput) -> float:
+        return 0.0  # NOTE: measured, not modelled: its time is the wall clock's
+
+    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        return self.model_runner.kv_cache.export(block_ids, token_ids)
+
+    def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
+        self.model_runner.kv_cache.import_(block_ids, kv)
+
+
+def core_config(config: EngineConfig) -> CoreConfig:
+    return CoreConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                      config.enable_prefix_caching, config.held_kv_ttl_s)
+
+
+def build_core(config: EngineConfig) -> EngineCore:
+    """What the engine process (or thread) calls: the model, its KV cache and the core over them."""
+    return EngineCore(core_config(config), NativeRunner(config))
+
+
+def prompt_logits(core: EngineCore, token_ids: list[int]) -> torch.Tensor:
+    """Next-token logits at every prompt position ([len, vocab] float32), for evaluation.
+
+    Computed in scratch blocks, outside the request lifecycle; call between steps only.
+    """
+    seq = Sequence("__score__", list(token_ids), len(token_ids), SamplingParams(max_tokens=1))
+    if not core.block_manager.allocate_slots(seq, len(token_ids)):
+        raise InvalidRequestError("not enough free KV blocks to score this prompt")
+    try:
+        return core.runner.model_runner.prompt_logits(ScheduledSeq(seq, len(token_ids), 0))
+    finally:
+        core.block_manager.free(seq)

@@ -1,0 +1,92 @@
+"""The sim runner: a step costs what a TimingProfile says instead of running a model, so the real worker
+services (live, sleeping the modelled time x `time_factor`) and the cluster simulator (virtual time, no
+sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are deterministic; KV exports
+carry zero bytes. No torch."""
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engines.base.types import KvExport, KvLayout
+from engines.core.engine_core import CoreConfig, EngineCore
+from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
+from engines.core.scheduler import Sampled, SchedulerOutput
+from engines.core.sequence import Sequence
+from engines.sim.profile import TimingProfile, load_profile
+
+VOCAB_SIZE = 32000
+DEFAULT_MAX_MODEL_LEN = 131072
+
+
+def next_token(seq: Sequence) -> int:
+    """A deterministic token: depends only on the sequence's length (and skips what it may not produce)."""
+    return deterministic_token((seq.num_tokens * 7919 + 17) % VOCAB_SIZE, seq.banned_token_ids(), VOCAB_SIZE)
+
+
+def is_decode(num_new_tokens: int, start: int, seq: Sequence) -> bool:
+    return num_new_tokens == 1 and start >= seq.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class _Timed:
+    sampled: list[Sampled]
+    until: float  # when the modelled step ends (perf_counter); 0: no waiting (the simulator's virtual time)
+    sleep: Callable[[float], None]
+
+    def wait(self) -> list[Sampled]:
+        left = self.until - time.perf_counter()
+        if left > 0:
+            self.sleep(left)
+        return self.sampled
+
+
+class SimRunner:
+    def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep):
+        if time_factor < 0:
+            raise ValueError(f"time_factor must be >= 0, got {time_factor}")
+        self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
+        layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
+        self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
+
+    def step_duration(self, out: SchedulerOutput) -> float:
+        num_decodes = sum(1 for s in out.scheduled if is_decode(s.num_new_tokens, s.start, s.seq))
+        active = out.num_blocks_used / self.profile.num_blocks
+        return self.profile.step_s(out.num_tokens - num_decodes, num_decodes, active)
+
+    def launch(self, out: SchedulerOutput) -> _Timed:
+        """Tokens at once; `wait` sleeps until the modelled step would have ended (never in virtual time)."""
+        sampled = [(next_token(s.seq), None) for s in out.sampling]
+        until = time.perf_counter() + self.step_duration(out) * self.time_factor if self.time_factor else 0.0
+        return _Timed(sampled, until, self.sleep)
+
+    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
+
+    def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
+        """The pull of a prefill worker's KV takes the profile's transfer time.
+
+        NOTE: the engine loop waits it out, as a runner whose import is a blocking copy would."""
+        if self.time_factor:
+            self.sleep(self.profile.transfer_s(kv.num_tokens) * self.time_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """A sim engine's settings: a profile (shipped name or JSON path; "" the default) and the time factor."""
+
+    profile: str = ""
+    time_factor: float = 1.0
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    enable_prefix_caching: bool = True
+
+
+def build_core(spec: SimSpec) -> EngineCore:
+    profile = load_profile(spec.profile) if spec.profile else load_profile()
+    return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching)
+
+
+def sim_core(profile: TimingProfile, time_factor: float = 1.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+             enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic) -> EngineCore:
+    """An EngineCore over a SimRunner with the profile's scheduling limits."""
+    config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching)
+    return EngineCore(config, SimRunner(profile, time_factor, max_model_len), clock)

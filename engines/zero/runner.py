@@ -1,0 +1,56 @@
+"""The zero runner: no model, every step free. A benchmark through gateway -> router -> workers over it
+measures the services and the engine core alone. Tokens are a deterministic walk over the vocabulary that
+never produces EOS (it has none); KV exports carry one tiny block per block of tokens. No torch."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.base.types import KvExport, KvLayout
+from engines.core.engine_core import CoreConfig, EngineCore
+from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
+from engines.core.scheduler import SchedulerOutput
+from engines.core.sequence import Sequence
+
+DEFAULT_VOCAB_SIZE = 32000
+DEFAULT_NUM_BLOCKS = 1 << 15  # 512k tokens at 16 per block: room for any benchmark's concurrency
+
+
+class ZeroRunner:
+    def __init__(self, vocab_size: int, block_size: int = 16, max_model_len: int = 8192,
+                 num_blocks: int = DEFAULT_NUM_BLOCKS):
+        self.info = RunnerInfo(KvLayout(1, 1, 1, "float32", block_size), num_blocks, max_model_len, vocab_size)
+
+    def next_token(self, seq: Sequence) -> int:
+        candidate = (seq.token_ids[seq.num_prompt_tokens - 1] + 1 + seq.num_output_tokens) % self.info.vocab_size
+        return deterministic_token(candidate, seq.banned_token_ids(), self.info.vocab_size)
+
+    def launch(self, out: SchedulerOutput) -> Done:
+        return Done([(self.next_token(s.seq), None) for s in out.sampling])
+
+    def step_duration(self, out: SchedulerOutput) -> float:
+        return 0.0
+
+    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
+
+    def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroSpec:
+    model: str  # a checkpoint directory: only config.json's vocab_size is read (the default without one)
+    block_size: int = 16
+    max_model_len: int = 8192
+    num_blocks: int = 0  # 0: DEFAULT_NUM_BLOCKS
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+
+
+def build_core(spec: ZeroSpec) -> EngineCore:
+    config = Path(spec.model) / "config.json"
+    vocab_size = json.loads(config.read_text())["vocab_size"] if config.is_file() else DEFAULT_VOCAB_SIZE
+    runner = ZeroRunner(vocab_size, spec.block_size, spec.max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS)
+    return EngineCore(CoreConfig(spec.max_num_seqs, spec.max_num_batched_tokens,
+                                 enable_prefix_caching=spec.enable_prefix_caching), runner)
