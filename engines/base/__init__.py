@@ -3,6 +3,7 @@ from engines.base.block_hash import NONE_HASH, chain_block_hashes, hash_block
 from engines.base.engine import Engine
 from engines.base.errors import (
     EngineBusyError,
+    EngineDiedError,
     EngineError,
     EngineUnavailableError,
     InvalidRequestError,
@@ -23,7 +24,7 @@ from engines.base.types import (
 )
 
 __all__ = [
-    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineError",
+    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineDiedError", "EngineError",
     "EngineUnavailableError", "InvalidRequestError",
     "KvLayoutMismatchError", "ModelNotFoundError", "RequestNotFoundError", "UnsupportedArchitectureError",
     "EngineRequest", "EngineStats", "FinishReason", "KvExport", "KvLayout", "RequestOutput",

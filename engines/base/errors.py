@@ -35,3 +35,7 @@ class EngineBusyError(EngineError):
 class EngineUnavailableError(EngineError):
     """The engine cannot run on this host as configured: its package, its device or a checkpoint it needs is
     missing. Raised at start-up; the message says what is missing and how to get it."""
+
+
+class EngineDiedError(EngineError):
+    """The engine (its process) is gone: its requests failed and it serves no more."""

@@ -14,16 +14,12 @@ import signal
 import threading
 from collections.abc import Callable
 
-from engines.base.errors import EngineError
+from engines.base.errors import EngineDiedError
 from engines.core import messages
 from engines.core.engine_core import EngineCore
 from engines.core.loop import EngineLoop, EngineSpec, build, serve
 
 log = logging.getLogger(__name__)
-
-
-class EngineDiedError(EngineError):
-    """The engine process is gone; its requests failed and this engine serves no more."""
 
 
 class ThreadChannel:
@@ -174,7 +170,7 @@ def engine_process(conn, spec: EngineSpec, overlap: bool, parent_pid: int) -> No
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(spec, _PipeEngineSide(conn), overlap)
-    except (EOFError, BrokenPipeError):  # the worker is gone: nothing left to serve
+    except (EOFError, OSError):  # the worker is gone: nothing left to serve
         pass
 
 

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from engines.base.engine import EngineCapabilities
-from engines.base.errors import EngineError, InvalidRequestError
+from engines.base.errors import EngineDiedError, EngineError, InvalidRequestError
 from engines.base.events import KvEvent, KvEventLog, KvSnapshot
 from engines.base.requests import queue_stream
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
-from engines.core.channel import EngineDiedError, ProcessChannel, ThreadChannel
+from engines.core.channel import ProcessChannel, ThreadChannel
 from engines.core.engine_core import validate
 from engines.core.loop import EngineSpec
 from engines.core.messages import Abort, Add, Call, Failed, Reply, StepOutputs, Stop

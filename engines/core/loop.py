@@ -72,6 +72,8 @@ class EngineLoop:
         while not self.is_stopping:
             try:
                 self.iterate()
+            except (EOFError, OSError):  # the client is gone: nobody left to serve
+                raise
             except Exception:  # NOTE: a bug must not silently kill the loop and hang every stream
                 log.exception("engine loop crashed; failing live requests")
                 self.unsent += self._fail_all("engine step crashed")
@@ -84,7 +86,7 @@ class EngineLoop:
         out = self.core.schedule()
         pending = self._launch(out) if out is not None else None
         if self.overlap or pending is None:
-            self._publish()  # step N-1's outputs, while step N runs
+            self._publish(is_idle=pending is None)  # step N-1's outputs, while step N runs
         if pending is not None:
             self.unsent += self._collect(out, pending)
             if not self.overlap:
@@ -110,9 +112,11 @@ class EngineLoop:
             return self.core.fail(out, exc)
         return self.core.commit(out, sampled)
 
-    def _publish(self) -> None:
+    def _publish(self, is_idle: bool = True) -> None:
+        """One message: the outputs not yet sent, the stats, the KV events. With a step in flight, only when
+        there are outputs or events: its own message follows with fresh stats."""
         events = self.core.drain_kv_events()
-        if not (self.unsent or events or self.is_dirty):
+        if not (self.unsent or events or (self.is_dirty and is_idle)):
             return
         self.channel.send(StepOutputs(self.unsent, self.core.stats(), events))
         self.unsent, self.is_dirty = [], False
@@ -125,7 +129,9 @@ class EngineLoop:
             if (out := self.core.abort(command.req_id)) is not None:
                 self.unsent.append(out)
         elif isinstance(command, Call):
-            self.channel.send(self._call(command))
+            reply = self._call(command)
+            self._publish()  # NOTE: what the call changed (a CLEARED event) reaches the client before its reply
+            self.channel.send(reply)
         elif isinstance(command, Stop):
             self.is_stopping = True
             self.unsent += [RequestOutput(o.req_id, o.new_token_ids, o.logprobs, FinishReason.ABORT)

@@ -3,6 +3,7 @@ from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 from engines.base.types import (EngineStats, FinishReason, KvLayout, SamplingParams, TokenLogprob)
 from services.common.protos import common_pb2 as pb
 from services.common.protos import worker_pb2
+from services.common.roles import WorkerRole
 
 _FINISH_TO_PB = {
     None: pb.FINISH_REASON_UNSPECIFIED,
@@ -10,6 +11,7 @@ _FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+    FinishReason.PREFILLED: pb.FINISH_REASON_PREFILLED,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
 _KIND_TO_PB = {KvEventKind.STORED: pb.KV_EVENT_KIND_STORED, KvEventKind.REMOVED: pb.KV_EVENT_KIND_REMOVED,
@@ -17,6 +19,20 @@ _KIND_TO_PB = {KvEventKind.STORED: pb.KV_EVENT_KIND_STORED, KvEventKind.REMOVED:
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 _TIER_TO_PB = {KvTier.DEVICE: pb.KV_TIER_DEVICE, KvTier.HOST: pb.KV_TIER_HOST, KvTier.DISK: pb.KV_TIER_DISK}
 _TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}
+_ROLE_TO_PB = {WorkerRole.PREFILL: pb.WORKER_ROLE_PREFILL, WorkerRole.DECODE: pb.WORKER_ROLE_DECODE}
+_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
+
+
+def role_to_pb(role: WorkerRole) -> int:
+    return _ROLE_TO_PB[role]
+
+
+def role_from_pb(value: int) -> WorkerRole:
+    """Raises ValueError for an unspecified or unknown role."""
+    try:
+        return _ROLE_FROM_PB[value]
+    except KeyError:
+        raise ValueError(f"worker role must be PREFILL or DECODE, got {value}") from None
 
 
 def finish_to_pb(reason: FinishReason | None) -> int:

@@ -1,13 +1,40 @@
-"""Build the engine a worker holds from its settings. Backends are imported lazily."""
+"""Build the engine a worker holds from its settings: for the runners over engines/core, the spec of the runner
+and the client of an engine process built from it; TensorRT-LLM brings its own executor and is held as is.
+Backends are imported lazily (the runners in the engine process only)."""
 from engines.base import Engine
+from engines.core.client import EngineClient
+from engines.core.loop import EngineSpec
 from services.common.worker_settings import WorkerSettings
 
 
-def make_engine(s: WorkerSettings) -> Engine:
+def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
-        from engines.zero import ZeroCostEngine
+        from engines.zero import zero_spec
 
-        return ZeroCostEngine(s.model, block_size=s.block_size)
+        return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len or 8192,
+                         num_blocks=s.num_blocks, max_num_seqs=s.max_num_seqs,
+                         max_num_batched_tokens=s.max_num_batched_tokens,
+                         enable_prefix_caching=s.enable_prefix_caching)
+    if s.engine == "sim":
+        from engines.sim import sim_spec
+
+        # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
+        return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching)
+    from engines.native import native_spec
+    from engines.native.config import EngineConfig
+
+    return native_spec(EngineConfig(
+        model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
+        num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
+        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s,
+        num_threads=s.num_threads or None,
+    ))
+
+
+def make_engine(s: WorkerSettings) -> Engine:
+    """A runner's engine in its own process (its steps never share a GIL with the worker's gRPC streams), or
+    TensorRT-LLM's adapter."""
     if s.engine == "trtllm":
         from engines.trtllm import TrtllmConfig, TrtllmEngine
 
@@ -20,18 +47,4 @@ def make_engine(s: WorkerSettings) -> Engine:
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
             options_file=s.trtllm_options,
         ))
-    if s.engine == "sim":
-        from engines.sim.engine import SimEngine
-
-        # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
-        return SimEngine(s.sim_profile or None, time_factor=s.sim_time_factor, worker_id=s.worker_id or "sim")
-    from engines.native.config import EngineConfig
-    from engines.native.engine import NativeEngine
-
-    return NativeEngine(EngineConfig(
-        model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
-        num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
-        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s,
-        num_threads=s.num_threads or None,
-    ))
+    return EngineClient(engine_spec(s), process=True, overlap=s.is_overlapped)

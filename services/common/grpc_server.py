@@ -41,12 +41,15 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
+        await self.set_serving(True)
+
+    async def set_serving(self, is_serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.service_names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(name, status)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        for name in ["", *self.service_names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.set_serving(False)
         await self.server.stop(grace_s)
 
 

@@ -3,12 +3,12 @@ no longer reaches back), then each new batch as the engine records it. No decisi
 import asyncio
 from collections.abc import AsyncIterator
 
-from engines.base.engine import KvEventSource
+from engines.base.engine import Engine
 from services.common.convert import kv_events_to_pb, kv_snapshot_to_pb
 from services.common.protos import worker_pb2
 
 
-async def kv_event_batches(engine: KvEventSource, worker_id: str, after_seq: int,
+async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
                            stopped: asyncio.Event) -> AsyncIterator[worker_pb2.KvEventBatch]:
     """Batches of events after `after_seq` until `stopped` is set (the worker is shutting down)."""
     while not stopped.is_set():

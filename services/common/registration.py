@@ -21,11 +21,16 @@ class Registrar:
         self.interval_s = 1.0
         self.registered = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._is_stopped = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="registrar")
 
     async def stop(self) -> None:
+        """Deregister and stop heartbeating; idempotent."""
+        if self._is_stopped:
+            return
+        self._is_stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

@@ -1,5 +1,6 @@
-"""The Worker service's shared half: stats, abort, role checks, and the serve loop (engine,
-gRPC server, router registration, drain on SIGTERM). Prefill and decode add their calls."""
+"""What every worker serves (the WorkerControl service: abort, stats, KV events, prefix-cache reset) and the serve
+loop (engine process, gRPC server, router registration, health, drain on SIGTERM). Prefill and decode workers add
+their own service; a worker whose engine died reports NOT_SERVING and leaves the router."""
 import asyncio
 import contextlib
 import functools
@@ -11,8 +12,7 @@ import time
 import grpc
 
 from engines.base import Engine, EngineUnavailableError, ModelNotFoundError
-from engines.base.engine import KvEventSource
-from services.common.convert import layout_to_pb, load_to_pb
+from services.common.convert import layout_to_pb, load_to_pb, role_to_pb
 from services.common.engine_factory import make_engine
 from services.common.errors import abort_with
 from services.common.grpc_server import GrpcServer, run_until_signal
@@ -21,19 +21,22 @@ from services.common.logs import request_id
 from services.common.metrics import MetricsEndpoint, WorkerMetrics
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.registration import Registrar
+from services.common.roles import WorkerRole
 from services.common.settings import SettingsError
 from services.common.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "tandem.v1.Worker"
+CONTROL_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name
 SETTLE_S = 1.0  # after deregistering: longer than a route's way to the worker (not a long remote prefill)
-_ROLES = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
 # per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
-_ZERO_SERIES = {"prefill": (("Prefill", "PullKv"), ("export",)), "decode": (("Generate",), ("import",))}
+_ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), WorkerRole.DECODE: (("Generate",), ("import",))}
 
 
-class WorkerService(worker_pb2_grpc.WorkerServicer):
-    role = ""
+class WorkerService(worker_pb2_grpc.WorkerControlServicer):
+    """The shared half; a subclass names its role and its own gRPC service (`service_name`, `add_to`)."""
+
+    role: WorkerRole
+    service_name = ""
 
     def __init__(self, settings: WorkerSettings, engine: Engine):
         self.settings, self.engine = settings, engine
@@ -42,18 +45,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.kv_bytes_exported = 0
         self.kv_bytes_imported = 0
         self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
-        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role)
+        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value)
+
+    @classmethod
+    def add_to(cls, service, server: grpc.aio.Server) -> None:
+        """Register the role's own gRPC service (Prefill or Decode) for `service`."""
+        raise NotImplementedError
 
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
         return worker_pb2.AbortResponse()
 
     async def ResetPrefixCache(self, request, context):
-        reset = getattr(self.engine, "reset_prefix_cache", None)
-        if reset is None:
+        if not self.engine.capabilities.reset_prefix_cache:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine has no prefix cache to reset")
         try:
-            dropped = await reset()
+            dropped = await self.engine.reset_prefix_cache()
         except Exception as exc:
             await abort_with(context, exc)
         log.info("prefix cache reset: %d cached blocks dropped", dropped)
@@ -62,7 +69,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def GetStats(self, request, context):
         s = self.engine.stats()
         return worker_pb2.WorkerStats(
-            worker_id=self.worker_id, role=_ROLES[self.role], load=self.load(),
+            worker_id=self.worker_id, role=role_to_pb(self.role), load=self.load(),
             prefix_queries=s.prefix_queries, prefix_hits=s.prefix_hits, num_preemptions=s.num_preemptions,
             num_prompt_tokens_computed=s.num_prompt_tokens_computed, num_generated_tokens=s.num_generated_tokens,
             kv_bytes_exported=self.kv_bytes_exported, kv_bytes_imported=self.kv_bytes_imported,
@@ -70,36 +77,20 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
 
     async def StreamKvEvents(self, request, context):
-        if not isinstance(self.engine, KvEventSource):
+        if not self.engine.capabilities.kv_events:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine publishes no KV events")
         async for batch in kv_event_batches(self.engine, self.worker_id, request.after_seq, self.stopping):
             yield batch
-
-    async def Prefill(self, request, context):
-        await self._wrong_role(context, "Prefill")
-
-    async def PullKv(self, request, context):
-        await self._wrong_role(context, "PullKv")
-
-    async def ReleaseKv(self, request, context):
-        await self._wrong_role(context, "ReleaseKv")
-
-    async def Generate(self, request, context):
-        await self._wrong_role(context, "Generate")
 
     def load(self) -> common_pb2.WorkerLoad:
         return load_to_pb(self.engine.stats(), self.settings.max_num_seqs)
 
     def info(self, address: str) -> router_pb2.WorkerInfo:
-        layout = getattr(self.engine, "kv_layout", None)
         return router_pb2.WorkerInfo(
-            worker_id=self.worker_id, role=_ROLES[self.role], address=address, model=self.settings.model,
-            layout=layout_to_pb(layout) if layout else None, max_num_seqs=self.settings.max_num_seqs,
-            max_model_len=self.engine.stats().max_model_len,
+            worker_id=self.worker_id, role=role_to_pb(self.role), address=address, model=self.settings.model,
+            layout=layout_to_pb(self.engine.kv_layout), max_num_seqs=self.settings.max_num_seqs,
+            max_model_len=self.engine.max_model_len,
         )
-
-    async def _wrong_role(self, context, method: str):
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{method} is not served by a {self.role} worker")
 
 
 def observed(rpc: str):
@@ -162,24 +153,36 @@ def wall_clock():
 async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService], drain_s: float = 10.0) -> None:
     engine = make_engine(settings)
     service = service_cls(settings, engine)
-    server = GrpcServer(f"{settings.host}:{settings.port}", [SERVICE_NAME])
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server.server)
+    server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name])
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(service, server.server)
+    service_cls.add_to(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
     service.metrics.start_at_zero(*_ZERO_SERIES[settings.role])
     registrar = Registrar(settings.router_address, service.info(service.address), service.load)
     endpoint: MetricsEndpoint | None = None
+    watcher: asyncio.Task | None = None
+
+    async def on_engine_failure() -> None:
+        """A dead engine serves nothing: NOT_SERVING, out of the router's pool; the process stays to say so."""
+        reason = await engine.wait_failed()
+        log.error("engine failed (%s): this worker reports NOT_SERVING and leaves the router", reason)
+        await server.set_serving(False)
+        await registrar.stop()
 
     async def start() -> None:
-        nonlocal endpoint
+        nonlocal endpoint, watcher
         await engine.start()
         endpoint = MetricsEndpoint(service.metrics.registry, settings.host, settings.metrics_port)
         await server.start()
         registrar.start()
-        log.info("%s worker %s ready on %s", settings.role, service.worker_id, service.address,
+        watcher = asyncio.create_task(on_engine_failure(), name="engine-watcher")
+        log.info("%s worker %s ready on %s", settings.role.value, service.worker_id, service.address,
                  extra={"metrics_port": endpoint.port})
 
     async def stop() -> None:
+        if watcher is not None:
+            watcher.cancel()
         await registrar.stop()  # no new requests routed here
         # NOTE: still serving while it drains: requests routed just before the deregistration still arrive
         # (SETTLE_S), and a prefill worker's held KV is pulled by new PullKv calls
@@ -206,20 +209,21 @@ async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05) -> b
     return False
 
 
-def main_for(role: str, service_cls: type[WorkerService], argv: list[str] | None) -> None:
+def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str] | None) -> int:
     from services.common.logs import setup_logging
     from services.common.tracing import setup_tracing, shutdown_tracing
     from services.common.worker_settings import parse_worker_settings
 
-    setup_logging(role)
     try:
         settings = parse_worker_settings(role, argv)
-        setup_tracing(role)
+        setup_logging(role.value)
+        setup_tracing(role.value)
         try:
             asyncio.run(serve_worker(settings, service_cls))
         finally:
             shutdown_tracing()
     except (SettingsError, EngineUnavailableError, ModelNotFoundError) as exc:
         # NOTE: a worker that cannot start says why in one line (no traceback) and exits 2, as a bad flag does
-        print(f"tandem serve {role}: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        print(f"tandem serve {role.value}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0

@@ -3,10 +3,11 @@ import argparse
 import socket
 from dataclasses import dataclass
 
+from services.common.roles import WorkerRole
 from services.common.settings import SettingsError, env
 
-ROLES = ("prefill", "decode")
 ENGINES = ("native", "zero", "sim", "trtllm")
+OVERLAP = ("auto", "on", "off")  # auto: on for CUDA devices, where a step runs asynchronously to the host
 TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
 TRTLLM_QUANT = ("", "fp8", "nvfp4")
 TRTLLM_KV_DTYPES = ("auto", "fp8")
@@ -15,7 +16,7 @@ TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    role: str
+    role: WorkerRole
     model: str
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
@@ -43,10 +44,17 @@ class WorkerSettings:
     trtllm_cache_transceiver: str = "DEFAULT"  # how TensorRT-LLM moves KV between workers; "off": no transfer
     trtllm_tensor_parallel_size: int = 1
     trtllm_options: str = ""  # a JSON file of further tensorrt_llm.LLM keyword arguments (applied last)
+    overlap: str = "auto"  # the engine loop sends step N-1's outputs while step N runs on the device
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise SettingsError(f"role must be one of {ROLES}, got {self.role!r}")
+        try:
+            object.__setattr__(self, "role", WorkerRole(self.role))  # NOTE: "decode" reads as WorkerRole.DECODE
+        except ValueError:
+            raise SettingsError(f"role must be one of {[r.value for r in WorkerRole]}, got {self.role!r}") from None
+        if not self.model:
+            raise SettingsError("a model directory is required (--model or TANDEM_MODEL)")
+        if self.overlap not in OVERLAP:
+            raise SettingsError(f"overlap must be one of {OVERLAP}, got {self.overlap!r}")
         if self.engine not in ENGINES:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.kv_lease_s <= 0:
@@ -66,8 +74,12 @@ class WorkerSettings:
         if self.trtllm_tensor_parallel_size < 1:
             raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
 
+    @property
+    def is_overlapped(self) -> bool:
+        return self.overlap == "on" or (self.overlap == "auto" and self.device.startswith("cuda"))
+
     def resolved_worker_id(self, port: int) -> str:
-        return self.worker_id or f"{self.role}-{socket.gethostname()}-{port}"
+        return self.worker_id or f"{self.role.value}-{socket.gethostname()}-{port}"
 
     def advertised_address(self, port: int) -> str:
         """Where the router sends others: advertise_host, else host — or, when listening on every
@@ -90,6 +102,7 @@ _TRTLLM_FLAGS = ("trtllm_backend", "trtllm_quant", "trtllm_kv_cache_dtype", "trt
                  "trtllm_tensor_parallel_size", "trtllm_options")
 _HELP = {
     "engine": f"one of {ENGINES}",
+    "overlap": f"one of {OVERLAP}: send step N-1's outputs while step N runs (auto: on for CUDA)",
     "gpu_memory_utilization": "GPU engines: share of the card's memory this worker may use, weights included",
     "trtllm_backend": f"engine trtllm: one of {TRTLLM_BACKENDS} (auto: tensorrt for an engine directory)",
     "trtllm_quant": "engine trtllm: fp8 or nvfp4 weights (pytorch backend: a ModelOpt checkpoint of them)",
@@ -99,21 +112,21 @@ _HELP = {
 }
 
 
-def parse_worker_settings(role: str, argv: list[str] | None) -> WorkerSettings:
-    p = argparse.ArgumentParser(prog=f"tandem serve {role}")
-    defaults = WorkerSettings(role=role, model="")
+def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
+    """The settings from TANDEM_WORKER_* and flags; raises SettingsError for a bad or missing value."""
+    role = WorkerRole(role)
+    p = argparse.ArgumentParser(prog=f"tandem serve {role.value}")
+    defaults = WorkerSettings(role=role, model="unset")
     p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor",
-                 "gpu_memory_utilization", *_TRTLLM_FLAGS):
+                 "gpu_memory_utilization", "overlap", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
     p.add_argument("--no-prefix-caching", action="store_true",
                    default=not env("TANDEM_WORKER_ENABLE_PREFIX_CACHING", True))
     args = p.parse_args(argv)
-    if not args.model:
-        raise SettingsError("a model directory is required (--model or TANDEM_MODEL)")
     fields = {k: v for k, v in vars(args).items() if k != "no_prefix_caching"}
     return WorkerSettings(role=role, enable_prefix_caching=not args.no_prefix_caching, **fields)

@@ -16,7 +16,7 @@ class KvPuller:
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def pull(self, handle: common_pb2.KvHandle) -> KvExport:
-        stub = worker_pb2_grpc.WorkerStub(self._channel(handle.address))
+        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(handle.address))
         call = stub.PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
         chunks = [chunk async for chunk in call]
         return assemble(chunks)

@@ -1,5 +1,5 @@
-"""Decode worker servicer: Generate — pull the KV named by the handle (falling back to a local
-prefill if the pull fails), join the continuous batch, stream token deltas."""
+"""Decode worker servicer: Generate — pull the KV named by the handle (falling back to a local prefill if the
+pull fails), continue after the tokens generated elsewhere in the continuous batch, stream token deltas."""
 import logging
 import time
 
@@ -8,7 +8,8 @@ import grpc
 from engines.base import EngineRequest, FinishReason
 from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
-from services.common.protos import worker_pb2
+from services.common.protos import worker_pb2, worker_pb2_grpc
+from services.common.roles import WorkerRole
 from services.common.streams import coalesced
 from services.common.tracing import span, timed_span
 from services.common.worker_base import WorkerService, main_for, observed, wall_clock
@@ -17,17 +18,23 @@ from services.decode.kv_import import KvPuller
 log = logging.getLogger(__name__)
 
 
-class DecodeService(WorkerService):
-    role = "decode"
+class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
+    role = WorkerRole.DECODE
+    service_name = worker_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].full_name
 
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.puller = KvPuller()
 
+    @classmethod
+    def add_to(cls, service, server) -> None:
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server(service, server)
+
     @observed("Generate")
     async def Generate(self, request, context):
         kv = await self._maybe_pull(request) if request.HasField("kv") else None
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv,
+                            output_token_ids=tuple(request.output_token_ids), kv_params=request.kv_params)
         start = time.monotonic()
         try:
             stream = self.engine.add_request(req)
@@ -45,7 +52,7 @@ class DecodeService(WorkerService):
                 yield worker_pb2.GenerateResponse(
                     token_ids=out.new_token_ids, logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
                     finish_reason=finish_to_pb(out.finish_reason),
-                    num_prompt_tokens=request.num_prompt_tokens or out.num_prompt_tokens,
+                    num_prompt_tokens=out.num_prompt_tokens,
                     num_cached_tokens=out.num_cached_tokens, kv_imported=first_at == 0 and kv is not None,
                 )
         finally:
@@ -63,7 +70,8 @@ class DecodeService(WorkerService):
             return None
         self.kv_bytes_imported += len(kv.data)
         self.metrics.kv_transfer("import", len(kv.data), time.monotonic() - start)
-        if kv.token_ids != tuple(request.token_ids[: kv.num_tokens]):
+        tokens = tuple(request.token_ids) + tuple(request.output_token_ids)
+        if kv.token_ids != tokens[: kv.num_tokens]:
             log.warning("KV for %s covers other tokens; prefilling locally", request.req_id)
             return None
         return kv
@@ -79,5 +87,5 @@ def _decode_spans(start: float, first_at: float, end: float, queue_s: float | No
     timed_span("decode.stream", wall_ns(first_at), wall_ns(end), **{"tandem.generated_tokens": num_tokens})
 
 
-def main(argv: list[str] | None = None) -> None:
-    main_for("decode", DecodeService, argv)
+def main(argv: list[str] | None = None) -> int:
+    return main_for(WorkerRole.DECODE, DecodeService, argv)

@@ -5,7 +5,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import grpc
 
@@ -70,7 +70,7 @@ class Pipeline:
                  params: SamplingParams) -> AsyncIterator[TokenDelta]:
         if route.HasField("prefill"):
             return self._disaggregated(route, req_id, prompt, params)
-        return self._generate(route.decode.address, req_id, prompt, params, len(prompt))
+        return self._generate(route.decode.address, req_id, prompt, params)
 
     async def is_ready(self) -> tuple[bool, str]:
         """True when the router answers and lists at least one live decode worker."""
@@ -106,7 +106,7 @@ class Pipeline:
                              params: SamplingParams) -> AsyncIterator[TokenDelta]:
         first = await self._prefill(route.prefill.address, req_id, prompt, params)
         if first is None:
-            stream = self._generate(route.decode.address, req_id, prompt, params, len(prompt))
+            stream = self._generate(route.decode.address, req_id, prompt, params)
         else:
             stream = self._continue(route, req_id, prompt, params, first)
         async with aclosing(stream):
@@ -115,18 +115,16 @@ class Pipeline:
 
     async def _continue(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
                         params: SamplingParams, first: worker_pb2.PrefillResponse) -> AsyncIterator[TokenDelta]:
-        """Stream the prefill worker's first token at once, while the decode worker pulls the KV and goes on."""
+        """Stream the prefill worker's first token at once, while the decode worker pulls the KV and goes on after
+        it: the user's prompt and params, the first token as output already generated."""
         finish = convert.finish_from_pb(first.finish_reason)
         if finish in (FinishReason.ERROR, FinishReason.ABORT):
             raise errors.from_worker_finish(finish, "at prefill")
-        if finish is None and params.max_tokens <= 1:
-            finish = FinishReason.LENGTH  # NOTE: defensive; the prefill worker should have said so itself
         logprobs = (convert.logprob_from_pb(first.first_logprob),) if first.HasField("first_logprob") else ()
         call = None
         if finish is None:  # NOTE: started before the first token goes out, so the KV pull overlaps it
-            rest = replace(params, max_tokens=params.max_tokens - 1, min_tokens=max(params.min_tokens - 1, 0))
-            call = self._start_generate(route.decode.address, req_id, [*prompt, first.first_token_id], rest,
-                                        len(prompt), kv=first.kv)
+            call = self._start_generate(route.decode.address, req_id, prompt, params, kv=first.kv,
+                                        output_token_ids=[first.first_token_id])
         is_handed_over = False
         try:
             yield TokenDelta((first.first_token_id,), logprobs, finish, first.num_cached_tokens)
@@ -143,7 +141,7 @@ class Pipeline:
 
     async def _prefill(self, address: str, req_id: str, prompt: list[int],
                        params: SamplingParams) -> worker_pb2.PrefillResponse | None:
-        stub = self._worker(address)
+        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
         request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params))
         try:
             return await stub.Prefill(request, timeout=self._request_timeout_s)
@@ -157,16 +155,18 @@ class Pipeline:
                         exc.code().name)
             return None
 
-    def _generate(self, address: str, req_id: str, token_ids: list[int], params: SamplingParams,
-                  num_prompt_tokens: int) -> AsyncIterator[TokenDelta]:
-        call = self._start_generate(address, req_id, token_ids, params, num_prompt_tokens)
+    def _generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams
+                  ) -> AsyncIterator[TokenDelta]:
+        call = self._start_generate(address, req_id, prompt, params)
         return self._stream(address, req_id, call)
 
-    def _start_generate(self, address: str, req_id: str, token_ids: list[int], params: SamplingParams,
-                        num_prompt_tokens: int, kv: common_pb2.KvHandle | None = None) -> grpc.aio.UnaryStreamCall:
-        request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=token_ids, params=convert.params_to_pb(params),
-                                             num_prompt_tokens=num_prompt_tokens, kv=kv)
-        return self._worker(address).Generate(request, timeout=self._request_timeout_s)
+    def _start_generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams,
+                        kv: common_pb2.KvHandle | None = None, output_token_ids: list[int] = ()
+                        ) -> grpc.aio.UnaryStreamCall:
+        request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params),
+                                             kv=kv, output_token_ids=output_token_ids,
+                                             kv_params=kv.engine_params if kv is not None else b"")
+        return self._decode_stub(address).Generate(request, timeout=self._request_timeout_s)
 
     async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
         is_over = False  # finished, or failed: nothing left to abort
@@ -194,11 +194,17 @@ class Pipeline:
             call.cancel()
             self._spawn(self._abort(address, req_id))
 
-    def _worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
+    def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = make_channel(address)
-        return worker_pb2_grpc.WorkerStub(channel)
+        return channel
+
+    def _decode_stub(self, address: str) -> worker_pb2_grpc.DecodeWorkerStub:
+        return worker_pb2_grpc.DecodeWorkerStub(self._channel(address))
+
+    def _control(self, address: str) -> worker_pb2_grpc.WorkerControlStub:
+        return worker_pb2_grpc.WorkerControlStub(self._channel(address))
 
     def _spawn(self, work: Coroutine) -> None:
         """Cleanup that must outlive a cancelled request; errors are logged, never raised."""
@@ -207,12 +213,13 @@ class Pipeline:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, address: str, req_id: str) -> None:
-        await self._quietly(self._worker(address).Abort(worker_pb2.AbortRequest(req_id=req_id),
+        await self._quietly(self._control(address).Abort(worker_pb2.AbortRequest(req_id=req_id),
                                                         timeout=CLEANUP_TIMEOUT_S), "abort", req_id)
 
     async def _release(self, address: str, req_id: str) -> None:
-        await self._quietly(self._worker(address).ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id),
-                                                            timeout=CLEANUP_TIMEOUT_S), "release kv", req_id)
+        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
+        await self._quietly(stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S),
+                            "release kv", req_id)
 
     async def _complete(self, req_id: str) -> None:
         await self._quietly(self._router.Complete(router_pb2.CompleteRequest(req_id=req_id),

@@ -1,6 +1,5 @@
-"""Prefill worker servicer: Prefill (hold_kv, first token), PullKv (stream blocks, then free),
-ReleaseKv. Everything else is the shared WorkerService."""
-import dataclasses
+"""Prefill worker servicer: Prefill (prefill only: the user's request, one token, KV held), PullKv (stream the
+held blocks, then free them), ReleaseKv. Abort, stats and KV events are the shared WorkerControl service."""
 import time
 
 import grpc
@@ -8,7 +7,8 @@ import grpc
 from engines.base import EngineRequest, FinishReason
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
-from services.common.protos import common_pb2, worker_pb2
+from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
+from services.common.roles import WorkerRole
 from services.common.tracing import timed_span
 from services.common.worker_base import WorkerService, main_for, observed, wall_clock
 from services.prefill.leases import Leases
@@ -16,18 +16,21 @@ from services.prefill.leases import Leases
 KV_CHUNK_BYTES = 4 << 20
 
 
-class PrefillService(WorkerService):
-    role = "prefill"
+class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
+    role = WorkerRole.PREFILL
+    service_name = worker_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].full_name
 
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.leases = Leases(settings.kv_lease_s)
 
+    @classmethod
+    def add_to(cls, service, server) -> None:
+        worker_pb2_grpc.add_PrefillWorkerServicer_to_server(service, server)
+
     @observed("Prefill")
     async def Prefill(self, request, context):
-        params = params_from_pb(request.params)
-        first = dataclasses.replace(params, max_tokens=1)
-        req = EngineRequest(request.req_id, tuple(request.token_ids), first, hold_kv=True)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), hold_kv=True)
         start = time.monotonic()
         try:
             outputs = [out async for out in self.engine.add_request(req)]
@@ -39,15 +42,14 @@ class PrefillService(WorkerService):
         if last.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             await context.abort(grpc.StatusCode.INTERNAL if last.error else grpc.StatusCode.CANCELLED,
                                 last.error or "prefill aborted")
-        token_id = outputs[0].new_token_ids[0]
+        (token_id,) = [t for out in outputs for t in out.new_token_ids]
         reply = worker_pb2.PrefillResponse(first_token_id=token_id, num_cached_tokens=last.num_cached_tokens)
         if last.logprobs:
             reply.first_logprob.CopyFrom(logprob_to_pb(last.logprobs[0]))
-        if last.finish_reason is FinishReason.STOP or params.max_tokens == 1:
+        if last.finish_reason is FinishReason.PREFILLED:
+            reply.kv.CopyFrom(self._handle(request.req_id, len(request.token_ids), last.kv_params))
+        else:  # the first token ended the request: nothing is held
             reply.finish_reason = finish_to_pb(last.finish_reason)
-            await self.engine.release_kv(request.req_id)
-        else:
-            reply.kv.CopyFrom(self._handle(request.req_id, len(request.token_ids)))
         return reply
 
     @observed("PullKv")
@@ -77,12 +79,12 @@ class PrefillService(WorkerService):
         await self.engine.abort(request.req_id)  # drops held KV; unknown ids are ignored
         return worker_pb2.ReleaseKvResponse()
 
-    def _handle(self, req_id: str, num_prompt_tokens: int) -> common_pb2.KvHandle:
+    def _handle(self, req_id: str, num_prompt_tokens: int, engine_params: bytes) -> common_pb2.KvHandle:
         layout = self.engine.kv_layout
         return common_pb2.KvHandle(
             worker_id=self.worker_id, address=self.address, req_id=req_id, layout=layout_to_pb(layout),
             num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
-            lease_expires_unix_s=self.leases.grant(req_id),
+            lease_expires_unix_s=self.leases.grant(req_id), engine_params=engine_params,
         )
 
 
@@ -111,5 +113,5 @@ def _block_slice(data: bytes, num_blocks: int, first: int, n: int, num_layers: i
                     for p in range(num_layers * 2))
 
 
-def main(argv: list[str] | None = None) -> None:
-    main_for("prefill", PrefillService, argv)
+def main(argv: list[str] | None = None) -> int:
+    return main_for(WorkerRole.PREFILL, PrefillService, argv)

@@ -1,19 +1,18 @@
 """Router protobuf messages <-> router domain types. The only router module that knows both shapes."""
-from services.common.convert import layout_from_pb, layout_to_pb
+from services.common.convert import layout_from_pb, layout_to_pb, role_to_pb
+from services.common.convert import role_from_pb as _role_from_pb
 from services.common.protos import common_pb2, router_pb2
-from services.router.types import (InvalidArgumentError, RouteDecision, RouteInput, WorkerInfo, WorkerLoad,
-                                   WorkerRole, WorkerView)
+from services.common.roles import WorkerRole
+from services.router.types import InvalidArgumentError, RouteDecision, RouteInput, WorkerInfo, WorkerLoad, WorkerView
 
-_ROLE_TO_PB = {WorkerRole.PREFILL: common_pb2.WORKER_ROLE_PREFILL, WorkerRole.DECODE: common_pb2.WORKER_ROLE_DECODE}
-_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
 _LOAD_FIELDS = WorkerLoad.__slots__
 
 
 def role_from_pb(value: int) -> WorkerRole:
     try:
-        return _ROLE_FROM_PB[value]
-    except KeyError:
-        raise InvalidArgumentError(f"worker role must be PREFILL or DECODE, got {value}") from None
+        return _role_from_pb(value)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 def worker_info_from_pb(msg: router_pb2.WorkerInfo) -> WorkerInfo:
@@ -23,7 +22,7 @@ def worker_info_from_pb(msg: router_pb2.WorkerInfo) -> WorkerInfo:
 
 
 def worker_info_to_pb(info: WorkerInfo) -> router_pb2.WorkerInfo:
-    msg = router_pb2.WorkerInfo(worker_id=info.worker_id, role=_ROLE_TO_PB[info.role], address=info.address,
+    msg = router_pb2.WorkerInfo(worker_id=info.worker_id, role=role_to_pb(info.role), address=info.address,
                                 model=info.model, max_num_seqs=info.max_num_seqs, max_model_len=info.max_model_len)
     if info.layout is not None:
         msg.layout.CopyFrom(layout_to_pb(info.layout))

@@ -64,7 +64,7 @@ class KvSubscriber:
 
     async def _follow(self, worker_id: str, address: str) -> None:
         async with self._connect(address) as channel:
-            stub = worker_pb2_grpc.WorkerStub(channel)
+            stub = worker_pb2_grpc.WorkerControlStub(channel)
             after_seq = self.index.last_seq(worker_id)
             while True:
                 try:
@@ -81,7 +81,7 @@ class KvSubscriber:
                     await asyncio.sleep(self.retry_s)
                 after_seq = ASK_SNAPSHOT  # NOTE: after a gap or a lost stream, a restarted worker reuses seqs
 
-    async def _stream(self, stub: worker_pb2_grpc.WorkerStub, worker_id: str, after_seq: int) -> bool:
+    async def _stream(self, stub: worker_pb2_grpc.WorkerControlStub, worker_id: str, after_seq: int) -> bool:
         """Apply batches until the stream ends (False) or shows a gap (True: resync at once)."""
         call = stub.StreamKvEvents(worker_pb2.StreamKvEventsRequest(after_seq=after_seq))
         try:

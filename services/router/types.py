@@ -3,9 +3,9 @@
 Plain frozen dataclasses with no transport, so the simulator can build them directly.
 """
 from dataclasses import dataclass
-from enum import Enum
 
 from engines.base.types import KvLayout
+from services.common.roles import WorkerRole
 
 
 class RouterError(Exception):
@@ -33,11 +33,6 @@ class NoWorkerAvailableError(RouterError):
     """The model is known but no live, non-excluded decode worker can take the request."""
 
     grpc_status = "UNAVAILABLE"
-
-
-class WorkerRole(str, Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True, slots=True)

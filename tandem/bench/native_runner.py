@@ -11,9 +11,11 @@ BLOCK_SIZE = 16
 
 
 def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len: int):
-    """A NativeEngine sized for the run: a KV cache of just enough blocks, not a share of all memory."""
+    """A native engine (its loop on a thread) sized for the run: a KV cache of just enough blocks, not a share
+    of all memory."""
+    from engines.core.client import EngineClient
+    from engines.native import native_spec
     from engines.native.config import EngineConfig
-    from engines.native.engine import NativeEngine  # lazy: the bench CLI must load without the engine
 
     blocks_per_seq = -(-max_len // BLOCK_SIZE) + 1
     config = EngineConfig(
@@ -21,7 +23,7 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
         max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,
         num_blocks=2 * max_num_seqs * blocks_per_seq,  # twice: finished warm-up blocks may linger as cache
     )
-    return NativeEngine(config)
+    return EngineClient(native_spec(config))
 
 
 async def run_requests(engine, prompts: list[list[int]], osl: int, prefix: str = "r") -> list[RequestTrace]:

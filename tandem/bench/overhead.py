@@ -1,5 +1,5 @@
 """`tandem bench overhead`: what the control plane adds. The same closed-loop load runs (a) against a
-ZeroCostEngine in this process and (b) through zero-engine stacks (gateway -> router -> worker, HTTP and gRPC)
+zero engine in this process (its loop on a thread) and (b) through zero-engine stacks (gateway -> router -> worker, HTTP and gRPC)
 that this command starts and stops, with 1 and then N gateway processes; tokens being free, the difference is
 the services' cost. Every phase records the load average and each process's CPU time."""
 import argparse
@@ -48,7 +48,7 @@ class OverheadConfig:
 
 
 class InProcessSender:
-    """A loadgen.Send on a ZeroCostEngine: stamps each token-bearing delta as the HTTP client stamps chunks."""
+    """A loadgen.Send on an in-process zero engine: stamps each token-bearing delta as the HTTP client stamps chunks."""
 
     def __init__(self, engine, prompts: PromptMaker, clock: Callable[[], float] = time.perf_counter):
         self.engine, self.prompts, self.clock = engine, prompts, clock
@@ -92,9 +92,10 @@ def _specs(cfg: OverheadConfig, concurrency: int) -> list[RequestSpec]:
 
 
 async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker, concurrency: int) -> Phase:
-    from engines.zero import ZeroCostEngine
+    from engines.core.client import EngineClient
+    from engines.zero import zero_spec
 
-    engine = ZeroCostEngine(str(model))
+    engine = EngineClient(zero_spec(str(model)))
     await engine.start()
     try:
         sender = InProcessSender(engine, prompts)

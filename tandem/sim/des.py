@@ -1,16 +1,19 @@
-"""The cluster simulator: a discrete-event loop in virtual time over N SimWorkers, each arrival routed by the
-router's real RouterCore, Registry (on the virtual clock), policy and PrefixIndex (fed by KV events).
+"""The cluster simulator: a discrete-event loop in virtual time over N engines (the one EngineCore over the sim
+runner, whose step duration the loop reads instead of sleeping), each arrival routed by the router's real
+RouterCore, Registry (on the virtual clock), policy and PrefixIndex (fed by the engines' KV events).
 
 No gRPC, no sleeping, no wall clock: the same trace and seed give the same result.
 """
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engines.base.types import KvLayout
-from engines.native.sequence import Sequence
+from engines.base.types import EngineRequest, FinishReason, KvLayout, RequestOutput, SamplingParams
+from engines.core.engine_core import EngineCore
+from engines.core.runner import zero_kv_export
+from engines.core.scheduler import SchedulerOutput
 from engines.sim.profile import TimingProfile
-from engines.sim.sim_core import SimWorker, StepPlan
+from engines.sim.runner import sim_core
 from services.router.core import RouterCore
 from services.router.policy import DisaggregationPolicy
 from services.router.registry import Registry
@@ -51,6 +54,32 @@ class RequestRecord:
     finish_s: float = -1.0
 
 
+@dataclass(slots=True)
+class SimNode:
+    """One simulated worker: its engine and the virtual time it spent stepping."""
+
+    core: EngineCore
+    busy_s: float = 0.0
+    num_steps: int = 0
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # prefill role: held until the hand-off
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def block_manager(self):
+        return self.core.block_manager
+
+    @property
+    def has_work(self) -> bool:
+        return self.core.has_work
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.core.scheduler.num_generated_tokens
+
+
 class ClusterSim:
     def __init__(self, profile: TimingProfile, config: SimConfig, policy_name: str):
         self.profile, self.config = profile, config
@@ -60,7 +89,7 @@ class ClusterSim:
         self.policy, self.index = make_sim_policy(policy_name, lambda: self.now, layout, config.seed,
                                                     config.kv_overlap_weight)
         self.core = RouterCore(self.registry, self.policy, DisaggregationPolicy(config.disagg_min_tokens))
-        self.workers: dict[str, SimWorker] = {}
+        self.workers: dict[str, SimNode] = {}
         for role, count, prefix in ((WorkerRole.DECODE, config.num_workers, "decode"),
                                     (WorkerRole.PREFILL, config.num_prefill_workers, "prefill")):
             for i in range(count):
@@ -70,7 +99,6 @@ class ClusterSim:
         self._heap: list[tuple[float, int, str, object]] = []
         self._order = 0
         self._busy: set[str] = set()
-        self._live: dict[str, int] = {}  # req_id -> decode tokens still to come after a prefill hand-off
         self._hooks: list[tuple[float, Callable[[float], None]]] = []
         self._layout = layout
 
@@ -88,18 +116,23 @@ class ClusterSim:
         self.registry.deregister(worker_id)
 
     def is_drained(self, worker_id: str) -> bool:
-        """True once the worker holds no request and none is on its way to it (a KV hand-off)."""
-        if self.workers[worker_id].has_work or worker_id in self._busy:
+        """True once the worker holds no request (held KV included) and none is on its way to it (a KV hand-off,
+        or a prefill elsewhere whose decode goes there)."""
+        worker = self.workers[worker_id]
+        if worker.has_work or worker.prompts or worker_id in self._busy:
             return False
-        incoming = any(kind == "handoff" and payload[0] == worker_id for _, _, kind, payload in self._heap)
-        return not incoming and not any(self.records[r].worker_id == worker_id for r in self._live)
+        incoming = any(kind == "handoff" and payload[1] == worker_id for _, _, kind, payload in self._heap)
+        prefilling = any(self.records[r].worker_id == worker_id for w in self.workers.values() for r in w.prompts)
+        return not incoming and not prefilling
 
     def every(self, interval_s: float, hook: Callable[[float], None]) -> None:
         """Call `hook(now)` every `interval_s` of virtual time from the start of `run` until the trace is done."""
         self._hooks.append((interval_s, hook))
 
     def _add_worker(self, worker_id: str, role: WorkerRole, layout: KvLayout) -> None:
-        self.workers[worker_id] = SimWorker(worker_id, self.profile, self.config.enable_prefix_caching)
+        core = sim_core(self.profile, time_factor=0.0, enable_prefix_caching=self.config.enable_prefix_caching,
+                        clock=lambda: self.now)
+        self.workers[worker_id] = SimNode(core)
         info = WorkerInfo(worker_id, role, f"sim://{worker_id}", MODEL, layout, self.profile.max_num_seqs)
         self.registry.register(info, self._load(worker_id))
 
@@ -140,20 +173,17 @@ class ClusterSim:
         record = RequestRecord(req_id, row.arrival_s, len(tokens), row.osl, decision.decode.worker_id)
         self.records[req_id] = record
         self.num_routed[record.worker_id] += 1
+        request = EngineRequest(req_id, tuple(tokens), SamplingParams(max_tokens=row.osl, ignore_eos=True))
         if decision.prefill is None:
-            self._submit(record.worker_id, req_id, tokens, row.osl)
+            self._submit(record.worker_id, request)
             return
         record.prefill_worker_id = decision.prefill.worker_id
-        self._live[req_id] = row.osl - 1
-        self._submit(record.prefill_worker_id, req_id, tokens, 1)
+        self.workers[record.prefill_worker_id].prompts[req_id] = tokens
+        self._submit(record.prefill_worker_id, EngineRequest(req_id, request.prompt_token_ids, request.params,
+                                                             hold_kv=True))
 
-    def _submit(self, worker_id: str, req_id: str, tokens: list[int], max_tokens: int,
-                num_imported: int = 0) -> None:
-        worker = self.workers[worker_id]
-        seq = worker.make_seq(req_id, tokens, max_tokens)
-        if num_imported:
-            worker.import_kv(seq, num_imported)
-        worker.add(seq)
+    def _submit(self, worker_id: str, request: EngineRequest) -> None:
+        self.workers[worker_id].core.add(request)
         self._report(worker_id)
         self._maybe_start(worker_id)
 
@@ -161,47 +191,54 @@ class ClusterSim:
         worker = self.workers[worker_id]
         if worker_id in self._busy or not worker.has_work:
             return
-        plan = worker.begin_step()
-        if plan is None:
+        out = worker.core.schedule()
+        if out is None:
             raise SimStuckError(f"{worker_id} has work it cannot schedule at t={self.now:.3f}s")
         self._busy.add(worker_id)
-        self._push(self.now + plan.duration_s, "step", (worker_id, plan))
+        duration = worker.core.runner.step_duration(out)
+        self._push(self.now + duration, "step", (worker_id, out, duration))
 
-    def _end_step(self, worker_id: str, plan: StepPlan) -> None:
+    def _end_step(self, worker_id: str, out: SchedulerOutput, duration: float) -> None:
         worker = self.workers[worker_id]
         self._busy.discard(worker_id)
-        result = worker.end_step(plan)
-        for seq in result.emitted:
-            record = self.records[seq.req_id]
-            if record.first_token_s < 0:
+        worker.busy_s += duration
+        worker.num_steps += 1
+        for output in worker.core.commit(out, worker.core.launch(out).wait()):
+            record = self.records[output.req_id]
+            if record.first_token_s < 0 and output.new_token_ids:
                 record.first_token_s = self.now
-                record.num_cached_tokens = seq.num_cached_tokens
-        for seq in result.finished:
-            self._finish(worker_id, seq)
-        if self.index is not None and result.events:
-            self.index.apply(worker_id, result.events)
+                record.num_cached_tokens = output.num_cached_tokens
+            if output.finished:
+                self._finish(worker_id, output)
+        events = worker.core.drain_kv_events()
+        if self.index is not None and events:
+            self.index.apply(worker_id, events)
         self._report(worker_id)
         self._maybe_start(worker_id)
 
-    def _finish(self, worker_id: str, seq: Sequence) -> None:
-        record = self.records[seq.req_id]
-        remaining = self._live.pop(seq.req_id, 0) if worker_id == record.prefill_worker_id else 0
-        if remaining > 0:  # prefilled elsewhere: the KV travels, then the decode worker takes over
-            arrive = self.now + self.profile.transfer_s(seq.num_prompt_tokens)
-            self._push(arrive, "handoff", (record.worker_id, seq.req_id, seq.token_ids, seq.num_prompt_tokens,
-                                           remaining))
+    def _finish(self, worker_id: str, output: RequestOutput) -> None:
+        record = self.records[output.req_id]
+        if output.finish_reason is FinishReason.PREFILLED:  # the KV travels, then the decode worker goes on
+            arrive = self.now + self.profile.transfer_s(output.num_prompt_tokens)
+            self._push(arrive, "handoff", (worker_id, record.worker_id, output.req_id, output.new_token_ids[-1]))
             return
         record.finish_s = self.now
-        self.registry.complete(seq.req_id)
+        self.registry.complete(output.req_id)
 
-    def _hand_off(self, worker_id: str, req_id: str, tokens: list[int], num_kv: int, remaining: int) -> None:
-        self._submit(worker_id, req_id, tokens, remaining, num_imported=num_kv)
+    def _hand_off(self, prefill_id: str, decode_id: str, req_id: str, first_token: int) -> None:
+        prefill = self.workers[prefill_id]
+        prompt = tuple(prefill.prompts.pop(req_id))
+        kv = zero_kv_export(prefill.core.info.kv_layout, prefill.block_manager.num_blocks_for(len(prompt)), prompt)
+        prefill.core.release_kv(req_id)  # NOTE: a completed pull ends the lease
+        self._report(prefill_id)
+        self._maybe_start(prefill_id)
+        params = SamplingParams(max_tokens=self.records[req_id].num_output_tokens, ignore_eos=True)
+        self._submit(decode_id, EngineRequest(req_id, prompt, params, kv=kv, output_token_ids=(first_token,)))
 
     def _load(self, worker_id: str) -> WorkerLoad:
-        worker = self.workers[worker_id]
-        sched, bm = worker.scheduler, worker.block_manager
-        return WorkerLoad(num_waiting=len(sched.waiting), num_running=len(sched.running),
-                          num_blocks_used=bm.num_blocks - bm.num_free_blocks, num_blocks_total=bm.num_blocks,
+        stats = self.workers[worker_id].core.stats()
+        return WorkerLoad(num_waiting=stats.num_waiting, num_running=stats.num_running, num_held=stats.num_held,
+                          num_blocks_used=stats.num_blocks_used, num_blocks_total=stats.num_blocks_total,
                           max_num_seqs=self.profile.max_num_seqs)
 
     def _report(self, worker_id: str) -> None:

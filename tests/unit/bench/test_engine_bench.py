@@ -67,7 +67,7 @@ def test_bench_with_one_engine_has_no_ratio(bench_llama, fast_roofline):
 
 
 def test_bench_runs_the_real_native_engine(bench_llama, fast_roofline):
-    pytest.importorskip("engines.native.engine")
+    pytest.importorskip("engines.native.runner")
     cfg = engine_bench.BenchConfig(bench_llama, threads=1, num_requests=4, isl=16, osl=16, engines=("native",))
     entry = engine_bench.run_bench(cfg)["workloads"]["concurrent"]
     assert entry["engines"]["native"]["num_output_tokens"] == 4 * 16

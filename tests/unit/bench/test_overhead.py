@@ -1,8 +1,10 @@
-"""The overhead benchmark's in-process side on a real ZeroCostEngine, and its report arithmetic."""
+"""The overhead benchmark's in-process side on a real zero engine (its loop on a thread), and its report
+arithmetic."""
 import numpy as np
 import pytest
 
-from engines.zero import ZeroCostEngine
+from engines.core.client import EngineClient
+from engines.zero import zero_spec
 from tandem.bench.loadgen import PromptMaker, RequestSpec, run_schedule, synthetic_specs
 from tandem.bench.overhead import InProcessSender, OverheadConfig
 from tandem.bench.overhead_report import Phase, build_report, format_overhead
@@ -10,7 +12,7 @@ from tandem.bench.serve_stats import RequestRecord, summarize_serve
 
 
 async def test_in_process_sender_stamps_every_token_of_the_zero_engine(tmp_path):
-    engine = ZeroCostEngine(str(tmp_path))  # no config.json: the default vocabulary
+    engine = EngineClient(zero_spec(str(tmp_path)))  # no config.json: the default vocabulary
     await engine.start()
     sender = InProcessSender(engine, PromptMaker(np.arange(100, 200)))
     records = await run_schedule(synthetic_specs(6, isl=16, osl=5), sender.send, max_concurrency=3)
@@ -20,7 +22,7 @@ async def test_in_process_sender_stamps_every_token_of_the_zero_engine(tmp_path)
 
 
 async def test_in_process_sender_records_engine_refusals(tmp_path):
-    engine = ZeroCostEngine(str(tmp_path), max_model_len=8)
+    engine = EngineClient(zero_spec(str(tmp_path), max_model_len=8))
     await engine.start()
     record = await InProcessSender(engine, PromptMaker(np.arange(100, 200))).send(RequestSpec(0, None, 16, 2))
     await engine.shutdown()

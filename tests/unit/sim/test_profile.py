@@ -46,7 +46,7 @@ def test_profile_from_bench_fits_the_points(tmp_path):
 
 
 def test_tandem_sim_saves_a_fitted_profile_that_a_sim_worker_runs(tmp_path, capsys):
-    from services.common.engine_factory import make_engine
+    from services.common.engine_factory import engine_spec
     from services.common.worker_settings import WorkerSettings
     from tandem.cli import main
 
@@ -57,9 +57,10 @@ def test_tandem_sim_saves_a_fitted_profile_that_a_sim_worker_runs(tmp_path, caps
     assert main(["sim", "--profile-from-bench", str(bench), "--save-profile", str(saved)]) == 0
     assert f"wrote {saved}" in capsys.readouterr().out
     assert load_profile(str(saved)) == profile_from_bench(bench)
-    engine = make_engine(WorkerSettings(role="decode", model="m", engine="sim", sim_profile=str(saved),
-                                        sim_time_factor=0.5, worker_id="decode-3"))
-    assert (engine.profile.name, engine.time_factor) == ("bench-org_m", 0.5)
+    spec = engine_spec(WorkerSettings(role="decode", model="m", engine="sim", sim_profile=str(saved),
+                                      sim_time_factor=0.5, worker_id="decode-3"))
+    runner = spec.build().runner  # what the worker's engine process builds
+    assert (runner.profile.name, runner.time_factor) == ("bench-org_m", 0.5)
 
 
 def test_tandem_sim_without_a_trace_or_a_profile_to_save_is_an_error(capsys):

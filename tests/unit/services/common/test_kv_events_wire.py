@@ -9,7 +9,8 @@ from engines.base.events import KvEvent, KvEventKind, KvEventLog, KvSnapshot, Kv
 from services.common.convert import (kv_batch_from_pb, kv_event_from_pb, kv_event_to_pb, kv_events_to_pb,
                                      kv_snapshot_to_pb)
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
-from services.common.worker_base import WorkerService
+from engines.base.engine import EngineCapabilities
+from services.decode.server import DecodeService
 
 BIG = 2**64 - 1  # hashes are full uint64
 
@@ -40,7 +41,9 @@ def test_batches_and_snapshots_round_trip():
 
 
 class FakeKvEngine:
-    """A KvEventSource over a real KvEventLog, fed by the test."""
+    """An engine with the kv_events capability over a real KvEventLog, fed by the test."""
+
+    capabilities = EngineCapabilities(kv_events=True)
 
     def __init__(self, max_events: int = 4):
         self.log = KvEventLog(max_events)
@@ -62,11 +65,15 @@ class FakeKvEngine:
             await self.changed.wait()
 
 
+class NoKvEngine:
+    capabilities = EngineCapabilities()
+
+
 async def serve(engine):
-    service = WorkerService(None, engine)
+    service = DecodeService(None, engine)
     service.worker_id = "w0"
     server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(service, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return service, server, grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -78,7 +85,7 @@ def test_servicer_replays_then_pushes_then_snapshots_then_stops():
         engine.store(1)
         engine.store(2)
         service, server, channel = await serve(engine)
-        stub = worker_pb2_grpc.WorkerStub(channel)
+        stub = worker_pb2_grpc.WorkerControlStub(channel)
         try:
             call = stub.StreamKvEvents(worker_pb2.StreamKvEventsRequest(after_seq=0))
             replay = kv_batch_from_pb(await call.read())
@@ -102,9 +109,9 @@ def test_servicer_replays_then_pushes_then_snapshots_then_stops():
 
 def test_servicer_without_kv_events_is_unimplemented():
     async def go():
-        _, server, channel = await serve(object())
+        _, server, channel = await serve(NoKvEngine())
         try:
-            call = worker_pb2_grpc.WorkerStub(channel).StreamKvEvents(worker_pb2.StreamKvEventsRequest())
+            call = worker_pb2_grpc.WorkerControlStub(channel).StreamKvEvents(worker_pb2.StreamKvEventsRequest())
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await call.read()
             return info.value.code()

@@ -12,10 +12,10 @@ import pytest
 import uvicorn
 from transformers import AutoTokenizer
 
-from services.common.protos import router_pb2_grpc, worker_pb2_grpc
+from services.common.protos import router_pb2_grpc
 from services.gateway.server import create_app
 from services.gateway.settings import GatewaySettings
-from tests.unit.services.gateway.fakes import FakeRouter, FakeWorker, start_server
+from tests.unit.services.gateway.fakes import FakeRouter, FakeWorker, add_worker, start_server
 
 MODEL = "tiny-chat"
 REPLY = "Hello world! 😀 中文 done."  # multi-byte characters split across byte-level BPE tokens
@@ -74,8 +74,7 @@ async def serve_stack(model_dir, tokens: list[int], **overrides) -> AsyncIterato
     router, decode, prefill = FakeRouter(), FakeWorker(tokens), FakeWorker(tokens)
     servers = {}
     for name, add, servicer in (("router", router_pb2_grpc.add_RouterServicer_to_server, router),
-                                ("decode", worker_pb2_grpc.add_WorkerServicer_to_server, decode),
-                                ("prefill", worker_pb2_grpc.add_WorkerServicer_to_server, prefill)):
+                                ("decode", add_worker, decode), ("prefill", add_worker, prefill)):
         servers[name], servicer.address = await start_server(add, servicer)
     router.decode_address = decode.address
     settings = GatewaySettings(model_dir=str(model_dir), router_address=router.address, **overrides)

@@ -47,7 +47,15 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         return router_pb2.ListWorkersResponse(workers=workers)
 
 
-class FakeWorker(worker_pb2_grpc.WorkerServicer):
+def add_worker(servicer, server) -> None:
+    """One fake answers every worker service (a real worker serves its role's and WorkerControl)."""
+    for add in (worker_pb2_grpc.add_PrefillWorkerServicer_to_server, worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
+                worker_pb2_grpc.add_WorkerControlServicer_to_server):
+        add(servicer, server)
+
+
+class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWorkerServicer,
+                 worker_pb2_grpc.WorkerControlServicer):
     """Generate streams `tokens` (continuing after the prompt's already-made tokens), one per message."""
 
     def __init__(self, tokens: list[int]):
@@ -69,8 +77,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
 
     async def Generate(self, request, context):
         self.generate_requests.append(request)
-        done = len(request.token_ids) - request.num_prompt_tokens  # a prefill worker made these already
-        stream = self.tokens[done:done + request.params.max_tokens]
+        done = len(request.output_token_ids)  # a prefill worker made these already
+        stream = self.tokens[done:request.params.max_tokens]  # NOTE: max_tokens counts them too
         try:
             for i, token_id in enumerate(stream):
                 if self.token_delay_s:
@@ -84,7 +92,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 yield worker_pb2.GenerateResponse(
                     token_ids=[token_id], logprobs=_logprobs(token_id, done + i, request.params),
                     finish_reason=_finish(is_last, done + i + 1 == len(self.tokens)),
-                    num_prompt_tokens=request.num_prompt_tokens, kv_imported=request.HasField("kv") and i == 0,
+                    num_prompt_tokens=len(request.token_ids), kv_imported=request.HasField("kv") and i == 0,
                     num_cached_tokens=self.num_cached_tokens)
                 self.sent[request.req_id] = i + 1
         except (asyncio.CancelledError, GeneratorExit):  # cancelled while stalled, or between messages

@@ -31,7 +31,7 @@ async def test_chat_completion(stack, tokenizer, reply_ids):
     prompt = chat_prompt(tokenizer)
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt), len(reply_ids))
     (request,) = stack.decode.generate_requests
-    assert list(request.token_ids) == prompt and request.num_prompt_tokens == len(prompt)
+    assert list(request.token_ids) == prompt and list(request.output_token_ids) == []
     assert not request.HasField("kv")
     assert request.params.max_tokens == 512 - len(prompt)  # no limit asked: what the context holds
     assert request.params.temperature == 1.0 and request.params.top_p == 1.0 and not request.params.logprobs
@@ -123,8 +123,9 @@ async def test_disaggregated_prefill_then_decode_with_kv(stack, tokenizer, reply
     (prefill,) = stack.prefill.prefill_requests
     assert list(prefill.token_ids) == prompt and prefill.params.max_tokens == 10
     (generate,) = stack.decode.generate_requests
-    assert list(generate.token_ids) == [*prompt, reply_ids[0]]
-    assert generate.num_prompt_tokens == len(prompt) and generate.params.max_tokens == 9
+    # the first-token seam: the user's prompt and params, the prefill worker's token as output already made
+    assert list(generate.token_ids) == prompt and list(generate.output_token_ids) == [reply_ids[0]]
+    assert generate.params.max_tokens == 10
     assert generate.kv.address == stack.prefill.address and generate.kv.req_id == prefill.req_id == generate.req_id
     assert stack.decode.prefill_requests == [] and stack.prefill.generate_requests == []
     assert out.choices[0].message.content == tokenizer.decode(reply_ids[:10])

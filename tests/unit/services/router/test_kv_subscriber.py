@@ -16,7 +16,7 @@ def stored(seq: int, parent: int, *hashes: int) -> KvEvent:
     return KvEvent(seq, KvEventKind.STORED, parent, hashes)
 
 
-class ScriptedWorker(worker_pb2_grpc.WorkerServicer):
+class ScriptedWorker(worker_pb2_grpc.WorkerControlServicer):
     """Answers the n-th StreamKvEvents call with the n-th script, then holds the stream open."""
 
     def __init__(self, scripts):
@@ -34,7 +34,7 @@ class ScriptedWorker(worker_pb2_grpc.WorkerServicer):
 
 async def serve(servicer) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
@@ -106,7 +106,7 @@ def test_lost_stream_reconnects_asking_for_a_snapshot():
         await server.stop(0)  # the worker dies; a new one comes up on the same port
         second = ScriptedWorker([[kv_snapshot_to_pb("w", KvSnapshot(0, ()))]])
         server = grpc.aio.server()
-        worker_pb2_grpc.add_WorkerServicer_to_server(second, server)
+        worker_pb2_grpc.add_WorkerControlServicer_to_server(second, server)
         server.add_insecure_port(address)
         await server.start()
         try:
