@@ -1,8 +1,9 @@
 """The one place engine and service errors become gRPC status codes."""
 import grpc
 
-from engines.base.errors import (EngineBusyError, EngineError, InvalidRequestError, KvLayoutMismatchError,
-                                 ModelNotFoundError, RequestNotFoundError, UnsupportedArchitectureError)
+from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, InvalidRequestError,
+                                 KvLayoutMismatchError, ModelNotFoundError, RequestNotFoundError,
+                                 UnsupportedArchitectureError)
 
 
 class ServiceError(Exception):
@@ -19,6 +20,7 @@ class NoWorkerError(ServiceError):
 
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (EngineDiedError, grpc.StatusCode.UNAVAILABLE),  # another worker can take it
     (KvLayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (EngineBusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -32,7 +32,7 @@ def workers(stack: Stack) -> list:
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
     with grpc.insecure_channel(address) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
+        return worker_pb2_grpc.WorkerControlStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
 
 
 def all_worker_stats(stack: Stack) -> dict[str, worker_pb2.WorkerStats]:

@@ -124,7 +124,7 @@ def test_each_handoff_ships_the_prompts_blocks_once(disaggregated, tiny_stack_mo
     # the prefill worker computed the prompt and sampled the first token; the decode worker only the rest
     assert run.delta("prefill-0", "num_prompt_tokens_computed") == num_prompt
     assert run.delta("prefill-0", "num_generated_tokens") == 1
-    assert run.delta("decode-0", "num_prompt_tokens_computed") == 1
+    assert run.delta("decode-0", "num_prompt_tokens_computed") == 0  # only the first token's KV: an output token
     assert run.delta("decode-0", "num_generated_tokens") == MAX_TOKENS - 1
 
 

@@ -52,7 +52,7 @@ def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_
         # an operator's reset travels as a CLEARED event: the index forgets the worker's blocks, then relearns
         address = next(w.worker.address for w in workers(stack) if w.worker.worker_id == chosen)
         with grpc.insecure_channel(address) as channel:
-            reply = worker_pb2_grpc.WorkerStub(channel).ResetPrefixCache(worker_pb2.ResetPrefixCacheRequest(),
+            reply = worker_pb2_grpc.WorkerControlStub(channel).ResetPrefixCache(worker_pb2.ResetPrefixCacheRequest(),
                                                                           timeout=10)
         assert reply.num_blocks_dropped >= held[chosen]
         wait_for(lambda: indexed_blocks(stack), lambda got: chosen not in got, 10, "CLEARED reaching the index")

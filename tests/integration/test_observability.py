@@ -110,9 +110,9 @@ def traced_request(stack, tiny_stack_model, otlp):
     # every span the tests below look at; server spans end after their streams, so they may come last
     expected = {("gateway", "POST /v1/chat/completions"), ("gateway", "tokenize"), ("gateway", "route"),
                 ("gateway", "detokenize"), ("router", "/tandem.v1.Router/Route"),
-                ("prefill", "/tandem.v1.Worker/Prefill"), ("prefill", "prefill.queue"), ("prefill", "prefill.compute"),
-                ("prefill", "/tandem.v1.Worker/PullKv"), ("decode", "/tandem.v1.Worker/Generate"),
-                ("decode", "kv.transfer"), ("decode", "/tandem.v1.Worker/PullKv"), ("decode", "decode.queue"),
+                ("prefill", "/tandem.v1.PrefillWorker/Prefill"), ("prefill", "prefill.queue"), ("prefill", "prefill.compute"),
+                ("prefill", "/tandem.v1.PrefillWorker/PullKv"), ("decode", "/tandem.v1.DecodeWorker/Generate"),
+                ("decode", "kv.transfer"), ("decode", "/tandem.v1.PrefillWorker/PullKv"), ("decode", "decode.queue"),
                 ("decode", "decode.first_token"), ("decode", "decode.stream")}
     expected = {(f"tandem-{service}", name) for service, name in expected}
     poll(lambda: otlp.trace(trace_id), lambda got: expected <= {(s.service, s.name) for s in got}, 30)
@@ -147,15 +147,15 @@ def test_one_request_is_one_trace_across_every_service(traced_request):
     route = one("gateway", "route")
     router_span = one("router", "/tandem.v1.Router/Route")
     assert route in ancestors(router_span)  # router's server span under the gateway's route span
-    prefill_rpc = one("prefill", "/tandem.v1.Worker/Prefill")
-    decode_rpc = one("decode", "/tandem.v1.Worker/Generate")
+    prefill_rpc = one("prefill", "/tandem.v1.PrefillWorker/Prefill")
+    decode_rpc = one("decode", "/tandem.v1.DecodeWorker/Generate")
     for rpc in (prefill_rpc, decode_rpc):
         assert roots[0] in ancestors(rpc)
     for name in ("prefill.queue", "prefill.compute"):
         assert one("prefill", name).parent_id == prefill_rpc.span_id
     transfer = one("decode", "kv.transfer")
     assert transfer.parent_id == decode_rpc.span_id
-    assert transfer in ancestors(one("prefill", "/tandem.v1.Worker/PullKv"))  # the pull crosses processes
+    assert transfer in ancestors(one("prefill", "/tandem.v1.PrefillWorker/PullKv"))  # the pull crosses processes
     for name in ("decode.queue", "decode.first_token", "decode.stream"):
         assert one("decode", name).parent_id == decode_rpc.span_id
     assert one("decode", "decode.first_token").end_ns <= one("decode", "decode.stream").start_ns
