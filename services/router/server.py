@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import sys
 import time
 
 from services.common.errors import ServiceError, abort_with, status_for
@@ -207,13 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
     except SettingsError as exc:
-        parser.error(str(exc))  # exits 2 with the message
+        print(f"tandem router: error: {exc}", file=sys.stderr)
+        return 2
     setup_logging("router")
     if args.verbose:  # our decisions only; grpc's and asyncio's debug output would drown them
         logging.getLogger("services").setLevel(logging.DEBUG)
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(serve(settings))
     finally:
         shutdown_tracing()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

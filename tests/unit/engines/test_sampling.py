@@ -91,3 +91,36 @@ async def test_logprobs_are_the_models(tiny_llama):
     top_ids = [t for t, _ in lp.top]
     assert top_ids == torch.topk(expected, 3).indices.tolist()
     assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+
+
+async def test_min_tokens_keeps_stop_tokens_out_until_reached(tiny_llama):
+    engine = await started(tiny_llama)
+    try:
+        ref, _ = await collect(engine, EngineRequest("g", PROMPT, greedy(16)))
+        stop = ref[0]
+        at_once, last = await collect(engine, EngineRequest("s", PROMPT, greedy(16, stop_token_ids=(stop,))))
+        held_off, _ = await collect(engine, EngineRequest("m", PROMPT, greedy(16, stop_token_ids=(stop,),
+                                                                                min_tokens=4)))
+    finally:
+        await engine.shutdown()
+    assert at_once == [stop] and last.finish_reason.value == "stop"
+    assert stop not in held_off[:4] and held_off[0] != stop and len(held_off) >= 4
+    assert stop not in held_off[:-1]  # after min_tokens it stops at its first stop token
+
+
+@pytest.mark.parametrize("with_kv", [True, False])
+async def test_a_seeded_request_continued_elsewhere_samples_what_one_run_would(tiny_llama, with_kv):
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_k=50, seed=4321, ignore_eos=True)
+    first_engine, second_engine = await started(tiny_llama), await started(tiny_llama)
+    try:
+        whole, _ = await collect(first_engine, EngineRequest("whole", PROMPT, params))
+        first, _ = await collect(first_engine, EngineRequest("pre", PROMPT, params, hold_kv=True))
+        kv = await first_engine.export_kv("pre") if with_kv else None
+        await first_engine.release_kv("pre")
+        rest, last = await collect(second_engine, EngineRequest("rest", PROMPT, params, kv=kv,
+                                                                output_token_ids=tuple(first)))
+    finally:
+        await first_engine.shutdown()
+        await second_engine.shutdown()
+    assert len(first) == 1 and first + rest == whole and len(set(whole)) > 1
+    assert last.num_prompt_tokens == len(PROMPT)
