@@ -1,41 +1,22 @@
 """One routing decision: candidates from the registry, a decode worker from the policy, a prefill
 worker from the disaggregation policy, in-flight load recorded. Pure: no I/O, no transport."""
-from typing import Protocol, runtime_checkable
-
 from services.router.policy import DisaggregationPolicy, RoutingPolicy
 from services.router.registry import Registry
 from services.router.types import (NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
                                    WorkerRole, WorkerView)
 
 
-@runtime_checkable
-class PrefixOverlap(Protocol):
-    """How many of a prompt's leading tokens a worker already holds in its KV cache."""
-
-    def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int: ...
-
-
-class NoPrefixIndex:
-    """Stands in until the KV-event prefix index exists: nothing is ever known to be cached."""
-
-    def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int:
-        return 0
-
-
 class RouterCore:
-    def __init__(self, registry: Registry, policy: RoutingPolicy, disagg: DisaggregationPolicy,
-                 overlap: PrefixOverlap | None = None):
+    def __init__(self, registry: Registry, policy: RoutingPolicy, disagg: DisaggregationPolicy):
         self.registry = registry
         self.policy = policy
         self.disagg = disagg
-        # NOTE: a policy that estimates overlap itself (KvAwarePolicy) is the overlap unless one is given
-        self.overlap = overlap or (policy if isinstance(policy, PrefixOverlap) else NoPrefixIndex())
 
     def route(self, request: RouteInput) -> RouteDecision:
         """Choose workers for `request` and count it against them; raises when none can take it."""
         request.validate()
-        decode = self.policy.choose(request, self._decode_candidates(request))
-        num_cached = self.overlap.num_cached_tokens(request.token_ids, decode.worker_id)
+        choice = self.policy.choose(request, self._decode_candidates(request))
+        decode, num_cached = choice.view, choice.num_cached_tokens
         split = self.disagg.decide(request, self.candidates(request, WorkerRole.PREFILL), num_cached)
         chosen = [decode.worker_id] + ([split.prefill.worker_id] if split.prefill else [])
         num_tokens = len(request.token_ids)

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvTier
-from services.router.prefix_index import CachedPrefix, PrefixIndex
-from services.router.types import RouteInput, WorkerView
+from services.router.prefix_index import CachedPrefix, PrefixIndex, walk
+from services.router.types import Choice, RouteInput, WorkerView
 
 Clock = Callable[[], float]
 DEFAULT_TIER_WEIGHTS = {KvTier.DEVICE: 1.0, KvTier.HOST: 0.75, KvTier.DISK: 0.25}
@@ -55,27 +55,11 @@ class ApproximateIndex:
         """Per worker: the leading blocks routed to it within the TTL.
 
         NOTE: a prompt is recorded with all its ancestors, so along a chain a worker's expiry never grows with
-        depth: walk presence alone (one lookup and one set comparison per block, as PrefixIndex.match), then
-        check each worker's deepest block, and binary-search its live prefix only when that one has lapsed.
+        depth: walk presence alone (PrefixIndex's walk), then check each worker's deepest block, and
+        binary-search its live prefix only when that one has lapsed.
         """
         entries = self._until
-        first = entries.get(block_hashes[0]) if block_hashes else None
-        if not first:
-            return {}
-        active, ends, depth = set(first), {}, len(block_hashes)
-        for i in range(1, len(block_hashes)):
-            holders = entries.get(block_hashes[i])
-            if holders is None:
-                depth = i
-                break
-            if len(holders) != len(active) or not active <= holders.keys():
-                gone = active - holders.keys()
-                ends.update(dict.fromkeys(gone, i))
-                active -= gone
-                if not active:
-                    depth = i
-                    break
-        ends.update(dict.fromkeys(active, depth))
+        ends, _ = walk(entries, block_hashes)
         now = self._clock()
         counts = {}
         for worker_id, n in ends.items():
@@ -151,23 +135,26 @@ class KvAwarePolicy:
         self.rng = rng
         self.tier_weights = tier_weights or DEFAULT_TIER_WEIGHTS
         self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
-        self._last: tuple[tuple[int, ...], dict[str, int]] = ((), {})  # token_ids -> cached tokens per worker
-        self._last_hashes: tuple[tuple[int, ...], dict[int, list[int]]] = ((), {})  # token_ids -> block_size -> hashes
 
-    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
-        scores = self.scores(request, candidates)
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
+        scores, hashes = self._scores(request, candidates)
         chosen = self._pick(scores)
-        self._remember(request, chosen)
-        return chosen.view
+        block_size = self._block_size(chosen.view)
+        self.predicted.record(hashes[block_size], chosen.view.worker_id)
+        return Choice(chosen.view, chosen.num_overlap_blocks * block_size)
 
     def scores(self, request: RouteInput, candidates: list[WorkerView]) -> list[KvScore]:
         """Every candidate's cost, sorted best first (by `KvScore.key`)."""
+        return self._scores(request, candidates)[0]
+
+    def _scores(self, request: RouteInput, candidates: list[WorkerView]) -> tuple[list[KvScore], dict[int, list[int]]]:
+        """The sorted scores, and the prompt's block hashes per block size (what `choose` records)."""
         matches: dict[int, tuple[list[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
         num_tokens = len(request.token_ids)
         weights = self.tier_weights
         w_device, w_host, w_disk = weights[KvTier.DEVICE], weights[KvTier.HOST], weights[KvTier.DISK]
         overlap_weight = self.config.overlap_weight
-        scores, cached_tokens = [], {}
+        scores = []
         for view in candidates:  # NOTE: the hot loop of a Route among many workers: locals, no calls per worker
             block_size = self._block_size(view)
             match = matches.get(block_size)
@@ -185,19 +172,8 @@ class KvAwarePolicy:
             cost = (prefill if prefill > 0.0 else 0.0) + view.num_inflight_tokens / block_size
             overlap = num_blocks if num_blocks > num_predicted else num_predicted
             scores.append(KvScore(view, overlap, num_prompt, cost))
-            cached_tokens[worker_id] = overlap * block_size
-        self._last = (request.token_ids, cached_tokens)
-        self._last_hashes = (request.token_ids, {size: m[0] for size, m in matches.items()})
         scores.sort(key=KvScore.key)
-        return scores
-
-    def num_cached_tokens(self, token_ids: tuple[int, ...], worker_id: str) -> int:
-        """The PrefixOverlap of services/router/core.py: the estimate the last `choose` made."""
-        tokens, cached = self._last
-        if (tokens is token_ids or tokens == token_ids) and worker_id in cached:
-            return cached[worker_id]
-        hashes = chain_block_hashes(token_ids, self.config.block_size)
-        return self.index.overlap(hashes).get(worker_id, 0) * self.config.block_size if self.config.use_events else 0
+        return scores, {size: m[0] for size, m in matches.items()}
 
     def remove_worker(self, worker_id: str) -> None:
         self.index.remove_worker(worker_id)
@@ -222,13 +198,6 @@ class KvAwarePolicy:
             if draw < 0:
                 return score
         return scores[-1]
-
-    def _remember(self, request: RouteInput, chosen: KvScore) -> None:
-        block_size = self._block_size(chosen.view)
-        tokens, hashes = self._last_hashes  # NOTE: `scores` hashed this prompt already: do not hash it twice
-        if (tokens is not request.token_ids and tokens != request.token_ids) or block_size not in hashes:
-            hashes = {block_size: chain_block_hashes(request.token_ids, block_size)}
-        self.predicted.record(hashes[block_size], chosen.view.worker_id)
 
     def _block_size(self, view: WorkerView) -> int:
         layout = view.info.layout

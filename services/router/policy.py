@@ -8,14 +8,14 @@ from typing import Protocol
 
 from services.router.kv_policy import Clock, KvAwarePolicy, KvPolicyConfig, Rng
 from services.router.prefix_index import PrefixIndex
-from services.router.types import DisaggDecision, RouteInput, WorkerView
+from services.router.types import Choice, DisaggDecision, RouteInput, WorkerView
 
 
 class RoutingPolicy(Protocol):
     name: str
 
-    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
-        """Pick one of `candidates` (non-empty, all live, none excluded)."""
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
+        """Pick one of `candidates` (non-empty, all live, none excluded), with the prefix it likely caches."""
         ...
 
 
@@ -38,12 +38,12 @@ class RoundRobinPolicy:
     def __init__(self) -> None:
         self._last: dict[str, str] = {}  # model -> worker_id chosen last
 
-    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
         ordered = sorted(candidates, key=lambda v: v.worker_id)
         last = self._last.get(request.model)
         chosen = next((v for v in ordered if last is None or v.worker_id > last), ordered[0])
         self._last[request.model] = chosen.worker_id
-        return chosen
+        return Choice(chosen)
 
 
 class LeastLoadedPolicy:
@@ -51,8 +51,8 @@ class LeastLoadedPolicy:
 
     name = "least_loaded"
 
-    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
-        return min(candidates, key=_load_key)
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
+        return Choice(min(candidates, key=_load_key))
 
 
 POLICIES: dict[str, type[RoundRobinPolicy] | type[LeastLoadedPolicy] | type[KvAwarePolicy]] = {

@@ -4,10 +4,9 @@ KV events with gap detection, queried for the longest cached prefix per worker.
 Pure: no I/O, no transport. Block hashes come only from engines/base/block_hash.py.
 """
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 
 TIER_BITS = {KvTier.DEVICE: 1, KvTier.HOST: 2, KvTier.DISK: 4}
@@ -18,6 +17,37 @@ _TIER_OF_BIT = {bit: tier for tier, bit in TIER_BITS.items()}
 def best_tier(mask: int) -> KvTier:
     """The fastest tier in a non-empty tier mask."""
     return _TIER_OF_BIT[mask & -mask]
+
+
+def walk(entries: Mapping[int, Mapping[str, object]], block_hashes: Sequence[int],
+         on_block: Callable[[int, Mapping, set[str]], None] | None = None) -> tuple[dict[str, int], int]:
+    """The walk along a prompt's chained hashes: per worker holding its first block, how many leading blocks it
+    holds, and how deep the walk went. `on_block(hash, holders, active)` sees each block while someone holds it.
+
+    NOTE: hashes are chained, so per block one dict lookup and one set comparison in C suffice; Python work per
+    worker only where holders drop out (the costly part of routing a long prompt among many workers).
+    """
+    active: set[str] = set()
+    ends: dict[str, int] = {}  # worker_id -> its prefix length, once it dropped out
+    depth = 0
+    for depth, block_hash in enumerate(block_hashes):
+        holders = entries.get(block_hash)
+        if holders is None:
+            break
+        if depth == 0:
+            active = set(holders)
+        elif len(holders) != len(active) or not active <= holders.keys():
+            gone = active - holders.keys()
+            ends.update(dict.fromkeys(gone, depth))
+            active -= gone
+            if not active:
+                break
+        if on_block is not None:
+            on_block(block_hash, holders, active)
+    else:
+        depth = len(block_hashes)
+    ends.update(dict.fromkeys(active, depth))
+    return ends, depth
 
 
 class CachedPrefix(NamedTuple):
@@ -112,42 +142,22 @@ class PrefixIndex:
     # ---- queries ----
 
     def match(self, block_hashes: Sequence[int]) -> dict[str, CachedPrefix]:
-        """Per worker holding the first block: its longest cached prefix of the prompt, sorted by worker_id.
-
-        NOTE: per block one dict lookup and one set comparison in C; Python work per worker only where holders
-        drop out or a block is offloaded (the costly part of routing a long prompt among many workers).
-        """
-        active: set[str] = set()
-        ends: dict[str, int] = {}  # worker_id -> its prefix length, once it dropped out
+        """Per worker holding the first block: its longest cached prefix of the prompt, sorted by worker_id;
+        offloaded blocks are counted by tier where the walk meets them."""
         slow: dict[str, list[int]] = {}  # worker_id -> [host, disk] blocks
-        depth = 0
-        for depth, block_hash in enumerate(block_hashes):
-            holders = self._holders.get(block_hash)
-            if holders is None:
-                break
-            if depth == 0:
-                active = set(holders)
-            elif len(holders) != len(active) or not active <= holders.keys():
-                gone = active - holders.keys()
-                ends.update(dict.fromkeys(gone, depth))
-                active -= gone
-                if not active:
-                    break
-            if block_hash in self._offloaded:
+        offloaded = self._offloaded
+
+        def count_offloaded(block_hash: int, holders: Mapping, active: set[str]) -> None:
+            if block_hash in offloaded:
                 self._count_offloaded(holders, active, slow)
-        else:
-            depth = len(block_hashes)
-        ends.update(dict.fromkeys(active, depth))
+
+        ends, depth = walk(self._holders, block_hashes, count_offloaded if offloaded else None)
         self._touch(block_hashes[:depth])
         return {w: CachedPrefix(n, *slow.get(w, (0, 0))) for w, n in sorted(ends.items())}
 
     def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker: how many leading blocks of the prompt it holds (workers holding none are absent)."""
         return {w: prefix.num_blocks for w, prefix in self.match(block_hashes).items()}
-
-    def overlap_tokens(self, token_ids: Sequence[int], block_size: int) -> dict[str, int]:
-        """`overlap` for token ids: full blocks only, hashed the one way every part of tandem hashes them."""
-        return self.overlap(chain_block_hashes(token_ids, block_size))
 
     # ---- internals ----
 

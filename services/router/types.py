@@ -102,6 +102,18 @@ class RouteInput:
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """A policy's pick, with its estimate of the prompt tokens that worker already holds (0: no estimate)."""
+
+    view: WorkerView
+    num_cached_tokens: int = 0
+
+    @property
+    def worker_id(self) -> str:
+        return self.view.worker_id
+
+
+@dataclass(frozen=True, slots=True)
 class DisaggDecision:
     prefill: WorkerView | None  # None: the decode worker prefills locally
     reason: str

@@ -5,7 +5,7 @@ from engines.base.types import KvLayout
 from services.router.kv_policy import KvAwarePolicy, KvPolicyConfig
 from services.router.policy import POLICIES, RoutingPolicy
 from services.router.prefix_index import PrefixIndex
-from services.router.types import RouteInput, WorkerView
+from services.router.types import Choice, RouteInput, WorkerView
 
 POLICY_NAMES = ("kv", "round_robin", "random", "least_loaded")
 
@@ -18,8 +18,8 @@ class RandomPolicy:
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
-    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> WorkerView:
-        return self.rng.choice(sorted(candidates, key=lambda v: v.worker_id))
+    def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
+        return Choice(self.rng.choice(sorted(candidates, key=lambda v: v.worker_id)))
 
 
 def make_sim_policy(name: str, clock, layout: KvLayout, seed: int = 0,

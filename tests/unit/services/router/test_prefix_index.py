@@ -29,9 +29,11 @@ def loaded() -> PrefixIndex:
 
 def test_longest_prefix_per_worker_from_token_ids():
     index = loaded()
-    assert index.overlap_tokens(PROMPT, BS) == {"w1": 2, "w2": 5}
-    assert index.overlap_tokens(PROMPT[:11], BS) == {"w1": 2, "w2": 2}  # partial last block never matches
-    assert index.overlap_tokens([7] + PROMPT[1:], BS) == {}  # the first block differs: nothing downstream
+    assert index.overlap(chain_block_hashes(PROMPT, BS)) == {"w1": 2, "w2": 5}
+    # a partial last block never matches
+    assert index.overlap(chain_block_hashes(PROMPT[:11], BS)) == {"w1": 2, "w2": 2}
+    # the first block differs: nothing downstream
+    assert index.overlap(chain_block_hashes([7] + PROMPT[1:], BS)) == {}
 
 
 def test_workers_dropping_out_at_different_depths_and_one_joining_late():
