@@ -3,6 +3,7 @@ decode worker, or Generate alone. Yields token deltas; a cancelled or closed str
 started. Knows nothing of HTTP, text or OpenAI."""
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
 NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 CLEANUP_TIMEOUT_S = 5.0
+WORKER_LIST_TTL_S = 5.0  # how long the router's worker list (the engines' context length) is trusted
 MAX_ROUTE_ATTEMPTS = 3  # workers tried for one request when they fail before its first token
 
 
@@ -39,6 +41,7 @@ class Pipeline:
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task] = set()
+        self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
         """One worker request, start to finish; Router.Complete follows whatever happens.
@@ -75,12 +78,33 @@ class Pipeline:
     async def is_ready(self) -> tuple[bool, str]:
         """True when the router answers and lists at least one live decode worker."""
         try:
-            listing = await self._router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
+            listing = await self._list_workers()
         except grpc.aio.AioRpcError as exc:
             return False, f"router unreachable: {exc.code().name}"
         live = [w for w in listing.workers
                 if w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0]
         return (True, f"{len(live)} decode workers") if live else (False, "no live decode worker")
+
+    async def max_model_len(self) -> int:
+        """The context length the model's live workers report (the smallest); raises NoWorkerError while none
+        says. Read from the router's worker list at most every WORKER_LIST_TTL_S."""
+        if time.monotonic() - self._listed_at >= WORKER_LIST_TTL_S or not self._max_model_len:
+            try:
+                await self._list_workers()
+            except grpc.aio.AioRpcError as exc:
+                raise errors.from_rpc_error(exc, "route") from None
+        if not self._max_model_len:
+            raise errors.NoWorkerError("no live worker reports this model's context length yet")
+        return self._max_model_len
+
+    async def _list_workers(self) -> router_pb2.ListWorkersResponse:
+        listing = await self._router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
+        lengths = [w.worker.max_model_len for w in listing.workers
+                   if w.worker.model == self._model and w.lease_expires_in_s > 0 and w.worker.max_model_len]
+        if lengths:  # NOTE: none listed says nothing new: the last known context stands
+            self._max_model_len = min(lengths)
+        self._listed_at = time.monotonic()
+        return listing
 
     async def close(self) -> None:
         if self._background:

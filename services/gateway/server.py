@@ -30,7 +30,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
                inflight: Inflight | None = None) -> FastAPI:
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
     is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
-    model = load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, int(time.time()))
+    model = load_model_info(settings.model_dir, settings.model_name, int(time.time()))
     admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight)
     metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
     metrics.start_at_zero(model.name)
@@ -79,13 +79,13 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
         serving.admission.check_key(request.headers.get("authorization"))
-        return {"object": "list", "data": [_model_card(serving)]}
+        return {"object": "list", "data": [await _model_card(serving)]}
 
     @app.get("/v1/models/{name:path}")
     async def get_model(name: str, request: Request) -> dict:
         serving.admission.check_key(request.headers.get("authorization"))
         serving.check_model(name)
-        return _model_card(serving)
+        return await _model_card(serving)
 
     @app.get("/health")
     async def health() -> dict:
@@ -105,10 +105,14 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         return Response(body, media_type=content_type)
 
 
-def _model_card(serving: Serving) -> dict:
+async def _model_card(serving: Serving) -> dict:
     model = serving.model
-    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "tandem",
-            "max_model_len": model.max_model_len}
+    card = {"id": model.name, "object": "model", "created": model.created, "owned_by": "tandem"}
+    try:
+        card["max_model_len"] = await serving.max_model_len()
+    except errors.GatewayError:  # no live worker yet: the context is unknown, the model still is
+        pass
+    return card
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging("gateway")
         logging.getLogger().setLevel(settings.log_level.upper())
         if settings.num_workers > 1:  # checked here once, so a bad model is one clear line, not N dying processes
-            load_model_info(settings.model_dir, settings.model_name, settings.max_model_len, 0)
+            load_model_info(settings.model_dir, settings.model_name, 0)
         else:
             app = create_app(settings)
     except SettingsError as exc:

@@ -44,6 +44,12 @@ class Serving:
             await self.pipeline.close()
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
 
+    async def max_model_len(self) -> int:
+        """The engines' context, as their workers report it to the router."""
+        if self.pipeline is None:
+            raise errors.NoWorkerError("the gateway is not connected to a router yet")
+        return await self.pipeline.max_model_len()
+
     def check_model(self, name: str) -> None:
         if name != self.model.name:
             raise errors.ModelNotFoundError(f"The model `{name}` does not exist; this server serves "
@@ -85,8 +91,9 @@ class Serving:
                 request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
                 prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
             current.set_attribute("tandem.prompt_tokens", len(prompt))
-        self.model.check_prompt(prompt, param)
-        params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens()))
+        limit = await self.max_model_len()
+        self.model.check_prompt(prompt, param, limit)
+        params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens(), limit))
         log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)
         return Job(request_id, prompt, params, req.n, req.stop_strings())
 

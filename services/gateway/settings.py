@@ -22,7 +22,6 @@ class GatewaySettings:
     api_keys: tuple[str, ...] = ()  # empty = no authentication
     max_body_bytes: int = 1 << 20
     max_inflight: int = 256
-    max_model_len: int | None = None  # None = config.json's max_position_embeddings, capped at 8192
     request_timeout_s: float = 600.0
     route_timeout_s: float = 5.0
     log_level: str = "info"
@@ -42,8 +41,6 @@ class GatewaySettings:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise SettingsError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
     @property
     def model_name(self) -> str:
@@ -60,10 +57,6 @@ def _keys(raw: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in raw.split(",") if k.strip())
 
 
-def _optional_int(raw: str) -> int | None:
-    return int(raw) if raw not in ("", "none", "None") else None
-
-
 # field -> (environment variable, cast); CLI flags are the field names with dashes
 _ENV = {
     "model_dir": ("TANDEM_MODEL", str),
@@ -75,7 +68,6 @@ _ENV = {
     "api_keys": ("TANDEM_API_KEYS", _keys),
     "max_body_bytes": ("TANDEM_GATEWAY_MAX_BODY_BYTES", int),
     "max_inflight": ("TANDEM_GATEWAY_MAX_INFLIGHT", int),
-    "max_model_len": ("TANDEM_MAX_MODEL_LEN", _optional_int),
     "request_timeout_s": ("TANDEM_GATEWAY_REQUEST_TIMEOUT_S", float),
     "route_timeout_s": ("TANDEM_GATEWAY_ROUTE_TIMEOUT_S", float),
     "log_level": ("TANDEM_LOG_LEVEL", str),

@@ -78,6 +78,7 @@ async def serve_stack(model_dir, tokens: list[int], **overrides) -> AsyncIterato
         servers[name], servicer.address = await start_server(add, servicer)
     router.decode_address = decode.address
     settings = GatewaySettings(model_dir=str(model_dir), router_address=router.address, **overrides)
+    router.model = settings.router_model
     uv = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning",
                                        timeout_graceful_shutdown=1))
     task = asyncio.create_task(uv.serve())

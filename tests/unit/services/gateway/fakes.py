@@ -24,6 +24,8 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.prefill_address: str | None = None
         self.route_error: grpc.StatusCode | None = None
         self.live_decode_workers = 1
+        self.model = ""  # as the gateway routes it: set by the stack
+        self.max_model_len = 512  # what the fake's workers report (the tiny test model's context)
         self.routes: list[router_pb2.RouteRequest] = []
         self.completed: list[str] = []
 
@@ -42,7 +44,8 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         return router_pb2.CompleteResponse()
 
     async def ListWorkers(self, request, context):
-        info = router_pb2.WorkerInfo(worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, address=self.decode_address)
+        info = router_pb2.WorkerInfo(worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, address=self.decode_address,
+                                     model=self.model, max_model_len=self.max_model_len)
         workers = [router_pb2.WorkerStatus(worker=info, lease_expires_in_s=5.0)] * self.live_decode_workers
         return router_pb2.ListWorkersResponse(workers=workers)
 

@@ -91,9 +91,9 @@ async def test_413_prompt_longer_than_context(stack):
     with pytest.raises(openai.APIStatusError) as info:
         await stack.client.completions.create(model=MODEL, prompt=[5] * 512)  # 512 tokens: no room
     assert info.value.status_code == 413 and info.value.code == "context_length_exceeded"
-    out = await stack.client.completions.create(model=MODEL, prompt=[5] * 511, max_tokens=50)
-    assert out.usage.completion_tokens == 1  # 511 + 1 fits: the limit caps max_tokens
-    assert stack.decode.generate_requests[0].params.max_tokens == 1
+    await stack.client.completions.create(model=MODEL, prompt=[5] * 511, max_tokens=50)
+    # 511 + 1 fits; the user's max_tokens goes to the worker as asked: its engine stops at the context's end
+    assert stack.decode.generate_requests[0].params.max_tokens == 50
 
 
 async def test_429_when_inflight_limit_is_hit(stack_with):
@@ -118,3 +118,12 @@ async def test_503_when_no_worker_is_available(stack, stream):
                                      json={"model": MODEL, "messages": MESSAGES, "stream": stream})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert error_of(response)["code"] == "no_worker_available"
+
+
+async def test_the_context_length_is_the_one_the_workers_report(stack):
+    stack.router.max_model_len = 64  # what the engines computed, as the router lists it
+    card = (await stack.http.get("/v1/models")).json()["data"][0]
+    assert card["max_model_len"] == 64
+    with pytest.raises(openai.APIStatusError) as info:
+        await stack.client.completions.create(model=MODEL, prompt=[5] * 64)
+    assert info.value.status_code == 413 and "maximum context length is 64" in info.value.message

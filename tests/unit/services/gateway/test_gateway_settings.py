@@ -1,8 +1,7 @@
-"""Gateway settings from TANDEM_* variables and flags, and the context length read from config.json."""
+"""Gateway settings from TANDEM_* variables and flags."""
 import pytest
 
 from services.common.settings import SettingsError
-from services.gateway.model_info import resolve_max_model_len
 from services.gateway.server import main
 from services.gateway.settings import GatewaySettings, from_env, parse_args
 
@@ -12,10 +11,10 @@ def test_defaults_env_and_flags(monkeypatch):
     monkeypatch.setenv("TANDEM_API_KEYS", "sk-a, sk-b,")
     monkeypatch.setenv("TANDEM_GATEWAY_MAX_INFLIGHT", "8")
     monkeypatch.setenv("TANDEM_GATEWAY_PORT", "9000")
-    settings = parse_args(["--port", "8100", "--max-model-len", "1024"])
+    settings = parse_args(["--port", "8100"])
     assert settings.model_name == "SmolLM2-135M-Instruct" and settings.router_model == settings.model_dir
     assert settings.api_keys == ("sk-a", "sk-b") and settings.max_inflight == 8
-    assert (settings.port, settings.max_model_len) == (8100, 1024)  # flags win over the environment
+    assert settings.port == 8100  # flags win over the environment
     assert (settings.router_address, settings.max_body_bytes) == ("127.0.0.1:50051", 1 << 20)
     assert parse_args(["--model-dir", "/m/x", "--served-model-name", "chat"]).model_name == "chat"
 
@@ -49,17 +48,3 @@ def test_frozen():
     settings = GatewaySettings(model_dir="/m")
     with pytest.raises(AttributeError):
         settings.port = 1  # type: ignore[misc]
-
-
-def test_context_length_like_the_engine():
-    assert resolve_max_model_len({"max_position_embeddings": 131072}, None) == 8192
-    assert resolve_max_model_len({"max_position_embeddings": 512}, None) == 512
-    assert resolve_max_model_len({"max_position_embeddings": 131072}, 32768) == 32768
-    assert resolve_max_model_len({}, None) == 2048
-    with pytest.raises(SettingsError, match="exceeds"):
-        resolve_max_model_len({"max_position_embeddings": 512}, 1024)
-    mistral = {"model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}
-    assert resolve_max_model_len(mistral, None) == 4096
-    qwen = {"model_type": "qwen2", "max_position_embeddings": 32768, "sliding_window": 4096}
-    assert resolve_max_model_len(qwen, None) == 8192
-    assert resolve_max_model_len({**qwen, "use_sliding_window": True}, None) == 4096
