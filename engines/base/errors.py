@@ -1,8 +1,17 @@
-"""Typed engine errors. Services map these to gRPC statuses and HTTP errors in one place each."""
+"""The one hierarchy of errors tandem raises on purpose (engines, router, gateway). Services map them to gRPC
+statuses (services/common/errors.py) and HTTP errors (services/gateway/errors.py) in one table each."""
 
 
 class EngineError(Exception):
-    """Base class of every error an engine raises on purpose."""
+    """Base class of every error raised on purpose; `param` names the request field at fault, when one is."""
+
+    def __init__(self, message: str = "", *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+    @property
+    def message(self) -> str:
+        return str(self)
 
 
 class InvalidRequestError(EngineError, ValueError):
@@ -39,3 +48,11 @@ class EngineUnavailableError(EngineError):
 
 class EngineDiedError(EngineError):
     """The engine (its process) is gone: its requests failed and it serves no more."""
+
+
+class UnknownModelError(EngineError, LookupError):
+    """No worker has ever registered this model while others are live."""
+
+
+class NoWorkerAvailableError(EngineError):
+    """The model is known but no live, non-excluded worker can take the request."""

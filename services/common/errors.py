@@ -2,25 +2,13 @@
 import grpc
 
 from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, InvalidRequestError,
-                                 KvLayoutMismatchError, ModelNotFoundError, RequestNotFoundError,
-                                 UnsupportedArchitectureError)
-
-
-class ServiceError(Exception):
-    """An error a servicer raises on purpose, with the status it should carry."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-class NoWorkerError(ServiceError):
-    def __init__(self, message: str):
-        super().__init__(grpc.StatusCode.UNAVAILABLE, message)
-
+                                 KvLayoutMismatchError, ModelNotFoundError, NoWorkerAvailableError,
+                                 RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError)
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (EngineDiedError, grpc.StatusCode.UNAVAILABLE),  # another worker can take it
+    (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
+    (UnknownModelError, grpc.StatusCode.NOT_FOUND),
     (KvLayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (EngineBusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -32,11 +20,6 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
 
 
 def status_for(exc: Exception) -> grpc.StatusCode:
-    if isinstance(exc, ServiceError):
-        return exc.code
-    named = getattr(exc, "grpc_status", None)  # pure domain errors name their status (router)
-    if named is not None:
-        return grpc.StatusCode[named]
     for kind, code in _CODES:
         if isinstance(exc, kind):
             return code

@@ -1,5 +1,6 @@
-"""The one place gateway failures become OpenAI-style HTTP errors: typed exceptions, the gRPC status
-mapping, and the FastAPI exception handlers. No other module builds an error body or picks a status."""
+"""The one place failures become OpenAI-style HTTP errors: the HTTP-only errors, the table for the one error
+hierarchy (engines/base/errors.py), the gRPC status mapping, and the FastAPI exception handlers. No other module
+builds an error body or picks a status."""
 import asyncio
 import json
 import logging
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from engines.base.errors import EngineError, InvalidRequestError, ModelNotFoundError
 from engines.base.types import FinishReason
 
 log = logging.getLogger(__name__)
@@ -38,16 +40,8 @@ class GatewayError(Exception):
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
 
 
-class InvalidRequestError(GatewayError):
-    status, type = 400, "invalid_request_error"
-
-
 class AuthenticationError(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
-
-
-class ModelNotFoundError(GatewayError):
-    status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
 class RouteNotFoundError(GatewayError):
@@ -86,7 +80,24 @@ class ClientDisconnected(Exception):
     """The client went away; the work is cancelled and nothing is sent."""
 
 
+# the one hierarchy's errors as the client sees them: (kind, HTTP status, OpenAI type, code), first match wins
+_HTTP: list[tuple[type[EngineError], int, str, str | None]] = [
+    (ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),
+    (InvalidRequestError, 400, "invalid_request_error", None),
+]
 _INVALID = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+
+
+def as_gateway_error(exc: BaseException) -> GatewayError | None:
+    """The HTTP error `exc` is, when it is one the table or a GatewayError names; None otherwise."""
+    if isinstance(exc, GatewayError):
+        return exc
+    for kind, status, error_type, code in _HTTP:
+        if isinstance(exc, kind):
+            err = GatewayError(str(exc), param=exc.param, code=code)
+            err.status, err.type = status, error_type
+            return err
+    return None
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
 
@@ -124,31 +135,33 @@ def from_validation_errors(errors: list[dict]) -> InvalidRequestError:
     return InvalidRequestError(f"{where}: {message}" if where else message, param=param)
 
 
-def response_for(exc: GatewayError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+def response_for(exc: GatewayError | EngineError) -> JSONResponse:
+    err = as_gateway_error(exc) or GatewayError("internal error")
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 def sse_error_data(exc: BaseException) -> str:
     """The `data:` payload of the last event of a stream that failed after it started."""
-    err = exc if isinstance(exc, GatewayError) else GatewayError("internal error")
-    return json.dumps(err.body())
+    return json.dumps((as_gateway_error(exc) or GatewayError("internal error")).body())
 
 
 def status_of(exc: BaseException) -> int:
-    if isinstance(exc, GatewayError):
-        return exc.status
+    err = as_gateway_error(exc)
+    if err is not None:
+        return err.status
     return CLIENT_CLOSED_STATUS if isinstance(exc, (ClientDisconnected, asyncio.CancelledError)) else 500
 
 
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _on_gateway_error)
+    app.add_exception_handler(EngineError, _on_gateway_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(ClientDisconnected, _on_client_gone)
     app.add_exception_handler(Exception, _on_unexpected)
 
 
-async def _on_gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+async def _on_gateway_error(request: Request, exc: GatewayError | EngineError) -> JSONResponse:
     return response_for(exc)
 
 

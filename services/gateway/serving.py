@@ -154,8 +154,8 @@ async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, n
             yield json.dumps(fmt.usage_chunk(num_prompt_tokens, timer.num_completion_tokens,
                                              timer.num_cached_tokens)).encode()
         yield b"[DONE]"
-    except errors.GatewayError as exc:
-        status = exc.status
+    except (errors.GatewayError, errors.EngineError) as exc:
+        status = errors.status_of(exc)
         log.warning("%s failed mid-stream: %s", fmt.request_id, exc)
         yield errors.sse_error_data(exc).encode()
     except (asyncio.CancelledError, GeneratorExit):  # NOTE: closed at a yield: the client left while we wrote

@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 
-from services.common.errors import ServiceError, abort_with, status_for
+from services.common.errors import abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.logs import request_id, setup_logging
 from services.common.metrics import MetricsEndpoint
@@ -31,10 +31,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 
 
-def _service_error(exc: RouterError) -> ServiceError:
-    return ServiceError(status_for(exc), str(exc))
-
-
 def _maps_errors(method):
     """End the RPC with the status matching a RouterError instead of an opaque UNKNOWN."""
 
@@ -43,7 +39,7 @@ def _maps_errors(method):
         try:
             return await method(self, request, context)
         except RouterError as exc:
-            await abort_with(context, _service_error(exc))
+            await abort_with(context, exc)
 
     return wrapper
 

@@ -4,35 +4,15 @@ Plain frozen dataclasses with no transport, so the simulator can build them dire
 """
 from dataclasses import dataclass
 
+from engines.base.errors import (EngineError, InvalidRequestError, NoWorkerAvailableError,  # noqa: F401
+                                 UnknownModelError)
 from engines.base.types import KvLayout
 from services.common.roles import WorkerRole
 
 
-class RouterError(Exception):
-    """Base class of every error the router's core raises on purpose.
-
-    `grpc_status` names the status code; services/common/errors.py maps it (no grpc import here).
-    """
-
-    grpc_status = "INTERNAL"
-
-
-class InvalidArgumentError(RouterError, ValueError):
-    """A registration or route request is malformed (missing id, model, address or role)."""
-
-    grpc_status = "INVALID_ARGUMENT"
-
-
-class UnknownModelError(RouterError, LookupError):
-    """No worker has ever registered this model while others are live."""
-
-    grpc_status = "NOT_FOUND"
-
-
-class NoWorkerAvailableError(RouterError):
-    """The model is known but no live, non-excluded decode worker can take the request."""
-
-    grpc_status = "UNAVAILABLE"
+# NOTE: the router's errors are the one hierarchy's (engines/base/errors.py); these names are its vocabulary
+RouterError = EngineError
+InvalidArgumentError = InvalidRequestError
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from services.gateway.errors import InvalidRequestError
+from services.gateway.errors import InvalidRequestError, status_of
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -21,7 +21,7 @@ def completion(**fields) -> CompletionRequest:
 def rejected(parse, fields: dict) -> InvalidRequestError:
     with pytest.raises(InvalidRequestError) as info:
         parse(**fields)
-    assert info.value.status == 400
+    assert status_of(info.value) == 400
     return info.value
 
 
