@@ -4,6 +4,7 @@ throughput, offline throughput; each figure as a fraction of its ceiling. Prints
 
     python bench/gpu_engine.py --json bench/out/gpu-engine.json      # CUDA, Llama-3.1-8B shape, random weights
     python bench/gpu_engine.py --dry-run                              # CPU, tiny shapes, seconds (CI)
+    python bench/gpu_engine.py --sections offline --overlap both      # the engine loop, overlap off vs on
 
 Ceilings: decode tok/s <= copy bandwidth / bytes read per token (weights + KV); prefill and offline
 tok/s <= matmul rate / (2 x linear parameters) FLOPs per token (attention FLOPs not counted).
@@ -128,28 +129,54 @@ def make_checkpoints(plan: Plan, root: Path) -> dict[str, Path]:
 
 def engine(plan: Plan, model_dir: Path, kv: str = "auto", max_num_seqs: int = 1, batched: int = 8192):
     from engines.native.config import EngineConfig
-    from engines.native.core import EngineCore
+    from engines.native.runner import build_core
 
-    return EngineCore(EngineConfig(model=str(model_dir), dtype=plan.dtype, device=plan.device, kv_cache_dtype=kv,
+    return build_core(EngineConfig(model=str(model_dir), dtype=plan.dtype, device=plan.device, kv_cache_dtype=kv,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
                                    max_model_len=plan.max_model_len, kv_cache_memory_fraction=0.85))
 
 
-def run_requests(core, requests: list[tuple[int, int]], device: str) -> tuple[float, float]:
-    """(input_len, output_len) each, greedy, ignore EOS; returns (seconds, seconds to the first output)."""
+class _Sink:
+    """The engine loop's channel with no client: messages are built and encoded as a worker's, then dropped;
+    notes when the first outputs left."""
+
+    def __init__(self):
+        self.first_s: float | None = None
+
+    def recv(self, timeout):
+        return []
+
+    def send(self, message) -> None:
+        from engines.core.messages import encode
+
+        encode(message)
+        if self.first_s is None and getattr(message, "outputs", None):
+            self.first_s = time.perf_counter()
+
+
+def run_requests(core, requests: list[tuple[int, int]], device: str, overlap: bool | None = None
+                 ) -> tuple[float, float]:
+    """(input_len, output_len) each, greedy, ignore EOS; returns (seconds, seconds to the first output).
+    overlap None: the bare core, step by step; else the engine loop as a worker runs it, overlap on or off."""
     from engines.base import EngineRequest, SamplingParams
+    from engines.core.loop import EngineLoop
 
     gen = torch.Generator().manual_seed(0)
-    vocab = core.model_cfg.vocab_size
+    vocab = core.info.vocab_size
     for i, (n_in, n_out) in enumerate(requests):
         ids = tuple(torch.randint(0, vocab, (n_in,), generator=gen).tolist())
         core.add(EngineRequest(f"r{i}-{time.monotonic_ns()}", ids, SamplingParams(max_tokens=n_out, ignore_eos=True)))
     sync(device)
-    start, first = time.perf_counter(), None
-    while core.has_work:
-        if core.step() and first is None:
+    start, first, sink = time.perf_counter(), None, _Sink()
+    loop = EngineLoop(core, sink, overlap) if overlap is not None else None
+    while core.has_work or (loop is not None and loop.unsent):
+        if loop is not None:
+            loop.iterate()
+        elif core.step() and first is None:
             first = time.perf_counter() - start
     sync(device)
+    if loop is not None and sink.first_s is not None:
+        first = sink.first_s - start
     return time.perf_counter() - start, first or 0.0
 
 
@@ -161,7 +188,7 @@ def weight_bytes(core) -> int:
 
 
 def linear_params(core) -> int:
-    cfg = core.model_cfg
+    cfg = core.runner.model.config
     return sum(p.numel() for p in core.runner.model.parameters()) - cfg.vocab_size * cfg.hidden_size * (
         0 if cfg.tie_word_embeddings else 1)
 
@@ -177,7 +204,7 @@ def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
             total_s, _ = run_requests(core, [(plan.decode_prompt, plan.decode_tokens + 1)], plan.device)
             tok_s = plan.decode_tokens / max(total_s - prefill_s, 1e-9)
             ctx = plan.decode_prompt + plan.decode_tokens // 2
-            kv_bytes = bytes_per_block(core.runner.kv_layout) * ctx / core.runner.block_size
+            kv_bytes = bytes_per_block(core.info.kv_layout) * ctx / core.info.kv_layout.block_size
             ceiling = report.ceilings["copy_bytes_per_s"] / (weight_bytes(core) + kv_bytes)
             label = plan.dtype if weights == "base" else weights
             report.add("decode batch 1", f"weights={label} kv={'fp8' if kv == 'fp8' else plan.dtype}", tok_s,
@@ -197,18 +224,19 @@ def bench_prefill(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
     free_memory(plan.device)
 
 
-def bench_offline(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
-    for weights in ("base", "fp8"):
+def bench_offline(plan: Plan, ckpts: dict[str, Path], report: Report, overlaps: tuple = (None,)) -> None:
+    for weights, overlap in [(w, o) for w in ("base", "fp8") for o in overlaps]:
         core = engine(plan, ckpts[weights], "fp8" if weights == "fp8" else "auto", plan.max_num_seqs)
         run_requests(core, [(8, 4)] * min(4, plan.max_num_seqs), plan.device)  # warm-up
         rate = report.ceilings["fp8_matmul_flops_per_s" if weights == "fp8" else "matmul_flops_per_s"] \
             or report.ceilings["matmul_flops_per_s"]
         for num, n_in, n_out in plan.offline:
-            secs, _ = run_requests(core, [(n_in, n_out)] * num, plan.device)
+            secs, _ = run_requests(core, [(n_in, n_out)] * num, plan.device, overlap)
             ceiling = rate / (2 * linear_params(core)) * n_out / (n_in + n_out)  # output tok/s at the FLOP ceiling
             label = plan.dtype if weights == "base" else "fp8 kv=fp8"
-            report.add("offline", f"{num} x {n_in}/{n_out} weights={label}", num * n_out / secs, "output tok/s",
-                       ceiling)
+            loop = "" if overlap is None else f" loop overlap={'on' if overlap else 'off'}"
+            report.add("offline", f"{num} x {n_in}/{n_out} weights={label}{loop}", num * n_out / secs,
+                       "output tok/s", ceiling)
         del core
         free_memory(plan.device)
 
@@ -230,7 +258,7 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-def run(plan: Plan, sections: list[str]) -> Report:
+def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
     report = Report()
     report.ceilings["copy_bytes_per_s"] = copy_bandwidth(plan)
     report.ceilings["matmul_flops_per_s"] = matmul_rate(plan)
@@ -240,9 +268,11 @@ def run(plan: Plan, sections: list[str]) -> Report:
         return report  # NOTE: no timings from kernels that compute the wrong thing
     with tempfile.TemporaryDirectory(dir=os.environ.get("TANDEM_BENCH_TMP")) as tmp:
         ckpts = make_checkpoints(plan, Path(tmp))
-        for name, fn in (("decode", bench_decode), ("prefill", bench_prefill), ("offline", bench_offline)):
+        for name, fn in (("decode", bench_decode), ("prefill", bench_prefill)):
             if name in sections:
                 fn(plan, ckpts, report)
+        if "offline" in sections:
+            bench_offline(plan, ckpts, report, overlaps)
     return report
 
 
@@ -251,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, kernels in Triton's interpreter")
     parser.add_argument("--sections", nargs="+", default=["decode", "prefill", "offline"],
                         choices=["decode", "prefill", "offline"])
+    parser.add_argument("--overlap", choices=["core", "off", "on", "both"], default="core",
+                        help="offline: the bare core stepping (core), or the engine loop as a worker runs it, with "
+                             "overlap off, on, or both side by side")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--engine", choices=["native", "trtllm"], default="native",
                         help="trtllm: the TensorRT-LLM engine through tandem's adapter (bench/trtllm_engine.py)")
@@ -267,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry-run on CPU")
     plan = DRY_PLAN if args.dry_run else GPU_PLAN
-    report = run(plan, args.sections)
+    overlaps = {"core": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.overlap]
+    report = run(plan, args.sections, overlaps)
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
     print(f"device: {device}  dtype: {plan.dtype}  shape: {plan.shape or 'tiny'}")
     print(render(report))

@@ -254,10 +254,8 @@ def run_stack(cfg: StackConfig) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness probe
     stack = make_stack(cfg)
-    stopping = {"flag": False}
 
     def on_signal(signum, frame):
-        stopping["flag"] = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
