@@ -16,7 +16,8 @@ def validate_request(request: EngineRequest, max_model_len: int, live_ids: Conta
     if not prompt:
         raise InvalidRequestError("prompt is empty")
     if len(tokens) >= max_model_len:
-        raise InvalidRequestError(f"prompt has {len(tokens)} tokens; the context holds {max_model_len} "
+        what = "prompt and output tokens fill the context:" if request.output_token_ids else "prompt has"
+        raise InvalidRequestError(f"{what} {len(tokens)} tokens; the context holds {max_model_len} "
                                   "(prompt plus at least one generated token)")
     request.params.validate()
     if len(request.output_token_ids) >= request.params.max_tokens:

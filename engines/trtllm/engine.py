@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.base.engine import EngineCapabilities
 from engines.base.errors import EngineError, EngineUnavailableError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.requests import queue_stream, validate_request
@@ -41,6 +42,9 @@ class _Live:
 
 
 class TrtllmEngine:
+    # NOTE: its KV moves through TensorRT-LLM's own transceiver (no export), and it has no prefix-cache reset
+    capabilities = EngineCapabilities(kv_events=True)
+
     def __init__(self, config: TrtllmConfig, api: TrtllmApi | None = None):
         if api is None:
             require_package()  # NOTE: first, so a host without it hears about that before anything else
@@ -182,6 +186,14 @@ class TrtllmEngine:
             _abort_quietly(held[1])
 
     # ---- KV handed over by TensorRT-LLM itself ----
+
+    async def reset_prefix_cache(self) -> int:
+        raise EngineError("the trtllm engine cannot reset its prefix cache")
+
+    async def wait_failed(self) -> str:
+        """TensorRT-LLM's executor failing shows in its requests' results, one by one; this never returns."""
+        await asyncio.Event().wait()
+        return ""
 
     async def export_kv(self, req_id: str) -> KvExport:
         raise EngineError("the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "

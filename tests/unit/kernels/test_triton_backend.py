@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from engines.native.config import EngineConfig
-from engines.native.runner import build_core, prompt_logits
+from engines.native.runner import build_core
+from engines.native.runner import prompt_logits as logits_of
 from tests.unit.engines.helpers import greedy, run_batch, started
 
 PROMPT = list(range(3, 30))
@@ -13,7 +14,7 @@ REL = 1e-4  # fp32 both ways; only the summation order differs
 
 
 def prompt_logits(model_dir, **kw) -> torch.Tensor:
-    return prompt_logits(build_core(EngineConfig(model=str(model_dir), num_blocks=16, block_size=4, **kw)), PROMPT)
+    return logits_of(build_core(EngineConfig(model=str(model_dir), num_blocks=16, block_size=4, **kw)), PROMPT)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])

@@ -74,10 +74,11 @@ async def test_fp8_kv_disaggregated_equals_local(tiny_llama):
     source, target = await started(tiny_llama, kv_cache_dtype="fp8"), await started(tiny_llama, kv_cache_dtype="fp8")
     try:
         reference, _ = await collect(source, EngineRequest("ref", tuple(PROMPT), greedy(12)))
-        first, _ = await collect(source, EngineRequest("pre", tuple(PROMPT), greedy(1), hold_kv=True))
+        first, _ = await collect(source, EngineRequest("pre", tuple(PROMPT), greedy(12), hold_kv=True))
         kv = await source.export_kv("pre")
         await source.release_kv("pre")
-        rest, last = await collect(target, EngineRequest("dec", tuple(PROMPT + first), greedy(11), kv=kv))
+        rest, last = await collect(target, EngineRequest("dec", tuple(PROMPT), greedy(12), kv=kv,
+                                                         output_token_ids=tuple(first)))
         assert last.num_cached_tokens == kv.num_tokens
     finally:
         await source.shutdown()

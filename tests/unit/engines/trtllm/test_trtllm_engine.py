@@ -8,7 +8,6 @@ import pytest
 from engines.base import (Engine, EngineError, EngineRequest, EngineUnavailableError, FinishReason,
                           InvalidRequestError, RequestNotFoundError, SamplingParams)
 from engines.base.block_hash import chain_block_hashes
-from engines.base.engine import KvEventSource
 from engines.base.events import KvEventKind
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from tests.unit.engines.trtllm import fake_trtllm
@@ -67,7 +66,7 @@ async def test_it_streams_the_models_tokens_and_passes_the_request_as_mapped(tin
     assert inputs == list(PROMPT) and disagg is None
     assert (sampling.max_tokens, sampling.ignore_eos, sampling.end_id, sampling.detokenize) == (6, True, 2, False)
     assert llm.kwargs["max_seq_len"] == 512 and llm.kwargs["kv_cache_config"].tokens_per_block == 16
-    assert isinstance(engine, Engine) and isinstance(engine, KvEventSource)
+    assert isinstance(engine, Engine) and engine.capabilities.kv_events
     await engine.shutdown()
     assert llm.is_shut_down
 
