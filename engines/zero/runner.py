@@ -13,6 +13,7 @@ from engines.core.sequence import Sequence
 
 DEFAULT_VOCAB_SIZE = 32000
 DEFAULT_NUM_BLOCKS = 1 << 15  # 512k tokens at 16 per block: room for any benchmark's concurrency
+MAX_DEFAULT_MODEL_LEN = 8192  # as the native runner caps a checkpoint's context
 
 
 class ZeroRunner:
@@ -39,9 +40,9 @@ class ZeroRunner:
 
 @dataclass(frozen=True, slots=True)
 class ZeroSpec:
-    model: str  # a checkpoint directory: only config.json's vocab_size is read (the default without one)
+    model: str  # a checkpoint directory: only config.json's vocab and context are read (defaults without one)
     block_size: int = 16
-    max_model_len: int = 8192
+    max_model_len: int = 0  # 0: config.json's max_position_embeddings, capped at 8192
     num_blocks: int = 0  # 0: DEFAULT_NUM_BLOCKS
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -49,8 +50,11 @@ class ZeroSpec:
 
 
 def build_core(spec: ZeroSpec) -> EngineCore:
-    config = Path(spec.model) / "config.json"
-    vocab_size = json.loads(config.read_text())["vocab_size"] if config.is_file() else DEFAULT_VOCAB_SIZE
-    runner = ZeroRunner(vocab_size, spec.block_size, spec.max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS)
+    path = Path(spec.model) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    vocab_size = config.get("vocab_size", DEFAULT_VOCAB_SIZE)
+    max_model_len = spec.max_model_len or min(config.get("max_position_embeddings", MAX_DEFAULT_MODEL_LEN),
+                                              MAX_DEFAULT_MODEL_LEN)
+    runner = ZeroRunner(vocab_size, spec.block_size, max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS)
     return EngineCore(CoreConfig(spec.max_num_seqs, spec.max_num_batched_tokens,
                                  enable_prefix_caching=spec.enable_prefix_caching), runner)

@@ -11,7 +11,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
         from engines.zero import zero_spec
 
-        return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len or 8192,
+        return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len,
                          num_blocks=s.num_blocks, max_num_seqs=s.max_num_seqs,
                          max_num_batched_tokens=s.max_num_batched_tokens,
                          enable_prefix_caching=s.enable_prefix_caching)

@@ -96,6 +96,12 @@ def wait_for_banner(launcher: subprocess.Popen, timeout_s: float) -> str:
     raise AssertionError("no banner within %.0fs:\n%s" % (timeout_s, "".join(lines)))
 
 
+def services_of(pid: int) -> set[int]:
+    """The launcher's own children: one per service (each worker's engine process is the worker's child)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
 def children_of(pid: int) -> set[int]:
     """Every live process whose parent chain reaches `pid` (the launcher gives each its own session)."""
     found, frontier = set(), {pid}

@@ -229,7 +229,7 @@ def test_prompt_is_prefilled_on_the_prefill_worker(stack, client, model_name, sm
     assert response.usage.prompt_tokens == len(ids)
     assert delta("prefill", "num_prompt_tokens_computed") == len(ids)
     assert delta("prefill", "num_generated_tokens") == 1
-    assert delta("decode", "num_prompt_tokens_computed") == 1  # the prefill worker's first token
+    assert delta("decode", "num_prompt_tokens_computed") == 0  # only the first token's KV: an output token
     assert delta("decode", "num_generated_tokens") == response.usage.completion_tokens - 1
     assert delta("prefill", "kv_bytes_exported") == delta("decode", "kv_bytes_imported") == \
         _kv_bytes(smollm2_dir, len(ids), after["prefill"].block_size)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tandem.launcher import free_port
-from tests.integration.helpers import alive, children_of, wait_for_banner
+from tests.integration.helpers import alive, children_of, services_of, wait_for_banner
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
@@ -31,8 +31,8 @@ def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal
             assert httpx.get(url, timeout=5).text.startswith("# HELP"), url
         targets = json.loads((tmp_path / "logs" / "prometheus-targets.json").read_text())
         assert sorted(f"http://{t}/metrics" for g in targets for t in g["targets"]) == sorted(endpoints.values())
-        pids = children_of(launcher.pid)
-        assert len(pids) == 4, f"router, prefill, decode and gateway expected, found {pids}"
+        services, pids = services_of(launcher.pid), children_of(launcher.pid)
+        assert len(services) == 4, f"router, prefill, decode and gateway expected, found {services}"
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                            json={"model": tiny_stack_model.name, "prompt": "hello", "max_tokens": 4})
         assert reply.status_code == 200, reply.text

@@ -10,7 +10,7 @@ import grpc
 
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
-from tests.integration.helpers import alive, children_of, wait_for_banner
+from tests.integration.helpers import alive, children_of, services_of, wait_for_banner
 
 NUM_DECODE = 16
 
@@ -27,8 +27,8 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
         banner = wait_for_banner(launcher, timeout_s=180)
         assert f"tandem is up: http://127.0.0.1:{port}" in banner
         assert f"0 prefill · {NUM_DECODE} decode · engine sim" in banner
-        pids = children_of(launcher.pid)
-        assert len(pids) == NUM_DECODE + 2, f"router, {NUM_DECODE} decode workers and gateway expected: {pids}"
+        services, pids = services_of(launcher.pid), children_of(launcher.pid)
+        assert len(services) == NUM_DECODE + 2, f"router, {NUM_DECODE} decode workers and gateway expected: {services}"
         router_port = int(banner.split("router 127.0.0.1:")[1].split()[0])
         assert len(registered_workers(router_port)) == NUM_DECODE
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
