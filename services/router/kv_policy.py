@@ -136,6 +136,10 @@ class KvAwarePolicy:
         self.tier_weights = tier_weights or DEFAULT_TIER_WEIGHTS
         self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
 
+    @property
+    def event_index(self) -> PrefixIndex | None:
+        return self.index if self.config.use_events else None
+
     def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
         scores, hashes = self._scores(request, candidates)
         chosen = self._pick(scores)

@@ -13,6 +13,9 @@ from services.router.types import Choice, DisaggDecision, RouteInput, WorkerView
 
 class RoutingPolicy(Protocol):
     name: str
+    # the prefix index this policy wants fed with the workers' KV events; None: it reads none (declared, so the
+    # router's shell never has to find out by looking at the policy's type)
+    event_index: PrefixIndex | None
 
     def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
         """Pick one of `candidates` (non-empty, all live, none excluded), with the prefix it likely caches."""
@@ -34,6 +37,7 @@ class RoundRobinPolicy:
     so workers joining or leaving neither restart the cycle nor skip anyone."""
 
     name = "round_robin"
+    event_index = None
 
     def __init__(self) -> None:
         self._last: dict[str, str] = {}  # model -> worker_id chosen last
@@ -50,6 +54,7 @@ class LeastLoadedPolicy:
     """The lowest `load_of`; ties go to fewer KV blocks used, then the smallest worker_id."""
 
     name = "least_loaded"
+    event_index = None
 
     def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
         return Choice(min(candidates, key=_load_key))

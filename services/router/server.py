@@ -19,7 +19,6 @@ from services.common.settings import SettingsError
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
                                      worker_status_to_pb)
 from services.router.core import RouterCore
-from services.router.kv_policy import KvAwarePolicy
 from services.router.kv_subscriber import KvSubscriber
 from services.router.metrics import RouterMetrics
 from services.router.policy import DisaggregationPolicy, make_policy
@@ -54,7 +53,7 @@ def build_core(settings: RouterSettings, clock: Clock = time.monotonic) -> Route
 def make_subscriber(core: RouterCore) -> KvSubscriber | None:
     """Subscriptions to workers' KV events, when the policy is kv and uses them."""
     policy = core.policy
-    return KvSubscriber(policy) if isinstance(policy, KvAwarePolicy) and policy.config.use_events else None
+    return KvSubscriber(policy) if policy.event_index is not None else None
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -138,7 +137,7 @@ class RouterService:
         self.core = build_core(settings, clock)
         self.registry = self.core.registry
         self.kv = make_subscriber(self.core)
-        index = self.core.policy.index if isinstance(self.core.policy, KvAwarePolicy) and self.kv is not None else None
+        index = self.core.policy.event_index
         self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
         self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME])

@@ -14,6 +14,7 @@ class RandomPolicy:
     """A uniform draw among candidates (sorted by worker_id, so a seed fixes every choice)."""
 
     name = "random"
+    event_index = None
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)

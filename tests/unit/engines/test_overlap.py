@@ -24,4 +24,6 @@ async def run_all(model_dir, overlap: bool) -> list[list[int]]:
 async def test_tokens_are_identical_with_overlap_on_and_off(tiny_llama):
     (plain, plain_stats), (overlapped, overlapped_stats) = await run_all(tiny_llama, False), await run_all(tiny_llama, True)
     assert plain == overlapped and all(len(t) == 12 for t in plain)
+    assert (plain_stats.num_preemptions, plain_stats.prefix_hits) == (overlapped_stats.num_preemptions,
+                                                                     overlapped_stats.prefix_hits)
     assert plain_stats.num_preemptions > 0 and plain_stats.prefix_hits > 0  # the cases worth checking happened

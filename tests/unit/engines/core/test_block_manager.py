@@ -278,3 +278,30 @@ def test_colliding_hash_with_same_tokens_after_another_prefix_is_not_served(monk
     run_prefill(bm, make_seq([5, 6, 7, 8, 20, 21, 22, 23, 0], "c"))  # [2, 3, 4]
     b = make_seq([1, 2, 3, 4, 20, 21, 22, 23, 0], "b")
     assert bm.get_computed_blocks(b) == [0]  # block 3 holds KV computed after [5, 6, 7, 8]
+
+
+def test_the_cached_free_block_counter_matches_a_scan():
+    """Stats read a counter, never a scan of the free queue: the counter must agree with one after every change."""
+    bm = BlockManager(6, BS)
+
+    def scanned() -> int:
+        return sum(1 for b in bm.free_queue if bm.blocks[b].block_hash is not None)
+
+    a, b = make_seq(range(9), "a"), make_seq(range(20, 29), "b")
+    for s in (a, b):
+        run_prefill(bm, s)
+        assert bm.num_cached_free_blocks == scanned() == 0
+    bm.free(a)
+    assert bm.num_cached_free_blocks == scanned() == 2  # a's two full blocks stay cached; its tail does not
+    again = make_seq(range(9), "again")
+    run_prefill(bm, again, bm.get_computed_blocks(again))  # the hit revives both
+    assert bm.num_cached_free_blocks == scanned() == 0
+    for s in (b, again):
+        bm.free(s)
+        assert bm.num_cached_free_blocks == scanned()
+    big = make_seq(range(100, 124), "big")
+    run_prefill(bm, big)  # takes every block: the cached ones are evicted
+    assert bm.num_cached_free_blocks == scanned() == 0
+    bm.free(big)
+    assert bm.num_cached_free_blocks == scanned() == 6
+    assert bm.reset_prefix_cache() == 6 and bm.num_cached_free_blocks == scanned() == 0
