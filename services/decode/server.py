@@ -32,7 +32,8 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
 
     @observed("Generate")
     async def Generate(self, request, context):
-        kv = await self._maybe_pull(request) if request.HasField("kv") else None
+        # NOTE: a handle with engine params names KV its engine moves itself (kv_params); only bytes are pulled
+        kv = await self._maybe_pull(request) if request.HasField("kv") and not request.kv.engine_params else None
         req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv,
                             output_token_ids=tuple(request.output_token_ids), kv_params=request.kv_params)
         start = time.monotonic()
