@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.protos import router_pb2_grpc, worker_pb2_grpc
+from services.common.protos import router_pb2_grpc
 from tandem.launcher import free_port
 from tests.integration.helpers import alive, children_of
-from tests.unit.services.gateway.fakes import FakeRouter, FakeWorker, start_server
+from tests.unit.services.gateway.fakes import FakeRouter, FakeWorker, add_worker, start_server
 
 MODEL = "tiny-chat"
 TOKENS = list(range(300, 320))
@@ -52,10 +52,10 @@ async def gateway(model_dir: Path, tmp_path: Path, *args: str):
     router, worker = FakeRouter(), FakeWorker(TOKENS)
     servers = []
     for add, servicer in ((router_pb2_grpc.add_RouterServicer_to_server, router),
-                          (worker_pb2_grpc.add_WorkerServicer_to_server, worker)):
+                          (add_worker, worker)):
         server, servicer.address = await start_server(add, servicer)
         servers.append(server)
-    router.decode_address = worker.address
+    router.decode_address, router.model = worker.address, str(model_dir)  # the model as the gateway routes it
     port, log_path = free_port(), tmp_path / "gateway.log"
     command = [sys.executable, "-m", "tandem.cli", "serve", "gateway", "--model-dir", str(model_dir),
                "--router-address", router.address, "--host", "127.0.0.1", "--port", str(port), *args]
