@@ -69,7 +69,7 @@ class RouterSource:
         """A worker's tokens generated so far; None when it does not answer (leaving, or gone)."""
         channel = self._workers.get(address) or self._workers.setdefault(address, make_channel(address))
         try:
-            stats = await worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(),
+            stats = await worker_pb2_grpc.WorkerControlStub(channel).GetStats(worker_pb2.GetStatsRequest(),
                                                                       timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError:
             return None

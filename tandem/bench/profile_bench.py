@@ -18,7 +18,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     from engines.base import EngineRequest, SamplingParams
     from engines.native.config import EngineConfig
-    from engines.native.core import EngineCore
+    from engines.native.runner import build_core
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -26,8 +26,8 @@ def measure(args: argparse.Namespace) -> dict:
     config = EngineConfig(model=str(args.model), dtype=args.dtype, device=args.device, max_num_seqs=max(args.batches),
                           max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=need // 16 + max(args.batches) + 8,
                           enable_prefix_caching=False, max_model_len=max(max(args.isls), max(args.contexts)) + args.steps + 8)
-    core = EngineCore(config)
-    vocab, gen = core.model_cfg.vocab_size, torch.Generator().manual_seed(0)
+    core = build_core(config)
+    vocab, gen = core.info.vocab_size, torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     def submit(n: int, length: int, max_tokens: int) -> None:

@@ -18,7 +18,7 @@ from services.router.settings import RouterSettings
 REPLICAS = {WorkerRole.PREFILL: Replicas(1), WorkerRole.DECODE: Replicas(1)}
 
 
-class StatsOnlyWorker(worker_pb2_grpc.WorkerServicer):
+class StatsOnlyWorker(worker_pb2_grpc.WorkerControlServicer):
     def __init__(self):
         self.generated = 100
 
@@ -32,7 +32,7 @@ async def router_and_worker():
     await router.start()
     worker = StatsOnlyWorker()
     server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(worker, server)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(worker, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
