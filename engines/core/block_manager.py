@@ -74,10 +74,11 @@ class BlockManager:
         return block.token_ids == tokens and block.parent_hash == parent
 
     # -- actions -----------------------------------------------------------------------------
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: Seq[int] = ()) -> bool:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: Seq[int] = (), cache: bool = True) -> bool:
         """Give `seq` blocks for `num_new_tokens` more tokens (after `computed` cache hits).
 
-        All or nothing: returns False and changes nothing when the blocks are not there.
+        All or nothing: returns False and changes nothing when the blocks are not there. `cache=False` leaves
+        the new blocks out of the prefix cache (a load fills them later: nobody may hit them before).
         """
         bs = self.block_size
         if not computed:  # NOTE: the per-decode-step case: room in the last block and no block newly full
@@ -95,12 +96,21 @@ class BlockManager:
         seq.block_table.extend(computed)
         seq.num_computed_tokens += len(computed) * self.block_size
         seq.block_table.extend(self._pop_free() for _ in range(max(num_needed, 0)))
-        self._cache_full_blocks(seq, num_after)
+        if cache:
+            self._cache_full_blocks(seq, num_after)
         return True
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Register `seq`'s blocks that are full within its first `num_tokens` (their KV is written now)."""
+        self._cache_full_blocks(seq, num_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Tail blocks are freed first so they are evicted first."""
-        for block_id in reversed(seq.block_table):
+        self.truncate(seq, 0)
+
+    def truncate(self, seq: Sequence, num_blocks: int) -> None:
+        """Drop `seq`'s references to its blocks past the first `num_blocks`, tail first."""
+        for block_id in reversed(seq.block_table[num_blocks:]):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -109,8 +119,8 @@ class BlockManager:
                     self.free_queue.move_to_end(block_id, last=False)  # nothing worth keeping
                 else:
                     self.num_cached_free_blocks += 1
-        seq.block_table = []
-        seq.num_registered_blocks = 0
+        seq.block_table = seq.block_table[:num_blocks]
+        seq.num_registered_blocks = min(seq.num_registered_blocks, num_blocks)
 
     def uncache_from(self, seq: Sequence, num_tokens: int) -> None:
         """Forget cached blocks of `seq` past its first `num_tokens` (their KV was never written)."""

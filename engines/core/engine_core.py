@@ -1,6 +1,7 @@
 """EngineCore: one engine's requests over a Runner — admit, schedule, run, commit, emit deltas, hold and
-export KV, record KV events, count stats. Synchronous and single-threaded; the engine loop (loop.py) drives
+export KV, track KV loads, record KV events, count stats. Synchronous and single-threaded; the engine loop (loop.py) drives
 it, the cluster simulator drives it in virtual time. No torch, no I/O, no transport."""
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -11,10 +12,12 @@ from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
 from engines.core.block_manager import BlockManager
+from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Sampled, Scheduler, SchedulerConfig, SchedulerOutput
 from engines.core.sequence import Sequence, SequenceStatus
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
@@ -52,6 +55,7 @@ class EngineCore:
                                                    config.enable_chunked_prefill), self.block_manager)
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
+        self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
         self.kv_events = KvEventLog()
 
     # -- commands ----------------------------------------------------------------------------
@@ -80,6 +84,8 @@ class EngineCore:
             self.scheduler.release(seq)
             return None
         seq.finish_reason = FinishReason.ABORT
+        if seq.status is SequenceStatus.LOADING:  # NOTE: its blocks wait for the load's end: still being written
+            return self._output(seq)
         self.scheduler.finish(seq)
         return self._output(seq)
 
@@ -116,6 +122,51 @@ class EngineCore:
             raise EngineBusyError("the prefix cache cannot be reset while requests hold KV blocks")
         return dropped
 
+    # -- KV loads ----------------------------------------------------------------------------
+    def start_load(self, seq: Sequence, num_tokens: int, source: object) -> bool:
+        """Give `seq` blocks for its next `num_tokens` tokens and have the runner fill them from `source`; the
+        sequence is LOADING (out of the queues) until `poll_loads` sees the load end. False, with nothing
+        changed, when the blocks are not there; the runner's InvalidRequestError (a source it cannot read)
+        leaves nothing changed either."""
+        start, bs = seq.num_computed_tokens, self.block_manager.block_size
+        if start % bs:
+            raise ValueError(f"a load starts at a block boundary, not at token {start}")
+        if not self.block_manager.allocate_slots(seq, num_tokens, cache=False):
+            return False
+        blocks = seq.block_table[start // bs : self.block_manager.num_blocks_for(start + num_tokens)]
+        load = KvLoad(seq.req_id, tuple(blocks), num_tokens, source)
+        try:
+            self.runner.start_load(load)
+        except Exception:
+            self.block_manager.truncate(seq, start // bs)
+            raise
+        self._take_out(seq)
+        self.loading[load.req_id] = Loading(load, start, [seq])
+        return True
+
+    def join_load(self, seq: Sequence, load_id: str) -> None:
+        """Have `seq` (already holding the load's blocks) wait on a load in flight instead of starting another."""
+        self._take_out(seq)
+        self.loading[load_id].seqs.append(seq)
+
+    @property
+    def has_loads(self) -> bool:
+        return bool(self.loading)
+
+    def poll_loads(self) -> list[LoadDone]:
+        """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
+        its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
+        done = self.runner.poll_loads() if self.loading else []
+        for result in done:
+            entry = self.loading.pop(result.req_id, None)
+            if entry is None:
+                continue
+            if not result.ok:
+                log.warning("KV load for %s failed (%s); computing its tokens instead", result.req_id, result.error)
+            for seq in entry.seqs:
+                self._loaded(seq, entry, result.ok)
+        return done
+
     # -- the step ----------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
@@ -145,6 +196,7 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """One step start to finish (no overlap): what the simulator and simple callers use."""
+        self.poll_loads()
         out = self.schedule()
         if out is None:
             return []
@@ -157,7 +209,8 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=len(sched.waiting), num_running=len(sched.running), num_held=sched.num_held,
+            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values()),
+            num_running=len(sched.running), num_held=sched.num_held,
             num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
             num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
             max_model_len=self.info.max_model_len, prefix_queries=sched.prefix_queries,
@@ -174,6 +227,24 @@ class EngineCore:
         elif seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)
+
+    def _take_out(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.WAITING and seq in self.scheduler.waiting:
+            self.scheduler.waiting.remove(seq)
+        seq.status = SequenceStatus.LOADING
+
+    def _loaded(self, seq: Sequence, entry: Loading, ok: bool) -> None:
+        if seq.is_finished:  # aborted while loading
+            self.block_manager.free(seq)
+            seq.status = SequenceStatus.FINISHED
+            return
+        if ok:
+            seq.num_computed_tokens = entry.start + entry.load.num_tokens
+            seq.num_cached_tokens += entry.load.num_tokens
+            self.block_manager.cache_blocks(seq, seq.num_computed_tokens)
+        else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
+            self.block_manager.truncate(seq, entry.start // self.block_manager.block_size)
+        self.scheduler.add(seq)
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
         self.block_manager.uncache_from(seq, seq.num_computed_tokens)

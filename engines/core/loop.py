@@ -20,6 +20,7 @@ from engines.core.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle loop waits for a command before it checks held KV leases again
+LOAD_WAIT_S = 0.001  # how long a loop with only KV loads in flight waits for a command before it polls them
 CALLS = ("export_kv", "release_kv", "reset_prefix_cache")  # what a Call may name
 
 
@@ -81,8 +82,10 @@ class EngineLoop:
 
     def iterate(self) -> None:
         idle = not (self.core.has_work or self.unsent)
-        for command in self.channel.recv(IDLE_WAIT_S if idle else None):
+        for command in self.channel.recv((LOAD_WAIT_S if self.core.has_loads else IDLE_WAIT_S) if idle else None):
             self._apply(command)
+        if self.core.poll_loads():
+            self.is_dirty = True
         out = self.core.schedule()
         pending = self._launch(out) if out is not None else None
         if self.overlap or pending is None:

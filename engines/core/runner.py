@@ -6,6 +6,7 @@ from typing import Protocol
 
 from engines.base.requests import DTYPE_BYTES
 from engines.base.types import KvExport, KvLayout
+from engines.core.loads import KvLoad, LoadDone
 from engines.core.scheduler import Sampled, SchedulerOutput
 
 
@@ -41,6 +42,13 @@ class Runner(Protocol):
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         """Write `kv` into `block_ids` (already checked against `info.kv_layout`)."""
+
+    def start_load(self, load: KvLoad) -> None:
+        """Start filling `load.block_ids` from `load.source` without blocking the step loop; raise
+        InvalidRequestError at once for a source this runner cannot read (nothing started)."""
+
+    def poll_loads(self) -> list[LoadDone]:
+        """The loads that ended since the last poll (each reported once); never blocks."""
 
 
 @dataclass(frozen=True, slots=True)

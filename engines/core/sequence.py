@@ -10,6 +10,7 @@ class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     HELD = "held"  # prefilled, KV kept for export
+    LOADING = "loading"  # holds device blocks whose KV a load is filling: never scheduled, never preempted
     FINISHED = "finished"
 
 

@@ -9,6 +9,7 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
+from engines.core.loads import NoLoads
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.model_runner import ModelRunner
@@ -23,7 +24,7 @@ class _Pending:
         return self.sampled.to_host() if self.sampled is not None else []
 
 
-class NativeRunner:
+class NativeRunner(NoLoads):
     def __init__(self, config: EngineConfig):
         model_cfg = ModelConfig.from_dir(config.model)
         self.model_runner = ModelRunner(config, model_cfg)

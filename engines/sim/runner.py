@@ -10,6 +10,7 @@ from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
+from engines.core.loads import NoLoads
 from engines.core.sequence import Sequence
 from engines.sim.profile import TimingProfile, load_profile
 
@@ -39,7 +40,7 @@ class _Timed:
         return self.sampled
 
 
-class SimRunner:
+class SimRunner(NoLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep):
         if time_factor < 0:

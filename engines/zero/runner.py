@@ -9,6 +9,7 @@ from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import SchedulerOutput
+from engines.core.loads import NoLoads
 from engines.core.sequence import Sequence
 
 DEFAULT_VOCAB_SIZE = 32000
@@ -16,7 +17,7 @@ DEFAULT_NUM_BLOCKS = 1 << 15  # 512k tokens at 16 per block: room for any benchm
 MAX_DEFAULT_MODEL_LEN = 8192  # as the native runner caps a checkpoint's context
 
 
-class ZeroRunner:
+class ZeroRunner(NoLoads):
     def __init__(self, vocab_size: int, block_size: int = 16, max_model_len: int = 8192,
                  num_blocks: int = DEFAULT_NUM_BLOCKS):
         self.info = RunnerInfo(KvLayout(1, 1, 1, "float32", block_size), num_blocks, max_model_len, vocab_size)

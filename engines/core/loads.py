@@ -1,0 +1,41 @@
+"""KV loads: filling a request's allocated device blocks asynchronously (KV imported from a prefill worker,
+a prefix onboarded from a lower tier) while the batch keeps stepping. The records the core keeps and the two
+things it asks a runner (`start_load`, `poll_loads`); the runner decides how bytes move. No torch, no I/O."""
+from dataclasses import dataclass, field
+
+from engines.base.errors import InvalidRequestError
+from engines.core.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class KvLoad:
+    req_id: str  # the load's id: the request that started it
+    block_ids: tuple[int, ...]  # destination device blocks, in token order
+    num_tokens: int  # tokens whose KV the load fills, from the first destination block's first slot on
+    source: object  # runner-specific: where the KV comes from (a transfer descriptor, a tier's handle, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDone:
+    req_id: str
+    ok: bool
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Loading:
+    """A load in flight and the sequences waiting on it (several when they share its blocks)."""
+
+    load: KvLoad
+    start: int  # the sequences' num_computed_tokens when it started (a multiple of the block size)
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+class NoLoads:
+    """For runners that move no KV asynchronously: every load is refused as bad input."""
+
+    def start_load(self, load: KvLoad) -> None:
+        raise InvalidRequestError("this engine cannot load KV from elsewhere")
+
+    def poll_loads(self) -> list[LoadDone]:
+        return []
