@@ -138,6 +138,24 @@ class EngineStats:
     num_preemptions: int
     num_prompt_tokens_computed: int
     num_generated_tokens: int
+    # KV tiers below the device pool (all 0 without them); blocks hold every layer, `kv_block_bytes` each
+    num_host_blocks_total: int = 0
+    num_host_blocks_used: int = 0
+    num_disk_blocks_total: int = 0
+    num_disk_blocks_used: int = 0
+    kv_block_bytes: int = 0
+    prefix_hits_host: int = 0  # of prefix_hits: prompt tokens onboarded from the host tier
+    prefix_hits_disk: int = 0  # and from disk
+    num_blocks_offloaded_host: int = 0  # device -> host copies (write-through)
+    num_blocks_offloaded_disk: int = 0  # host -> disk writes that succeeded
+    num_blocks_onboarded_host: int = 0
+    num_blocks_onboarded_disk: int = 0
+    num_onboards: int = 0  # onboarding loads that ended well
+    onboard_seconds: float = 0.0  # their summed latency, start to the step loop seeing the end
+    num_disk_write_errors: int = 0
+    prefill_tokens_per_s: float = 0.0  # measured; what a load is weighed against
+    kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
+    kv_disk_bytes_per_s: float = 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

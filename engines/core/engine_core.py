@@ -16,6 +16,7 @@ from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Sampled, Scheduler, SchedulerConfig, SchedulerOutput
 from engines.core.sequence import Sequence, SequenceStatus
+from engines.core.tiering import Tiering
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class EngineCore:
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
         self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
         self.kv_events = KvEventLog()
+        tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
+        self.tiering = (Tiering(tiers, self.block_manager, clock)
+                        if tiers is not None and tiers.tier_spec.is_enabled and config.enable_prefix_caching else None)
 
     # -- commands ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -109,17 +113,21 @@ class EngineCore:
     def drain_kv_events(self) -> list[KvEvent]:
         """Record what the block manager changed since the last drain (steps, imports, evictions)."""
         drained = self.block_manager.drain_events()
-        if not (drained.cleared or drained.stored or drained.removed):
-            return []
-        cleared = [self.kv_events.cleared()] if drained.cleared else []
-        return cleared + self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
-                                               KvTier.DEVICE)
+        events = [self.kv_events.cleared()] if drained.cleared else []
+        events += self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
+                                        KvTier.DEVICE)
+        for tier, (stored, removed) in (self.tiering.drain().items() if self.tiering is not None else ()):
+            events += self.kv_events.record(stored, removed, tier)
+        return events
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached prefix (published as a CLEARED event); refused while requests hold blocks."""
         dropped = self.block_manager.reset_prefix_cache()
         if dropped is None:
             raise EngineBusyError("the prefix cache cannot be reset while requests hold KV blocks")
+        if self.tiering is not None:  # NOTE: CLEARED says every block of the worker is gone: so they must be
+            self.tiering.clear()
+            self.tiering.drain()
         return dropped
 
     # -- KV loads ----------------------------------------------------------------------------
@@ -165,6 +173,8 @@ class EngineCore:
                 log.warning("KV load for %s failed (%s); computing its tokens instead", result.req_id, result.error)
             for seq in entry.seqs:
                 self._loaded(seq, entry, result.ok)
+        if self.tiering is not None:
+            self.tiering.loads_done(self, done)
         return done
 
     # -- the step ----------------------------------------------------------------------------
@@ -174,6 +184,9 @@ class EngineCore:
 
     def schedule(self) -> SchedulerOutput | None:
         """The next step's plan; None when nothing can run."""
+        if self.tiering is not None:
+            self.tiering.onboard(self)
+            self.tiering.step_started()
         out = self.scheduler.schedule()
         if not out.scheduled:
             return None
@@ -188,7 +201,11 @@ class EngineCore:
 
     def commit(self, out: SchedulerOutput, sampled: list[Sampled]) -> list[RequestOutput]:
         """Apply a step's tokens; the deltas of every sequence that got one."""
-        return [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
+        completed = self.tiering.completed(out) if self.tiering is not None else None
+        outputs = [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
+        if completed is not None:
+            self.tiering.step_done(out, completed)
+        return outputs
 
     def fail(self, out: SchedulerOutput, exc: BaseException) -> list[RequestOutput]:
         """A failed step fails its requests, never the engine."""
@@ -209,7 +226,8 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values()),
+            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values())
+            + (self.tiering.num_waiters if self.tiering is not None else 0),
             num_running=len(sched.running), num_held=sched.num_held,
             num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
             num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
@@ -217,6 +235,7 @@ class EngineCore:
             prefix_hits=sched.prefix_hits, num_preemptions=sched.num_preemptions,
             num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
             num_generated_tokens=sched.num_generated_tokens,
+            **(self.tiering.stats() if self.tiering is not None else {}),
         )
 
     # -- internals ---------------------------------------------------------------------------

@@ -97,9 +97,10 @@ class KvTiers:
         self.in_flight: dict[int, str] = {}  # block hash -> the load onboarding it
 
     # -- write-through -----------------------------------------------------------------------
-    def offload(self, blocks: Iterable[tuple[int, int, int, tuple[int, ...]]]) -> list[tuple[int, int]]:
+    def offload(self, blocks: Iterable[tuple[int, int, int, tuple[int, ...]]], seen: bool = True) -> list[tuple[int, int]]:
         """Device blocks whose KV is now complete, as (block id, parent hash, hash, tokens): the (block id,
-        host slot) copies to make. A hash the host holds is only touched; each block counts as a sighting."""
+        host slot) copies to make. A hash the host holds is only touched; with `seen`, each block counts as a
+        sighting (a block computed; not one just onboarded, already counted when it was found)."""
         copies = []
         for block_id, parent, block_hash, tokens in blocks:
             if block_hash in self.host:
@@ -109,7 +110,8 @@ class KvTiers:
                 if block is not None:
                     copies.append((block_id, block.slot))
                     self.counters.num_host_offloaded += 1
-            self.see(block_hash)
+            if seen:
+                self.see(block_hash)
         return copies
 
     def see(self, block_hash: int) -> None:
@@ -227,3 +229,11 @@ class KvTiers:
         self._writing[block_hash] = host_block
         self._disk_writes.append(DiskWrite(block_hash, host_block.parent_hash, host_block.token_ids,
                                            host_block.slot))
+
+
+@dataclass(frozen=True, slots=True)
+class TierReport:
+    """What a runner's tiers did since the last poll: disk writes acknowledged, blocks found unreadable."""
+
+    disk_written: list[tuple[int, bool]] = field(default_factory=list)  # (hash, ok)
+    corrupt: list[int] = field(default_factory=list)  # disk blocks whose files failed their checks (removed)

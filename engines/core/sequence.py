@@ -36,6 +36,7 @@ class Sequence:
     held_until: float = 0.0
     arrival_s: float = 0.0  # time.monotonic() when added
     first_scheduled_s: float = 0.0  # when a step first computed it; 0: not yet
+    may_onboard: bool = True  # its prefix may still be looked up in the lower KV tiers
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +79,7 @@ class Sequence:
         self.num_registered_blocks = 0
         self.block_table = []
         self.status = SequenceStatus.WAITING
+        self.may_onboard = True  # NOTE: its blocks were just freed: the host tier may still hold them
 
     def take_new_tokens(self) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...]]:
         """Generated tokens (and logprobs) not yet sent out; marks them sent."""
