@@ -34,6 +34,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: bool = True  # decode under CUDA graphs (CUDA with the triton backend only)
+    kv_host_gb: float = 0.0  # G2: host memory for KV blocks evicted from the device pool; 0: none
+    kv_disk_dir: str = ""  # G3: a directory for KV blocks seen twice (needs kv_host_gb); "": none
+    kv_disk_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -46,6 +49,18 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
+
+
+def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:
+    """The KV tier settings every engine shares: sizes >= 0, and a disk tier only under a host tier."""
+    if host_gb < 0 or disk_gb < 0:
+        raise ValueError(f"kv_host_gb and kv_disk_gb must be >= 0, got {host_gb} and {disk_gb}")
+    if bool(disk_dir) != (disk_gb > 0):
+        raise ValueError("the disk KV tier needs both a directory (kv_disk_dir) and a size (kv_disk_gb)")
+    if disk_gb > 0 and host_gb <= 0:
+        raise ValueError("the disk KV tier is fed from the host tier: set kv_host_gb too (host >= device KV, "
+                         "disk >= host)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,14 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
-from engines.core.loads import NoLoads
+from engines.core.kv_tiers import Onboard, TierSpec
+from engines.core.loads import KvLoad, LoadDone, NoLoads
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
+from engines.native.kv_cache import KvCache, bytes_per_block
 from engines.native.model_runner import ModelRunner
+from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
+from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
 
 
@@ -27,9 +31,12 @@ class _Pending:
 class NativeRunner(NoLoads):
     def __init__(self, config: EngineConfig):
         model_cfg = ModelConfig.from_dir(config.model)
+        if config.kv_host_gb:  # NOTE: before the model loads: a budget the machine cannot hold fails at once
+            check_host_budget(int(config.kv_host_gb * GB), memory_available())
         self.model_runner = ModelRunner(config, model_cfg)
         self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
                                self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids)
+        self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 
     @property
     def model(self):
@@ -50,6 +57,22 @@ class NativeRunner(NoLoads):
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         self.model_runner.kv_cache.import_(block_ids, kv)
+
+    def start_load(self, load: KvLoad) -> None:
+        if isinstance(load.source, Onboard) and self.tiers is not None:
+            return self.tiers.start_load(load)
+        return super().start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
+
+
+def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
+    """The host (and disk) tiers under `kv_cache`, sized in whole blocks of every layer."""
+    block_bytes = bytes_per_block(kv_cache.layout)
+    spec = TierSpec(num_host_blocks=int(config.kv_host_gb * GB) // block_bytes,
+                    num_disk_blocks=int(config.kv_disk_gb * GB) // block_bytes, block_bytes=block_bytes)
+    return NativeTiers(kv_cache, spec, config.kv_disk_dir, model_fingerprint(config.model))
 
 
 def core_config(config: EngineConfig) -> CoreConfig:
