@@ -160,3 +160,8 @@ class EngineStats:
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """A token's KV, every layer, as the tiers hold it (0 without tiers)."""
+        return self.kv_block_bytes / self.block_size if self.block_size else 0.0

@@ -29,6 +29,8 @@ class TimingProfile:
     min_step_ms: float = 1.0
     kv_bytes_per_token: int = 131072
     kv_transfer_gb_per_s: float = 64.0
+    kv_host_gb_per_s: float = 50.0  # onboarding from the host tier (one way over PCIe Gen5)
+    kv_disk_gb_per_s: float = 7.0  # onboarding from the disk tier (one NVMe drive)
     sources: tuple[str, ...] = ()
     # measured step times; when present they replace the coefficients (engines/sim/measured.py)
     prefill_ms_points: Points1D = ()  # (prompt tokens in the step, ms)
@@ -39,8 +41,9 @@ class TimingProfile:
             raise ProfileError(f"profile {self.name!r}: block and sequence limits must be >= 1")
         if len(self.prefill_ms_coeffs) != 3 or len(self.decode_ms_coeffs) != 3:
             raise ProfileError(f"profile {self.name!r}: prefill and decode take three coefficients each")
-        if self.kv_transfer_gb_per_s <= 0 or self.min_step_ms < 0:
-            raise ProfileError(f"profile {self.name!r}: need kv_transfer_gb_per_s > 0 and min_step_ms >= 0")
+        if min(self.kv_transfer_gb_per_s, self.kv_host_gb_per_s, self.kv_disk_gb_per_s) <= 0 or self.min_step_ms < 0:
+            raise ProfileError(f"profile {self.name!r}: need copy bandwidths (kv_*_gb_per_s) > 0 and "
+                               "min_step_ms >= 0")
 
     def prefill_s(self, num_tokens: int) -> float:
         """Time to prefill `num_tokens` uncached tokens in one step (0 for none)."""

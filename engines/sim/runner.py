@@ -10,7 +10,9 @@ from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
-from engines.core.loads import NoLoads
+from engines.core.kv_tiers import Onboard, TierSpec
+from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
 from engines.sim.profile import TimingProfile, load_profile
 
@@ -40,14 +42,33 @@ class _Timed:
         return self.sampled
 
 
+def sim_tiers(profile: TimingProfile, host_gb: float, disk_gb: float, clock: Callable[[], float],
+              time_factor: float) -> ModelledTiers | None:
+    """Host and disk tiers of `host_gb` and `disk_gb` per worker, loading at the profile's copy bandwidths; the
+    cost check starts from the profile's prefill rate at a full step."""
+    if host_gb <= 0:
+        return None
+    block_bytes = profile.kv_bytes_per_token * profile.block_size
+    spec = TierSpec(int(host_gb * 1e9) // block_bytes, int(disk_gb * 1e9) // block_bytes, block_bytes)
+    rate = profile.max_num_batched_tokens / profile.prefill_s(profile.max_num_batched_tokens)
+    return ModelledTiers(spec, profile.kv_host_gb_per_s * 1e9, profile.kv_disk_gb_per_s * 1e9, clock, time_factor,
+                         rate)
+
+
 class SimRunner(NoLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
-                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep):
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
+                 kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 load_time_factor: float | None = None):
+        """`load_time_factor` scales an onboarding load's modelled time on `clock` (default `time_factor`; the
+        cluster simulator, stepping in virtual time with time_factor 0, gives 1)."""
         if time_factor < 0:
             raise ValueError(f"time_factor must be >= 0, got {time_factor}")
         self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
         layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
         self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
+        self.tiers = sim_tiers(profile, kv_host_gb, kv_disk_gb, clock,
+                               time_factor if load_time_factor is None else load_time_factor)
 
     def step_duration(self, out: SchedulerOutput) -> float:
         num_decodes = sum(1 for s in out.scheduled if is_decode(s.num_new_tokens, s.start, s.seq))
@@ -62,6 +83,14 @@ class SimRunner(NoLoads):
 
     def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
         return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
+
+    def start_load(self, load: KvLoad) -> None:
+        if isinstance(load.source, Onboard) and self.tiers is not None:
+            return self.tiers.start_load(load)
+        return super().start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         """The pull of a prefill worker's KV takes the profile's transfer time.
@@ -79,15 +108,21 @@ class SimSpec:
     time_factor: float = 1.0
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     enable_prefix_caching: bool = True
+    kv_host_gb: float = 0.0  # modelled host and disk KV tiers (no bytes), per worker
+    kv_disk_gb: float = 0.0
 
 
 def build_core(spec: SimSpec) -> EngineCore:
     profile = load_profile(spec.profile) if spec.profile else load_profile()
-    return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching)
+    return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching,
+                    kv_host_gb=spec.kv_host_gb, kv_disk_gb=spec.kv_disk_gb)
 
 
 def sim_core(profile: TimingProfile, time_factor: float = 1.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-             enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic) -> EngineCore:
+             enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic,
+             kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, load_time_factor: float | None = None) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
     config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching)
-    return EngineCore(config, SimRunner(profile, time_factor, max_model_len), clock)
+    runner = SimRunner(profile, time_factor, max_model_len, kv_host_gb=kv_host_gb, kv_disk_gb=kv_disk_gb,
+                       clock=clock, load_time_factor=load_time_factor)
+    return EngineCore(config, runner, clock)

@@ -9,7 +9,10 @@ from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import SchedulerOutput
-from engines.core.loads import NoLoads
+from engines.base.requests import DTYPE_BYTES
+from engines.core.kv_tiers import Onboard, TierSpec
+from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
 
 DEFAULT_VOCAB_SIZE = 32000
@@ -19,8 +22,13 @@ MAX_DEFAULT_MODEL_LEN = 8192  # as the native runner caps a checkpoint's context
 
 class ZeroRunner(NoLoads):
     def __init__(self, vocab_size: int, block_size: int = 16, max_model_len: int = 8192,
-                 num_blocks: int = DEFAULT_NUM_BLOCKS):
-        self.info = RunnerInfo(KvLayout(1, 1, 1, "float32", block_size), num_blocks, max_model_len, vocab_size)
+                 num_blocks: int = DEFAULT_NUM_BLOCKS, kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0):
+        """With `kv_host_gb`, modelled tiers whose loads end at the next poll (the control plane's cost alone)."""
+        layout = KvLayout(1, 1, 1, "float32", block_size)
+        self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size)
+        block_bytes = 2 * block_size * DTYPE_BYTES[layout.dtype]
+        self.tiers = ModelledTiers(TierSpec(int(kv_host_gb * 1e9) // block_bytes, int(kv_disk_gb * 1e9) // block_bytes,
+                                            block_bytes)) if kv_host_gb > 0 else None
 
     def next_token(self, seq: Sequence) -> int:
         candidate = (seq.token_ids[seq.num_prompt_tokens - 1] + 1 + seq.num_output_tokens) % self.info.vocab_size
@@ -38,6 +46,14 @@ class ZeroRunner(NoLoads):
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         pass
 
+    def start_load(self, load: KvLoad) -> None:
+        if isinstance(load.source, Onboard) and self.tiers is not None:
+            return self.tiers.start_load(load)
+        return super().start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
+
 
 @dataclass(frozen=True, slots=True)
 class ZeroSpec:
@@ -48,6 +64,8 @@ class ZeroSpec:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
+    kv_host_gb: float = 0.0
+    kv_disk_gb: float = 0.0
 
 
 def build_core(spec: ZeroSpec) -> EngineCore:
@@ -56,6 +74,7 @@ def build_core(spec: ZeroSpec) -> EngineCore:
     vocab_size = config.get("vocab_size", DEFAULT_VOCAB_SIZE)
     max_model_len = spec.max_model_len or min(config.get("max_position_embeddings", MAX_DEFAULT_MODEL_LEN),
                                               MAX_DEFAULT_MODEL_LEN)
-    runner = ZeroRunner(vocab_size, spec.block_size, max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS)
+    runner = ZeroRunner(vocab_size, spec.block_size, max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS,
+                        spec.kv_host_gb, spec.kv_disk_gb)
     return EngineCore(CoreConfig(spec.max_num_seqs, spec.max_num_batched_tokens,
                                  enable_prefix_caching=spec.enable_prefix_caching), runner)

@@ -85,6 +85,8 @@ def load_to_pb(stats: EngineStats, max_num_seqs: int) -> pb.WorkerLoad:
         num_waiting=stats.num_waiting, num_running=stats.num_running, num_held=stats.num_held,
         num_blocks_used=stats.num_blocks_used, num_blocks_total=stats.num_blocks_total,
         max_num_seqs=max_num_seqs, prefix_hit_rate=stats.prefix_hit_rate,
+        prefill_tokens_per_s=stats.prefill_tokens_per_s, kv_bytes_per_token=stats.kv_bytes_per_token,
+        kv_host_bytes_per_s=stats.kv_host_bytes_per_s, kv_disk_bytes_per_s=stats.kv_disk_bytes_per_s,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvTier
 from services.router.prefix_index import CachedPrefix, PrefixIndex, walk
-from services.router.types import Choice, RouteInput, WorkerView
+from services.router.types import Choice, RouteInput, WorkerLoad, WorkerView
 
 Clock = Callable[[], float]
 DEFAULT_TIER_WEIGHTS = {KvTier.DEVICE: 1.0, KvTier.HOST: 0.75, KvTier.DISK: 0.25}
@@ -96,12 +96,28 @@ class KvPolicyConfig:
     block_size: int = 16  # when a worker's layout does not say
     use_events: bool = True  # False: the approximate index alone (engines without KV events)
     predict_ttl_s: float = 120.0  # how long the router trusts its own decisions
+    # what a block cached in the host / disk tier counts for (a device block counts 1); None: what it saves
+    # against recomputing on that worker (`tier_credit`), or the fixed default while the worker reports nothing
+    host_weight: float | None = None
+    disk_weight: float | None = None
 
     def __post_init__(self) -> None:
         if self.overlap_weight < 0 or self.temperature < 0:
             raise ValueError("overlap_weight and temperature must be >= 0")
+        if any(w is not None and not 0 <= w <= 1 for w in (self.host_weight, self.disk_weight)):
+            raise ValueError("host_weight and disk_weight must be in [0, 1]")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+
+def tier_credit(load: WorkerLoad, tier: KvTier, default: float) -> float:
+    """What a block cached in a lower tier of a worker saves against recomputing it, in device blocks:
+    1 - (its load time / its recompute time), from the worker's measured bandwidth and prefill rate; `default`
+    while it reports none. Loading slower than recomputing saves nothing (the worker then recomputes)."""
+    bandwidth = load.kv_host_bytes_per_s if tier is KvTier.HOST else load.kv_disk_bytes_per_s
+    if bandwidth <= 0 or load.prefill_tokens_per_s <= 0 or load.kv_bytes_per_token <= 0:
+        return default
+    return max(0.0, 1.0 - load.kv_bytes_per_token * load.prefill_tokens_per_s / bandwidth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +134,8 @@ class KvScore:
 
 class KvAwarePolicy:
     """`prefill = max(queued + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
-    `cost = prefill + inflight`, in blocks: `queued` is the uncached blocks of the worker's routes it has likely
+    `cost = prefill + inflight`, in blocks (a host or disk block's tier weight is what it saves against recomputing
+on that worker, `tier_credit`, unless the config fixes it): `queued` is the uncached blocks of the worker's routes it has likely
     not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the prompt blocks of all its routes
     not yet completed (`WorkerView.num_inflight_tokens`). Dynamo's cost, with the router's own load account:
     a burst of siblings spreads before any event or heartbeat arrives, and a finished request stops counting
@@ -168,6 +185,8 @@ class KvAwarePolicy:
             prefix = match[1].get(worker_id, _NOTHING)
             num_predicted = match[2].get(worker_id, 0)
             num_blocks, num_host, num_disk = prefix
+            if num_host or num_disk:  # NOTE: rare in the hot loop: only workers with offloaded hits pay for it
+                w_host, w_disk = self._tier_weights(view.load)
             cached = (num_blocks - num_host - num_disk) * w_device + num_host * w_host + num_disk * w_disk
             if num_predicted > num_blocks:  # NOTE: own decisions count as device blocks where events lag behind
                 cached += num_predicted - num_blocks
@@ -184,6 +203,11 @@ class KvAwarePolicy:
         self.predicted.remove_worker(worker_id)
 
     # ---- internals ----
+
+    def _tier_weights(self, load: WorkerLoad) -> tuple[float, float]:
+        host, disk = self.config.host_weight, self.config.disk_weight
+        return (host if host is not None else tier_credit(load, KvTier.HOST, self.tier_weights[KvTier.HOST]),
+                disk if disk is not None else tier_credit(load, KvTier.DISK, self.tier_weights[KvTier.DISK]))
 
     def _match(self, token_ids: Sequence[int], block_size: int) -> tuple[list[int], dict, dict]:
         hashes = chain_block_hashes(token_ids, block_size)

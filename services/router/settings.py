@@ -29,6 +29,10 @@ class RouterSettings:
     kv_use_events: bool = True  # policy kv: subscribe to workers' KV events (False: own decisions only)
     kv_predict_ttl_s: float = 120.0  # policy kv: how long the router trusts its own decisions
     kv_index_max_entries: int = 1_000_000  # policy kv: block hashes the prefix index holds
+    # policy kv: what a block in a worker's host / disk KV tier counts for, in [0, 1]; < 0: what it saves against
+    # recomputing there, from the bandwidth and prefill rate the worker reports (before it reports: 0.75 / 0.25)
+    kv_host_weight: float = -1.0
+    kv_disk_weight: float = -1.0
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
 
     def __post_init__(self) -> None:
@@ -49,6 +53,9 @@ class RouterSettings:
         if self.kv_overlap_weight < 0 or self.kv_temperature < 0:
             raise SettingsError(f"need kv_overlap_weight >= 0 and kv_temperature >= 0, got "
                                 f"{self.kv_overlap_weight} and {self.kv_temperature}")
+        if self.kv_host_weight > 1 or self.kv_disk_weight > 1:
+            raise SettingsError(f"kv_host_weight and kv_disk_weight must be <= 1 (< 0: derived), got "
+                                f"{self.kv_host_weight} and {self.kv_disk_weight}")
         if not self.kv_predict_ttl_s > 0 or self.kv_index_max_entries < 1:
             raise SettingsError(f"need kv_predict_ttl_s > 0 and kv_index_max_entries >= 1, got "
                                 f"{self.kv_predict_ttl_s} and {self.kv_index_max_entries}")
@@ -56,7 +63,9 @@ class RouterSettings:
     @property
     def kv_config(self) -> KvPolicyConfig:
         return KvPolicyConfig(overlap_weight=self.kv_overlap_weight, temperature=self.kv_temperature,
-                              use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s)
+                              use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s,
+                              host_weight=self.kv_host_weight if self.kv_host_weight >= 0 else None,
+                              disk_weight=self.kv_disk_weight if self.kv_disk_weight >= 0 else None)
 
     @property
     def address(self) -> str:

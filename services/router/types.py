@@ -44,6 +44,11 @@ class WorkerLoad:
     num_blocks_total: int = 0
     max_num_seqs: int = 0
     prefix_hit_rate: float = 0.0
+    # what a host or disk hit saves against recomputing (0: not measured, or no such tier)
+    prefill_tokens_per_s: float = 0.0
+    kv_bytes_per_token: float = 0.0
+    kv_host_bytes_per_s: float = 0.0
+    kv_disk_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +111,9 @@ class RouteDecision:
     policy: str
     num_cached_tokens: int  # the estimated prefix overlap on the decode worker
     reason: str  # why prefill was (not) disaggregated
+
+
+def tier_load(stats) -> dict[str, float]:
+    """The WorkerLoad fields an engine's stats (EngineStats) give about its KV tiers."""
+    return {"prefill_tokens_per_s": stats.prefill_tokens_per_s, "kv_bytes_per_token": stats.kv_bytes_per_token,
+            "kv_host_bytes_per_s": stats.kv_host_bytes_per_s, "kv_disk_bytes_per_s": stats.kv_disk_bytes_per_s}

@@ -17,7 +17,7 @@ from engines.sim.runner import sim_core
 from services.router.core import RouterCore
 from services.router.policy import DisaggregationPolicy
 from services.router.registry import Registry
-from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
+from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole, tier_load
 from tandem.bench.traces import TraceRow
 from tandem.sim.policies import make_sim_policy
 from tandem.sim.tokens import prompt_tokens
@@ -39,6 +39,8 @@ class SimConfig:
     enable_prefix_caching: bool = True
     kv_overlap_weight: float = 1.0  # KvPolicyConfig.overlap_weight (the router's default is 1.0)
     heartbeat_interval_s: float = 2.0  # as services/router/settings.py tells workers; 0 = after every change
+    kv_host_gb: float = 0.0  # per worker: a host KV tier (and a disk tier under it), loading at the profile's
+    kv_disk_gb: float = 0.0  # copy bandwidths
 
 
 @dataclass(slots=True)
@@ -99,6 +101,7 @@ class ClusterSim:
         self._heap: list[tuple[float, int, str, object]] = []
         self._order = 0
         self._busy: set[str] = set()
+        self._load_wakeups: set[tuple[str, float]] = set()  # (worker, time) of a load's end already on the heap
         self._hooks: list[tuple[float, Callable[[float], None]]] = []
         self._layout = layout
 
@@ -119,7 +122,7 @@ class ClusterSim:
         """True once the worker holds no request (held KV included) and none is on its way to it (a KV hand-off,
         or a prefill elsewhere whose decode goes there)."""
         worker = self.workers[worker_id]
-        if worker.has_work or worker.prompts or worker_id in self._busy:
+        if worker.has_work or worker.core.has_loads or worker.prompts or worker_id in self._busy:
             return False
         incoming = any(kind == "handoff" and payload[1] == worker_id for _, _, kind, payload in self._heap)
         prefilling = any(self.records[r].worker_id == worker_id for w in self.workers.values() for r in w.prompts)
@@ -131,7 +134,8 @@ class ClusterSim:
 
     def _add_worker(self, worker_id: str, role: WorkerRole, layout: KvLayout) -> None:
         core = sim_core(self.profile, time_factor=0.0, enable_prefix_caching=self.config.enable_prefix_caching,
-                        clock=lambda: self.now)
+                        clock=lambda: self.now, kv_host_gb=self.config.kv_host_gb, kv_disk_gb=self.config.kv_disk_gb,
+                        load_time_factor=1.0)
         self.workers[worker_id] = SimNode(core)
         info = WorkerInfo(worker_id, role, f"sim://{worker_id}", MODEL, layout, self.profile.max_num_seqs)
         self.registry.register(info, self._load(worker_id))
@@ -157,6 +161,8 @@ class ClusterSim:
                 self._beat(more=i < len(rows) or self._has_work())
             elif kind == "hook":
                 self._hook(*payload, more=i < len(rows) or self._has_work())
+            elif kind == "load":
+                self._load_ended(*payload)
             else:
                 self._hand_off(*payload)
         return list(self.records.values())
@@ -192,7 +198,10 @@ class ClusterSim:
         if worker_id in self._busy or not worker.has_work:
             return
         out = worker.core.schedule()
+        self._wake_at_load_end(worker_id)
         if out is None:
+            if worker.core.has_loads:  # NOTE: what waits is loading; the load's end starts it
+                return
             raise SimStuckError(f"{worker_id} has work it cannot schedule at t={self.now:.3f}s")
         self._busy.add(worker_id)
         duration = worker.core.runner.step_duration(out)
@@ -213,6 +222,24 @@ class ClusterSim:
         events = worker.core.drain_kv_events()
         if self.index is not None and events:
             self.index.apply(worker_id, events)
+        self._report(worker_id)
+        self._maybe_start(worker_id)
+
+    def _wake_at_load_end(self, worker_id: str) -> None:
+        tiers = self.workers[worker_id].core.runner.tiers
+        due = tiers.next_due() if tiers is not None else None
+        if due is not None and (worker_id, due) not in self._load_wakeups:
+            self._load_wakeups.add((worker_id, due))
+            self._push(due, "load", (worker_id, due))
+
+    def _load_ended(self, worker_id: str, due: float) -> None:
+        self._load_wakeups.discard((worker_id, due))
+        worker = self.workers[worker_id]
+        worker.core.poll_loads()
+        events = worker.core.drain_kv_events()
+        if self.index is not None and events:
+            self.index.apply(worker_id, events)
+        self._wake_at_load_end(worker_id)
         self._report(worker_id)
         self._maybe_start(worker_id)
 
@@ -239,7 +266,7 @@ class ClusterSim:
         stats = self.workers[worker_id].core.stats()
         return WorkerLoad(num_waiting=stats.num_waiting, num_running=stats.num_running, num_held=stats.num_held,
                           num_blocks_used=stats.num_blocks_used, num_blocks_total=stats.num_blocks_total,
-                          max_num_seqs=self.profile.max_num_seqs)
+                          max_num_seqs=self.profile.max_num_seqs, **tier_load(stats))
 
     def _report(self, worker_id: str) -> None:
         """With no heartbeat interval, the router sees each worker's load after every change."""

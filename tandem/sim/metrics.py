@@ -49,9 +49,24 @@ def summarize(sim: ClusterSim, records: list[RequestRecord], slo: Slo, wall_s: f
         "throughput_rps": len(done) / makespan if makespan > 0 else 0.0,
         "makespan_s": makespan, "sim_wall_s": wall_s,
         "num_preemptions": sum(w.scheduler.num_preemptions for w in sim.workers.values()),
+        **tier_summary(sim),
         **worker_load(sim, makespan),
         "ttft_values_s": ttft.tolist(),
     }
+
+
+def tier_summary(sim: ClusterSim) -> dict:
+    """Prompt tokens served from each KV tier over prompt tokens looked up (the engines' own counts, so the three
+    add up to their hit rate), and the KV bytes onboarded from the host and disk tiers."""
+    stats = [w.core.stats() for w in sim.workers.values()]
+    queries = sum(s.prefix_queries for s in stats)
+    host, disk = sum(s.prefix_hits_host for s in stats), sum(s.prefix_hits_disk for s in stats)
+    device = sum(s.prefix_hits for s in stats) - host - disk
+    onboarded = {"host": sum(s.num_blocks_onboarded_host * s.kv_block_bytes for s in stats),
+                 "disk": sum(s.num_blocks_onboarded_disk * s.kv_block_bytes for s in stats)}
+    return {"prefix_hit_rate_by_tier": {t: n / queries if queries else 0.0
+                                        for t, n in (("device", device), ("host", host), ("disk", disk))},
+            "kv_bytes_onboarded": sum(onboarded.values()), "kv_bytes_onboarded_by_tier": onboarded}
 
 
 def worker_load(sim: ClusterSim, makespan: float) -> dict:

@@ -24,6 +24,11 @@ def format_table(policies: dict[str, dict]) -> str:
     lines = [f"{'metric':<22}" + "".join(f"{n:>14}" for n in names)]
     for label, key, scale in _ROWS:
         lines.append(f"{label:<22}" + "".join(f"{_fmt(policies[n][key] * scale):>14}" for n in names))
+    for tier in ("device", "host", "disk"):
+        lines.append(f"{'hit rate ' + tier:<22}"
+                     + "".join(f"{_fmt(policies[n]['prefix_hit_rate_by_tier'][tier]):>14}" for n in names))
+    lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{_fmt(policies[n]['kv_bytes_onboarded'] / 1e9):>14}"
+                                                       for n in names))
     for key in ("num_requests", "busy_fraction"):
         lines.append(f"{'load spread ' + key:<22}"
                      + "".join(f"{_fmt(policies[n]['load_spread_max_over_mean'][key]):>14}" for n in names))

@@ -7,11 +7,11 @@ import pytest
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEvent, KvEventKind, KvTier
 from services.router.core import RouterCore
-from services.router.kv_policy import ApproximateIndex, KvAwarePolicy, KvPolicyConfig
+from services.router.kv_policy import ApproximateIndex, KvAwarePolicy, KvPolicyConfig, tier_credit
 from services.router.policy import DisaggregationPolicy
 from services.router.prefix_index import PrefixIndex
 from services.router.registry import Registry
-from services.router.types import RouteInput, WorkerLoad
+from services.router.types import RouteInput, WorkerLoad, WorkerView
 from tests.unit.services.router.helpers import FakeClock, info, view
 
 BS = 4
@@ -94,6 +94,34 @@ def test_host_and_disk_blocks_save_less_than_device_blocks():
     index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:4]), KvTier.DISK)])
     costs = {s.view.worker_id: s.cost for s in kv_policy(index).scores(req(), [view("w1"), view("w2")])}
     assert costs == {"w1": 10 - 4 * 0.75, "w2": 10 - 4 * 0.25}
+
+
+def tiered(worker_id: str, prefill: float, host: float = 0.0, disk: float = 0.0, per_token: float = 1000.0):
+    load = WorkerLoad(prefill_tokens_per_s=prefill, kv_bytes_per_token=per_token, kv_host_bytes_per_s=host,
+                      kv_disk_bytes_per_s=disk)
+    return WorkerView(info(worker_id), load)
+
+
+def test_a_lower_tier_block_is_credited_by_what_it_saves_against_recompute():
+    index = PrefixIndex()
+    index.apply("w1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:4]), KvTier.HOST)])
+    index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(H[:4]), KvTier.DISK)])
+    # 1 kB a token; 10k tokens/s: a token recomputes in 100 us. Host at 50 MB/s loads it in 20 us (saves 0.8);
+    # disk at 5 MB/s in 200 us: slower than recomputing, saves nothing
+    workers = [tiered("w1", 10_000, host=50e6), tiered("w2", 10_000, host=50e6, disk=5e6)]
+    costs = {s.view.worker_id: s.cost for s in kv_policy(index).scores(req(), workers)}
+    assert costs == pytest.approx({"w1": 10 - 4 * 0.8, "w2": 10.0})
+    fixed = kv_policy(index, host_weight=0.5, disk_weight=0.1)  # the settings override
+    costs = {s.view.worker_id: s.cost for s in fixed.scores(req(), workers)}
+    assert costs == pytest.approx({"w1": 10 - 4 * 0.5, "w2": 10 - 4 * 0.1})
+
+
+def test_tier_credit_falls_back_to_the_default_until_a_worker_reports():
+    load = WorkerLoad(prefill_tokens_per_s=10_000, kv_bytes_per_token=1000)
+    assert tier_credit(load, KvTier.HOST, 0.75) == 0.75  # no bandwidth measured yet
+    assert tier_credit(WorkerLoad(kv_host_bytes_per_s=1e9), KvTier.HOST, 0.75) == 0.75
+    assert tier_credit(WorkerLoad(prefill_tokens_per_s=1e4, kv_bytes_per_token=1e3, kv_disk_bytes_per_s=4e7),
+                       KvTier.DISK, 0.25) == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize("draw, chosen", [(0.0, "w2"), (0.5, "w3"), (0.99, "w1")])
@@ -187,3 +215,5 @@ def test_bad_config_raises():
         KvPolicyConfig(overlap_weight=-1.0)
     with pytest.raises(ValueError, match="temperature > 0 needs an rng"):
         kv_policy(PrefixIndex(), temperature=0.5)
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        KvPolicyConfig(host_weight=1.5)
