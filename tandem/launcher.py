@@ -40,6 +40,7 @@ class StackConfig:
     num_gateway_workers: int | None = None  # gateway processes on its port; None: TANDEM_GATEWAY_WORKERS, else 1
     planner: bool = False  # also run the planner, scaling these workers through the launcher (tandem/stack_control.py)
     planner_args: tuple[str, ...] = ()
+    kv_disk_dir: str = ""  # each worker's disk KV tier goes in its own subdirectory (its name: kept across restarts)
 
 
 @dataclass(slots=True)
@@ -129,7 +130,8 @@ class Stack:
         return ["--metrics-port", str(self.metrics_ports[name])]
 
     def _worker_args(self, name: str) -> list[str]:
-        return ["--worker-id", name, "--port", str(self.worker_ports[name]), *self._metrics_args(name)]
+        disk = ["--kv-disk-dir", str(Path(self.cfg.kv_disk_dir) / name)] if self.cfg.kv_disk_dir else []
+        return ["--worker-id", name, "--port", str(self.worker_ports[name]), *self._metrics_args(name), *disk]
 
     def wait_ready(self) -> None:
         """Until the gateway says ready and every worker has registered; raises if a child dies."""

@@ -37,6 +37,12 @@ def add_stack_commands(commands) -> None:
                     help="also run Prometheus (when installed) scraping every service, on PORT (default 9090)")
     up.add_argument("--planner", action="store_true",
                     help="also run the planner, adding and removing workers (TANDEM_PLANNER_* configure it)")
+    up.add_argument("--kv-host-gb", type=float, default=None,
+                    help="per worker: host memory for KV blocks beyond the device pool (>= the device KV)")
+    up.add_argument("--kv-disk-gb", type=float, default=None,
+                    help="per worker: disk for KV blocks seen twice, under --kv-disk-dir (>= --kv-host-gb)")
+    up.add_argument("--kv-disk-dir", default=os.environ.get("TANDEM_WORKER_KV_DISK_DIR", ""),
+                    help="the disk KV tier's directory; each worker keeps its blocks in DIR/<worker name>")
     up.set_defaults(func=_up)
 
 
@@ -54,10 +60,12 @@ def _up(args) -> int:
     if args.prefill < 0 or args.decode < 1:
         raise SystemExit("tandem up: need --decode >= 1 and --prefill >= 0")
     model = args.model or str(_default_model())
+    tiers = [f"--{name.replace('_', '-')}={value}" for name in ("kv_host_gb", "kv_disk_gb")
+             if (value := getattr(args, name)) is not None]
     cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
                       log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers,
-                      planner=args.planner)
+                      planner=args.planner, worker_args=tuple(tiers), kv_disk_dir=args.kv_disk_dir)
     return run_stack(cfg)
 
 

@@ -14,12 +14,14 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len,
                          num_blocks=s.num_blocks, max_num_seqs=s.max_num_seqs,
                          max_num_batched_tokens=s.max_num_batched_tokens,
-                         enable_prefix_caching=s.enable_prefix_caching)
+                         enable_prefix_caching=s.enable_prefix_caching, kv_host_gb=s.kv_host_gb,
+                         kv_disk_gb=s.kv_disk_gb)
     if s.engine == "sim":
         from engines.sim import sim_spec
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
-        return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching)
+        return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
+                        kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb)
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
@@ -28,7 +30,8 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
         enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s,
-        num_threads=s.num_threads or None,
+        num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
+        kv_disk_gb=s.kv_disk_gb,
     ))
 
 

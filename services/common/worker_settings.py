@@ -4,6 +4,7 @@ import socket
 from dataclasses import dataclass
 
 from services.common.roles import WorkerRole
+from engines.native.config import check_tier_sizes
 from services.common.settings import SettingsError, env
 
 ENGINES = ("native", "zero", "sim", "trtllm")
@@ -45,6 +46,9 @@ class WorkerSettings:
     trtllm_tensor_parallel_size: int = 1
     trtllm_options: str = ""  # a JSON file of further tensorrt_llm.LLM keyword arguments (applied last)
     overlap: str = "auto"  # the engine loop sends step N-1's outputs while step N runs on the device
+    kv_host_gb: float = 0.0  # G2: host memory for KV blocks beyond the device pool (pinned on GPU hosts); 0: none
+    kv_disk_dir: str = ""  # G3: local disk for KV blocks seen twice, kept across restarts; "": none
+    kv_disk_gb: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -63,6 +67,13 @@ class WorkerSettings:
             raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SettingsError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        try:
+            check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if self.engine == "trtllm" and (self.kv_host_gb or self.kv_disk_gb):
+            raise SettingsError("engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
+                                "--trtllm-options instead of --kv-host-gb / --kv-disk-gb")
         self._check_trtllm()
 
     def _check_trtllm(self) -> None:
@@ -109,6 +120,9 @@ _HELP = {
     "trtllm_kv_cache_dtype": f"engine trtllm: one of {TRTLLM_KV_DTYPES}",
     "trtllm_cache_transceiver": f"engine trtllm: how KV moves between workers, one of {TRTLLM_TRANSCEIVERS}",
     "trtllm_options": "engine trtllm: a JSON file of further tensorrt_llm.LLM(...) arguments",
+    "kv_host_gb": "host memory for KV blocks evicted from the device pool (>= the device KV to help); 0: none",
+    "kv_disk_dir": "directory for KV blocks seen twice, kept across restarts (needs --kv-disk-gb)",
+    "kv_disk_gb": "disk for KV blocks below the host tier (>= --kv-host-gb to help)",
 }
 
 
@@ -121,7 +135,7 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor",
-                 "gpu_memory_utilization", "overlap", *_TRTLLM_FLAGS):
+                 "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
