@@ -111,6 +111,7 @@ class SseRecorder:
         # NOTE: a chunk with text, or the last one (its token may decode to no text); not a role-only opener
         if event.kind is EventKind.CONTENT and (event.text or event.finish_reason):
             self.record.chunk_times_s.append(now)
+            self.record.text += event.text
         elif event.kind is EventKind.ERROR:
             self.record.error = event.error
         if event.num_completion_tokens is not None:

@@ -8,10 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.bench.http_client import Endpoint, ModelCard, ServerError, StreamingClient
+from tandem.bench.multiturn import (Conversations, Multiturn, answers_digest, rounds_summary, run_conversations,
+                                    tokenizer_encode)
 from tandem.bench.loadgen import (FALLBACK_TOKEN_IDS, PromptMaker, RequestSpec, allowed_token_ids, run_schedule,
                                   synthetic_specs, trace_specs, warm_up_specs)
 from tandem.bench.overhead import add_overhead_command
-from tandem.bench.serve_report import format_summary, write_json
+from tandem.bench.serve_report import format_rounds, format_summary, write_json
 from tandem.bench.serve_stats import ServeSummary, Slo, summarize_serve
 from tandem.bench.traces import TraceError, clip_all, load_trace
 
@@ -33,8 +35,13 @@ class ServeConfig:
     slo: Slo = field(default_factory=Slo)
     num_warmup: int = 0
     seed: int = 0
+    multiturn: Multiturn | None = None  # --workload multiturn: conversations instead of independent requests
 
     def __post_init__(self) -> None:
+        if self.multiturn is not None:
+            if self.trace is not None or self.request_rate is not None:
+                raise ValueError("--workload multiturn paces itself (--qps); drop --trace / --request-rate")
+            return
         if self.trace is None and self.concurrency is None and self.request_rate is None:
             raise ValueError("give --concurrency N, --request-rate R or --trace FILE")
         if self.concurrency is not None and self.concurrency < 1:
@@ -45,6 +52,8 @@ class ServeConfig:
             raise ValueError("--request-rate and --trace exclude each other (scale a trace with --time-scale)")
 
     def describe_load(self) -> str:
+        if self.multiturn is not None:
+            return self.multiturn.describe()
         if self.trace is not None:
             load = f"trace {self.trace.name} x{self.time_scale:g} time scale"
         elif self.request_rate is not None:
@@ -74,6 +83,8 @@ def build_specs(cfg: ServeConfig, card: ModelCard) -> tuple[list[RequestSpec], l
 
 async def run_serve(cfg: ServeConfig) -> tuple[ServeSummary, dict]:
     """The summary, and the report (config, notes, summary) as plain data for JSON."""
+    if cfg.multiturn is not None:
+        return await run_multiturn(cfg, cfg.multiturn)
     prompts = PromptMaker(allowed_token_ids(cfg.tokenizer), cfg.seed)
     async with StreamingClient(cfg.endpoint, prompts, max_connections=cfg.concurrency) as client:
         card = await client.model_card()
@@ -87,6 +98,23 @@ async def run_serve(cfg: ServeConfig) -> tuple[ServeSummary, dict]:
     report = {"benchmark": "serve", "url": cfg.endpoint.base_url, "model": client.model,
               "max_model_len": card.max_model_len, "load": cfg.describe_load(), "config": _config_dict(cfg),
               "notes": notes, "summary": summary.as_dict()}
+    return summary, report
+
+
+async def run_multiturn(cfg: ServeConfig, mt: Multiturn) -> tuple[ServeSummary, dict]:
+    """As run_serve, with `rounds` (TTFT by round) and the answers in the report."""
+    tokenize = tokenizer_encode(cfg.tokenizer) if cfg.tokenizer else None
+    conv = Conversations(mt, allowed_token_ids(cfg.tokenizer), cfg.seed, tokenize)
+    notes = [] if tokenize else ["no --tokenizer: each answer goes back as stand-in ids of the same length"]
+    async with StreamingClient(cfg.endpoint, conv, max_connections=mt.users) as client:
+        card = await client.model_card()
+        log.info("bench serve: %s", mt.describe())
+        pairs = await run_conversations(conv, client.send)
+    summary = summarize_serve([r for _, r in pairs], cfg.slo)
+    report = {"benchmark": "serve", "url": cfg.endpoint.base_url, "model": client.model,
+              "max_model_len": card.max_model_len, "load": cfg.describe_load(), "config": _config_dict(cfg),
+              "notes": notes, "summary": summary.as_dict(), "rounds": rounds_summary(pairs, mt.rounds),
+              "answers_sha256": answers_digest(conv), "answers": conv.answers}
     return summary, report
 
 
@@ -128,13 +156,31 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_multiturn_arguments(p)
+
+
+def add_multiturn_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=("requests", "multiturn"), default="requests",
+                   help="multiturn: conversations that resend their history each round (TTFT by round)")
+    p.add_argument("--users", type=int, default=8, help="multiturn: conversations at once")
+    p.add_argument("--rounds", type=int, default=4, help="multiturn: requests per conversation")
+    p.add_argument("--system-tokens", type=int, default=1000, help="multiturn: the system part every user shares")
+    p.add_argument("--user-tokens", type=int, default=1000, help="multiturn: each user's own first message")
+    p.add_argument("--answer-tokens", type=int, default=32, help="multiturn: max_tokens per answer")
+    p.add_argument("--qps", type=float, default=None, help="multiturn: requests started per second at most")
+    p.add_argument("--round-barrier", action="store_true",
+                   help="multiturn: round r+1 starts when every user's round r has finished")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     endpoint = Endpoint(args.url, args.model, args.api_key, args.temperature, args.extra_body, args.timeout)
     slo = Slo(_seconds(args.slo_ttft), _seconds(args.slo_itl))
+    mt = None
+    if args.workload == "multiturn":
+        mt = Multiturn(args.users, args.rounds, args.system_tokens, args.user_tokens, args.answer_tokens, args.qps,
+                       args.round_barrier)
     return ServeConfig(endpoint, args.tokenizer, args.concurrency, args.request_rate, args.num_requests, args.isl,
-                       args.osl, args.trace, args.time_scale, args.max_requests, slo, args.warmup, args.seed)
+                       args.osl, args.trace, args.time_scale, args.max_requests, slo, args.warmup, args.seed, mt)
 
 
 def _seconds(ms: float | None) -> float | None:
@@ -154,6 +200,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     for note in report["notes"]:
         print(f"note: {note}")
     print(format_summary(summary, cfg.slo))
+    if "rounds" in report:
+        print("\n" + format_rounds(report["rounds"]))
     if args.json is not None:
         write_json(args.json, report)
         print(f"\nwrote {args.json}")

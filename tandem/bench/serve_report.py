@@ -37,6 +37,13 @@ def format_summary(s: ServeSummary, slo: Slo) -> str:
     return "\n".join(lines)
 
 
+def format_rounds(rounds: list[dict]) -> str:
+    """TTFT by round of a multi-turn run."""
+    return format_rows(("round", "requests", "TTFT mean (ms)", "TTFT p50 (ms)"),
+                       [(str(r["round"]), str(r["num_requests"]), ms(r["ttft_mean_s"]), ms(r["ttft_p50_s"]))
+                        for r in rounds])
+
+
 def describe_slo(slo: Slo) -> str:
     parts = ([f"TTFT <= {slo.ttft_s * 1e3:g} ms"] if slo.ttft_s is not None else []) + \
             ([f"mean ITL <= {slo.itl_s * 1e3:g} ms"] if slo.itl_s is not None else [])

@@ -17,6 +17,7 @@ class RequestRecord:
     num_output_tokens: int = 0  # the server's usage count when it sends one, else the chunks seen
     num_prompt_tokens: int = 0
     error: str | None = None
+    text: str = ""  # the generated text, as streamed (a multi-turn workload sends it back)
 
     @property
     def is_ok(self) -> bool:
