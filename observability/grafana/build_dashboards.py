@@ -116,6 +116,11 @@ def per_worker_rate(metric: str, by: str = "worker_id") -> Target:
     return Target(f"sum by ({by}) (rate({metric}{{{WK}}}[{RATE}]))", legend)
 
 
+def per_worker_tier(metric: str, suffix: str = "") -> Target:
+    """A per-tier gauge of every worker."""
+    return Target(f"sum by (worker_id, tier) ({metric}{{{WK}}})", "{{worker_id}} {{tier}}" + suffix)
+
+
 WORKERS = (
     Row("Queues", (
         Panel("Waiting requests", (per_worker("tandem_worker_requests_waiting"),), width=8,
@@ -140,6 +145,26 @@ WORKERS = (
         Panel("Free blocks holding a reusable prefix", (per_worker("tandem_worker_kv_blocks_cached_free"),), width=12),
         Panel("Preemptions per second", (per_worker_rate("tandem_worker_preemptions_total"),), width=12,
               description="Sequences preempted (recomputed later) because KV blocks ran out."),
+    )),
+    Row("KV tiers", (
+        Panel("Tier blocks used / total", (per_worker_tier("tandem_worker_kv_tier_blocks_used", " used"),
+                                           per_worker_tier("tandem_worker_kv_tier_blocks_total", " total")),
+              width=8, description="Host and disk KV tiers (workers run with --kv-host-gb / --kv-disk-gb)."),
+        Panel("Tier hit rate", (
+            Target(f"sum by (worker_id, tier) (rate(tandem_worker_kv_tier_prefix_hits_total{{{WK}}}[{RATE}]))"
+                   f" / on (worker_id) group_left sum by (worker_id) "
+                   f"(rate(tandem_worker_prefix_cache_queries_total{{{WK}}}[{RATE}]))", "{{worker_id}} {{tier}}"),),
+              unit="percentunit", width=8, description="Prompt tokens onboarded from each tier / prompt tokens "
+                                                       "looked up."),
+        Panel("Onboarding time per second", (per_worker_rate("tandem_worker_kv_onboard_seconds_total"),),
+              unit="s", width=8, description="Seconds of onboarding loads per second; divided by the rate of "
+                                             "tandem_worker_kv_onboards_total it is the mean onboard latency."),
+        Panel("Bytes offloaded per second", (per_worker_rate("tandem_worker_kv_tier_offloaded_bytes_total",
+                                                             "worker_id, tier"),), unit="Bps", width=8,
+              description="Into the host tier (write-through) and onto disk."),
+        Panel("Bytes onboarded per second", (per_worker_rate("tandem_worker_kv_tier_onboarded_bytes_total",
+                                                             "worker_id, tier"),), unit="Bps", width=8),
+        Panel("Disk write errors", (per_worker("tandem_worker_kv_disk_write_errors_total"),), width=8),
     )),
     Row("Throughput", (
         Panel("Prefill tokens per second", (per_worker_rate("tandem_worker_prompt_tokens_total"),), width=8,

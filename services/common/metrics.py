@@ -71,6 +71,47 @@ class EngineCollector(Collector):
         yield counter("tandem_worker_prompt_tokens", "Prompt tokens computed", s.num_prompt_tokens_computed)
         yield counter("tandem_worker_generated_tokens", "Tokens generated", s.num_generated_tokens)
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
+        if s.num_host_blocks_total:
+            yield from tier_metrics(s, labels, values)
+
+
+def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
+    """The host and disk KV tiers (only when the worker has them): one series per tier."""
+    per_tier = {
+        "host": (s.num_host_blocks_used, s.num_host_blocks_total, s.num_blocks_offloaded_host,
+                 s.num_blocks_onboarded_host, s.prefix_hits_host),
+        "disk": (s.num_disk_blocks_used, s.num_disk_blocks_total, s.num_blocks_offloaded_disk,
+                 s.num_blocks_onboarded_disk, s.prefix_hits_disk),
+    }
+    families = [
+        (GaugeMetricFamily, "tandem_worker_kv_tier_blocks_used", "KV blocks held in the tier", 0, 1),
+        (GaugeMetricFamily, "tandem_worker_kv_tier_blocks_total", "KV blocks the tier can hold", 1, 1),
+        (CounterMetricFamily, "tandem_worker_kv_tier_offloaded_blocks", "KV blocks written into the tier", 2, 1),
+        (CounterMetricFamily, "tandem_worker_kv_tier_offloaded_bytes", "KV bytes written into the tier", 2,
+         s.kv_block_bytes),
+        (CounterMetricFamily, "tandem_worker_kv_tier_onboarded_blocks", "KV blocks loaded from the tier to the "
+         "device", 3, 1),
+        (CounterMetricFamily, "tandem_worker_kv_tier_onboarded_bytes", "KV bytes loaded from the tier to the device",
+         3, s.kv_block_bytes),
+        (CounterMetricFamily, "tandem_worker_kv_tier_prefix_hits", "Prompt tokens served from the tier (of "
+         "tandem_worker_prefix_cache_queries)", 4, 1),
+    ]
+    for family, name, doc, index, scale in families:
+        metric = family(name, doc, labels=[*labels, "tier"])
+        for tier, row in per_tier.items():
+            metric.add_metric([*values, tier], row[index] * scale)
+        yield metric
+    for family, name, doc, value in (
+            (CounterMetricFamily, "tandem_worker_kv_onboards", "Onboarding loads that ended well", s.num_onboards),
+            (CounterMetricFamily, "tandem_worker_kv_onboard_seconds", "Summed latency of those loads",
+             s.onboard_seconds),
+            (CounterMetricFamily, "tandem_worker_kv_disk_write_errors", "Failed writes to the disk tier",
+             s.num_disk_write_errors),
+            (GaugeMetricFamily, "tandem_worker_kv_prefill_tokens_per_second", "Measured prefill rate (the cost "
+             "check's yardstick)", s.prefill_tokens_per_s)):
+        metric = family(name, doc, labels=labels)
+        metric.add_metric(values, value)
+        yield metric
 
 
 class WorkerMetrics:

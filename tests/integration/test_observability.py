@@ -93,8 +93,10 @@ def stack(tiny_stack_model, tmp_path_factory, otlp, prometheus_port):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp.port}", "OTEL_BSP_SCHEDULE_DELAY": "200",
            "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", **PLANNER_ENV,
            "TANDEM_PLANNER_PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}"}
+    tiers = ("--kv-host-gb", "0.01")  # the Workers dashboard's "KV tiers" row needs a host tier
     with running_stack(tiny_stack_model, tmp_path_factory.mktemp("observed"), num_prefill=1, num_decode=1,
-                       env=env, planner=True) as s:
+                       env=env, planner=True,
+                       worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", *tiers)) as s:
         yield s
 
 

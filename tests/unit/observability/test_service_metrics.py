@@ -172,3 +172,29 @@ def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
     key = tuple(sorted(base + (("direction", "export"),)))
     assert got[("tandem_worker_kv_transfer_bytes_total", key)] == 0
     assert got[("tandem_worker_kv_transfer_seconds_count", key)] == 0
+
+
+def test_kv_tier_series_appear_with_a_host_tier_one_per_tier():
+    assert not any(name.startswith("tandem_worker_kv_tier") for name, _ in samples(
+        WorkerMetrics(stats, lambda: "decode-0", "decode").registry))  # no tiers: no series
+    tiered = stats(num_host_blocks_total=64, num_host_blocks_used=10, num_disk_blocks_total=256,
+                   num_disk_blocks_used=3, kv_block_bytes=1000, prefix_hits_host=48, prefix_hits_disk=16,
+                   num_blocks_offloaded_host=12, num_blocks_offloaded_disk=3, num_blocks_onboarded_host=3,
+                   num_blocks_onboarded_disk=1, num_onboards=2, onboard_seconds=0.5, num_disk_write_errors=1,
+                   prefill_tokens_per_s=1234.0)
+    got = samples(WorkerMetrics(lambda: tiered, lambda: "decode-0", "decode").registry)
+    base = (("role", "decode"), ("worker_id", "decode-0"))
+
+    def tier(name, which):
+        return got[(name, tuple(sorted(base + (("tier", which),))))]
+
+    assert (tier("tandem_worker_kv_tier_blocks_used", "host"), tier("tandem_worker_kv_tier_blocks_total", "disk")) \
+        == (10, 256)
+    assert tier("tandem_worker_kv_tier_offloaded_bytes_total", "host") == 12_000
+    assert tier("tandem_worker_kv_tier_offloaded_bytes_total", "disk") == 3_000  # bytes written to disk
+    assert tier("tandem_worker_kv_tier_onboarded_blocks_total", "disk") == 1
+    assert tier("tandem_worker_kv_tier_prefix_hits_total", "host") == 48
+    assert got[("tandem_worker_kv_onboard_seconds_total", base)] == 0.5
+    assert got[("tandem_worker_kv_onboards_total", base)] == 2
+    assert got[("tandem_worker_kv_disk_write_errors_total", base)] == 1
+    assert got[("tandem_worker_kv_prefill_tokens_per_second", base)] == 1234.0
