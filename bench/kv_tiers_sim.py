@@ -1,0 +1,79 @@
+"""The host KV tier in the cluster simulator against its anchor, the same run without tiers: one trace, one profile,
+one policy, side by side in one invocation. Prints a table, writes JSON.
+
+    .venv/bin/python bench/kv_tiers_sim.py --json bench/sim/kv_tiers_mooncake_8w.json
+
+Targets (issue 17): prefix hit rate >= 0.25 and mean TTFT <= 0.8x the run without a host tier, on the Mooncake
+conversation trace, 8 workers, time scale 0.5, 7,000 blocks of 64 tokens per worker, a 256 GB host tier.
+"""
+import argparse
+import datetime
+import json
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from engines.sim.profile import load_profile
+from tandem.bench.jsonsafe import json_safe
+from tandem.bench.traces import load_trace
+from tandem.sim.cli import simulate
+from tandem.sim.des import SimConfig
+from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo
+
+TRACE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
+_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "prefix_hit_rate", "goodput_rps", "sim_wall_s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, default=TRACE)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--time-scale", type=float, default=0.5)
+    p.add_argument("--num-blocks", type=int, default=7000, help="device blocks of the profile's 64 tokens per worker")
+    p.add_argument("--kv-host-gb", type=float, default=256.0)
+    p.add_argument("--kv-disk-gb", type=float, default=0.0)
+    p.add_argument("--policy", default="kv")
+    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    profile = replace(load_profile(), num_blocks=args.num_blocks)
+    rows = load_trace(args.trace, args.max_requests, args.time_scale)
+    slo = Slo(DEFAULT_SLO_TTFT_S, DEFAULT_SLO_ITL_S)
+    base = SimConfig(args.workers)
+    runs = {"device only": simulate(profile, base, args.policy, rows, slo),
+            f"+ host {args.kv_host_gb:g} GB": simulate(profile, replace(base, kv_host_gb=args.kv_host_gb,
+                                                                         kv_disk_gb=args.kv_disk_gb),
+                                                       args.policy, rows, slo)}
+    anchor, tiered = runs.values()
+    ratio = tiered["ttft_mean_s"] / anchor["ttft_mean_s"]
+    print(_table(runs))
+    print(f"\nmean TTFT ratio (tiers / device only): {ratio:.3f}  (target <= 0.8)")
+    print(f"prefix hit rate with tiers: {tiered['prefix_hit_rate']:.3f}  (target >= 0.25)")
+    if args.json:
+        header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+                  "command": " ".join(sys.argv), "trace": str(args.trace), "num_requests": len(rows),
+                  "time_scale": args.time_scale, "num_workers": args.workers, "policy": args.policy,
+                  "profile": profile.to_dict(), "ttft_mean_ratio": ratio}
+        body = {n: {k: v for k, v in r.items() if k != "ttft_values_s"} for n, r in runs.items()}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(json_safe({**header, "runs": body}), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _table(runs: dict[str, dict]) -> str:
+    names = list(runs)
+    lines = [f"{'':<22}" + "".join(f"{n:>18}" for n in names)]
+    lines += [f"{k:<22}" + "".join(f"{runs[n][k]:>18.3f}" for n in names) for k in _KEYS]
+    for tier in ("device", "host", "disk"):
+        lines.append(f"{'hit rate ' + tier:<22}"
+                     + "".join(f"{runs[n]['prefix_hit_rate_by_tier'][tier]:>18.3f}" for n in names))
+    lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{runs[n]['kv_bytes_onboarded'] / 1e9:>18.1f}"
+                                                       for n in names))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
