@@ -34,14 +34,14 @@ MODEL = Path(".cache/models/HuggingFaceTB--SmolLM2-135M-Instruct")
 def serve(model: Path, log_dir: Path, worker_args: tuple[str, ...], cfg_for, disk_dir: str = "") -> dict:
     """Start a stack, run one benchmark against it, read the worker's tier counters, stop it."""
     port = free_port()
-    cfg = StackConfig(model=str(model), num_prefill=0, num_decode=1, port=port, num_threads=2, log_dir=log_dir,
+    cfg = StackConfig(model=str(model), num_prefill=0, num_decode=1, port=port, num_threads=1, log_dir=log_dir,
                       worker_args=worker_args, kv_disk_dir=disk_dir)
     stack = make_stack(cfg)
     try:
         stack.start()
         stack.wait_ready()
         summary, report = asyncio.run(run_serve(cfg_for(stack.url)))
-        report["tiers"] = tier_counters(stack.metrics_urls()["decode-0"])
+        report["tiers"] = tier_counters(stack.metrics_urls["decode-0"])
         return report
     finally:
         stack.stop()
