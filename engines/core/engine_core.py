@@ -264,6 +264,10 @@ class EngineCore:
         else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
             self.block_manager.truncate(seq, entry.start // self.block_manager.block_size)
         self.scheduler.add(seq)
+        # NOTE: back in its place by arrival: a load must not queue a request behind those that came after it
+        waiting = self.scheduler.waiting
+        waiting.pop()
+        waiting.insert(next((i for i, w in enumerate(waiting) if w.arrival_s > seq.arrival_s), len(waiting)), seq)
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
         self.block_manager.uncache_from(seq, seq.num_computed_tokens)

@@ -83,9 +83,13 @@ class Tiering:
         if not found:
             return True
         num_revived = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
-        if num_revived + len(found) > bm.num_free_blocks - len(core.scheduler.running):
-            seq.may_onboard = True  # NOTE: every running request may need one more block first
+        # NOTE: every running request may need one more block first; what does not fit now is computed (the
+        # scheduler would otherwise admit the request in chunks and compute all of it)
+        room = bm.num_free_blocks - len(core.scheduler.running) - num_revived
+        if room < 1:
+            seq.may_onboard = True
             return False
+        found = found[:room]
         bm.allocate_slots(seq, 0, hits)
         seq.num_cached_tokens += start * bs
         source = Onboard(tuple(found))

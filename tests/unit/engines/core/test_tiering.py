@@ -262,3 +262,36 @@ def test_an_onboard_source_names_each_blocks_slot_and_tokens():
     assert source == Onboard((OnboardBlock(KvTier.HOST, 0, HA[0], NONE_HASH, tuple(A[0:4])),
                               OnboardBlock(KvTier.HOST, 1, HA[1], HA[0], tuple(A[4:8])),
                               OnboardBlock(KvTier.HOST, 2, HA[2], HA[1], tuple(A[8:12]))))
+
+
+def test_a_loaded_request_goes_back_to_its_place_by_arrival_not_behind_later_ones():
+    core, clock = make_core(num_blocks=8, host=16, max_num_seqs=1)
+    core.add(request("a", A))
+    run_until_idle(core, clock)
+    evict_a(core, clock)
+    core.add(request("busy", range(900, 905), max_tokens=4))
+    core.step()  # "busy" holds the one running slot
+    core.add(request("a2", A + [1, 2, 3]))
+    core.seqs["a2"].may_onboard = True
+    core.tiering._onboard(core, core.seqs["a2"])  # the load starts while the batch is full
+    clock.now += 0.5
+    core.add(request("late", range(950, 954)))  # arrives while a2 loads
+    clock.now += 2.5
+    core.poll_loads()
+    assert [s.req_id for s in core.scheduler.waiting] == ["a2", "late"]
+
+
+def test_a_hit_larger_than_the_free_blocks_loads_what_fits_and_computes_the_rest():
+    core, clock = make_core(num_blocks=8, host=16)
+    core.add(request("a", A))
+    run_until_idle(core, clock)
+    evict_a(core, clock)
+    core.add(request("busy", range(900, 917), max_tokens=8))  # 5 blocks while it runs: 3 free, 1 kept back
+    core.step()
+    core.add(request("a2", A + [1, 2, 3]))
+    core.step()
+    load = core.runner.started[-1]
+    assert load.req_id == "a2" and [b.block_hash for b in load.source.blocks] == HA[:2]  # 2 of the 3 blocks
+    outs = run_until_idle(core, clock)
+    last = [o for o in outs if o.req_id == "a2"][-1]
+    assert last.finish_reason is FinishReason.LENGTH and last.num_cached_tokens == 8
