@@ -55,6 +55,7 @@ class Tiering:
         self.waiters: dict[str, list[Sequence]] = {}  # load id -> requests that look again when it ends
         self._onboarding: dict[str, _Onboarding] = {}  # load id -> what it brings
         self._step_started_s = 0.0
+        self._reserved = 0  # blocks promised to requests holding loaded blocks (see `onboard`)
         self.tiers.restore_disk(runner.restored_disk_blocks())  # a warm restart: announced as STORED on disk
         self._flush()
 
@@ -63,9 +64,17 @@ class Tiering:
         """Look once at each request the scheduler may admit next: start its load from a lower tier, or have it
         wait for the load of its next block. Stops at the first that cannot get blocks (admission order)."""
         room = core.config.max_num_seqs - len(core.scheduler.running)
+        self._reserved = self._outstanding(core)
         for seq in list(itertools.islice(core.scheduler.waiting, max(room, 0))):
             if seq.may_onboard and seq.num_computed_tokens == 0 and not self._onboard(core, seq):
                 return
+
+    def _outstanding(self, core: "EngineCore") -> int:
+        """Blocks the requests holding loaded (or loading) blocks, not yet running, still need for their prompts."""
+        bm = self.bm
+        holding = [s for entry in core.loading.values() for s in entry.seqs]
+        holding += [s for s in core.scheduler.waiting if s.block_table]
+        return sum(max(bm.num_blocks_for(s.num_tokens) - len(s.block_table), 0) for s in holding)
 
     def _onboard(self, core: "EngineCore", seq: Sequence) -> bool:
         seq.may_onboard = False
@@ -83,13 +92,14 @@ class Tiering:
         if not found:
             return True
         num_revived = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
-        # NOTE: every running request may need one more block first; what does not fit now is computed (the
-        # scheduler would otherwise admit the request in chunks and compute all of it)
-        room = bm.num_free_blocks - len(core.scheduler.running) - num_revived
-        if room < 1:
+        # NOTE: a loaded request waits with its blocks held: load only if its whole prompt then fits beside every
+        # other such request's (and one more block per running request), or waiting requests could hold the pool
+        # among them with nothing left to run
+        need = bm.num_blocks_for(seq.num_tokens) - len(hits)
+        if num_revived + need > bm.num_free_blocks - len(core.scheduler.running) - self._reserved:
             seq.may_onboard = True
             return False
-        found = found[:room]
+        self._reserved += need - len(found)
         bm.allocate_slots(seq, 0, hits)
         seq.num_cached_tokens += start * bs
         source = Onboard(tuple(found))

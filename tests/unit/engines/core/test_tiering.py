@@ -281,17 +281,26 @@ def test_a_loaded_request_goes_back_to_its_place_by_arrival_not_behind_later_one
     assert [s.req_id for s in core.scheduler.waiting] == ["a2", "late"]
 
 
-def test_a_hit_larger_than_the_free_blocks_loads_what_fits_and_computes_the_rest():
-    core, clock = make_core(num_blocks=8, host=16)
-    core.add(request("a", A))
-    run_until_idle(core, clock)
-    evict_a(core, clock)
-    core.add(request("busy", range(900, 917), max_tokens=8))  # 5 blocks while it runs: 3 free, 1 kept back
-    core.step()
-    core.add(request("a2", A + [1, 2, 3]))
-    core.step()
-    load = core.runner.started[-1]
-    assert load.req_id == "a2" and [b.block_hash for b in load.source.blocks] == HA[:2]  # 2 of the 3 blocks
-    outs = run_until_idle(core, clock)
-    last = [o for o in outs if o.req_id == "a2"][-1]
-    assert last.finish_reason is FinishReason.LENGTH and last.num_cached_tokens == 8
+def test_loaded_requests_never_hold_the_pool_among_them_with_nothing_left_to_run():
+    system = list(range(100, 116))  # 4 blocks every user shares
+    users = [system + list(range(200 + 10 * u, 208 + 10 * u)) for u in range(6)]
+    core, clock = make_core(num_blocks=16, host=64)
+
+    def settle():
+        for _ in range(400):
+            core.poll_loads()
+            if not core.step():
+                clock.now += 1.0  # nothing ran: time passes for the loads
+            if not (core.has_work or core.has_loads):
+                return
+        raise AssertionError(f"stuck: {[(s.req_id, s.status) for s in core.seqs.values()]}")
+
+    for u, prompt in enumerate(users):
+        core.add(request(f"first-{u}", prompt + [1], max_tokens=2))
+    settle()
+    core.add(request("evict", range(3000, 3064)))
+    settle()
+    for u, prompt in enumerate(users):  # 6 x 7 blocks do not fit 16: each may load only when its prompt then fits
+        core.add(request(f"second-{u}", prompt + [1, 5, 6, 7, 8], max_tokens=2))
+    settle()
+    assert core.stats().prefix_hits_host > 0
