@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engines.base.block_hash import NONE_HASH
 from engines.base.events import KvTier
+from engines.core.loads import KvLoad, LoadDone, NoLoads
 from engines.core.tier_pool import TierBlock, TierPool
 
 MAX_DISK_WRITES_IN_FLIGHT = 256  # host slots a slow disk may pin at once; later sightings admit the rest
@@ -237,3 +238,17 @@ class TierReport:
 
     disk_written: list[tuple[int, bool]] = field(default_factory=list)  # (hash, ok)
     corrupt: list[int] = field(default_factory=list)  # disk blocks whose files failed their checks (removed)
+
+
+class TieredLoads(NoLoads):
+    """Runner methods: onboarding loads (an `Onboard` source) go to the runner's `tiers`; other loads as NoLoads."""
+
+    tiers = None
+
+    def start_load(self, load: KvLoad) -> None:
+        if isinstance(load.source, Onboard) and self.tiers is not None:
+            return self.tiers.start_load(load)
+        return super().start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()

@@ -9,8 +9,7 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
-from engines.core.kv_tiers import Onboard, TierSpec
-from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.kv_tiers import TierSpec, TieredLoads
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import KvCache, bytes_per_block
@@ -28,7 +27,7 @@ class _Pending:
         return self.sampled.to_host() if self.sampled is not None else []
 
 
-class NativeRunner(NoLoads):
+class NativeRunner(TieredLoads):
     def __init__(self, config: EngineConfig):
         model_cfg = ModelConfig.from_dir(config.model)
         if config.kv_host_gb:  # NOTE: before the model loads: a budget the machine cannot hold fails at once
@@ -57,14 +56,6 @@ class NativeRunner(NoLoads):
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         self.model_runner.kv_cache.import_(block_ids, kv)
-
-    def start_load(self, load: KvLoad) -> None:
-        if isinstance(load.source, Onboard) and self.tiers is not None:
-            return self.tiers.start_load(load)
-        return super().start_load(load)
-
-    def poll_loads(self) -> list[LoadDone]:
-        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
 
 
 def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:

@@ -10,8 +10,7 @@ from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
-from engines.core.kv_tiers import Onboard, TierSpec
-from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.kv_tiers import TierSpec, TieredLoads
 from engines.core.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
 from engines.sim.profile import TimingProfile, load_profile
@@ -55,7 +54,7 @@ def sim_tiers(profile: TimingProfile, host_gb: float, disk_gb: float, clock: Cal
                          rate)
 
 
-class SimRunner(NoLoads):
+class SimRunner(TieredLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
                  kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
@@ -84,13 +83,6 @@ class SimRunner(NoLoads):
     def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
         return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
 
-    def start_load(self, load: KvLoad) -> None:
-        if isinstance(load.source, Onboard) and self.tiers is not None:
-            return self.tiers.start_load(load)
-        return super().start_load(load)
-
-    def poll_loads(self) -> list[LoadDone]:
-        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         """The pull of a prefill worker's KV takes the profile's transfer time.

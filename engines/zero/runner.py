@@ -10,8 +10,7 @@ from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import SchedulerOutput
 from engines.base.requests import DTYPE_BYTES
-from engines.core.kv_tiers import Onboard, TierSpec
-from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.kv_tiers import TierSpec, TieredLoads
 from engines.core.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
 
@@ -20,7 +19,7 @@ DEFAULT_NUM_BLOCKS = 1 << 15  # 512k tokens at 16 per block: room for any benchm
 MAX_DEFAULT_MODEL_LEN = 8192  # as the native runner caps a checkpoint's context
 
 
-class ZeroRunner(NoLoads):
+class ZeroRunner(TieredLoads):
     def __init__(self, vocab_size: int, block_size: int = 16, max_model_len: int = 8192,
                  num_blocks: int = DEFAULT_NUM_BLOCKS, kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0):
         """With `kv_host_gb`, modelled tiers whose loads end at the next poll (the control plane's cost alone)."""
@@ -45,14 +44,6 @@ class ZeroRunner(NoLoads):
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         pass
-
-    def start_load(self, load: KvLoad) -> None:
-        if isinstance(load.source, Onboard) and self.tiers is not None:
-            return self.tiers.start_load(load)
-        return super().start_load(load)
-
-    def poll_loads(self) -> list[LoadDone]:
-        return (self.tiers.poll_loads() if self.tiers is not None else []) + super().poll_loads()
 
 
 @dataclass(frozen=True, slots=True)
