@@ -188,6 +188,8 @@ class EngineCore:
             self.tiering.onboard(self)
             self.tiering.step_started()
         out = self.scheduler.schedule()
+        if not out.scheduled and not self.scheduler.running and self._holder_first():
+            out = self.scheduler.schedule()
         if not out.scheduled:
             return None
         now = self.clock()
@@ -263,11 +265,26 @@ class EngineCore:
             self.block_manager.cache_blocks(seq, seq.num_computed_tokens)
         else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
             self.block_manager.truncate(seq, entry.start // self.block_manager.block_size)
+        self.requeue(seq)
+
+    def _holder_first(self) -> bool:
+        """Nothing runs and the head cannot get blocks: put the first waiting request that holds loaded blocks at
+        the head (behind a head waiting for blocks it holds, it would wait for good)."""
+        waiting = self.scheduler.waiting
+        holder = next((seq for seq in waiting if seq.block_table), None)
+        if holder is None or holder is waiting[0]:
+            return False
+        waiting.remove(holder)
+        waiting.appendleft(holder)
+        return True
+
+    def requeue(self, seq: Sequence) -> None:
+        """Back to waiting after a load: ahead of every waiting request that holds no blocks, so that requests
+        holding loaded blocks are admitted first (behind a head that cannot get blocks they would wait for good)."""
         self.scheduler.add(seq)
-        # NOTE: back in its place by arrival: a load must not queue a request behind those that came after it
         waiting = self.scheduler.waiting
         waiting.pop()
-        waiting.insert(next((i for i, w in enumerate(waiting) if w.arrival_s > seq.arrival_s), len(waiting)), seq)
+        waiting.insert(next((i for i, w in enumerate(waiting) if not w.block_table), len(waiting)), seq)
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
         self.block_manager.uncache_from(seq, seq.num_computed_tokens)

@@ -135,8 +135,7 @@ class Tiering:
             for seq in reversed(self.waiters.pop(result.req_id, [])):
                 if not seq.is_finished:  # NOTE: aborted waiters hold no blocks: nothing to free
                     seq.may_onboard = result.ok
-                    seq.status = SequenceStatus.WAITING
-                    core.scheduler.waiting.appendleft(seq)
+                    core.requeue(seq)
         self.poll()
 
     @property

@@ -1,6 +1,8 @@
 """KV tiers in the engine core (modelled tiers, a fake runner, a test clock): write-through after a step, onboarding
 from host and disk as a KV load while the batch steps, one load per block (no convoy), the cost check, failed and
 aborted loads, per-tier events and stats."""
+import pytest
+
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEventKind, KvTier
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
@@ -264,7 +266,7 @@ def test_an_onboard_source_names_each_blocks_slot_and_tokens():
                               OnboardBlock(KvTier.HOST, 2, HA[2], HA[1], tuple(A[8:12]))))
 
 
-def test_a_loaded_request_goes_back_to_its_place_by_arrival_not_behind_later_ones():
+def test_a_loaded_request_goes_back_ahead_of_requests_holding_no_blocks():
     core, clock = make_core(num_blocks=8, host=16, max_num_seqs=1)
     core.add(request("a", A))
     run_until_idle(core, clock)
@@ -303,4 +305,25 @@ def test_loaded_requests_never_hold_the_pool_among_them_with_nothing_left_to_run
     for u, prompt in enumerate(users):  # 6 x 7 blocks do not fit 16: each may load only when its prompt then fits
         core.add(request(f"second-{u}", prompt + [1, 5, 6, 7, 8], max_tokens=2))
     settle()
+    assert core.stats().prefix_hits_host > 0
+
+
+@pytest.mark.parametrize("num_blocks", [40, 48, 56, 64])
+def test_conversations_outgrowing_the_pool_always_finish_every_round(num_blocks):
+    """Six users resend their growing histories each round (a shared 8-block system part); the device pool holds
+    two or three of them: with loads, waiting requests holding blocks and preemptions, no round may stall."""
+    history = [list(range(100, 132)) + [1000 + 100 * u + k for k in range(32)] for u in range(6)]
+    core, clock = make_core(num_blocks=num_blocks, host=400)
+    for rnd in range(8):
+        for u in range(6):
+            core.add(request(f"r{rnd}-{u}", history[u], max_tokens=4))
+        for _ in range(3000):
+            core.poll_loads()
+            if not core.step():
+                clock.now += 1.0  # nothing ran: time passes for the loads
+            if not (core.has_work or core.has_loads):
+                break
+        else:
+            raise AssertionError(f"round {rnd} stalled: {[(s.req_id, s.status) for s in core.seqs.values()]}")
+        history = [h + [7] * 4 + [2000 + 100 * u + 10 * rnd + k for k in range(8)] for u, h in enumerate(history)]
     assert core.stats().prefix_hits_host > 0
