@@ -10,6 +10,7 @@ from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
 from tandem.bench.commands import add_bench_commands
 from tandem.sim.cli import add_sim_command
+from tandem.worker_drain import add_worker_commands
 from tandem.models.errors import ModelError
 
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_stack_commands(commands)
     add_bench_commands(commands)
     add_sim_command(commands)
+    add_worker_commands(commands)
     return parser
 
 

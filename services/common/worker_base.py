@@ -219,7 +219,7 @@ def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str]
         setup_logging(role.value)
         setup_tracing(role.value)
         try:
-            asyncio.run(serve_worker(settings, service_cls))
+            asyncio.run(serve_worker(settings, service_cls, settings.drain_s))
         finally:
             shutdown_tracing()
     except (SettingsError, EngineUnavailableError, ModelNotFoundError) as exc:

@@ -35,6 +35,7 @@ class WorkerSettings:
     max_model_len: int = 0  # 0: the model's
     enable_prefix_caching: bool = True
     kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
+    drain_s: float = 10.0  # at SIGTERM, after deregistering: how long held and running requests may take to finish
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
@@ -63,6 +64,8 @@ class WorkerSettings:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.kv_lease_s <= 0:
             raise SettingsError("kv_lease_s must be > 0")
+        if self.drain_s < 0:
+            raise SettingsError(f"drain_s must be >= 0, got {self.drain_s}")
         if self.sim_time_factor < 0:
             raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -134,7 +137,7 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
     p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                 "max_model_len", "kv_lease_s", "metrics_port", "sim_profile", "sim_time_factor",
+                 "max_model_len", "kv_lease_s", "drain_s", "metrics_port", "sim_profile", "sim_time_factor",
                  "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
