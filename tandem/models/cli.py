@@ -17,6 +17,8 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     fetch = actions.add_parser("fetch", help="download (or convert offline) a model; prints its directory")
     fetch.add_argument("model_id", nargs="?", default=None, help="hub id, local directory or .gguf file")
     fetch.add_argument("--cache-dir", type=Path, default=None, help="default: $TANDEM_CACHE_DIR/models")
+    fetch.add_argument("--link", type=Path, default=None,
+                       help="also point this symlink at the directory (a container's fixed model path)")
     fetch.set_defaults(func=_run_fetch)
 
     init = actions.add_parser("init", help="write a random-weight checkpoint; prints its directory")
@@ -51,9 +53,12 @@ def parse_override(item: str) -> tuple[str, object]:
 
 
 def _run_fetch(args: argparse.Namespace) -> int:
-    from tandem.models.fetch import DEFAULT_MODEL_ID, fetch_model  # lazy: pulls in torch and gguf
+    from tandem.models.fetch import DEFAULT_MODEL_ID, fetch_model, link_model  # lazy: pulls in torch and gguf
 
-    print(fetch_model(args.model_id or DEFAULT_MODEL_ID, cache_dir=args.cache_dir))
+    model_dir = fetch_model(args.model_id or DEFAULT_MODEL_ID, cache_dir=args.cache_dir)
+    if args.link is not None:
+        link_model(model_dir, args.link)
+    print(model_dir)
     return 0
 
 

@@ -68,6 +68,16 @@ def fetch_model(model_id: str = DEFAULT_MODEL_ID, cache_dir: Path | None = None)
     return _converted(_offline_gguf(model_id, hub_error), cache_dir / _dir_name(model_id))
 
 
+def link_model(model_dir: Path, link: Path) -> None:
+    """Point the symlink `link` at `model_dir`, replacing an older link in one step: a reader sees one or the other."""
+    if link.exists() and not link.is_symlink():
+        raise ModelFetchError(f"cannot link {str(link)!r} to the model: something other than a symlink is there")
+    staged = link.with_name(f".{link.name}.{os.getpid()}")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(Path(model_dir).resolve(), target_is_directory=True)
+    os.replace(staged, link)
+
+
 def _dir_name(model_id: str) -> str:
     return model_id.strip("/").replace("/", "--")
 

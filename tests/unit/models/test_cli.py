@@ -27,6 +27,23 @@ def test_model_fetch_prints_dir(tmp_path, capsys):
     assert last_stdout_line(capsys) == str(tmp_path)
 
 
+def test_model_fetch_links_a_fixed_path_to_the_dir_and_moves_it_on_the_next_fetch(tmp_path, capsys):
+    first, second, link = tmp_path / "first", tmp_path / "second", tmp_path / "cache" / "model"
+    first.mkdir(), second.mkdir(), link.parent.mkdir()
+    assert main(["model", "fetch", str(first), "--link", str(link)]) == 0
+    assert last_stdout_line(capsys) == str(first) and link.resolve() == first.resolve()
+    assert main(["model", "fetch", str(second), "--link", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == second.resolve()
+    assert sorted(p.name for p in link.parent.iterdir()) == ["model"]  # no staged link left behind
+
+
+def test_model_fetch_never_replaces_a_directory_with_a_link(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    assert main(["model", "fetch", str(tmp_path), "--link", str(tmp_path / "model")]) == 2
+    assert "something other than a symlink is there" in capsys.readouterr().err
+    assert (tmp_path / "model").is_dir() and not (tmp_path / "model").is_symlink()
+
+
 def test_model_errors_exit_2(tmp_path, capsys):
     assert main(["model", "fetch", "acme/unknown", "--cache-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
