@@ -13,7 +13,7 @@ export TANDEM_CACHE_DIR ?= $(CURDIR)/.cache
 AIPERF_VENV := .venv-aiperf
 AIPERF_VERSION ?= 0.13.0
 
-.PHONY: install protos model up test test-unit bench bench-overhead aiperf clean
+.PHONY: install protos model up test test-unit bench bench-overhead aiperf k8s-golden clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -52,6 +52,10 @@ bench: install model
 # control-plane cost: zero engine in-process vs through gateway -> router -> worker (starts its own stack)
 bench-overhead: install
 	$(PY) -m tandem.cli bench overhead --json bench/out/overhead.json
+
+# deploy/k8s after a manifest changed: every overlay rendered again into golden/ (make test diffs against it)
+k8s-golden: install
+	$(PY) deploy/k8s/render.py --update
 
 aiperf: $(AIPERF_VENV)/.installed
 
