@@ -1,7 +1,10 @@
-"""What the deployment tests read: compose.yaml with its ${VAR:-default} values filled in, and the repo's paths."""
+"""What the deployment tests read: compose.yaml with its ${VAR:-default} values filled in, the repo's paths, and a
+container's command parsed as `tandem` parses it."""
+import os
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
@@ -43,3 +46,34 @@ def is_one_shot(name: str, services: dict) -> bool:
 def _depends(service: dict) -> dict:
     deps = service.get("depends_on", {})
     return {d: {"condition": "service_started"} for d in deps} if isinstance(deps, list) else deps
+
+
+def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """Parse a container's command with the parsers `tandem` itself uses, under the container's environment.
+
+    Returns the service's settings object; a wrong flag or a bad value raises (argparse exits: SystemExit).
+    """
+    from tandem.cli import build_parser
+
+    for name in [k for k in os.environ if k.startswith(("TANDEM_", "OTEL_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert argv[0] == "tandem", argv
+    args = build_parser().parse_args(argv[1:])
+    if args.command != "serve":
+        return args
+    rest = [a for a in args.args if a != "--"]
+    if args.service == "gateway":
+        from services.gateway.settings import parse_args
+        return parse_args(rest)
+    if args.service == "router":
+        from services.router.server import build_parser as router_parser
+        from services.router.settings import settings_from
+        return settings_from(router_parser().parse_args(rest))
+    if args.service == "planner":
+        from services.planner.server import build_parser as planner_parser
+        from services.planner.settings import settings_from as planner_settings
+        return planner_settings(planner_parser().parse_args(rest))
+    from services.common.worker_settings import parse_worker_settings
+    return parse_worker_settings(args.service, rest)

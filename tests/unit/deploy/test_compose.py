@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.common.settings import SettingsError
-from tests.unit.deploy.helpers import COMPOSE_FILE, REPO, environment, is_one_shot, load_compose
+from tests.unit.deploy.helpers import COMPOSE_FILE, REPO, check_command, environment, is_one_shot, load_compose
 
 SERVICES = load_compose()["services"]
 TANDEM_SERVICES = sorted(name for name, s in SERVICES.items()
@@ -19,37 +19,6 @@ WORKERS = sorted(name for name in TANDEM_SERVICES if SERVICES[name]["command"][1
                  and SERVICES[name]["command"][2] in ("prefill", "decode"))
 SCALABLE = WORKERS  # `--scale decode=3` must work for every worker service
 IMAGE_DIR = "/opt/tandem"  # WORKDIR of every tandem image
-
-
-def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
-    """Parse a container's command with the parsers `tandem` itself uses, under the container's environment.
-
-    Returns the service's settings object; a wrong flag or a bad value raises (argparse exits: SystemExit).
-    """
-    from tandem.cli import build_parser
-
-    for name in [k for k in os.environ if k.startswith(("TANDEM_", "OTEL_"))]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert argv[0] == "tandem", argv
-    args = build_parser().parse_args(argv[1:])
-    if args.command != "serve":
-        return args
-    rest = [a for a in args.args if a != "--"]
-    if args.service == "gateway":
-        from services.gateway.settings import parse_args
-        return parse_args(rest)
-    if args.service == "router":
-        from services.router.server import build_parser as router_parser
-        from services.router.settings import settings_from
-        return settings_from(router_parser().parse_args(rest))
-    if args.service == "planner":
-        from services.planner.server import build_parser as planner_parser
-        from services.planner.settings import settings_from as planner_settings
-        return planner_settings(planner_parser().parse_args(rest))
-    from services.common.worker_settings import parse_worker_settings
-    return parse_worker_settings(args.service, rest)
 
 
 def test_the_compose_file_has_the_stack():

@@ -1,7 +1,9 @@
-"""The Kubernetes connector: the official client against kmock's in-process API emulator on loopback. The test
-serves the scale subresource and drives status and pods itself (the emulator sets no status and answers a
-GET /scale with the Deployment); every body the connector sends is validated against the official schema."""
+"""The Kubernetes connector: the official client against kmock's in-process API emulator on loopback, serving the
+worker Deployments of deploy/k8s as rendered. The test serves the scale subresource and drives status and pods
+itself (the emulator sets no status and answers a GET /scale with the Deployment); every body the connector sends
+is validated against the official schema, and every call it makes must be one the rendered Role allows."""
 import asyncio
+import copy
 import logging
 
 import kmock
@@ -10,12 +12,19 @@ import pytest
 from kubernetes import client
 
 from services.planner.connectors.kubernetes import API_CALLS, KubernetesConnector, KubernetesTarget, load_apis
+from services.planner.factory import make_connector
 from services.planner.types import ConnectorError, Replicas, WorkerRole
+from tests.unit.deploy.helpers import check_command
+from tests.unit.deploy.kube import command, container_env, main_container, of_kind
+from tests.unit.deploy.test_k8s_render import K8S_VERSIONS  # the oldest and newest the manifests support
 
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
-NS = "tandem"
-DEPLOYMENTS = {P: "tandem-prefill", D: "tandem-decode"}
-K8S_VERSIONS = ("1.30", "1.37")  # the oldest and newest the manifests support
+OVERLAY = "gpu"
+PLANNER_CONFIG = next(c["data"] for n, c in of_kind(OVERLAY, "ConfigMap").items() if n.startswith("tandem-planner-"))
+DEPLOYMENTS = {P: PLANNER_CONFIG["TANDEM_PLANNER_K8S_PREFILL_DEPLOYMENT"],
+               D: PLANNER_CONFIG["TANDEM_PLANNER_K8S_DECODE_DEPLOYMENT"]}
+RENDERED = {name: of_kind(OVERLAY, "Deployment")[name] for name in DEPLOYMENTS.values()}
+(NS,) = {d["metadata"]["namespace"] for d in RENDERED.values()}
 
 
 class Cluster:
@@ -49,16 +58,14 @@ class Cluster:
         self._store(name)
 
     def _store(self, name: str) -> None:
+        """The rendered Deployment as the API server holds it: the count, a resourceVersion, the status set."""
         s = self.state[name]
-        labels = {"app.kubernetes.io/name": name, "tandem.io/role": name.split("-")[-1]}
-        self.mock.objects["apps/v1/deployments", NS, name] = {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NS, "resourceVersion": str(s["rv"])},
-            "spec": {"replicas": s["replicas"], "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "worker", "image": "tandem/worker:1"}]}}},
-            "status": {"replicas": max(s["replicas"], len(self.pods[name])), "updatedReplicas": s["updated"],
-                       "readyReplicas": s["ready"]}}
+        stored = copy.deepcopy(RENDERED[name])
+        stored["metadata"]["resourceVersion"] = str(s["rv"])
+        stored["spec"]["replicas"] = s["replicas"]
+        stored["status"] = {"replicas": max(s["replicas"], len(self.pods[name])), "updatedReplicas": s["updated"],
+                            "readyReplicas": s["ready"]}
+        self.mock.objects["apps/v1/deployments", NS, name] = stored
 
     def _scale(self, name: str) -> dict:
         s = self.state[name]
@@ -82,12 +89,14 @@ class Cluster:
         return self._scale(name)
 
     def _list_pods(self, req) -> dict:
+        """Every worker pod the selector matches, each labelled as its Deployment's template labels it."""
         selector = dict(part.split("=") for part in req.params["labelSelector"].split(","))
-        name = selector["app.kubernetes.io/name"]
-        assert selector == {"app.kubernetes.io/name": name, "tandem.io/role": name.split("-")[-1]}
+        pods = [{"metadata": {"name": f"{name}-{i}", "namespace": NS,
+                              "labels": RENDERED[name]["spec"]["template"]["metadata"]["labels"]},
+                 "status": {"phase": phase}}
+                for name, phases in self.pods.items() for i, phase in enumerate(phases)]
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                "items": [{"metadata": {"name": f"{name}-{i}", "namespace": NS}, "status": {"phase": phase}}
-                          for i, phase in enumerate(self.pods.get(name, []))]}
+                "items": [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]}
 
 
 @pytest.fixture
@@ -197,20 +206,44 @@ async def test_a_missing_deployment_is_a_404_connector_error(kmock, cluster, clo
     assert failed.value.status == 404
 
 
-async def test_without_a_cluster_the_client_is_configured_from_a_kubeconfig(kmock, cluster, tmp_path, monkeypatch):
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: no in-cluster configuration
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(f"""apiVersion: v1
+def write_kubeconfig(kmock, path):
+    path.write_text(f"""apiVersion: v1
 kind: Config
 clusters: [{{name: kmock, cluster: {{server: "{str(kmock.url).rstrip('/')}"}}}}]
 users: [{{name: planner, user: {{token: test-token}}}}]
 contexts: [{{name: kmock, context: {{cluster: kmock, user: planner, namespace: {NS}}}}}]
 current-context: kmock
 """)
-    apps, _ = load_apis(str(kubeconfig))
+    return path
+
+
+async def test_without_a_cluster_the_client_is_configured_from_a_kubeconfig(kmock, cluster, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: no in-cluster configuration
+    apps, _ = load_apis(str(write_kubeconfig(kmock, tmp_path / "config")))
     deployment = await call(apps.read_namespaced_deployment, "tandem-decode", NS)
     assert deployment.spec.replicas == 2
     assert kmock[-1].headers["Authorization"] == "Bearer test-token"
+
+
+def calls(kmock) -> list[tuple[str, str, str, str | None]]:
+    """Each request kmock saw as RBAC reads it: (API group, resource[/subresource], verb, object name or None)."""
+    verbs = {"GET": "get", "PATCH": "patch"}
+    found = []
+    for request in kmock:
+        parts = request.url.path.strip("/").split("/")  # api/v1 or apis/<group>/v1, namespaces/NS/<resource>/...
+        at = parts.index("namespaces")
+        assert parts[at + 1] == NS
+        name_and_sub = parts[at + 3:]
+        verb = "list" if not name_and_sub and request.method == "GET" else verbs[str(request.method).split(".")[-1]]
+        group = parts[1] if parts[0] == "apis" else ""
+        found.append((group, "/".join([parts[at + 2], *name_and_sub[1:]]), verb, (name_and_sub or [None])[0]))
+    return found
+
+
+def is_allowed(rules: list[dict], group: str, resource: str, verb: str, name: str | None) -> bool:
+    """RBAC's rule match: a rule with resourceNames allows only requests for one of those names (never a list)."""
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
 
 
 async def test_the_calls_it_makes_are_exactly_the_ones_its_role_must_grant(kmock, cluster, clock):
@@ -219,13 +252,36 @@ async def test_the_calls_it_makes_are_exactly_the_ones_its_role_must_grant(kmock
     await call(c.scale, D, 4)
     cluster.status("tandem-decode", updated=4, ready=3, pods=["Running"] * 3 + ["Pending"])
     await call(c.scale, D, 2)  # refused while a pod is Pending: it had to list them
-    verbs = {"GET": "get", "PATCH": "patch"}
-    seen = set()
-    for request in kmock:
-        parts = request.url.path.strip("/").split("/")  # .../namespaces/NS/<resource>[/<name>[/<sub>]]
-        resource = parts[parts.index("namespaces") + 2]
-        assert parts[parts.index("namespaces") + 1] == NS
-        name_and_sub = parts[parts.index("namespaces") + 3:]
-        verb = "list" if not name_and_sub and request.method == "GET" else verbs[str(request.method).split(".")[-1]]
-        seen.add(("/".join([resource, *name_and_sub[1:]]), verb))
-    assert seen == API_CALLS
+    assert {(resource, verb) for _, resource, verb, _ in calls(kmock)} == API_CALLS
+
+
+def test_the_rule_check_refuses_what_the_role_does_not_grant():
+    (role,) = of_kind(OVERLAY, "Role").values()
+    assert is_allowed(role["rules"], "apps", "deployments/scale", "patch", "tandem-decode")
+    assert not is_allowed(role["rules"], "apps", "deployments/scale", "patch", "tandem-gateway")
+    assert not is_allowed(role["rules"], "apps", "deployments", "patch", "tandem-decode")
+    assert not is_allowed(role["rules"], "apps", "deployments", "list", None)
+    assert not is_allowed(role["rules"], "", "pods", "delete", "tandem-decode-0")
+
+
+async def test_the_planner_as_deployed_scales_its_workers_within_its_role_and_gpu_budget(kmock, cluster, tmp_path,
+                                                                                        monkeypatch):
+    """The connector the rendered planner pod builds from its own settings (only pointed at kmock by a kubeconfig,
+    where the pod would use its ServiceAccount): every call it makes is one the rendered Role allows."""
+    container = main_container(OVERLAY, "planner")
+    env = container_env(OVERLAY, container) | {"TANDEM_PLANNER_K8S_KUBECONFIG": str(write_kubeconfig(
+        kmock, tmp_path / "config"))}
+    settings = check_command(command(container, env), env, monkeypatch)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    c = make_connector(settings)
+    assert await call(c.replicas) == {P: Replicas(1), D: Replicas(2)}
+    await call(c.scale, D, 20)
+    budget = settings.k8s_gpu_budget // settings.k8s_gpus_per_replica
+    assert budget > 0 and cluster.state["tandem-decode"]["replicas"] == budget - 1  # prefill holds one GPU
+    cluster.status("tandem-decode", updated=budget - 1, ready=budget - 2, pods=["Running"] * (budget - 2) + ["Pending"])
+    await call(c.scale, D, 2)
+    assert cluster.state["tandem-decode"]["replicas"] == budget - 1  # a pod it added is still Pending
+    (role,) = of_kind(OVERLAY, "Role").values()
+    made = calls(kmock)
+    assert {verb for *_, verb, _ in made} == {"get", "patch", "list"}
+    assert [c for c in made if not is_allowed(role["rules"], *c)] == []
