@@ -22,7 +22,7 @@ MONITORING = "monitoring.coreos.com/v1"
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_overlay_renders_into_its_golden_file(overlay):
     golden = render.GOLDEN / f"{overlay}.yaml"
-    assert golden.read_text() == rendered(overlay), f"{golden.name} is out of date: python deploy/k8s/render.py --update"
+    assert golden.read_text() == rendered(overlay), f"{golden.name} is out of date: make k8s-golden"
 
 
 def test_the_dashboards_configmap_holds_observabilitys_dashboards():
