@@ -3,8 +3,8 @@ constraints.txt) and keeps what is committed beside the manifests in step with i
 golden/, and the monitoring component's copy of the Grafana dashboards (kustomize reads no file outside a
 kustomization's folder). Needs no cluster; it never applies anything.
 
-    python deploy/k8s/render.py            check: exit 1, naming each out-of-date file
-    python deploy/k8s/render.py --update   rewrite them
+    .venv/bin/python deploy/k8s/render.py            check: exit 1, naming each out-of-date file
+    .venv/bin/python deploy/k8s/render.py --update   rewrite them (what `make k8s-golden` runs)
 """
 import argparse
 import shutil
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stale = removed + out_of_date(dashboard_copies()) + out_of_date(golden_renders())
     for path in stale:
-        print(f"out of date: {path.relative_to(REPO)} (python deploy/k8s/render.py --update)", file=sys.stderr)
+        print(f"out of date: {path.relative_to(REPO)} (make k8s-golden)", file=sys.stderr)
     return 1 if stale else 0
 
 
