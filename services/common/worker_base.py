@@ -150,7 +150,7 @@ def wall_clock():
     return lambda monotonic_s: offset_ns + int(monotonic_s * 1e9)
 
 
-async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService], drain_s: float = 10.0) -> None:
+async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService]) -> None:
     engine = make_engine(settings)
     service = service_cls(settings, engine)
     server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name])
@@ -186,8 +186,8 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
         await registrar.stop()  # no new requests routed here
         # NOTE: still serving while it drains: requests routed just before the deregistration still arrive
         # (SETTLE_S), and a prefill worker's held KV is pulled by new PullKv calls
-        await asyncio.sleep(min(SETTLE_S, drain_s))
-        await wait_idle(engine, drain_s)
+        await asyncio.sleep(min(SETTLE_S, settings.drain_s))
+        await wait_idle(engine, settings.drain_s)
         service.stopping.set()
         await server.stop(grace_s=1.0)  # the last messages of finished streams
         await engine.shutdown()
@@ -219,7 +219,7 @@ def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str]
         setup_logging(role.value)
         setup_tracing(role.value)
         try:
-            asyncio.run(serve_worker(settings, service_cls, settings.drain_s))
+            asyncio.run(serve_worker(settings, service_cls))
         finally:
             shutdown_tracing()
     except (SettingsError, EngineUnavailableError, ModelNotFoundError) as exc:

@@ -35,7 +35,7 @@ class WorkerSettings:
     max_model_len: int = 0  # 0: the model's
     enable_prefix_caching: bool = True
     kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
-    drain_s: float = 10.0  # at SIGTERM, after deregistering: how long held and running requests may take to finish
+    drain_s: float = 30.0  # at SIGTERM: how long running requests may take to finish before they are handed back
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)

@@ -45,8 +45,8 @@ def test_the_drain_time_is_a_setting_and_the_served_worker_gets_it(monkeypatch):
         parse_worker_settings("decode", ["--model", "/m"])
     served = []
 
-    async def serve(settings, service_cls, drain_s):
-        served.append(drain_s)
+    async def serve(settings, service_cls):
+        served.append(settings.drain_s)
 
     monkeypatch.setattr(worker_base, "serve_worker", serve)
     monkeypatch.setattr(logs, "setup_logging", lambda role: None)
