@@ -45,7 +45,6 @@ GPU_BUDGET = {"k8s_gpu_budget": "a GPU budget only the Kubernetes connector enfo
 MANIFEST_ONLY = {
     "TANDEM_MODEL_ID": "the model-fetch init containers' command line",
     "TANDEM_WORKER_KV_PORT": "the port named `kv`, reserved for KV transfer (NIXL/UCX); no setting reads it yet",
-    "TANDEM_WORKER_KV_DISK_DIR": "the disk KV tier's volume; no setting reads it yet",
 }
 # names compose sets that a cluster does not need
 COMPOSE_ONLY = {"TANDEM_PLANNER_COMPOSE_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT", "TANDEM_PLANNER_PROMETHEUS_URL"}

@@ -20,6 +20,7 @@ from deploy.k8s import render
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 COMPONENTS = {"gateway": "gateway", "router": "router", "planner": "planner", "prefill": "worker", "decode": "worker"}
 GPU = "nvidia.com/gpu"
+KV_DISK_DIR = "/var/cache/tandem/kv"  # the kv-disk volume, which the README says to name
 
 
 def settings(overlay: str, role: str, monkeypatch, secrets=None):
@@ -125,8 +126,8 @@ def test_workers_get_shared_memory_the_downward_api_and_advertise_their_pod_ip(o
     assert (worker.role, worker.host, worker.advertise_host) == (role, "0.0.0.0", POD["status.podIP"])
     assert worker.advertised_address(worker.port) == f"{POD['status.podIP']}:{worker.port}"
     assert worker.worker_id == POD["metadata.name"]  # what `tandem worker drain` asks the router about
-    env = container_env(overlay, container)
-    assert volumes[mounts[env["TANDEM_WORKER_KV_DISK_DIR"]]]["emptyDir"]  # the disk KV tier's volume
+    assert volumes[mounts[KV_DISK_DIR]]["emptyDir"]  # the disk KV tier's, once the README's settings turn it on
+    assert f"TANDEM_WORKER_KV_DISK_DIR={KV_DISK_DIR}" in (render.K8S / "README.md").read_text()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
