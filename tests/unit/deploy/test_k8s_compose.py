@@ -37,7 +37,7 @@ DIFFERENCES = {
         "advertise_host": "a pod advertises its IP (downward API); a container the address its hostname resolves to",
         "worker_id": "a pod is its pod's name (what `tandem worker drain` asks the router about)",
         "num_threads": "a pod sees every core of its node: threads = its CPU request; a container its own cpuset",
-        "drain_s": "compose stops a container 10 s after SIGTERM; a pod has terminationGracePeriodSeconds",
+        "drain_s": "compose keeps the default (its stop_grace_period bounds it); a pod drains longer, inside its grace",
     },
 }
 GPU_BUDGET = {"k8s_gpu_budget": "a GPU budget only the Kubernetes connector enforces"}
