@@ -128,6 +128,11 @@ def test_workers_get_shared_memory_the_downward_api_and_advertise_their_pod_ip(o
     assert worker.worker_id == POD["metadata.name"]  # what `tandem worker drain` asks the router about
     assert volumes[mounts[KV_DISK_DIR]]["emptyDir"]  # the disk KV tier's, once the README's settings turn it on
     assert f"TANDEM_WORKER_KV_DISK_DIR={KV_DISK_DIR}" in (render.K8S / "README.md").read_text()
+    if overlay != "trtllm":  # the README's merge turns the tier on (trtllm keeps its own tiers)
+        tiers = {"TANDEM_WORKER_KV_DISK_DIR": KV_DISK_DIR, "TANDEM_WORKER_KV_HOST_GB": "4",
+                 "TANDEM_WORKER_KV_DISK_GB": "16"}
+        env = container_env(overlay, container) | tiers
+        assert check_command(command(container, env), env, monkeypatch).kv_disk_dir == KV_DISK_DIR
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
