@@ -3,8 +3,11 @@ checkpoint stores several projections; `load_shard` places each checkpoint tenso
 import torch
 from torch import nn
 
-# oneDNN's blocked weights beat MKL's dense GEMM at decode-sized batches and lose at prefill sizes
-# (measured on the 2-core CI machine: M=32 ~1.4x faster, M=4096 ~1.3x slower).
+# oneDNN's path beats MKL's dense GEMM at decode-sized batches and loses at prefill sizes (2-core AVX2
+# machine: M=32 ~1.4x faster, M=4096 ~1.3x slower). Below a few rows it only adds a fixed cost per call
+# (~50 us: the wrapper converts x and the output and sets up the primitive; measured at 64 x 64, where
+# neither path does real work), while the dense GEMV streams the weight at memory speed on any ISA.
+PACKED_MIN_ROWS = 8
 PACKED_MAX_ROWS = 256
 
 
@@ -16,12 +19,12 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None  # oneDNN-blocked copy of weight (CPU only)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
+        if self.packed is not None and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
             return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self.packed, self.bias).to_dense()
         return nn.functional.linear(x, self.weight, self.bias)
 
     def pack_for_cpu(self) -> None:
-        """Also keep the weight in oneDNN's blocked layout, used for small batches (decode)."""
+        """Also keep the weight in oneDNN's layout, used for batches of PACKED_MIN_ROWS..PACKED_MAX_ROWS."""
         self.packed = self.weight.detach().to_mkldnn()
 
 
