@@ -9,11 +9,7 @@ import torch
 from engines.native.attention.varlen import VarlenMetadata
 from engines.native.kernels.kv_write import write_kv
 from engines.native.kernels.paged_decode import paged_decode
-from engines.native.kernels.paged_prefill import paged_prefill
-
-# prefill tiles: bigger on a GPU, tiny for the CPU interpreter
-_GPU_TILES = {"block_m": 64, "block_n": 64}
-_CPU_TILES = {"block_m": 16, "block_n": 16}
+from engines.native.kernels.paged_prefill import paged_prefill, tiles_for
 
 
 class TritonPagedAttention:
@@ -37,9 +33,9 @@ class TritonPagedAttention:
         num_decodes = meta.num_decode_tokens
         if num_decodes:
             paged_decode(q[:num_decodes], k_cache, v_cache, meta.decode_block_table, meta.decode_seq_lens, scale,
-                         self.k_scale, self.v_scale, out=out[:num_decodes])
+                         self.k_scale, self.v_scale, out=out[:num_decodes], max_seq_len=meta.max_decode_seq_len)
         if meta.max_prefill_q_len:
-            tiles = _GPU_TILES if q.is_cuda else _CPU_TILES
+            tiles = tiles_for(q.shape[-1], q.is_cuda)
             paged_prefill(q, k_cache, v_cache, meta.prefill_block_table, meta.prefill_q_starts, meta.prefill_q_lens,
                           meta.prefill_ctx_lens, meta.max_prefill_q_len, scale, self.k_scale, self.v_scale, out=out,
                           **tiles)

@@ -11,6 +11,7 @@ from engines.native.attention.metadata import AttentionMetadata
 class VarlenMetadata(AttentionMetadata):
     decode_seq_lens: torch.Tensor | None = None  # [num_decodes] int32: keys per decode, its own included
     decode_block_table: torch.Tensor | None = None  # [num_decodes, max_blocks] int32, padded with 0
+    max_decode_seq_len: int | None = None  # None under CUDA graphs: a captured grid cannot depend on it
     # every prefill span (fresh or continuing a cached prefix), in step order after the decodes
     prefill_q_starts: torch.Tensor | None = None  # [num_spans] int32
     prefill_q_lens: torch.Tensor | None = None  # [num_spans] int32
@@ -25,6 +26,7 @@ def build_varlen_metadata(slot_mapping: torch.Tensor, decodes: list[tuple[list[i
     fields: dict = {}
     if decodes:
         fields["decode_seq_lens"] = _ints([n for _, n in decodes], device)
+        fields["max_decode_seq_len"] = max(n for _, n in decodes)
         fields["decode_block_table"] = _table([t for t, _ in decodes], device)
     if spans:
         fields.update(

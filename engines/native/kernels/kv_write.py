@@ -5,22 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
-# NOTE: globals read inside @triton.jit must be constexpr
-_FP8_MAX = tl.constexpr(FP8_MAX)
-_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding q * this rounds to a multiple of q (a power of 2), ties to even
-
-
-@triton.jit
-def _round_to_e4m3(x):
-    """Round fp32 (already within +-448) to the nearest E4M3 value, ties to even, staying in fp32.
-
-    NOTE: the cast that follows is then exact. Triton's CPU interpreter rounds some casts to FP8 wrongly
-    (7.82 -> 4.0, a lost mantissa carry); the GPU's own cvt would round the same way as this."""
-    exp = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    quantum = ((tl.maximum(exp, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # E4M3 step at |x|
-    r = tl.abs((x + quantum * _RNE_MAGIC) - quantum * _RNE_MAGIC)
-    return tl.where(x < 0, -r, r)  # keeps -0 for negatives that round to 0, as torch's cast does
+from engines.native.kernels.fp8 import FP8_MAX, to_e4m3
 
 
 @triton.jit
@@ -33,8 +18,8 @@ def _kv_write_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, 
     k = tl.load(k_ptr + token * stride_k + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + token * stride_v + offs, mask=mask, other=0.0)
     if QUANT:
-        k = _round_to_e4m3(tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -_FP8_MAX), _FP8_MAX))
-        v = _round_to_e4m3(tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -_FP8_MAX), _FP8_MAX))
+        k = to_e4m3(k, k_scale)
+        v = to_e4m3(v, v_scale)
     dst = slot * ROW + offs
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
