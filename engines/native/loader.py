@@ -23,7 +23,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend, dtype: torch.dt
         model.lm_head.weight = model.model.embed_tokens.weight
     quant = read_quant_config(model_dir)
     if quant is not None:  # NOTE: after .to(dtype), which would cast FP8 weights too
-        swap_linears(model, quant.format, device)
+        swap_linears(model, quant.format, device, quant.input_scales)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in files:

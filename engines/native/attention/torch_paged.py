@@ -7,9 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from engines.native.attention.metadata import AttentionMetadata
+from engines.native.layers.ops import TORCH_OPS
 
 
 class TorchPagedAttention:
+    ops = TORCH_OPS  # the model's small ops that go with this backend: plain PyTorch
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -19,7 +22,11 @@ class TorchPagedAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        positions: torch.Tensor | None = None,  # [num_tokens]: with rotary, q and k are rotated here
+        rotary=None,
     ) -> torch.Tensor:
+        if rotary is not None:
+            q, k = rotary(positions, q, k)
         # NOTE: every token's k/v is written before any read, so a span may read blocks that
         # another sequence fills in this same step (a prefix-cache hit on a block in flight).
         k, v = self._write(k, v, k_cache, v_cache, meta)

@@ -1,5 +1,6 @@
-"""Paged attention through Triton kernels (the default on CUDA): KV write through the slot mapping,
-paged decode over the block tables, varlen prefill over cached prefixes. Reads VarlenMetadata.
+"""Paged attention through Triton kernels (the default on CUDA): RoPE fused with the KV write through
+the slot mapping, split-KV paged decode over the block tables, varlen prefill over cached prefixes.
+Reads VarlenMetadata. The model's small ops go with it as Triton kernels too (`ops`).
 
 One instance serves every layer of an unquantized cache; an FP8 cache gets one per layer (its scales).
 Checked against TorchPagedAttention / TorchFp8PagedAttention (tests/unit/kernels).
@@ -10,9 +11,13 @@ from engines.native.attention.varlen import VarlenMetadata
 from engines.native.kernels.kv_write import write_kv
 from engines.native.kernels.paged_decode import paged_decode
 from engines.native.kernels.paged_prefill import paged_prefill, tiles_for
+from engines.native.kernels.rope_kv import rope_and_write_kv
+from engines.native.layers.triton_ops import TRITON_OPS
 
 
 class TritonPagedAttention:
+    ops = TRITON_OPS
+
     def __init__(self, k_scale: float | None = None, v_scale: float | None = None):
         self.k_scale = 1.0 if k_scale is None else k_scale
         self.v_scale = 1.0 if v_scale is None else v_scale
@@ -26,9 +31,15 @@ class TritonPagedAttention:
         v_cache: torch.Tensor,
         meta: VarlenMetadata,
         scale: float,
+        positions: torch.Tensor | None = None,  # [num_tokens]: with rotary, q and k are rotated here
+        rotary=None,
     ) -> torch.Tensor:
         # NOTE: every token's k/v is written before any read, as in the torch backend
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        if rotary is None:
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        else:
+            q = rope_and_write_kv(q, k, v, positions, rotary.cos, rotary.sin, k_cache, v_cache, meta.slot_mapping,
+                                  self.k_scale, self.v_scale)
         out = torch.empty_like(q)
         num_decodes = meta.num_decode_tokens
         if num_decodes:

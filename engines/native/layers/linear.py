@@ -23,6 +23,10 @@ class Linear(nn.Module):
             return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self.packed, self.bias).to_dense()
         return nn.functional.linear(x, self.weight, self.bias)
 
+    def input_quant(self, num_rows: int) -> None:
+        """What this layer wants its input quantized as (quant/act.py): nothing, it multiplies in its dtype."""
+        return None
+
     def pack_for_cpu(self) -> None:
         """Also keep the weight in oneDNN's layout, used for batches of PACKED_MIN_ROWS..PACKED_MAX_ROWS."""
         self.packed = self.weight.detach().to_mkldnn()

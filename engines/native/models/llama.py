@@ -1,5 +1,6 @@
 """The Llama family as one readable model: GQA/MQA/MHA, optional qkv bias (Qwen2), q/k norm
-(Qwen3), tied or untied embeddings, llama3 rope scaling. Attention goes through a paged backend.
+(Qwen3), tied or untied embeddings, llama3 rope scaling. Attention goes through a paged backend;
+the small ops (residual + RMSNorm, SiLU-mul) through the implementation that backend names.
 """
 import torch
 from torch import nn
@@ -28,41 +29,50 @@ class LlamaAttention(nn.Module):
         self.rotary: RotaryEmbedding | None = None  # set by the runner with the cache
         self.k_cache = self.v_cache = torch.empty(0)  # views into the engine's one KV allocation
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, positions, self.rotary)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops):
         super().__init__()
         size = cfg.intermediate_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size})
         self.down_proj = Linear(size, cfg.hidden_size)
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate_size]
+        return self.down_proj(self.ops.silu_mul(gate_up, self.down_proj.input_quant(gate_up.shape[0])))
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, backend)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = LlamaMLP(cfg, backend.ops)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ops = backend.ops
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it): the next norm adds them,
+        so x + attn(norm(x)) + mlp(...) is computed with each sum rounded as the eager code rounds it."""
+        num_tokens = x.shape[0]
+        h, residual = self.ops.add_rms_norm(x, residual, self.input_layernorm,
+                                            self.self_attn.qkv_proj.input_quant(num_tokens))
+        h = self.self_attn(h, positions, meta)
+        h, residual = self.ops.add_rms_norm(h, residual, self.post_attention_layernorm,
+                                            self.mlp.gate_up_proj.input_quant(num_tokens))
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -71,12 +81,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ops = backend.ops
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        residual = None
         for layer in self.layers:
-            x = layer(x, positions, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, meta)
+        return self.ops.add_rms_norm(x, residual, self.norm)[0]
 
 
 class LlamaForCausalLM(nn.Module):

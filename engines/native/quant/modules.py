@@ -1,7 +1,7 @@
 """Quantized linear layers that replace `Linear`/`MergedLinear` at load time (the runtime half of the
 offline transform in transform.py). Each holds the checkpoint's quantized tensors under their names and
-places merged shards (q/k/v, gate/up) like MergedLinear. The base classes compute the fp32 reference;
-the CUDA subclasses are picked by `swap_linears` for the device and must agree with it.
+places merged shards (q/k/v, gate/up) like MergedLinear. These compute the fp32 reference; their GPU
+subclasses (gpu_modules.py) are picked by `swap_linears` for the device and must agree with them.
 """
 import torch
 from torch import nn
@@ -20,6 +20,11 @@ class _QuantLinear(nn.Module):
             self.offsets[name] = (start, size)
             start += size
         self.bias = _frozen(torch.empty(self.out_features, dtype=dtype)) if bias else None
+        self.act_dtype = dtype  # the model's: what the layer returns
+
+    def input_quant(self, num_rows: int):
+        """What this layer wants its input quantized as (quant/act.py): None, it quantizes itself."""
+        return None
 
     def load_shard(self, param_name: str, loaded: torch.Tensor, shard: str) -> None:
         start, size = self.offsets[shard]
@@ -48,20 +53,6 @@ class Fp8Linear(_QuantLinear):
         return self._finish(formats.fp8_linear_reference(x, self.weight, self.weight_scale), x.dtype)
 
 
-class Fp8LinearScaledMm(Fp8Linear):
-    """The same numbers through the FP8 tensor cores (Hopper, Ada): torch._scaled_mm with row-wise scales."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        num_rows = x.shape[0]
-        pad = -num_rows % 16  # NOTE: FP8 GEMMs want every dimension a multiple of 16
-        if pad:
-            x = nn.functional.pad(x, (0, 0, 0, pad))
-        xq, x_scale = formats.quantize_fp8_rows(x)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=x_scale[:, None], scale_b=self.weight_scale[None, :],
-                             bias=self.bias, out_dtype=x.dtype)
-        return y[:num_rows]
-
-
 class Nvfp4Linear(_QuantLinear):
     """W4A16: E2M1 weights packed two per byte, E4M3 scales per 16 inputs, one fp32 tensor scale."""
 
@@ -77,16 +68,6 @@ class Nvfp4Linear(_QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = formats.dequantize_nvfp4(self.weight, self.weight_scale, self.weight_scale_2)  # [out, in] fp32
         return self._finish(x.float() @ w.t(), x.dtype)
-
-
-class Nvfp4LinearTriton(Nvfp4Linear):
-    """Dequantizes in registers inside a Triton GEMM: the weight is read from memory at 4.5 bits."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from engines.native.kernels.nvfp4_gemm import nvfp4_matmul  # lazy: triton only when used
-
-        y = nvfp4_matmul(x, self.weight, self.weight_scale, self.weight_scale_2)
-        return y if self.bias is None else y + self.bias
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:

@@ -4,7 +4,6 @@ projections are FP8 or NVFP4, plus `tandem_quant.json`. Loading it swaps in the 
 NOTE: NVFP4 shards that the model merges (q/k/v, gate/up) share one tensor scale, so the merged
 layer needs one scale; FP8's per-channel scales concatenate as they are.
 """
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from safetensors.torch import save_file
 
 from engines.native.models import LlamaForCausalLM
 from engines.native.quant import formats
-from engines.native.quant.swap import FORMATS, QUANT_CONFIG
+from engines.native.quant.swap import FORMATS, QuantConfig, read_quant_config, write_quant_config
 
 # checkpoint projection names -> the merged module they load into (ours for o/down are themselves)
 _CHECKPOINT_PROJECTIONS = {frag: merged for frag, (merged, _) in LlamaForCausalLM.packed_modules.items()}
@@ -25,10 +24,12 @@ _COPIED_SUFFIXES = (".json", ".txt", ".model", ".jinja")
 
 def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, device: str = "cpu",
                         kv_cache_scales: tuple[float, ...] = ()) -> Path:
-    """Write the quantized copy of `src` into `dst`; returns `dst`."""
+    """Write the quantized copy of `src` into `dst`; returns `dst`. Scales calibrated for `src` (its
+    tandem_quant.json) carry over; `kv_cache_scales` replaces its KV scales when given."""
     if fmt not in FORMATS:
         raise ValueError(f"quantization format must be one of {FORMATS}, got {fmt!r}")
     src, dst = Path(src), Path(dst)
+    calibrated = read_quant_config(src) or QuantConfig(None)
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
         if path.is_file() and path.suffix in _COPIED_SUFFIXES and path.name != "model.safetensors.index.json":
@@ -37,8 +38,8 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, device: str 
     group_scales = _nvfp4_group_scales(files, device) if fmt == "nvfp4" else {}
     out = dict(quantize_tensors(_read(files, device), fmt, group_scales))
     save_file({k: v.cpu().clone() for k, v in out.items()}, str(dst / "model.safetensors"))
-    config = {"format": fmt, "kv_cache_scales": list(kv_cache_scales)}
-    (dst / QUANT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    write_quant_config(dst, QuantConfig(fmt, tuple(kv_cache_scales) or calibrated.kv_cache_scales,
+                                        calibrated.input_scales))
     return dst
 
 
