@@ -1,4 +1,5 @@
-"""`tandem model fetch|init|quantize`: argument parsing and printing only; the work is in fetch.py and init.py.
+"""`tandem model fetch|init|quantize|calibrate`: argument parsing and printing only; the work is in fetch.py,
+init.py and the engine's quant package.
 
 Progress goes to stderr; the model directory is the last line of stdout, so scripts can `tail -n1`.
 """
@@ -41,6 +42,16 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     quantize.add_argument("--device", default="cpu", help="where to quantize (cuda is faster for 8B shapes)")
     quantize.set_defaults(func=_run_quantize)
 
+    calibrate = actions.add_parser(
+        "calibrate", help="measure static FP8 scales (KV cache, activations) into tandem_quant.json; prints it")
+    calibrate.add_argument("dir", type=Path, help="checkpoint directory (quantized or not)")
+    calibrate.add_argument("--prompts", type=Path, default=None,
+                           help="text file, one prompt per line (default: the built-in corpus)")
+    calibrate.add_argument("--num-prompts", type=int, default=64, help="use at most this many prompts")
+    calibrate.add_argument("--device", default="cpu", help="where to run the model (cuda for 8B shapes)")
+    calibrate.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    calibrate.set_defaults(func=_run_calibrate)
+
 
 def parse_override(item: str) -> tuple[str, object]:
     key, sep, raw = item.partition("=")
@@ -81,3 +92,31 @@ def _run_quantize(args: argparse.Namespace) -> int:
         raise ModelError(f"no config.json in {str(args.src)!r}: not a checkpoint directory")
     print(quantize_checkpoint(args.src, args.dst, args.format, args.device))
     return 0
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from engines.native.quant.calibrate import calibrate_checkpoint  # lazy: pulls in torch
+
+    if not (args.dir / "tokenizer.json").is_file():
+        raise ModelError(f"no tokenizer.json in {str(args.dir)!r}: calibration tokenizes its prompts")
+    if args.num_prompts < 1:
+        raise ModelError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    print(calibrate_checkpoint(args.dir, calibration_ids(args.dir, args.prompts, args.num_prompts), args.device,
+                               args.dtype))
+    return 0
+
+
+def calibration_ids(model_dir: Path, prompts_file: Path | None, limit: int) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    from tandem.models.corpus import CORPUS
+
+    if prompts_file is not None and not prompts_file.is_file():
+        raise ModelError(f"--prompts {str(prompts_file)!r} is not a file")
+    texts = [t for t in prompts_file.read_text().splitlines() if t.strip()] if prompts_file else list(CORPUS)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = [tok.encode(t, add_special_tokens=False).ids for t in texts[:limit]]
+    ids = [i for i in ids if i]
+    if not ids:
+        raise ModelError("no calibration prompt has any token")
+    return ids

@@ -20,14 +20,10 @@ def _rotate(x_ptr, heads, h_mask, j, j_mask, half, c1, s1, c2, s2):
     x2 = tl.load(x_ptr + heads + half + j[None, :], mask=mask, other=0.0)
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    o1 = _rounded(x1 * c1, dtype) + _rounded(-x2 * s1, dtype)
-    o2 = _rounded(x2 * c2, dtype) + _rounded(x1 * s2, dtype)
+    # NOTE: each product is rounded to the model dtype before the sum, as the torch code does
+    o1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
+    o2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
     return o1.to(dtype), o2.to(dtype)
-
-
-@triton.jit
-def _rounded(x, dtype):
-    return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -43,10 +39,10 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, po
     pos = tl.load(pos_ptr + token)
     # [1, HALF_PAD] cos/sin of each half, rounded to the model dtype (as the torch path casts them)
     dtype = q_out_ptr.dtype.element_ty
-    c1 = _rounded(tl.load(cos_ptr + pos * stride_cos + j, mask=j_mask, other=0.0), dtype)[None, :]
-    c2 = _rounded(tl.load(cos_ptr + pos * stride_cos + half + j, mask=j_mask, other=0.0), dtype)[None, :]
-    s1 = _rounded(tl.load(sin_ptr + pos * stride_cos + j, mask=j_mask, other=0.0), dtype)[None, :]
-    s2 = _rounded(tl.load(sin_ptr + pos * stride_cos + half + j, mask=j_mask, other=0.0), dtype)[None, :]
+    c1 = tl.load(cos_ptr + pos * stride_cos + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + pos * stride_cos + half + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + pos * stride_cos + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + pos * stride_cos + half + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
     h = tl.arange(0, HEADS_PAD)
     q1, q2 = _rotate(q_ptr + token * stride_qt, h[:, None] * stride_qh, h < NUM_HEADS, j, j_mask, half,
                      c1, s1, c2, s2)

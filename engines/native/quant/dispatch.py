@@ -22,13 +22,14 @@ def known(key: tuple) -> str | None:
 
 
 def choose(key: tuple, candidates: dict[str, Callable[[], object]], fallback: str, timer=None) -> str:
-    """The fastest candidate for `key` (timed on first use); `fallback` where nothing can be timed."""
+    """The fastest candidate for `key` (timed on first use); `fallback` where nothing can be timed.
+    timer(name, fn) -> seconds per call of fn (default: CUDA events on the current device)."""
     if key in _choices:
         return _choices[key]
     timer = timer or _cuda_timer()
     if timer is None:
         return fallback
-    seconds = {name: timer(fn) for name, fn in candidates.items()}
+    seconds = {name: timer(name, fn) for name, fn in candidates.items()}
     _choices[key] = pick(seconds)
     return _choices[key]
 
@@ -42,11 +43,11 @@ def forget() -> None:
     _choices.clear()
 
 
-def _cuda_timer() -> Callable[[Callable], float] | None:
+def _cuda_timer() -> Callable[[str, Callable], float] | None:
     if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
         return None
 
-    def time_on_device(fn: Callable) -> float:
+    def time_on_device(name: str, fn: Callable) -> float:
         for _ in range(_WARMUP):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
