@@ -62,6 +62,7 @@ def init_model(
         dtype=dtype,
         overrides=overrides,
     )
+    tok = toy_tokenizer.pad_vocab(tok, config["vocab_size"])
     marker = {"arch": arch, "shape": shape or "tiny", "seed": seed, "config_only": config_only}
     with hf_files.staged_dir(Path(out_dir), marker, replace=True) as staging:
         hf_files.write_json(staging / "config.json", config)

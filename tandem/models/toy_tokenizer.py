@@ -1,7 +1,11 @@
 """Train the tiny checkpoints' byte-level BPE tokenizer offline on the built-in corpus (deterministic).
 
 ChatML special tokens come first, so their ids are fixed: <|endoftext|>=0, <|im_start|>=1, <|im_end|>=2.
+A checkpoint whose vocabulary is larger (a real model's shape) gets the rest as filler words, so every
+id a random model samples decodes to visible text.
 """
+import json
+import string
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
@@ -30,6 +34,32 @@ def train_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> Tokenizer:
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return tok
+
+
+def pad_vocab(tok: Tokenizer, vocab_size: int) -> Tokenizer:
+    """The same tokenizer with ids up to vocab_size - 1 filled by words (" ab", " ac", ...): never
+    produced by encoding (no merge makes them), each decoding to a space and lowercase letters."""
+    have = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size <= have:
+        return tok
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    words = _filler_words(set(vocab))
+    for token_id in range(have, vocab_size):
+        vocab[next(words)] = token_id
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def _filler_words(taken: set[str]):
+    """Byte-level spellings ("Ġ" is the space) of lowercase words of 2, 3, ... letters, not in `taken`."""
+    letters = string.ascii_lowercase
+    length = 2
+    while True:
+        for n in range(len(letters) ** length):
+            word = "".join(letters[(n // len(letters) ** i) % len(letters)] for i in reversed(range(length)))
+            if "\u0120" + word not in taken:
+                yield "\u0120" + word
+        length += 1
 
 
 def special_ids(tok: Tokenizer) -> dict[str, int]:

@@ -134,6 +134,22 @@ def test_llama_8b_shape_config_only(tmp_path):
     assert not list(tmp_path.glob("*.safetensors"))
 
 
+def test_every_id_of_a_big_vocabulary_decodes_to_visible_text(tmp_path):
+    """A random 8B-shaped model samples any of 128,256 ids: each must stream as text, not as ""."""
+    from tokenizers import Tokenizer
+
+    init_model(tmp_path, "llama", shape="llama-3.1-8b", config_only=True)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == 128256
+    texts = tok.decode_batch([[i] for i in range(128256)], skip_special_tokens=False)
+    assert all(texts)
+    fillers = texts[512:]
+    assert all(t[0] == " " and t[1:].isalpha() and t[1:].islower() for t in fillers)
+    assert len(set(fillers)) == len(fillers)
+    tiny = Tokenizer.from_file(str(init_model(tmp_path / "tiny", "llama") / "tokenizer.json"))
+    assert tok.encode(PROMPTS[1]).ids == tiny.encode(PROMPTS[1]).ids  # encoding never makes a filler
+
+
 def test_bad_arguments_raise(tmp_path):
     with pytest.raises(ModelError, match="unknown arch 'gpt2'"):
         init_model(tmp_path, "gpt2")
