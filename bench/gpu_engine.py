@@ -1,13 +1,16 @@
 """The native engine at GPU speed, in one run: card ceilings (copy bandwidth, bf16/fp8 matmul rate),
-kernel checks at model shapes, batch-1 decode for bf16/FP8/NVFP4 weights x bf16/FP8 KV, prefill
-throughput, offline throughput; each figure as a fraction of its ceiling. Prints a table, writes JSON.
+kernel checks at model shapes, the kernels alone (paged decode bytes/s, prefill attention FLOP/s, FP8
+and NVFP4 linear layers against bf16 at every m), batch-1 decode for bf16/FP8/NVFP4 weights x bf16/FP8
+KV, prefill and offline throughput; each figure against its ceiling, then the issue's targets, met or
+not. Prints tables, writes JSON.
 
     python bench/gpu_engine.py --json bench/out/gpu-engine.json      # CUDA, Llama-3.1-8B shape, random weights
     python bench/gpu_engine.py --dry-run                              # CPU, tiny shapes, seconds (CI)
     python bench/gpu_engine.py --sections offline --overlap both      # the engine loop, overlap off vs on
 
-Ceilings: decode tok/s <= copy bandwidth / bytes read per token (weights + KV); prefill and offline
-tok/s <= matmul rate / (2 x linear parameters) FLOPs per token (attention FLOPs not counted).
+Ceilings (bench/gpu_ceilings.py): decode tok/s <= copy bandwidth / bytes read per token (weights + KV);
+prefill and offline tok/s <= the matmul rate over the FLOPs they need (linear layers, lm_head for the
+rows that sample, causal attention).
 """
 import argparse
 import json
@@ -21,6 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench import gpu_ceilings, gpu_kernels, gpu_report  # noqa: E402
+from bench.gpu_kernels import AttnShape  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +43,23 @@ class Plan:
     offline: tuple[tuple[int, int, int], ...]  # (num_requests, input_len, output_len)
     max_num_seqs: int
     max_model_len: int
+    attn: AttnShape
+    decode_kernel: tuple[tuple[int, int], ...]  # (num_seqs, context)
+    linears: tuple[tuple[str, int, int], ...]  # (name, out, in)
+    linear_ms: tuple[int, ...]
+    target_kernels: tuple[str, ...]  # paged decode kernel configs held to the bytes/s target
+    offline_goals: tuple[float, ...]  # output tok/s goal of each `offline` entry (FP8 weights and KV)
 
 
 GPU_PLAN = Plan("cuda", "bfloat16", "llama-3.1-8b", 8192, 1 << 30, 8, 128, 128, (2048, 8192),
-                ((512, 128, 128), (128, 1000, 1000)), 256, 10240)
-DRY_PLAN = Plan("cpu", "float32", None, 256, 1 << 22, 1, 16, 4, (32, 64), ((4, 8, 8), (2, 16, 16)), 4, 128)
+                ((512, 128, 128), (128, 1000, 1000)), 512, 10240, AttnShape(32, 8, 128, 16),
+                ((1, 1024), (1, 8192), (32, 1024), (128, 1024), (128, 2000)),
+                (("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096),
+                 ("down_proj", 4096, 14336)), (1, 4, 16, 64, 256, 1024, 4096),
+                ("128 x 1024", "1 x 8192"), (14000.0, 7600.0))  # half of TensorRT-LLM's FP8 figures
+DRY_PLAN = Plan("cpu", "float32", None, 256, 1 << 22, 1, 16, 4, (32, 64), ((4, 8, 8), (2, 16, 16)), 4, 128,
+                AttnShape(4, 2, 16, 16), ((1, 64), (2, 32)), (("qkv_proj", 128, 64), ("down_proj", 64, 128)), (1, 32),
+                ("2 x 32", "1 x 64"), (14000.0, 7600.0))
 
 
 @dataclass(slots=True)
@@ -49,11 +67,12 @@ class Report:
     ceilings: dict = field(default_factory=dict)
     checks: list = field(default_factory=list)
     rows: list = field(default_factory=list)  # (section, config, value, unit, ceiling, fraction)
+    linears: list = field(default_factory=list)  # gpu_kernels.linear_layers rows
 
-    def add(self, section: str, config: str, value: float, unit: str, ceiling: float | None) -> None:
+    def add(self, section: str, config: str, value: float, unit: str, ceiling: float | None, **extra) -> None:
         frac = value / ceiling if ceiling else None
         self.rows.append({"section": section, "config": config, "value": value, "unit": unit,
-                          "ceiling": ceiling, "fraction": frac})
+                          "ceiling": ceiling, "fraction": frac, **extra})
 
 
 # -- card ceilings ---------------------------------------------------------------------------
@@ -98,22 +117,50 @@ def matmul_rate(plan: Plan, fp8: bool = False) -> float | None:
 
 # -- kernel checks ---------------------------------------------------------------------------
 def kernel_checks(plan: Plan) -> list:
-    from engines.native.kernels import checks
+    from engines.native.kernels import checks, op_checks
 
-    dtype, s, dev = getattr(torch, plan.dtype), plan.check_scale, plan.device
-    fp8 = torch.float8_e4m3fn
-    big = {} if s == 1 else {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
-    results = [checks.check_write_kv(dev, dtype, kv, **({} if s == 1 else {"num_tokens": 4096, "num_kv_heads": 8,
-                                                                           "head_dim": 128, "block_size": 16}))
-               for kv in (None, fp8)]
+    dtype, dev, fp8 = getattr(torch, plan.dtype), plan.device, torch.float8_e4m3fn
+    big = plan.check_scale > 1
+    attn = {"num_heads": plan.attn.num_heads, "num_kv_heads": plan.attn.num_kv_heads,
+            "head_dim": plan.attn.head_dim, "block_size": plan.attn.block_size} if big else {}
+    results = []
     for kv in (None, fp8):
-        results.append(checks.check_decode(dev, dtype, kv, seq_lens=(1, 7, 33) if s == 1 else (1, 129, 1000, 4097),
-                                           **big))
-        results.append(checks.check_prefill(dev, dtype, kv, **({} if s == 1 else {
-            "spans": ((2048, 2048), (100, 1124), (1, 513)), **big})))
-    shapes = [(3, 40, 96)] if s == 1 else [(1, 14336, 4096), (256, 4096, 14336)]
-    results += [checks.check_nvfp4_matmul(dev, dtype, m, n, k) for m, n, k in shapes]
+        results.append(checks.check_write_kv(dev, dtype, kv, **({"num_tokens": 4096, **_kv_only(attn)} if big else {})))
+        results.append(checks.check_decode(dev, dtype, kv, seq_lens=(1, 129, 1000, 4097) if big else (1, 7, 33), **attn))
+        results.append(checks.check_prefill(dev, dtype, kv, **({"spans": ((2048, 2048), (100, 1124), (1, 513)),
+                                                                 **attn} if big else {})))
+        results.append(op_checks.check_rope_kv(dev, dtype, kv, **({"num_tokens": 512, **_no_block(attn)} if big else {})))
+    for quant in (None, "static", "dynamic"):
+        results.append(op_checks.check_rms_norm(dev, dtype, quant, **({"num_tokens": 256, "hidden": 4096} if big else {})))
+        results.append(op_checks.check_silu_mul(dev, dtype, quant, **({"num_tokens": 256, "n": 14336} if big else {})))
+    for m, (_, n, k) in [(m, shape) for m in (1, 16, 256) for shape in plan.linears[:1]] if big else [(3, (0, 40, 96))]:
+        results.append(op_checks.check_fp8_w8a16(dev, dtype, m, n, k))
+        results.append(op_checks.check_nvfp4_matmul(dev, dtype, m, n, k))
+    results.append(op_checks.check_fp8_act_quant(dev, dtype, m=256 if big else 6, k=4096 if big else 96))
+    results.append(op_checks.check_nvfp4_dequant(dev, dtype))
     return results
+
+
+def _kv_only(attn: dict) -> dict:
+    return {key: attn[key] for key in ("num_kv_heads", "head_dim", "block_size")}
+
+
+def _no_block(attn: dict) -> dict:
+    return {key: attn[key] for key in ("num_heads", "num_kv_heads", "head_dim", "block_size")}
+
+
+# -- the kernels alone -------------------------------------------------------------------------
+def bench_kernels(plan: Plan, report: Report) -> None:
+    dtype, copy_bw = getattr(torch, plan.dtype), report.ceilings["copy_bytes_per_s"]
+    for num_seqs, ctx in plan.decode_kernel:
+        r = gpu_kernels.decode_attention(num_seqs, ctx, plan.attn, dtype, plan.device)
+        # NOTE: the copy ceiling counts read + write; a kernel that only reads could beat it a little
+        report.add("paged decode kernel", r["config"], r["bytes_per_s"], "bytes/s", copy_bw,
+                   seconds=r["seconds"], sdpa_seconds=r["sdpa_seconds"])
+    r = gpu_kernels.prefill_attention(max(plan.prefill_lens), plan.attn, dtype, plan.device)
+    report.add("prefill attention kernel", r["config"], r["flops_per_s"], "FLOP/s",
+               report.ceilings["matmul_flops_per_s"], sdpa_flops_per_s=r["sdpa_flops_per_s"])
+    report.linears = gpu_kernels.linear_layers(list(plan.linears), plan.linear_ms, dtype, plan.device)
 
 
 # -- the engine ------------------------------------------------------------------------------
@@ -187,10 +234,13 @@ def weight_bytes(core) -> int:
     return total - (0 if model.config.tie_word_embeddings else embed.numel() * embed.element_size())
 
 
-def linear_params(core) -> int:
+def model_flops(core) -> gpu_ceilings.ModelFlops:
+    """Matmul weights counted from the config (quantized layers pack theirs), lm_head apart."""
     cfg = core.runner.model.config
-    return sum(p.numel() for p in core.runner.model.parameters()) - cfg.vocab_size * cfg.hidden_size * (
-        0 if cfg.tie_word_embeddings else 1)
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    return gpu_ceilings.ModelFlops(cfg.num_hidden_layers * per_layer, cfg.vocab_size * cfg.hidden_size,
+                                   cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim)
 
 
 def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
@@ -199,7 +249,7 @@ def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
     for weights, path in ckpts.items():
         for kv in ("auto", "fp8"):
             core = engine(plan, path, kv)
-            run_requests(core, [(plan.decode_prompt, 2)], plan.device)  # warm-up (kernels compile)
+            run_requests(core, [(plan.decode_prompt, 2)], plan.device)  # warm-up (kernels compile, GEMMs picked)
             prefill_s, _ = run_requests(core, [(plan.decode_prompt, 1)], plan.device)
             total_s, _ = run_requests(core, [(plan.decode_prompt, plan.decode_tokens + 1)], plan.device)
             tok_s = plan.decode_tokens / max(total_s - prefill_s, 1e-9)
@@ -216,29 +266,34 @@ def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
 def bench_prefill(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
     core = engine(plan, ckpts["base"], batched=max(plan.prefill_lens))
     run_requests(core, [(plan.prefill_lens[0], 1)], plan.device)  # warm-up
+    rate = report.ceilings["matmul_flops_per_s"]
     for n in plan.prefill_lens:
         secs, _ = run_requests(core, [(n, 1)], plan.device)
-        ceiling = report.ceilings["matmul_flops_per_s"] / (2 * linear_params(core))
-        report.add("prefill", f"{n} tokens {plan.dtype}", n / secs, "tok/s", ceiling)
+        report.add("prefill", f"{n} tokens {plan.dtype}", n / secs, "tok/s",
+                   gpu_ceilings.prefill_ceiling(model_flops(core), n, rate))
     del core
     free_memory(plan.device)
 
 
 def bench_offline(plan: Plan, ckpts: dict[str, Path], report: Report, overlaps: tuple = (None,)) -> None:
+    bf16_rate = report.ceilings["matmul_flops_per_s"]
     for weights, overlap in [(w, o) for w in ("base", "fp8") for o in overlaps]:
         core = engine(plan, ckpts[weights], "fp8" if weights == "fp8" else "auto", plan.max_num_seqs)
         run_requests(core, [(8, 4)] * min(4, plan.max_num_seqs), plan.device)  # warm-up
-        rate = report.ceilings["fp8_matmul_flops_per_s" if weights == "fp8" else "matmul_flops_per_s"] \
-            or report.ceilings["matmul_flops_per_s"]
+        rate = (report.ceilings["fp8_matmul_flops_per_s"] if weights == "fp8" else None) or bf16_rate
         for num, n_in, n_out in plan.offline:
             secs, _ = run_requests(core, [(n_in, n_out)] * num, plan.device, overlap)
-            ceiling = rate / (2 * linear_params(core)) * n_out / (n_in + n_out)  # output tok/s at the FLOP ceiling
-            label = plan.dtype if weights == "base" else "fp8 kv=fp8"
-            loop = "" if overlap is None else f" loop overlap={'on' if overlap else 'off'}"
-            report.add("offline", f"{num} x {n_in}/{n_out} weights={label}{loop}", num * n_out / secs,
+            ceiling = gpu_ceilings.offline_ceiling(model_flops(core), n_in, n_out, rate, bf16_rate)
+            label = f"weights={plan.dtype} kv={plan.dtype}" if weights == "base" else "weights=fp8 kv=fp8"
+            report.add("offline", offline_config(num, n_in, n_out, label, overlap), num * n_out / secs,
                        "output tok/s", ceiling)
         del core
         free_memory(plan.device)
+
+
+def offline_config(num: int, n_in: int, n_out: int, label: str, overlap: bool | None) -> str:
+    loop = "" if overlap is None else f" loop overlap={'on' if overlap else 'off'}"
+    return f"{num} x {n_in}/{n_out} {label}{loop}"
 
 
 def free_memory(device: str) -> None:
@@ -246,16 +301,8 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-# -- output ----------------------------------------------------------------------------------
-def render(report: Report) -> str:
-    lines = ["ceilings: " + ", ".join(f"{k}={v:.3g}" if v else f"{k}=n/a" for k, v in report.ceilings.items()), "",
-             "| kernel check | rel error | bound | ok |", "|---|---:|---:|---|"]
-    lines += [f"| {c['name']} | {c['rel_error']:.2e} | {c['bound']:.0e} | {'yes' if c['ok'] else 'NO'} |"
-              for c in report.checks]
-    lines += ["", "| section | config | value | unit | ceiling | fraction |", "|---|---|---:|---|---:|---:|"]
-    lines += [f"| {r['section']} | {r['config']} | {r['value']:.1f} | {r['unit']} | {r['ceiling']:.1f} | "
-              f"{r['fraction']:.3f} |" for r in report.rows]
-    return "\n".join(lines)
+# -- the run ---------------------------------------------------------------------------------
+SECTIONS = ("kernels", "decode", "prefill", "offline")
 
 
 def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
@@ -266,8 +313,10 @@ def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
     report.checks = [c.to_dict() for c in kernel_checks(plan)]
     if not all(c["ok"] for c in report.checks):
         return report  # NOTE: no timings from kernels that compute the wrong thing
+    if "kernels" in sections:
+        bench_kernels(plan, report)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TANDEM_BENCH_TMP")) as tmp:
-        ckpts = make_checkpoints(plan, Path(tmp))
+        ckpts = make_checkpoints(plan, Path(tmp)) if set(sections) - {"kernels"} else {}
         for name, fn in (("decode", bench_decode), ("prefill", bench_prefill)):
             if name in sections:
                 fn(plan, ckpts, report)
@@ -279,8 +328,7 @@ def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, kernels in Triton's interpreter")
-    parser.add_argument("--sections", nargs="+", default=["decode", "prefill", "offline"],
-                        choices=["decode", "prefill", "offline"])
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--overlap", choices=["core", "off", "on", "both"], default="core",
                         help="offline: the bare core stepping (core), or the engine loop as a worker runs it, with "
                              "overlap off, on, or both side by side")
@@ -303,12 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     overlaps = {"core": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.overlap]
     report = run(plan, args.sections, overlaps)
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
+    offline = tuple((offline_config(num, n_in, n_out, "weights=fp8 kv=fp8", overlaps[-1]), goal)
+                    for (num, n_in, n_out), goal in zip(plan.offline, plan.offline_goals))
+    goals = gpu_ceilings.targets(report.rows, plan.dtype, plan.target_kernels, max(plan.prefill_lens), offline)
     print(f"device: {device}  dtype: {plan.dtype}  shape: {plan.shape or 'tiny'}")
-    print(render(report))
+    print(gpu_report.render(report.ceilings, report.checks, report.rows, report.linears, goals))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": device, "plan": plan.__repr__(), "ceilings": report.ceilings,
-                                         "checks": report.checks, "rows": report.rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"device": device, "plan": repr(plan), "ceilings": report.ceilings,
+                                         "checks": report.checks, "rows": report.rows, "linears": report.linears,
+                                         "targets": goals}, indent=2) + "\n")
     return 0 if all(c["ok"] for c in report.checks) else 1
 
 
