@@ -10,22 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from engines.native.kernels.fp8 import FP8_MAX, to_e4m3
+from engines.native.kernels.fp8 import store_row
 from engines.native.kernels.launch import finish_split_k, num_sms, split_k_for, upcast_dots
+from engines.native.kernels.tiles import split_k_tile
 
-_MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
 def _w8a16_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   UPCAST: tl.constexpr):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
-    share = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    lo = split * share
-    hi = tl.minimum(lo + share, K)
+    rm, rn, split, lo, hi = split_k_tile(K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(lo, hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -68,12 +63,7 @@ def _quant_kernel(x_ptr, out_ptr, scale_ptr, N, stride_x, stride_o, BLOCK: tl.co
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    if STATIC:
-        scale = tl.load(scale_ptr)
-    else:
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, _MIN_SCALE)
-        tl.store(scale_ptr + row, scale)
-    tl.store(out_ptr + row * stride_o + offs, to_e4m3(x, scale).to(out_ptr.dtype.element_ty), mask=mask)
+    store_row(out_ptr + row * stride_o, scale_ptr, row, offs, mask, x, 1 if STATIC else 2)
 
 
 def quantize_fp8_act(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from engines.native.kernels.launch import finish_split_k, num_sms, split_k_for, upcast_dots
+from engines.native.kernels.tiles import split_k_tile
 
 BLOCK = tl.constexpr(16)  # inputs per E4M3 block scale (constexpr: read inside the kernel)
 
@@ -34,12 +35,7 @@ def _e2m1(code):
 def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_os,
                   stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, UPCAST: tl.constexpr):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
-    share = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    lo = split * share
-    hi = tl.minimum(lo + share, K)
+    rm, rn, split, lo, hi = split_k_tile(K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     jj = tl.arange(0, BLOCK_K // 2)  # packed byte within the K tile
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(lo, hi, BLOCK_K):

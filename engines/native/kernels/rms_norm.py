@@ -9,10 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engines.native.kernels.fp8 import FP8_MAX, to_e4m3
+from engines.native.kernels.fp8 import store_row
 
 QUANT_NONE, QUANT_STATIC, QUANT_DYNAMIC = 0, 1, 2  # FP8 output: none, one given scale, one scale per row
-_MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
@@ -31,15 +30,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, eps
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / N + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     y = (w.to(tl.float32) * (x32 * rstd).to(dtype).to(tl.float32)).to(w.dtype)
-    if QUANT == 0:
-        tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
-    else:
-        if QUANT == 1:
-            scale = tl.load(scale_ptr)
-        else:
-            scale = tl.maximum(tl.max(tl.abs(y.to(tl.float32)), axis=0) / FP8_MAX, _MIN_SCALE)
-            tl.store(scale_ptr + row, scale)
-        tl.store(out_ptr + row * stride_o + offs, to_e4m3(y, scale).to(out_ptr.dtype.element_ty), mask=mask)
+    store_row(out_ptr + row * stride_o, scale_ptr, row, offs, mask, y, QUANT)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -77,5 +68,3 @@ def rms_norm_reference(x, weight, eps: float, residual=None):
 def _warps(n: int, is_cuda: bool) -> dict:
     return {"num_warps": min(16, max(1, triton.next_power_of_2(n) // 512))} if is_cuda else {}
 
-
-__all__ = ["QUANT_DYNAMIC", "QUANT_NONE", "QUANT_STATIC", "rms_norm", "rms_norm_reference", "FP8_MAX"]

@@ -8,10 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engines.native.kernels.fp8 import FP8_MAX, to_e4m3
+from engines.native.kernels.fp8 import store_row
 from engines.native.kernels.rms_norm import QUANT_DYNAMIC, QUANT_NONE, QUANT_STATIC
 
-_MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
@@ -24,15 +23,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, scale_ptr, N, stride_x, stride_o, BLOCK: tl
     g32 = gate.to(tl.float32)
     act = (g32 / (1.0 + tl.exp(-g32))).to(gate.dtype)
     y = (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
-    if QUANT == 0:
-        tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
-    else:
-        if QUANT == 1:
-            scale = tl.load(scale_ptr)
-        else:
-            scale = tl.maximum(tl.max(tl.abs(y.to(tl.float32)), axis=0) / FP8_MAX, _MIN_SCALE)
-            tl.store(scale_ptr + row, scale)
-        tl.store(out_ptr + row * stride_o + offs, to_e4m3(y, scale).to(out_ptr.dtype.element_ty), mask=mask)
+    store_row(out_ptr + row * stride_o, scale_ptr, row, offs, mask, y, QUANT)
 
 
 def silu_mul(x: torch.Tensor, quant: int = QUANT_NONE, scale: torch.Tensor | None = None):

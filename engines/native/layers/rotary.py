@@ -1,6 +1,7 @@
 """Rotary position embeddings (rotate-half layout), with llama3 frequency scaling.
 
-cos/sin are tabulated once per position in float32; a forward only indexes the table.
+cos/sin are tabulated once per position in float32; a forward only indexes the table, once per step:
+every layer passes the same positions tensor, so the rows it gathered for the first layer serve the rest.
 """
 import math
 
@@ -31,12 +32,24 @@ class RotaryEmbedding:
         freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()  # [max_positions, head_dim], float32
+        self._rows: tuple | None = None  # (positions, dtype, cos, sin) of the last lookup
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[num_tokens, 1, head_dim] cos and sin in `dtype`.
+
+        NOTE: keyed on the tensor object, which the cache keeps alive, so its id cannot be reused;
+        CUDA-graph replays refill the same buffer in place, so the cache is bypassed while capturing."""
+        rows = self._rows
+        if rows is None or rows[0] is not positions or rows[1] != dtype or positions.is_cuda:
+            cos = self.cos[positions].unsqueeze(1).to(dtype)
+            sin = self.sin[positions].unsqueeze(1).to(dtype)
+            rows = self._rows = (positions, dtype, cos, sin)
+        return rows[2], rows[3]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
