@@ -115,40 +115,6 @@ def matmul_rate(plan: Plan, fp8: bool = False) -> float | None:
                             plan.device)
 
 
-# -- kernel checks ---------------------------------------------------------------------------
-def kernel_checks(plan: Plan) -> list:
-    from engines.native.kernels import checks, op_checks
-
-    dtype, dev, fp8 = getattr(torch, plan.dtype), plan.device, torch.float8_e4m3fn
-    big = plan.check_scale > 1
-    attn = {"num_heads": plan.attn.num_heads, "num_kv_heads": plan.attn.num_kv_heads,
-            "head_dim": plan.attn.head_dim, "block_size": plan.attn.block_size} if big else {}
-    results = []
-    for kv in (None, fp8):
-        results.append(checks.check_write_kv(dev, dtype, kv, **({"num_tokens": 4096, **_kv_only(attn)} if big else {})))
-        results.append(checks.check_decode(dev, dtype, kv, seq_lens=(1, 129, 1000, 4097) if big else (1, 7, 33), **attn))
-        results.append(checks.check_prefill(dev, dtype, kv, **({"spans": ((2048, 2048), (100, 1124), (1, 513)),
-                                                                 **attn} if big else {})))
-        results.append(op_checks.check_rope_kv(dev, dtype, kv, **({"num_tokens": 512, **_no_block(attn)} if big else {})))
-    for quant in (None, "static", "dynamic"):
-        results.append(op_checks.check_rms_norm(dev, dtype, quant, **({"num_tokens": 256, "hidden": 4096} if big else {})))
-        results.append(op_checks.check_silu_mul(dev, dtype, quant, **({"num_tokens": 256, "n": 14336} if big else {})))
-    for m, (_, n, k) in [(m, shape) for m in (1, 16, 256) for shape in plan.linears[:1]] if big else [(3, (0, 40, 96))]:
-        results.append(op_checks.check_fp8_w8a16(dev, dtype, m, n, k))
-        results.append(op_checks.check_nvfp4_matmul(dev, dtype, m, n, k))
-    results.append(op_checks.check_fp8_act_quant(dev, dtype, m=256 if big else 6, k=4096 if big else 96))
-    results.append(op_checks.check_nvfp4_dequant(dev, dtype))
-    return results
-
-
-def _kv_only(attn: dict) -> dict:
-    return {key: attn[key] for key in ("num_kv_heads", "head_dim", "block_size")}
-
-
-def _no_block(attn: dict) -> dict:
-    return {key: attn[key] for key in ("num_heads", "num_kv_heads", "head_dim", "block_size")}
-
-
 # -- the kernels alone -------------------------------------------------------------------------
 def bench_kernels(plan: Plan, report: Report) -> None:
     dtype, copy_bw = getattr(torch, plan.dtype), report.ceilings["copy_bytes_per_s"]
@@ -310,7 +276,7 @@ def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
     report.ceilings["copy_bytes_per_s"] = copy_bandwidth(plan)
     report.ceilings["matmul_flops_per_s"] = matmul_rate(plan)
     report.ceilings["fp8_matmul_flops_per_s"] = matmul_rate(plan, fp8=True)
-    report.checks = [c.to_dict() for c in kernel_checks(plan)]
+    report.checks = [c.to_dict() for c in gpu_kernels.kernel_checks(plan)]
     if not all(c["ok"] for c in report.checks):
         return report  # NOTE: no timings from kernels that compute the wrong thing
     if "kernels" in sections:

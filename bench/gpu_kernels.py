@@ -1,4 +1,4 @@
-"""The kernels alone, for bench/gpu_engine.py: paged decode attention in bytes/s (against the copy
+"""The kernels alone, for bench/gpu_engine.py: their correctness checks at model shapes, paged decode attention in bytes/s (against the copy
 ceiling and contiguous SDPA at the same shapes), paged prefill attention in FLOP/s (against the matmul
 ceiling and SDPA's flash kernel), and the FP8 / NVFP4 linear layers against bf16 at every batch size.
 
@@ -125,3 +125,37 @@ def _quantized_layers(w: torch.Tensor, dtype, device: str):
                          (nvfp4.weight_scale_2, global_scale)):
         param.data.copy_(value)
     return fp8, nvfp4
+
+
+def kernel_checks(plan) -> list:
+    """Every kernel check, at the plan's model shapes (GPU) or tiny ones (dry run)."""
+    from engines.native.kernels import checks, op_checks
+
+    dtype, dev, fp8 = getattr(torch, plan.dtype), plan.device, torch.float8_e4m3fn
+    big = plan.check_scale > 1
+    attn = {"num_heads": plan.attn.num_heads, "num_kv_heads": plan.attn.num_kv_heads,
+            "head_dim": plan.attn.head_dim, "block_size": plan.attn.block_size} if big else {}
+    results = []
+    for kv in (None, fp8):
+        results.append(checks.check_write_kv(dev, dtype, kv, **({"num_tokens": 4096, **_kv_only(attn)} if big else {})))
+        results.append(checks.check_decode(dev, dtype, kv, seq_lens=(1, 129, 1000, 4097) if big else (1, 7, 33), **attn))
+        results.append(checks.check_prefill(dev, dtype, kv, **({"spans": ((2048, 2048), (100, 1124), (1, 513)),
+                                                                 **attn} if big else {})))
+        results.append(op_checks.check_rope_kv(dev, dtype, kv, **({"num_tokens": 512, **_no_block(attn)} if big else {})))
+    for quant in (None, "static", "dynamic"):
+        results.append(op_checks.check_rms_norm(dev, dtype, quant, **({"num_tokens": 256, "hidden": 4096} if big else {})))
+        results.append(op_checks.check_silu_mul(dev, dtype, quant, **({"num_tokens": 256, "n": 14336} if big else {})))
+    for m, (_, n, k) in [(m, shape) for m in (1, 16, 256) for shape in plan.linears[:1]] if big else [(3, (0, 40, 96))]:
+        results.append(op_checks.check_fp8_w8a16(dev, dtype, m, n, k))
+        results.append(op_checks.check_nvfp4_matmul(dev, dtype, m, n, k))
+    results.append(op_checks.check_fp8_act_quant(dev, dtype, m=256 if big else 6, k=4096 if big else 96))
+    results.append(op_checks.check_nvfp4_dequant(dev, dtype))
+    return results
+
+
+def _kv_only(attn: dict) -> dict:
+    return {key: attn[key] for key in ("num_kv_heads", "head_dim", "block_size")}
+
+
+def _no_block(attn: dict) -> dict:
+    return {key: attn[key] for key in ("num_heads", "num_kv_heads", "head_dim", "block_size")}
