@@ -12,6 +12,7 @@ from engines.native.quant.swap import write_quant_config
 from engines.native.quant.transform import quantize_checkpoint
 
 PROMPT = list(range(5, 25))
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU layers' kernels: compiled, or interpreted
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -57,8 +58,10 @@ def gpu_layers_on_cpu(monkeypatch):
 
 
 def logits(model_dir, backend: str) -> torch.Tensor:
-    config = EngineConfig(model=str(model_dir), num_blocks=16, attention_backend=backend)
-    return EngineCore(config).prompt_logits(PROMPT)
+    device = DEVICE if backend == "triton" else "cpu"  # the torch backend's layers: the CPU references
+    config = EngineConfig(model=str(model_dir), device=device, num_blocks=16, attention_backend=backend,
+                          cuda_graphs=False)
+    return EngineCore(config).prompt_logits(PROMPT).cpu()
 
 
 @pytest.mark.parametrize("path, bound", [(gpu_modules.SCALED_MM, 1e-4), (gpu_modules.W8A16, 0.15)])
@@ -73,8 +76,9 @@ def test_fp8_paths_track_the_reference(tiny_llama, tmp_path, gpu_layers_on_cpu, 
     # NOTE: the first call of each shape runs unfused (it is the one timed); later ones (a second
     # engine: choices last for the process) take FP8 straight from the RMSNorm / SiLU-mul epilogue
     if path == gpu_modules.SCALED_MM:
-        core = EngineCore(EngineConfig(model=str(model_dir), num_blocks=16, attention_backend="triton"))
-        ours = core.prompt_logits(PROMPT)
+        core = EngineCore(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
+                                       cuda_graphs=False))
+        ours = core.prompt_logits(PROMPT).cpu()
         gate_up = core.runner.model.model.layers[0].mlp.gate_up_proj
         assert gate_up.input_quant(len(PROMPT)).static_scale is None  # dynamic: one scale per row
     assert rel(ours, ref) < bound
@@ -85,12 +89,13 @@ def test_fp8_with_calibrated_static_scales_tracks_the_float_model(tiny_llama, tm
     model_dir = quantize_checkpoint(tiny_llama, tmp_path / "fp8", "fp8")
     write_quant_config(model_dir, calibrate(model_dir, [PROMPT]))
     gpu_layers_on_cpu(gpu_modules.SCALED_MM)
-    core = EngineCore(EngineConfig(model=str(model_dir), num_blocks=16, attention_backend="triton"))
+    core = EngineCore(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
+                                   cuda_graphs=False))
     qkv = core.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.input_scale is not None and qkv.input_scale.item() > 0
     core.prompt_logits(PROMPT)  # times each shape
     assert qkv.input_quant(len(PROMPT)).static_scale is qkv.input_scale
-    assert rel(core.prompt_logits(PROMPT), float_ref) < 0.15  # as FP8 W8A8 with dynamic scales
+    assert rel(core.prompt_logits(PROMPT).cpu(), float_ref) < 0.15  # as FP8 W8A8 with dynamic scales
 
 
 @pytest.mark.parametrize("path", [gpu_modules.IN_REGISTERS, gpu_modules.DEQUANT_CUBLAS])
