@@ -32,6 +32,17 @@ def _e2m1(code):
 
 
 @triton.jit
+def _block_scales(s_ptr, rn, rn_mask, first_byte, end_byte, stride_sn, NUM_BYTES: tl.constexpr):
+    """[len(rn), NUM_BYTES] fp32: each packed byte's E4M3 block scale, loaded once per 16-input block
+    (8 bytes) and repeated in registers instead of loaded again for every byte; 0 from end_byte on."""
+    blocks = first_byte // (BLOCK // 2) + tl.arange(0, NUM_BYTES // (BLOCK // 2))
+    mask = rn_mask[:, None] & (blocks < end_byte // (BLOCK // 2))[None, :]
+    scale = tl.load(s_ptr + rn[:, None] * stride_sn + blocks[None, :], mask=mask, other=0.0)
+    scale = tl.broadcast_to(scale.to(tl.float32)[:, :, None], (rn.shape[0], NUM_BYTES // (BLOCK // 2), BLOCK // 2))
+    return tl.reshape(scale, (rn.shape[0], NUM_BYTES))
+
+
+@triton.jit
 def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_os,
                   stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, UPCAST: tl.constexpr):
@@ -43,8 +54,7 @@ def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, strid
         in_k = byte < hi // 2
         w_mask = (rn < N)[:, None] & in_k[None, :]
         packed = tl.load(w_ptr + rn[:, None] * stride_wn + byte[None, :], mask=w_mask, other=0).to(tl.int32)
-        scale = tl.load(s_ptr + rn[:, None] * stride_sn + (byte // (BLOCK // 2))[None, :], mask=w_mask, other=0.0)
-        scale = scale.to(tl.float32)
+        scale = _block_scales(s_ptr, rn, rn < N, k0 // 2, hi // 2, stride_sn, BLOCK_K // 2)
         x_mask = (rm < M)[:, None] & in_k[None, :]
         x_even = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte)[None, :], mask=x_mask, other=0.0)
         x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte + 1)[None, :], mask=x_mask, other=0.0)

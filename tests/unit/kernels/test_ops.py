@@ -79,3 +79,11 @@ def test_a_wrong_epilogue_scale_fails_its_check(monkeypatch):
 
     monkeypatch.setattr(module, "silu_mul", doubled)
     assert not op_checks.check_silu_mul(DEVICE, torch.float32, "dynamic").ok
+
+
+@pytest.mark.parametrize("k, split_k", [(80, 1), (80, 2), (272, 3)])
+def test_quantized_gemms_with_a_partial_last_k_tile(k, split_k):
+    results = [op_checks.check_fp8_w8a16(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_k=64),
+               op_checks.check_nvfp4_matmul(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_n=16,
+                                            block_k=64)]
+    assert all(r.ok for r in results), results
