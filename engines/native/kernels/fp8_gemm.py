@@ -58,12 +58,12 @@ def fp8_w8a16_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 
 
 @triton.jit
-def _quant_kernel(x_ptr, out_ptr, scale_ptr, N, stride_x, stride_o, BLOCK: tl.constexpr, STATIC: tl.constexpr):
+def _quant_kernel(x_ptr, out_ptr, scale_ptr, N, stride_x, stride_o, BLOCK: tl.constexpr, QUANT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    store_row(out_ptr + row * stride_o, scale_ptr, row, offs, mask, x, 1 if STATIC else 2)
+    store_row(out_ptr + row * stride_o, scale_ptr, row, offs, mask, x, QUANT)
 
 
 def quantize_fp8_act(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,5 +76,5 @@ def quantize_fp8_act(x: torch.Tensor, static_scale: torch.Tensor | None = None) 
         block = triton.next_power_of_2(k)
         launch = {"num_warps": min(16, max(1, block // 1024))} if x.is_cuda else {}
         _quant_kernel[(m,)](x, out, scale, k, x.stride(0), out.stride(0), BLOCK=block,
-                            STATIC=static_scale is not None, **launch)
+                            QUANT=1 if static_scale is not None else 2, **launch)  # fp8.store_row's modes
     return out, scale

@@ -58,11 +58,13 @@ def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, strid
         x_mask = (rm < M)[:, None] & in_k[None, :]
         x_even = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte)[None, :], mask=x_mask, other=0.0)
         x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte + 1)[None, :], mask=x_mask, other=0.0)
-        dot_dtype = tl.float32 if UPCAST else x_even.dtype
-        w_lo = (_e2m1(packed & 15) * scale).to(dot_dtype)  # [BLOCK_N, BLOCK_K // 2]
-        w_hi = (_e2m1(packed >> 4) * scale).to(dot_dtype)
-        acc += tl.dot(x_even.to(dot_dtype), tl.trans(w_lo))
-        acc += tl.dot(x_odd.to(dot_dtype), tl.trans(w_hi))
+        w_lo = (_e2m1(packed & 15) * scale).to(x_even.dtype)  # [BLOCK_N, BLOCK_K // 2]
+        w_hi = (_e2m1(packed >> 4) * scale).to(x_even.dtype)
+        if UPCAST:
+            x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
+            w_lo, w_hi = w_lo.to(tl.float32), w_hi.to(tl.float32)
+        acc += tl.dot(x_even, tl.trans(w_lo))
+        acc += tl.dot(x_odd, tl.trans(w_hi))
     acc = acc * tl.load(g_ptr)
     out_mask = (rm < M)[:, None] & (rn < N)[None, :]
     tl.store(out_ptr + split * stride_os + rm[:, None] * stride_om + rn[None, :],
