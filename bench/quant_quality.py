@@ -4,7 +4,8 @@ next-token distributions at every position of a fixed prompt set. Prints a table
     python bench/quant_quality.py [--model DIR] [--json bench/out/quant-quality.json]
 
 Variants: FP8 weights (W8A8, per-channel / per-token), FP8 KV cache (E4M3, per-layer scales from the
-checkpoint, else 1.0), NVFP4 weights (W4A16). The quantized checkpoints are written by the offline
+checkpoint, else 1.0), the FP8 KV cache with scales from `tandem model calibrate` (on the built-in
+corpus, not on the scored prompts), NVFP4 weights (W4A16). The quantized checkpoints are written by the offline
 transform into a temporary directory. Runs wherever the engine runs (CPU: the reference paths).
 """
 import argparse
@@ -41,7 +42,7 @@ PROMPTS = (
     "The best way to learn a new programming language is",
     "Rain forms when water vapour in the atmosphere",
 )
-VARIANTS = ("fp8-weights", "fp8-kv", "nvfp4-weights")
+VARIANTS = ("fp8-weights", "fp8-kv", "fp8-kv-calibrated", "nvfp4-weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +86,27 @@ def measure(model_dir: Path, variants=VARIANTS, dtype: str = "float32", prompts=
         for variant in variants:
             if variant == "fp8-kv":
                 ours, secs = run_logits(model_dir, token_ids, dtype, kv_cache_dtype="fp8")
+            elif variant == "fp8-kv-calibrated":
+                ours, secs = run_logits(calibrated_copy(model_dir, Path(tmp) / variant, dtype), token_ids, dtype,
+                                        kv_cache_dtype="fp8")
             else:
                 quantized = quantize_checkpoint(model_dir, Path(tmp) / variant, variant.removesuffix("-weights"))
                 ours, secs = run_logits(quantized, token_ids, dtype)
             results.append(compare(ref, ours, variant, secs))
     return results
+
+
+def calibrated_copy(model_dir: Path, dst: Path, dtype: str) -> Path:
+    """model_dir's files (weights linked, not copied) with scales calibrated on the built-in corpus."""
+    from engines.native.quant.calibrate import calibrate_checkpoint
+    from tandem.models.cli import calibration_ids
+
+    dst.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if path.is_file() and path.name != "tandem_quant.json":
+            (dst / path.name).symlink_to(path.resolve())
+    calibrate_checkpoint(dst, calibration_ids(dst, None, 64), dtype=dtype)
+    return dst
 
 
 def table(results: list[Quality]) -> str:

@@ -51,7 +51,8 @@ class TorchPagedAttention:
 
     def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype, is_value: bool) -> torch.Tensor:
         """Whole blocks [len(block_ids), block_size, num_kv_heads, head_dim], as `dtype`."""
-        return cache.index_select(0, block_ids).to(dtype)
+        blocks = cache.index_select(0, block_ids)
+        return blocks if blocks.dtype == dtype else blocks.to(dtype)
 
     def _fresh(self, q, k, v, fresh, scale: float, out: torch.Tensor) -> None:
         """All spans with nothing cached in one causal SDPA call over a padded batch."""

@@ -54,9 +54,9 @@ def test_quant_quality_on_tiny_model(tiny_llama, tmp_path):
     out = tmp_path / "q.json"
     assert quant_quality.main(["--model", str(tiny_llama), "--num-prompts", "2", "--json", str(out)]) == 0
     results = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(results) == {"reference", "fp8-weights", "fp8-kv", "nvfp4-weights"}
+    assert set(results) == {"reference", "fp8-weights", "fp8-kv", "fp8-kv-calibrated", "nvfp4-weights"}
     assert results["reference"]["top1_agreement"] == 1.0 and results["reference"]["mean_kl"] == 0.0
-    for name in ("fp8-weights", "fp8-kv", "nvfp4-weights"):
+    for name in ("fp8-weights", "fp8-kv", "fp8-kv-calibrated", "nvfp4-weights"):
         assert results[name]["mean_kl"] > 0 and 0 <= results[name]["top1_agreement"] <= 1
     assert results["nvfp4-weights"]["mean_kl"] > results["fp8-weights"]["mean_kl"]  # 4 bits lose more than 8
 
