@@ -30,8 +30,10 @@ class TorchPagedAttention:
         # NOTE: every token's k/v is written before any read, so a span may read blocks that
         # another sequence fills in this same step (a prefix-cache hit on a block in flight).
         k, v = self._write(k, v, k_cache, v_cache, meta)
-        out = torch.empty_like(q)
         num_decodes = meta.num_decode_tokens
+        if num_decodes == q.shape[0]:  # a decode-only step: nothing to assemble
+            return self._decode(q, k_cache, v_cache, meta, scale)
+        out = torch.empty_like(q)
         if num_decodes:
             out[:num_decodes] = self._decode(q[:num_decodes], k_cache, v_cache, meta, scale)
         if meta.fresh is not None:
