@@ -32,12 +32,12 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
               dtype: str = "float32") -> QuantConfig:
     """Scales measured over `prompts` (token ids each); the checkpoint's weight format is kept."""
     from engines.native.config import EngineConfig
-    from engines.native.core import EngineCore
+    from engines.native.runner import build_core, prompt_logits
 
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     longest = max(len(p) for p in prompts)
-    core = EngineCore(EngineConfig(model=str(model_dir), device=device, dtype=dtype, attention_backend="torch",
+    core = build_core(EngineConfig(model=str(model_dir), device=device, dtype=dtype, attention_backend="torch",
                                    cuda_graphs=False, enable_prefix_caching=False, max_model_len=longest + 1,
                                    num_blocks=-(-longest // 16) + 2, max_num_batched_tokens=longest))
     model = core.runner.model
@@ -49,7 +49,7 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
              for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in QUANTIZED_MODULES]
     try:
         for ids in prompts:
-            core.prompt_logits(ids)
+            prompt_logits(core, ids)
     finally:
         for hook in hooks:
             hook.remove()

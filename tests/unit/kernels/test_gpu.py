@@ -59,20 +59,20 @@ async def test_64_greedy_tokens_of_the_fast_paths_match_the_torch_backend(tiny_l
 def test_quantized_gpu_layers_match_their_references_on_every_path(fmt, tiny_llama, tmp_path, monkeypatch):
     """Each GEMM path the dispatcher may pick, forced in turn, against the layer's CPU reference."""
     from engines.native.config import EngineConfig
-    from engines.native.core import EngineCore
+    from engines.native.runner import build_core, prompt_logits
     from engines.native.quant import dispatch, gpu_modules
     from engines.native.quant.transform import quantize_checkpoint
 
     model_dir = quantize_checkpoint(tiny_llama, tmp_path / fmt, fmt)
     prompt = list(range(5, 45))
-    ref = EngineCore(EngineConfig(model=str(model_dir), num_blocks=16)).prompt_logits(prompt)
+    ref = prompt_logits(build_core(EngineConfig(model=str(model_dir), num_blocks=16)), prompt)
     paths = {"fp8": (gpu_modules.W8A16, gpu_modules.SCALED_MM),
              "nvfp4": (gpu_modules.IN_REGISTERS, gpu_modules.DEQUANT_CUBLAS)}[fmt]
     for path in paths:
         dispatch.forget()
         monkeypatch.setattr(dispatch, "choose", lambda key, candidates, fallback, timer=None, p=path: p)
-        core = EngineCore(EngineConfig(model=str(model_dir), device="cuda", num_blocks=16, cuda_graphs=False))
-        ours = core.prompt_logits(prompt).cpu()
+        core = build_core(EngineConfig(model=str(model_dir), device="cuda", num_blocks=16, cuda_graphs=False))
+        ours = prompt_logits(core, prompt).cpu()
         # W8A16 skips the activation rounding the W8A8 reference does: looser than the same math
         bound = 0.15 if path == gpu_modules.W8A16 else 0.02
         assert ((ours - ref).norm() / ref.norm()).item() < bound, path

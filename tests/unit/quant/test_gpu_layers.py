@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engines.native.config import EngineConfig
-from engines.native.core import EngineCore
+from engines.native.runner import build_core, prompt_logits
 from engines.native.quant import dispatch, gpu_modules, swap
 from engines.native.quant.calibrate import calibrate
 from engines.native.quant.swap import write_quant_config
@@ -61,7 +61,7 @@ def logits(model_dir, backend: str) -> torch.Tensor:
     device = DEVICE if backend == "triton" else "cpu"  # the torch backend's layers: the CPU references
     config = EngineConfig(model=str(model_dir), device=device, num_blocks=16, attention_backend=backend,
                           cuda_graphs=False)
-    return EngineCore(config).prompt_logits(PROMPT).cpu()
+    return prompt_logits(build_core(config), PROMPT).cpu()
 
 
 @pytest.mark.parametrize("path, bound", [(gpu_modules.SCALED_MM, 1e-4), (gpu_modules.W8A16, 0.15)])
@@ -76,9 +76,9 @@ def test_fp8_paths_track_the_reference(tiny_llama, tmp_path, gpu_layers_on_cpu, 
     # NOTE: the first call of each shape runs unfused (it is the one timed); later ones (a second
     # engine: choices last for the process) take FP8 straight from the RMSNorm / SiLU-mul epilogue
     if path == gpu_modules.SCALED_MM:
-        core = EngineCore(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
+        core = build_core(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
                                        cuda_graphs=False))
-        ours = core.prompt_logits(PROMPT).cpu()
+        ours = prompt_logits(core, PROMPT).cpu()
         gate_up = core.runner.model.model.layers[0].mlp.gate_up_proj
         assert gate_up.input_quant(len(PROMPT)).static_scale is None  # dynamic: one scale per row
     assert rel(ours, ref) < bound
@@ -89,13 +89,13 @@ def test_fp8_with_calibrated_static_scales_tracks_the_float_model(tiny_llama, tm
     model_dir = quantize_checkpoint(tiny_llama, tmp_path / "fp8", "fp8")
     write_quant_config(model_dir, calibrate(model_dir, [PROMPT]))
     gpu_layers_on_cpu(gpu_modules.SCALED_MM)
-    core = EngineCore(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
+    core = build_core(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
                                    cuda_graphs=False))
     qkv = core.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.input_scale is not None and qkv.input_scale.item() > 0
-    core.prompt_logits(PROMPT)  # times each shape
+    prompt_logits(core, PROMPT)  # times each shape
     assert qkv.input_quant(len(PROMPT)).static_scale is qkv.input_scale
-    assert rel(core.prompt_logits(PROMPT).cpu(), float_ref) < 0.15  # as FP8 W8A8 with dynamic scales
+    assert rel(prompt_logits(core, PROMPT).cpu(), float_ref) < 0.15  # as FP8 W8A8 with dynamic scales
 
 
 @pytest.mark.parametrize("path", [gpu_modules.IN_REGISTERS, gpu_modules.DEQUANT_CUBLAS])
