@@ -68,3 +68,15 @@ def test_kl_and_agreement_by_hand():
     p = torch.tensor([2.0, 0.0]).softmax(0)
     expected = (p * (p.log() - torch.tensor([0.0, 2.0]).log_softmax(0))).sum().item() / 2
     assert q.top1_agreement == 0.5 and q.mean_kl == pytest.approx(expected)
+
+
+def test_gpu_engine_offline_through_the_engine_loop_keeps_its_targets(tmp_path):
+    out = tmp_path / "overlap.json"
+    assert gpu_engine.main(["--dry-run", "--sections", "offline", "--overlap", "both", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    configs = {r["config"] for r in data["rows"]}
+    assert configs == {f"{n} x {i}/{o} weights={w}{loop}" for n, i, o in gpu_engine.DRY_PLAN.offline
+                       for w in ("float32 kv=float32", "fp8 kv=fp8")
+                       for loop in (" loop overlap=off", " loop overlap=on")}
+    offline = [t for t in data["targets"] if t["target"].startswith("offline")]
+    assert len(offline) == 2 and all("overlap=on" in t["target"] and t["measured"] > 0 for t in offline)
