@@ -2,7 +2,8 @@
 
   healthcheck.py http  http://127.0.0.1:8000/ready      a 2xx answer
   healthcheck.py grpc  127.0.0.1:50051 [SERVICE]        grpc.health.v1 says SERVING ("" = the whole server)
-It only asks; it never changes a service's state.
+It only asks; it never changes a service's state. gRPC goes over TLS when TANDEM_GRPC_TLS_* says so, as the
+service's own channels do.
 """
 import argparse
 import sys
@@ -25,7 +26,9 @@ def check_grpc(address: str, service: str, timeout_s: float) -> str | None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    from services.common.grpc_server import make_sync_channel
+
+    with make_sync_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

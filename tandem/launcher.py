@@ -191,10 +191,11 @@ class Stack:
     def _registered(self) -> int:
         import grpc
 
+        from services.common.grpc_server import make_sync_channel
         from services.common.protos import router_pb2, router_pb2_grpc  # (generated on first import)
 
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{self.router_port}") as channel:
+            with make_sync_channel(f"127.0.0.1:{self.router_port}") as channel:
                 reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=1)
                 return len(reply.workers)
         except grpc.RpcError:

@@ -1,5 +1,6 @@
-"""gRPC bootstrap shared by every service: message limits, health and reflection services,
-client channels, and a serve-until-signal loop that drains before it exits."""
+"""gRPC bootstrap shared by every service: message limits, keepalive and reconnect timing, TLS when configured
+(services/common/tls.py), health and reflection services, client channels, and a serve-until-signal loop that
+drains before it exits."""
 import asyncio
 import logging
 import signal
@@ -9,33 +10,68 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.tls import process_tls
+
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20  # KV chunks are a few MiB; leave headroom
-OPTIONS = [
+_SHARED = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# NOTE: a peer that stops answering pings (SIGSTOP, a dead host, a dropped link) fails its calls with UNAVAILABLE
+# within keepalive time + timeout, so the gateway can migrate them; a restarted peer is dialled again within 1 s,
+# not after gRPC's default backoff of up to two minutes
+CHANNEL_OPTIONS = [
+    *_SHARED,
+    ("grpc.keepalive_time_ms", 5_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+# servers accept those pings (the default allows one per 5 minutes without data and then sends GOAWAY), and
+# ping their clients in turn, so the streams of a client that vanished are cancelled
+SERVER_OPTIONS = [
+    *_SHARED,
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
 def make_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=OPTIONS)
+    """An asyncio channel to a tandem service: TLS when TANDEM_GRPC_TLS_* says so, else plaintext."""
+    tls = process_tls()
+    if tls.is_enabled:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def make_sync_channel(address: str) -> grpc.Channel:
+    """The same, blocking (the launcher's probes, health checks, tests)."""
+    tls = process_tls()
+    if tls.is_enabled:
+        return grpc.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 class GrpcServer:
     """One aio server with the standard health and reflection services."""
 
     def __init__(self, address: str, service_names: list[str]):
-        self.server = grpc.aio.server(options=OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"],
                                             self.server)
         self.service_names = service_names
-        self.port = self.server.add_insecure_port(address)
+        tls = process_tls()
+        self.port = (self.server.add_secure_port(address, tls.server_credentials()) if tls.is_enabled
+                     else self.server.add_insecure_port(address))
         if self.port == 0:
             raise OSError(f"cannot listen on {address}")
 

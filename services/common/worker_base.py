@@ -23,6 +23,7 @@ from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb
 from services.common.registration import Registrar
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError
+from services.common.tls import process_tls
 from services.common.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,7 @@ def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str]
 
     try:
         settings = parse_worker_settings(role, argv)
+        process_tls()  # NOTE: a bad TANDEM_GRPC_TLS_* fails here, in one line, not at the first call
         setup_logging(role.value)
         setup_tracing(role.value)
         try:

@@ -14,6 +14,7 @@ from services.common.grpc_server import make_channel
 from services.common.logs import setup_logging
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
+from services.common.tls import process_tls
 from services.gateway import errors
 from services.gateway.admission import Admission, Inflight
 from services.gateway.metrics import GatewayMetrics
@@ -118,6 +119,7 @@ async def _model_card(serving: Serving) -> dict:
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = parse_args(argv)
+        process_tls()
         setup_logging("gateway")
         logging.getLogger().setLevel(settings.log_level.upper())
         if settings.num_workers > 1:  # checked here once, so a bad model is one clear line, not N dying processes

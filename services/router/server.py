@@ -16,6 +16,7 @@ from services.common.metrics import MetricsEndpoint
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.settings import SettingsError
+from services.common.tls import process_tls
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
                                      worker_status_to_pb)
 from services.router.core import RouterCore
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
+        process_tls()
     except SettingsError as exc:
         print(f"tandem router: error: {exc}", file=sys.stderr)
         return 2

@@ -3,9 +3,9 @@ on free ports, stopped after use."""
 import contextlib
 from pathlib import Path
 
-import grpc
 import pytest
 
+from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tandem.launcher import Stack, StackConfig, free_port, make_stack
 
@@ -25,13 +25,13 @@ def running_stack(model: Path, tmp_path: Path, **kw):
 
 
 def workers(stack: Stack) -> list:
-    with grpc.insecure_channel(f"127.0.0.1:{stack.router_port}") as channel:
+    with make_sync_channel(f"127.0.0.1:{stack.router_port}") as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return list(reply.workers)
 
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
-    with grpc.insecure_channel(address) as channel:
+    with make_sync_channel(address) as channel:
         return worker_pb2_grpc.WorkerControlStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
 
 
