@@ -56,3 +56,7 @@ class UnknownModelError(EngineError, LookupError):
 
 class NoWorkerAvailableError(EngineError):
     """The model is known but no live, non-excluded worker can take the request."""
+
+
+class WorkersBusyError(EngineError):
+    """Every worker that could take the request is past the busy threshold: load is shed, retry later."""

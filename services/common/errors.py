@@ -3,11 +3,13 @@ import grpc
 
 from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, InvalidRequestError,
                                  KvLayoutMismatchError, ModelNotFoundError, NoWorkerAvailableError,
-                                 RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError)
+                                 RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError,
+                                 WorkersBusyError)
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (EngineDiedError, grpc.StatusCode.UNAVAILABLE),  # another worker can take it
     (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
+    (WorkersBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # shed load: retry later
     (UnknownModelError, grpc.StatusCode.NOT_FOUND),
     (KvLayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (EngineBusyError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -10,6 +10,9 @@ from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
+# NOTE: a restarted router must see every worker again within a second or two: its KV index and its pool are
+# rebuilt from their registrations (the router subscribes to each one's KV events when it registers)
+MAX_BACKOFF_S = 1.0
 
 
 class Registrar:
@@ -53,7 +56,7 @@ class Registrar:
                 self.registered.clear()
                 log.warning("router unreachable (%s); retrying in %.1fs", exc.code().name, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _register(self) -> None:
         reply = await self.stub.Register(router_pb2.RegisterRequest(worker=self.info, load=self.load()), timeout=5)

@@ -1,16 +1,34 @@
-"""One routing decision: candidates from the registry, a decode worker from the policy, a prefill
-worker from the disaggregation policy, in-flight load recorded. Pure: no I/O, no transport."""
-from services.router.policy import DisaggregationPolicy, RoutingPolicy
+"""One routing decision: candidates from the registry (quarantined workers only when nothing else is left), a
+decode worker from the policy, a prefill worker from the disaggregation policy, in-flight load recorded; when
+every decode candidate is past the busy threshold, load is shed instead. Pure: no I/O, no transport."""
+from dataclasses import dataclass
+
+from services.router.policy import DisaggregationPolicy, RoutingPolicy, load_of
 from services.router.registry import Registry
 from services.router.types import (NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
-                                   WorkerRole, WorkerView)
+                                   WorkerRole, WorkersBusyError, WorkerView)
+
+
+@dataclass(frozen=True, slots=True)
+class BusyThresholds:
+    """When a decode worker counts as saturated (0 turns a check off): `load`, sequences per batch slot
+    (running, waiting and routed-but-unreported, as `load_of`); `kv`, the share of its KV blocks in use."""
+
+    load: float = 0.0
+    kv: float = 0.0
+
+    def is_busy(self, view: WorkerView) -> bool:
+        kv_used = view.load.num_blocks_used / view.load.num_blocks_total if view.load.num_blocks_total else 0.0
+        return (0 < self.load <= load_of(view)) or (0 < self.kv <= kv_used)
 
 
 class RouterCore:
-    def __init__(self, registry: Registry, policy: RoutingPolicy, disagg: DisaggregationPolicy):
+    def __init__(self, registry: Registry, policy: RoutingPolicy, disagg: DisaggregationPolicy,
+                 busy: BusyThresholds = BusyThresholds()):
         self.registry = registry
         self.policy = policy
         self.disagg = disagg
+        self.busy = busy
 
     def route(self, request: RouteInput) -> RouteDecision:
         """Choose workers for `request` and count it against them; raises when none can take it."""
@@ -24,12 +42,16 @@ class RouterCore:
         return RouteDecision(decode, split.prefill, self.policy.name, num_cached, split.reason)
 
     def candidates(self, request: RouteInput, role: WorkerRole) -> list[WorkerView]:
-        views = self.registry.views(request.model, role)
-        return [v for v in views if v.worker_id not in request.exclude_worker_ids]
+        views = [v for v in self.registry.views(request.model, role) if v.worker_id not in request.exclude_worker_ids]
+        # NOTE: quarantine is a preference: a pool whose every worker failed recently still serves
+        healthy = [v for v in views if not self.registry.quarantine_left_s(v.worker_id)]
+        return healthy or views
 
     def _decode_candidates(self, request: RouteInput) -> list[WorkerView]:
         found = self.candidates(request, WorkerRole.DECODE)
         if found:
+            if all(self.busy.is_busy(v) for v in found):
+                raise WorkersBusyError(f"all {len(found)} decode workers for model {request.model!r} are busy")
             return found
         if not self.registry.has_model(request.model) and self.registry.views():
             raise UnknownModelError(f"model {request.model!r} is not served by any worker")

@@ -11,7 +11,8 @@ from services.common.metrics import FAST_BUCKETS
 from services.router.types import RouteDecision, WorkerRole, WorkerView
 
 # decided, or failed with these gRPC statuses (lower case, as RouterError subclasses name them)
-KNOWN_OUTCOMES = ("aggregated", "disaggregated", "unavailable", "not_found", "invalid_argument")
+KNOWN_OUTCOMES = ("aggregated", "disaggregated", "unavailable", "not_found", "invalid_argument",
+                  "resource_exhausted")
 OVERLAP_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -69,6 +70,8 @@ class RouterMetrics:
         self.cached_tokens = Counter("tandem_router_predicted_cached_tokens", "Prompt tokens predicted cached at "
                                      "the chosen worker", ["policy"], registry=r)
         self.routed_tokens = Counter("tandem_router_routed_tokens", "Prompt tokens routed", ["policy"], registry=r)
+        self.worker_failures = Counter("tandem_router_worker_failures", "Failures gateways reported, each starting "
+                                       "a quarantine", ["worker_id"], registry=r)
 
     def start_at_zero(self, policy: str) -> None:
         """Create the series of `policy` the dashboards read, so each exists (at 0) from start-up."""
@@ -87,3 +90,6 @@ class RouterMetrics:
 
     def failed(self, policy: str, outcome: str) -> None:
         self.decisions.labels(policy, outcome).inc()
+
+    def worker_failed(self, worker_id: str) -> None:
+        self.worker_failures.labels(worker_id).inc()

@@ -1,4 +1,7 @@
-"""The worker registry: leases renewed by heartbeats, the load they carry, and in-flight requests.
+"""The worker registry: leases renewed by heartbeats, the load they carry, in-flight requests, and quarantine
+(a worker the gateway just saw fail is avoided for a while). A lapsed lease is not yet an eviction: the shell
+probes the worker first and `extend`s a slow one's lease; an evicted worker that comes back gets its in-flight
+requests back.
 
 Pure: no I/O, no logging, no transport; time comes from an injected clock.
 """
@@ -25,6 +28,7 @@ class _Worker:
     load_seq: int  # the route sequence number when `load` was reported
     inflight: dict[str, _Route] = field(default_factory=dict)  # req_id -> route, oldest first
     num_inflight_tokens: int = 0  # the sum of `inflight`'s num_tokens
+    num_extensions: int = 0  # leases granted by a probe since the last heartbeat
 
     def add(self, req_id: str, route: _Route) -> None:
         self.inflight[req_id] = route
@@ -69,6 +73,8 @@ class Registry:
         self._models: set[str] = set()  # every model ever registered: its absence later is UNAVAILABLE
         self._groups: dict[tuple[str, WorkerRole], list[_Worker]] | None = None  # by worker_id; None: stale
         self._seq = 0  # counts routes, so "routed after the last load report" is exact under any clock
+        self._quarantined: dict[str, float] = {}  # worker_id -> until
+        self._evicted: dict[str, dict[str, _Route]] = {}  # worker_id -> its in-flight routes when it was evicted
 
     def __len__(self) -> int:
         """Workers held, including lapsed ones the next `expire` will remove."""
@@ -77,36 +83,90 @@ class Registry:
     # ---- leases ----
 
     def register(self, info: WorkerInfo, load: WorkerLoad) -> bool:
-        """Add or replace a worker; True when it was not live before."""
+        """Add or replace a worker; True when it was not live before. A worker that registers is serving now: it
+        leaves quarantine, and one that was evicted gets back the requests still counted against it."""
         info.validate()
         old = self._live(info.worker_id)
         rec = _Worker(info, load, self._clock() + self.lease_ttl_s, self._seq)
         if old is not None:  # NOTE: a re-registering worker keeps requests the gateway owns
             rec.inflight, rec.num_inflight_tokens = old.inflight, old.num_inflight_tokens
+        for req_id, route in self._evicted.pop(info.worker_id, {}).items():
+            rec.add(req_id, route)
         self._workers[info.worker_id] = rec
+        self._quarantined.pop(info.worker_id, None)
         self._models.add(info.model)
         self._groups = None
         return old is None
 
     def heartbeat(self, worker_id: str, load: WorkerLoad) -> bool:
-        """Renew the lease and record the load; False when the worker must register again."""
-        worker = self._live(worker_id)
+        """Renew the lease and record the load; False when the worker must register again. A lapsed lease not yet
+        swept is renewed too: the worker was slow, not gone."""
+        worker = self._workers.get(worker_id)
         if worker is None:
             return False
-        worker.load, worker.load_seq = load, self._seq
+        worker.load, worker.load_seq, worker.num_extensions = load, self._seq, 0
         worker.expires_at = self._clock() + self.lease_ttl_s
         return True
 
     def deregister(self, worker_id: str) -> bool:
         return self._remove(worker_id)
 
-    def expire(self, now: float | None = None) -> list[str]:
-        """Remove every worker whose lease has lapsed; returns their ids, sorted."""
+    def lapsed(self, now: float | None = None) -> list[str]:
+        """Workers whose lease has run out (invisible to routing already), sorted; `extend` or `evict` each."""
         now = self._clock() if now is None else now
-        lapsed = sorted(w for w, rec in self._workers.items() if rec.expires_at <= now)
+        return sorted(w for w, rec in self._workers.items() if rec.expires_at <= now)
+
+    def is_lapsed(self, worker_id: str) -> bool:
+        rec = self._workers.get(worker_id)
+        return rec is not None and rec.expires_at <= self._clock()
+
+    def info(self, worker_id: str) -> WorkerInfo | None:
+        """A held worker's registration, lapsed or not."""
+        rec = self._workers.get(worker_id)
+        return rec.info if rec is not None else None
+
+    def extend(self, worker_id: str, max_extensions: int) -> bool:
+        """One more lease for a lapsed worker that still answers (a probe said so); False when it has had
+        `max_extensions` since its last heartbeat, or is gone."""
+        rec = self._workers.get(worker_id)
+        if rec is None or rec.num_extensions >= max_extensions:
+            return False
+        rec.num_extensions += 1
+        rec.expires_at = self._clock() + self.lease_ttl_s
+        return True
+
+    def evict(self, worker_id: str) -> bool:
+        """Remove a worker whose lease lapsed; its in-flight requests wait for it to register again."""
+        rec = self._workers.get(worker_id)
+        if rec is None:
+            return False
+        self._evicted[worker_id] = dict(rec.inflight)
+        return self._remove(worker_id, forget_inflight=False)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Evict every worker whose lease has lapsed, probing none; returns their ids, sorted."""
+        lapsed = self.lapsed(now)
         for worker_id in lapsed:
-            self._remove(worker_id)
+            self.evict(worker_id)
         return lapsed
+
+    # ---- quarantine ----
+
+    def quarantine(self, worker_id: str, duration_s: float) -> bool:
+        """Avoid a worker for `duration_s` (a gateway saw it fail); False for a worker not held."""
+        if worker_id not in self._workers:
+            return False
+        self._quarantined[worker_id] = max(self._quarantined.get(worker_id, 0.0), self._clock() + duration_s)
+        return True
+
+    def quarantine_left_s(self, worker_id: str) -> float:
+        until = self._quarantined.get(worker_id)
+        if until is None:
+            return 0.0
+        left = until - self._clock()
+        if left <= 0:
+            del self._quarantined[worker_id]
+        return max(left, 0.0)
 
     # ---- in-flight requests ----
 
@@ -129,6 +189,10 @@ class Registry:
         for worker_id in entry.worker_ids:
             if worker_id in self._workers:
                 self._workers[worker_id].pop(req_id)
+            elif worker_id in self._evicted:
+                self._evicted[worker_id].pop(req_id, None)
+                if not self._evicted[worker_id]:
+                    del self._evicted[worker_id]
         return True
 
     def expire_inflight(self, now: float | None = None) -> list[str]:
@@ -173,17 +237,19 @@ class Registry:
     def _live(self, worker_id: str) -> _Worker | None:
         rec = self._workers.get(worker_id)
         if rec is not None and rec.expires_at <= self._clock():
-            self._remove(worker_id)  # lapsed but not yet swept: the same as gone
+            self.evict(worker_id)  # lapsed but not yet swept: the same as gone
             return None
         return rec
 
-    def _remove(self, worker_id: str) -> bool:
+    def _remove(self, worker_id: str, forget_inflight: bool = True) -> bool:
         rec = self._workers.pop(worker_id, None)
         if rec is None:
             return False
         self._groups = None
-        for req_id in rec.inflight:
-            self._forget_worker(req_id, worker_id)
+        self._quarantined.pop(worker_id, None)
+        if forget_inflight:
+            for req_id in rec.inflight:
+                self._forget_worker(req_id, worker_id)
         return True
 
     def _forget_worker(self, req_id: str, worker_id: str) -> None:

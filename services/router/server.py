@@ -23,6 +23,7 @@ from services.router.core import RouterCore
 from services.router.kv_subscriber import KvSubscriber
 from services.router.metrics import RouterMetrics
 from services.router.policy import DisaggregationPolicy, make_policy
+from services.router.probe import LeaseProber
 from services.router.registry import Clock, Registry
 from services.router.settings import RouterSettings, add_arguments, settings_from
 from services.router.types import RouterError, WorkerRole
@@ -48,7 +49,7 @@ def build_core(settings: RouterSettings, clock: Clock = time.monotonic) -> Route
     registry = Registry(clock, settings.lease_ttl_s, settings.inflight_ttl_s)
     disagg = DisaggregationPolicy(settings.disagg_min_tokens, settings.prefill_max_waiting)
     policy = make_policy(settings.policy, settings.kv_config, clock, index_max_entries=settings.kv_index_max_entries)
-    return RouterCore(registry, policy, disagg)
+    return RouterCore(registry, policy, disagg, busy=settings.busy)
 
 
 def make_subscriber(core: RouterCore) -> KvSubscriber | None:
@@ -116,7 +117,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             request_id.reset(token)
 
     async def ListWorkers(self, request, context):
-        return router_pb2.ListWorkersResponse(workers=[worker_status_to_pb(v) for v in self.registry.views()])
+        statuses = [worker_status_to_pb(v) for v in self.registry.views()]
+        for status in statuses:
+            status.quarantine_left_s = self.registry.quarantine_left_s(status.worker.worker_id)
+        return router_pb2.ListWorkersResponse(workers=statuses)
 
     async def Complete(self, request, context):
         self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
@@ -128,6 +132,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         reply.CopyFrom(self.traffic)
         reply.uptime_s = time.monotonic() - self._started
         return reply
+
+    async def ReportFailure(self, request, context):
+        duration_s = self.settings.quarantine_s
+        if not self.registry.quarantine(request.worker_id, duration_s):
+            return router_pb2.ReportFailureResponse(quarantine_s=0.0)
+        self.metrics.worker_failed(request.worker_id)
+        log.warning("worker %s failed %s (%s): quarantined for %.1f s", request.worker_id, request.req_id,
+                    request.reason, duration_s)
+        return router_pb2.ReportFailureResponse(quarantine_s=duration_s)
 
 
 class RouterService:
@@ -144,6 +157,7 @@ class RouterService:
         self.server = GrpcServer(settings.address, [SERVICE_NAME])
         router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics),
                                                      self.server.server)
+        self.prober = LeaseProber(self.registry, settings.probe_timeout_s, settings.max_lease_extensions)
         self._sweeper: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
 
@@ -172,8 +186,8 @@ class RouterService:
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
 
-    def sweep(self) -> None:
-        expired = self.registry.expire()
+    async def sweep(self) -> None:
+        expired = await self.prober.sweep()
         for worker_id in expired:
             log.info("lease expired: worker %s left the pool", worker_id)
         if expired and self.kv is not None:
@@ -187,7 +201,7 @@ class RouterService:
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
-                self.sweep()
+                await self.sweep()
             except Exception:  # NOTE: a bug here must not stop leases from ever expiring again
                 log.exception("lease sweep failed")
 

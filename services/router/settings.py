@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from services.common.settings import SettingsError, env
+from services.router.core import BusyThresholds
 from services.router.kv_policy import KvPolicyConfig
 from services.router.policy import POLICIES
 
@@ -34,6 +35,11 @@ class RouterSettings:
     kv_host_weight: float = -1.0
     kv_disk_weight: float = -1.0
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
+    quarantine_s: float = 5.0  # a worker a gateway reports failed is avoided this long (Dynamo: 5 s)
+    probe_timeout_s: float = 2.0  # a lapsed lease: how long the health probe may take before eviction
+    max_lease_extensions: int = 3  # leases a probe may grant in a row before a silent worker is evicted anyway
+    busy_load_threshold: float = 2.0  # shed load (503) when every decode worker has this many sequences per slot
+    busy_kv_threshold: float = 0.0  # ... or this share of its KV blocks in use (0: off, as the load one)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -56,6 +62,12 @@ class RouterSettings:
         if self.kv_host_weight > 1 or self.kv_disk_weight > 1:
             raise SettingsError(f"kv_host_weight and kv_disk_weight must be <= 1 (< 0: derived), got "
                                 f"{self.kv_host_weight} and {self.kv_disk_weight}")
+        if self.quarantine_s < 0 or not self.probe_timeout_s > 0 or self.max_lease_extensions < 0:
+            raise SettingsError(f"need quarantine_s >= 0, probe_timeout_s > 0 and max_lease_extensions >= 0, got "
+                                f"{self.quarantine_s}, {self.probe_timeout_s} and {self.max_lease_extensions}")
+        if self.busy_load_threshold < 0 or not 0 <= self.busy_kv_threshold <= 1:
+            raise SettingsError(f"need busy_load_threshold >= 0 and busy_kv_threshold in [0, 1], got "
+                                f"{self.busy_load_threshold} and {self.busy_kv_threshold}")
         if not self.kv_predict_ttl_s > 0 or self.kv_index_max_entries < 1:
             raise SettingsError(f"need kv_predict_ttl_s > 0 and kv_index_max_entries >= 1, got "
                                 f"{self.kv_predict_ttl_s} and {self.kv_index_max_entries}")
@@ -66,6 +78,10 @@ class RouterSettings:
                               use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s,
                               host_weight=self.kv_host_weight if self.kv_host_weight >= 0 else None,
                               disk_weight=self.kv_disk_weight if self.kv_disk_weight >= 0 else None)
+
+    @property
+    def busy(self) -> BusyThresholds:
+        return BusyThresholds(load=self.busy_load_threshold, kv=self.busy_kv_threshold)
 
     @property
     def address(self) -> str:

@@ -5,7 +5,7 @@ Plain frozen dataclasses with no transport, so the simulator can build them dire
 from dataclasses import dataclass
 
 from engines.base.errors import (EngineError, InvalidRequestError, NoWorkerAvailableError,  # noqa: F401
-                                 UnknownModelError)
+                                 UnknownModelError, WorkersBusyError)
 from engines.base.types import KvLayout
 from services.common.roles import WorkerRole
 

@@ -92,3 +92,30 @@ def test_unknown_model_is_not_found():
 def test_route_requires_req_id():
     with pytest.raises(InvalidArgumentError, match="req_id is required"):
         make_core().route(RouteInput("", "m", (1,)))
+
+
+def test_quarantined_workers_are_avoided_while_others_are_left():
+    core = make_core(workers=("d1", "d2", "p1", "p2"))
+    core.registry.quarantine("d1", 5.0)
+    core.registry.quarantine("p1", 5.0)
+    assert {route(core, f"r{i}") for i in range(4)} == {("d2", "p2")}
+    core.registry.quarantine("d2", 5.0)
+    assert route(core, "r9", exclude=["d2"])[0] == "d1"  # all quarantined: still served
+
+
+def test_every_decode_worker_past_the_busy_threshold_sheds_load():
+    from services.router.core import BusyThresholds
+    from services.router.types import WorkersBusyError
+
+    core = make_core(workers=("d1", "d2"))
+    core.busy = BusyThresholds(load=2.0, kv=0.9)  # info(): 4 sequence slots per worker
+    core.registry.heartbeat("d1", WorkerLoad(num_running=4, num_waiting=4))
+    core.registry.heartbeat("d2", WorkerLoad(num_running=4, num_waiting=3))
+    assert route(core, "r1")[0] == "d2"  # 7 + 1 routed, unreported: now d2 is at 2.0 too
+    with pytest.raises(WorkersBusyError, match="all 2 decode workers for model 'm' are busy"):
+        route(core, "r2")
+    core.registry.heartbeat("d2", WorkerLoad(num_running=1, num_blocks_used=95, num_blocks_total=100))
+    with pytest.raises(WorkersBusyError):  # KV nearly full counts as busy as well
+        route(core, "r3")
+    core.busy = BusyThresholds()  # off: the queue just grows
+    assert route(core, "r4")[0] == "d2"

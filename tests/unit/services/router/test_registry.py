@@ -46,12 +46,16 @@ def test_heartbeat_renews_lease_and_records_load(reg, clock):
     assert reg.expire(clock.now) == ["d1"]
 
 
-def test_heartbeat_from_unknown_or_lapsed_worker_must_reregister(reg, clock):
+def test_heartbeat_from_unknown_or_evicted_worker_must_reregister(reg, clock):
     assert reg.heartbeat("ghost", WorkerLoad()) is False
     reg.register(info("d1"), WorkerLoad())
     clock.advance(10)
-    assert reg.heartbeat("d1", WorkerLoad()) is False  # lapsed, not yet swept
-    assert len(reg) == 0
+    assert ids(reg) == []  # lapsed: not routed to
+    assert reg.heartbeat("d1", WorkerLoad()) is True  # not yet swept: it was slow, not gone
+    assert ids(reg) == ["d1"]
+    clock.advance(10)
+    assert reg.expire() == ["d1"]
+    assert reg.heartbeat("d1", WorkerLoad()) is False
     assert reg.register(info("d1"), WorkerLoad()) is True
     assert reg.heartbeat("d1", WorkerLoad()) is True
     assert ids(reg) == ["d1"]

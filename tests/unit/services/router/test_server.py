@@ -122,3 +122,59 @@ async def test_bad_registration_is_invalid_argument(stub):
                        grpc.StatusCode.INVALID_ARGUMENT, "worker role must be PREFILL or DECODE, got 0")
     await expect_error(stub.Register(router_pb2.RegisterRequest(worker=worker(""))),
                        grpc.StatusCode.INVALID_ARGUMENT, "worker worker_id is required")
+
+
+async def test_report_failure_quarantines_the_worker_at_once(stub, clock):
+    await register_pool(stub)
+    report = router_pb2.ReportFailureRequest(worker_id="d1", req_id="r0", reason="UNAVAILABLE")
+    reply = await stub.ReportFailure(report)
+    assert reply.quarantine_s == 5.0
+    assert (await stub.ReportFailure(router_pb2.ReportFailureRequest(worker_id="ghost"))).quarantine_s == 0.0
+    assert {(await route(stub, f"r{i}")).decode.worker_id for i in range(3)} == {"d2"}
+    statuses = (await stub.ListWorkers(router_pb2.ListWorkersRequest())).workers
+    listed = {s.worker.worker_id: s.quarantine_left_s for s in statuses}
+    assert listed == {"d1": 5.0, "d2": 0.0, "p1": 0.0}
+    clock.advance(5)
+    for worker_id in ("d1", "d2", "p1"):
+        await stub.Heartbeat(router_pb2.HeartbeatRequest(worker_id=worker_id))
+    assert (await route(stub, "r9")).decode.worker_id == "d1"  # quarantine over; d1 has the least in flight
+
+
+async def test_a_lapsed_worker_that_answers_its_probe_stays(stub, service, clock):
+    answers = {"d1:1": True}
+    probed = []
+
+    async def probe(address: str, timeout_s: float) -> bool:
+        probed.append(address)
+        return answers.get(address, False)
+
+    service.prober._probe = probe
+    await register_pool(stub)
+    await route(stub, "r1")  # d1 holds one request
+    clock.advance(11)  # every lease lapsed; only d1 answers
+    for _ in range(100):
+        if len(service.registry) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert len(service.registry) == 1 and service.registry.info("d1") is not None
+    assert {"d1:1", "d2:1", "p1:1"} <= set(probed)
+    answers["d1:1"] = False
+    clock.advance(11)
+    for _ in range(100):
+        if len(service.registry) == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert len(service.registry) == 0
+    assert not (await stub.Heartbeat(router_pb2.HeartbeatRequest(worker_id="d1"))).known
+    await stub.Register(router_pb2.RegisterRequest(worker=worker("d1")))  # back, with its request
+    (d1,) = (await stub.ListWorkers(router_pb2.ListWorkersRequest())).workers
+    assert d1.num_inflight == 1
+
+
+async def test_every_worker_busy_is_resource_exhausted(stub):
+    await register_pool(stub)
+    load = common_pb2.WorkerLoad(num_running=4, num_waiting=4)  # 2x its 4 slots: the default busy threshold
+    for worker_id in ("d1", "d2"):
+        await stub.Heartbeat(router_pb2.HeartbeatRequest(worker_id=worker_id, load=load))
+    await expect_error(route(stub, "r1"), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       "all 2 decode workers for model 'm' are busy")
