@@ -68,6 +68,10 @@ class NoWorkerError(GatewayError):
     status, type, code, retry_after_s = 503, "service_unavailable_error", "no_worker_available", RETRY_AFTER_S
 
 
+class AllWorkersBusyError(NoWorkerError):
+    code = "workers_busy"
+
+
 class WorkerFailedError(GatewayError):
     status, type, code, retry_after_s = 503, "service_unavailable_error", "worker_failed", RETRY_AFTER_S
 
@@ -107,6 +111,10 @@ def from_rpc_error(err: grpc.aio.AioRpcError, what: str) -> GatewayError:
     code, detail = err.code(), err.details() or err.code().name
     if code in _INVALID:
         return InvalidRequestError(detail)
+    if what == "route" and code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return AllWorkersBusyError(f"every worker is busy: {detail}")
+    if what == "route" and code == grpc.StatusCode.DEADLINE_EXCEEDED:  # the router stayed away that long
+        return NoWorkerError(f"the router did not answer in time: {detail}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return GatewayTimeoutError(f"{what} timed out: {detail}")
     if code in _UNAVAILABLE:

@@ -60,7 +60,8 @@ class Pipeline:
                             is_started = True
                             yield delta
                     return
-                except errors.WorkerFailedError:
+                except errors.WorkerFailedError as exc:
+                    self._spawn(self._report(route.decode.worker_id, req_id, str(exc)))
                     if is_started or len(excluded) + 1 >= MAX_ROUTE_ATTEMPTS:
                         raise
                     log.warning("worker %s failed %s before its first token; routing again",
@@ -117,8 +118,8 @@ class Pipeline:
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
                                           exclude_worker_ids=excluded)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
-            try:
-                reply = await self._router.Route(request, timeout=self._route_timeout_s)
+            try:  # NOTE: wait_for_ready: a router restarting is waited for (up to the timeout), not failed at once
+                reply = await self._router.Route(request, timeout=self._route_timeout_s, wait_for_ready=True)
             except grpc.aio.AioRpcError as exc:
                 raise errors.from_rpc_error(exc, "route") from None
             current.set_attribute("tandem.decode_worker", reply.decode.worker_id)
@@ -128,7 +129,7 @@ class Pipeline:
 
     async def _disaggregated(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
                              params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        first = await self._prefill(route.prefill.address, req_id, prompt, params)
+        first = await self._prefill(route, req_id, prompt, params)
         if first is None:
             stream = self._generate(route.decode.address, req_id, prompt, params)
         else:
@@ -163,8 +164,9 @@ class Pipeline:
                 async for delta in stream:
                     yield delta
 
-    async def _prefill(self, address: str, req_id: str, prompt: list[int],
+    async def _prefill(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
                        params: SamplingParams) -> worker_pb2.PrefillResponse | None:
+        address = route.prefill.address
         stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
         request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params))
         try:
@@ -177,6 +179,8 @@ class Pipeline:
                 raise errors.from_rpc_error(exc, "prefill worker") from None
             log.warning("prefill of %s on %s failed (%s); decoding with local prefill", req_id, address,
                         exc.code().name)
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self._spawn(self._report(route.prefill.worker_id, req_id, f"prefill: {exc.code().name}"))
             return None
 
     def _generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams
@@ -244,6 +248,11 @@ class Pipeline:
         stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
         await self._quietly(stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S),
                             "release kv", req_id)
+
+    async def _report(self, worker_id: str, req_id: str, reason: str) -> None:
+        """Tell the router at once, so that it stops routing there before the worker's lease runs out."""
+        request = router_pb2.ReportFailureRequest(worker_id=worker_id, req_id=req_id, reason=reason)
+        await self._quietly(self._router.ReportFailure(request, timeout=self._route_timeout_s), "report", req_id)
 
     async def _complete(self, req_id: str) -> None:
         await self._quietly(self._router.Complete(router_pb2.CompleteRequest(req_id=req_id),

@@ -28,6 +28,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.max_model_len = 512  # what the fake's workers report (the tiny test model's context)
         self.routes: list[router_pb2.RouteRequest] = []
         self.completed: list[str] = []
+        self.reported: list[tuple[str, str]] = []  # (worker_id, req_id) of ReportFailure calls
 
     async def Route(self, request, context):
         self.routes.append(request)
@@ -42,6 +43,10 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
     async def Complete(self, request, context):
         self.completed.append(request.req_id)
         return router_pb2.CompleteResponse()
+
+    async def ReportFailure(self, request, context):
+        self.reported.append((request.worker_id, request.req_id))
+        return router_pb2.ReportFailureResponse(quarantine_s=5.0)
 
     async def ListWorkers(self, request, context):
         info = router_pb2.WorkerInfo(worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, address=self.decode_address,

@@ -246,6 +246,16 @@ async def test_worker_failing_mid_stream_gives_503_whole(stack):
     response = await stack.http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert response.json()["error"]["type"] == "service_unavailable_error"
+    req_id = stack.decode.generate_requests[0].req_id
+    await stack.wait_for(lambda: ("d0", req_id) in stack.router.reported)  # the router heard of it at once
+
+
+async def test_unreachable_prefill_worker_is_reported_and_decode_prefills(stack):
+    stack.disaggregate()
+    stack.prefill.prefill_error = grpc.StatusCode.UNAVAILABLE
+    out = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3)
+    assert out.usage.completion_tokens == 3
+    await stack.wait_for(lambda: [w for w, _ in stack.router.reported] == ["p0"])
 
 
 async def test_sse_wire_format(stack):

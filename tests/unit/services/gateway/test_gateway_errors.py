@@ -112,12 +112,16 @@ async def test_429_when_inflight_limit_is_hit(stack_with):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_503_when_no_worker_is_available(stack, stream):
-    stack.router.route_error = grpc.StatusCode.UNAVAILABLE
+@pytest.mark.parametrize(("route_status", "code"), [(grpc.StatusCode.UNAVAILABLE, "no_worker_available"),
+                                                   (grpc.StatusCode.RESOURCE_EXHAUSTED, "workers_busy"),
+                                                   (grpc.StatusCode.DEADLINE_EXCEEDED, "no_worker_available")])
+async def test_503_when_no_worker_is_available_or_every_one_is_busy(stack, stream, route_status, code):
+    stack.router.route_error = route_status
     response = await stack.http.post("/v1/chat/completions",
                                      json={"model": MODEL, "messages": MESSAGES, "stream": stream})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
-    assert error_of(response)["code"] == "no_worker_available"
+    assert error_of(response)["code"] == code
+    assert error_of(response)["type"] == "service_unavailable_error"
 
 
 async def test_the_context_length_is_the_one_the_workers_report(stack):
