@@ -13,6 +13,7 @@ import grpc
 
 from engines.base import Engine, EngineUnavailableError, ModelNotFoundError
 from services.common.convert import layout_to_pb, load_to_pb, role_to_pb
+from services.common.drain import Drain
 from services.common.engine_factory import make_engine
 from services.common.errors import abort_with
 from services.common.grpc_server import GrpcServer, run_until_signal
@@ -29,6 +30,7 @@ from services.common.worker_settings import WorkerSettings
 log = logging.getLogger(__name__)
 CONTROL_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name
 SETTLE_S = 1.0  # after deregistering: longer than a route's way to the worker (not a long remote prefill)
+HAND_BACK_GRACE_S = 2.0  # for the streams handed back to say so before the server closes
 # per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
 _ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), WorkerRole.DECODE: (("Generate",), ("import",))}
 
@@ -46,6 +48,7 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         self.kv_bytes_exported = 0
         self.kv_bytes_imported = 0
         self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
+        self.drain = Drain()  # the token streams running now, handed back if SIGTERM's drain runs out
         self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value)
 
     @classmethod
@@ -188,7 +191,8 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
         # NOTE: still serving while it drains: requests routed just before the deregistration still arrive
         # (SETTLE_S), and a prefill worker's held KV is pulled by new PullKv calls
         await asyncio.sleep(min(SETTLE_S, settings.drain_s))
-        await wait_idle(engine, settings.drain_s)
+        if not await wait_idle(engine, settings.drain_s, drain=service.drain):
+            await hand_back(service.drain)
         service.stopping.set()
         await server.stop(grace_s=1.0)  # the last messages of finished streams
         await engine.shutdown()
@@ -198,16 +202,24 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     await run_until_signal(start, stop)
 
 
-async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05) -> bool:
-    """Until the engine holds no request (waiting, running, or prefilled KV not yet pulled); False on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05, drain: Drain | None = None) -> bool:
+    """Until the engine holds no request (waiting, running, or prefilled KV not yet pulled) and no token stream
+    runs; False on timeout."""
+    def is_engine_idle() -> bool:
         s = engine.stats()
-        if s.num_waiting + s.num_running + s.num_held == 0:
-            return True
-        await asyncio.sleep(poll_s)
-    log.warning("drain: requests still held after %.0f s; stopping anyway", timeout_s)
-    return False
+        return s.num_waiting + s.num_running + s.num_held == 0
+
+    is_idle = await (drain or Drain()).wait_idle(timeout_s, is_engine_idle, poll_s)
+    if not is_idle:
+        log.warning("drain: requests still held after %.0f s", timeout_s)
+    return is_idle
+
+
+async def hand_back(drain: Drain) -> None:
+    """The drain ran out: the token streams still running end with UNAVAILABLE, and the gateway continues them
+    on another worker."""
+    log.warning("drain: %d requests handed back to the gateway", drain.hand_back())
+    await drain.wait_idle(HAND_BACK_GRACE_S)
 
 
 def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str] | None) -> int:

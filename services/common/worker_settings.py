@@ -36,6 +36,7 @@ class WorkerSettings:
     enable_prefix_caching: bool = True
     kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
     drain_s: float = 30.0  # at SIGTERM: how long running requests may take to finish before they are handed back
+    advertise_port: int = 0  # what the router hands out; 0: the port it listens on (another: a proxy in front)
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
@@ -101,7 +102,7 @@ class WorkerSettings:
         host = self.advertise_host or self.host
         if host in ("0.0.0.0", "::", ""):
             host = _own_address()
-        return f"{host}:{port}"
+        return f"{host}:{self.advertise_port or port}"
 
 
 def _own_address() -> str:
@@ -137,8 +138,9 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
     p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
     for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                 "max_model_len", "kv_lease_s", "drain_s", "metrics_port", "sim_profile", "sim_time_factor",
-                 "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb", *_TRTLLM_FLAGS):
+                 "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
+                 "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
+                 *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(f"TANDEM_WORKER_{name.upper()}", default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))

@@ -7,6 +7,7 @@ import grpc
 
 from engines.base import EngineRequest, FinishReason
 from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
+from services.common.drain import drainable
 from services.common.errors import abort_with
 from services.common.protos import worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
@@ -31,6 +32,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server(service, server)
 
     @observed("Generate")
+    @drainable
     async def Generate(self, request, context):
         # NOTE: a handle with engine params names KV its engine moves itself (kv_params); only bytes are pulled
         kv = await self._maybe_pull(request) if request.HasField("kv") and not request.kv.engine_params else None
