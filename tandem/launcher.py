@@ -1,6 +1,6 @@
 """`tandem up`: router, prefill and decode workers and the gateway as separate local processes.
-Waits until the stack is ready, prints how to use it, and on Ctrl-C/SIGTERM stops every process
-it started (children also die with it if it is killed outright)."""
+Waits until the stack is ready, prints how to use it, starts again any child that exits (tandem/supervisor.py),
+and on Ctrl-C/SIGTERM stops every process it started (children also die with it if it is killed outright)."""
 import ctypes
 import json
 import os
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tandem.supervisor import CrashLoopError, Supervisor
 
 _PR_SET_PDEATHSIG = 1
 PROMETHEUS_CONFIG = Path(__file__).resolve().parents[1] / "observability" / "prometheus" / "prometheus-local.yml"
@@ -48,6 +50,7 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    command: list[str] = field(default_factory=list)
 
 
 class Stack:
@@ -134,11 +137,13 @@ class Stack:
         return ["--worker-id", name, "--port", str(self.worker_ports[name]), *self._metrics_args(name), *disk]
 
     def wait_ready(self) -> None:
-        """Until the gateway says ready and every worker has registered; raises if a child dies."""
+        """Until the gateway says ready and every worker has registered; a child that exits is started again,
+        one that will not stay up raises CrashLoopError."""
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         expected = self.cfg.num_prefill + self.cfg.num_decode
+        supervisor = self.supervisor()
         while time.monotonic() < deadline:
-            self._check_alive()
+            supervisor.poll()
             if self._registered() >= expected and self._gateway_ready():
                 return
             time.sleep(0.2)
@@ -164,23 +169,41 @@ class Stack:
         self._spawn_command(name, [sys.executable, "-m", "tandem.cli", "serve", *args])
 
     def _spawn_command(self, name: str, command: list[str]) -> None:
+        if command[0] != sys.executable:  # not Python: arm the signal in a tiny Python shim that execs it
+            command = [sys.executable, "-c", _EXEC_SHIM, *command]
+        log_path = self.cfg.log_dir / f"{name}.log"
+        self.children.append(Child(name, self._popen(command, log_path, "w"), log_path, command))
+
+    def _popen(self, command: list[str], log_path: Path, mode: str) -> subprocess.Popen:
         """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
         dies with the launcher. NOTE: no preexec_fn: forking a process whose gRPC threads are busy (tests, the
         readiness probe) can abort the child before exec; the child arms its own death signal instead."""
-        log_path = self.cfg.log_dir / f"{name}.log"
-        log_file = open(log_path, "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, PARENT_PID_ENV: str(os.getpid())}
-        if command[0] != sys.executable:  # not Python: arm the signal in a tiny Python shim that execs it
-            command = [sys.executable, "-c", _EXEC_SHIM, *command]
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log_file.close()
-        self.children.append(Child(name, proc, log_path))
+        with open(log_path, mode) as log_file:
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
 
-    def _check_alive(self) -> None:
-        for child in list(self.children):  # NOTE: the control thread may add or retire workers meanwhile
-            if child.proc.poll() is not None:
-                tail = child.log_path.read_text()[-2000:]
-                raise RuntimeError(f"{child.name} exited with code {child.proc.returncode}:\n{tail}")
+    def child(self, name: str) -> Child | None:
+        return next((c for c in self.children if c.name == name), None)
+
+    def exit_code(self, name: str) -> int | None:
+        """The child's exit code; None while it runs, or once the planner has retired it."""
+        child = self.child(name)
+        return child.proc.poll() if child is not None else None
+
+    def restart(self, name: str) -> None:
+        """Start a child that exited again, with the same command, ports and id; its log goes on."""
+        child = self.child(name)
+        if child is None:
+            return
+        with open(child.log_path, "a") as log_file:
+            log_file.write(f"\n--- restarted by tandem up after {child.proc.returncode} ---\n")
+        child.proc = self._popen(child.command, child.log_path, "a")
+
+    def supervisor(self) -> Supervisor:
+        # NOTE: a copy of the names each round: the planner's control thread may add or retire workers meanwhile
+        return Supervisor(lambda: [c.name for c in list(self.children)], self.exit_code, self.restart,
+                          lambda name: self.child(name).log_path.read_text()[-2000:])
 
     def _gateway_ready(self) -> bool:
         try:
@@ -267,13 +290,14 @@ def run_stack(cfg: StackConfig) -> int:
         stack.wait_ready()
         prometheus = stack.start_prometheus() if cfg.prometheus_port > 0 else None
         print_banner(stack, prometheus)
+        supervisor = stack.supervisor()
         while True:
-            stack._check_alive()
-            time.sleep(0.5)
+            supervisor.poll()
+            time.sleep(0.2)
     except KeyboardInterrupt:
         print("\nstopping tandem ...", flush=True)
         return 0
-    except (RuntimeError, TimeoutError) as exc:
+    except (CrashLoopError, TimeoutError) as exc:
         print(f"tandem up failed: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:

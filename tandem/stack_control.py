@@ -148,10 +148,11 @@ class ScalableStack(Stack):
     def _registered_ids(self) -> set[str]:
         import grpc
 
+        from services.common.grpc_server import make_sync_channel
         from services.common.protos import router_pb2, router_pb2_grpc
 
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{self.router_port}") as channel:
+            with make_sync_channel(f"127.0.0.1:{self.router_port}") as channel:
                 reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=2)
         except grpc.RpcError:
             return set()
