@@ -12,6 +12,7 @@ from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.metrics import MetricsEndpoint
 from services.common.protos import planner_pb2, planner_pb2_grpc
 from services.common.settings import SettingsError
+from services.common.tls import process_tls
 from services.planner.factory import make_connector, make_source
 from services.planner.metrics import PlannerMetrics
 from services.planner.perf_model import PerfModel
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
+        process_tls()
         load_profile(settings.profile)  # NOTE: a bad profile is a bad setting: fail now, in one line
     except (SettingsError, ProfileError) as exc:
         print(f"tandem serve planner: error: {exc}", file=sys.stderr)
