@@ -46,6 +46,8 @@ class GatewayMetrics:
                               multiprocess_mode="livesum")
         self.goodput = Counter("tandem_gateway_goodput_requests", "Successful requests that met the TTFT and "
                                "mean inter-token latency SLOs", ["model"], registry=r)
+        self.migrations = Counter("tandem_gateway_migrations", "Requests moved to another worker after theirs "
+                                  "failed mid-stream (prompt + tokens so far)", ["model"], registry=r)
         slo = Gauge("tandem_gateway_slo_seconds", "The SLOs goodput is judged against", ["slo"], registry=r,
                     multiprocess_mode="max")
         slo.labels("ttft").set(slo_ttft_s)
@@ -58,8 +60,12 @@ class GatewayMetrics:
             for status in KNOWN_STATUSES:
                 self.requests.labels(route, model, status)
             self.e2e.labels(route, model)
-        for family in (self.ttft, self.itl, self.prompt_tokens, self.completion_tokens, self.inflight, self.goodput):
+        for family in (self.ttft, self.itl, self.prompt_tokens, self.completion_tokens, self.inflight, self.goodput,
+                       self.migrations):
             family.labels(model)
+
+    def migrated(self, model: str) -> None:
+        self.migrations.labels(model).inc()
 
     def start(self, route: str, model: str) -> "RequestTimer":
         return RequestTimer(self, route, model)

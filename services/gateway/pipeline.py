@@ -1,10 +1,10 @@
 """The request path over gRPC: Route, then Prefill on a prefill worker and Generate with its KV handle on the
-decode worker, or Generate alone. Yields token deltas; a cancelled or closed stream aborts the work it
-started. Knows nothing of HTTP, text or OpenAI."""
+decode worker, or Generate alone; a worker failing mid-stream hands the request to another (journey.py). Yields
+token deltas; a cancelled or closed stream aborts the work it started. Knows nothing of HTTP, text or OpenAI."""
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -16,13 +16,13 @@ from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.tracing import span
 from services.gateway import errors
+from services.gateway.journey import Journey
 
 log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
 NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 CLEANUP_TIMEOUT_S = 5.0
 WORKER_LIST_TTL_S = 5.0  # how long the router's worker list (the engines' context length) is trusted
-MAX_ROUTE_ATTEMPTS = 3  # workers tried for one request when they fail before its first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,46 +35,63 @@ class TokenDelta:
 
 class Pipeline:
     def __init__(self, router_channel: grpc.aio.Channel, *, model: str, request_timeout_s: float,
-                 route_timeout_s: float):
+                 route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None):
         self._router = router_pb2_grpc.RouterStub(router_channel)
         self._model = model
+        self._max_migrations, self._on_migration = max_migrations, on_migration
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task] = set()
         self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        """One worker request, start to finish; Router.Complete follows whatever happens.
-
-        A worker that fails before the client has seen a token is routed around at once (the
-        router may still list it until its lease runs out); after that, the client gets the error.
-        """
-        excluded: list[str] = []
+        """One request, start to finish, across as many workers as it takes; Router.Complete follows whatever
+        happens. A worker that fails it is reported to the router at once: before the first token the request is
+        routed around it, after that it migrates (prompt + tokens so far, up to `max_migrations` times): the
+        client's stream goes on with no gap and no repeat."""
+        journey = Journey(self._max_migrations)
         try:
             while True:
-                route = await self._route(req_id, prompt, excluded)
-                is_started = False
+                route = await self._route(req_id, journey.route_tokens(prompt), journey.excluded)
                 try:
-                    async with aclosing(self._attempt(route, req_id, prompt, params)) as stream:
+                    async with aclosing(self._attempt(route, req_id, prompt, params, journey)) as stream:
                         async for delta in stream:
-                            is_started = True
+                            journey.record(delta.token_ids)
                             yield delta
                     return
                 except errors.WorkerFailedError as exc:
                     self._spawn(self._report(route.decode.worker_id, req_id, str(exc)))
-                    if is_started or len(excluded) + 1 >= MAX_ROUTE_ATTEMPTS:
+                    if not journey.may_continue(route.decode.worker_id):
                         raise
-                    log.warning("worker %s failed %s before its first token; routing again",
-                                route.decode.worker_id, req_id)
-                    excluded.append(route.decode.worker_id)
+                    self._log_failover(req_id, route.decode.worker_id, journey, exc)
         finally:
             self._spawn(self._complete(req_id))
 
-    def _attempt(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
-                 params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    def _attempt(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int], params: SamplingParams,
+                 journey: Journey) -> AsyncIterator[TokenDelta]:
+        if journey.is_started:  # NOTE: a migration: the decode worker prefills prompt + output itself
+            return self._resume(route.decode.address, req_id, prompt, params, journey.output_token_ids)
         if route.HasField("prefill"):
             return self._disaggregated(route, req_id, prompt, params)
         return self._generate(route.decode.address, req_id, prompt, params)
+
+    async def _resume(self, address: str, req_id: str, prompt: list[int], params: SamplingParams,
+                      output_token_ids: list[int]) -> AsyncIterator[TokenDelta]:
+        if len(output_token_ids) >= params.max_tokens:  # it broke after its last token, before saying so
+            yield TokenDelta((), finish_reason=FinishReason.LENGTH)
+            return
+        call = self._start_generate(address, req_id, prompt, params, output_token_ids=output_token_ids)
+        async with aclosing(self._stream(address, req_id, call)) as stream:
+            async for delta in stream:
+                yield delta
+
+    def _log_failover(self, req_id: str, worker_id: str, journey: Journey, exc: Exception) -> None:
+        if journey.is_started:
+            self._on_migration()
+            log.warning("worker %s failed %s after %d tokens (%s); migrating it (%d of %d)", worker_id, req_id,
+                        len(journey.output_token_ids), exc, journey.num_migrations, self._max_migrations)
+        else:
+            log.warning("worker %s failed %s before its first token (%s); routing again", worker_id, req_id, exc)
 
     async def is_ready(self) -> tuple[bool, str]:
         """True when the router answers and lists at least one live decode worker."""
@@ -209,6 +226,7 @@ class Pipeline:
             raise errors.WorkerFailedError("the decode worker ended the stream before the request finished")
         except grpc.aio.AioRpcError as exc:
             is_over = True
+            self._spawn(self._abort(address, req_id))  # NOTE: a worker cut off from us may still be running it
             raise errors.from_rpc_error(exc, "decode worker") from None
         finally:
             if not is_over:  # the client left, or a stop string ended it: stop the worker now

@@ -40,7 +40,8 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     def attach(channel: grpc.aio.Channel) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
                                     request_timeout_s=settings.request_timeout_s,
-                                    route_timeout_s=settings.route_timeout_s)
+                                    route_timeout_s=settings.route_timeout_s, max_migrations=settings.max_migrations,
+                                    on_migration=lambda: metrics.migrated(model.name))
         return serving.pipeline
 
     if router_channel is not None:

@@ -29,6 +29,7 @@ class GatewaySettings:
     slo_itl_s: float = 0.1  # ... and its mean inter-token latency stayed within this
     num_workers: int = 1  # gateway processes sharing the port (> 1: a supervisor process starts them)
     drain_timeout_s: float = 30.0  # at SIGTERM: how long streams in flight may take to finish
+    max_migrations: int = 3  # times one request may move to another worker when its own fails mid-stream; 0: never
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -39,6 +40,8 @@ class GatewaySettings:
                      "slo_itl_s", "drain_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_migrations < 0:
+            raise SettingsError(f"max_migrations must be >= 0, got {self.max_migrations}")
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
 
@@ -75,6 +78,7 @@ _ENV = {
     "slo_itl_s": ("TANDEM_SLO_ITL_S", float),
     "num_workers": ("TANDEM_GATEWAY_WORKERS", int),
     "drain_timeout_s": ("TANDEM_GATEWAY_DRAIN_TIMEOUT_S", float),
+    "max_migrations": ("TANDEM_GATEWAY_MAX_MIGRATIONS", int),
 }
 _FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
 

@@ -29,12 +29,18 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.routes: list[router_pb2.RouteRequest] = []
         self.completed: list[str] = []
         self.reported: list[tuple[str, str]] = []  # (worker_id, req_id) of ReportFailure calls
+        self.spare_decode: list[tuple[str, str]] = []  # (worker_id, address) of decode workers after "d0"
 
     async def Route(self, request, context):
         self.routes.append(request)
         if self.route_error is not None:
             await context.abort(self.route_error, "no worker can take this request")
-        response = router_pb2.RouteResponse(decode=router_pb2.WorkerRef(worker_id="d0", address=self.decode_address),
+        candidates = [w for w in [("d0", self.decode_address), *self.spare_decode]
+                      if w[0] not in request.exclude_worker_ids]
+        if not candidates:  # as the real router: the request's excluded workers are never chosen
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no live decode worker (all excluded)")
+        worker_id, address = candidates[0]
+        response = router_pb2.RouteResponse(decode=router_pb2.WorkerRef(worker_id=worker_id, address=address),
                                             policy="fake")
         if self.prefill_address is not None:
             response.prefill.CopyFrom(router_pb2.WorkerRef(worker_id="p0", address=self.prefill_address))
