@@ -56,9 +56,11 @@ def _migrations(metrics_text: str) -> float:
 async def test_a_stream_whose_worker_fails_goes_on_elsewhere_without_gap_or_repeat(stack, reply_ids, tokenizer, code):
     stack.decode.generate_error = (3, code)  # 3 tokens out, then the worker is gone
     async with spares(stack, reply_ids) as (d1,):
-        text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100})
+        text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
+                                                     "seed": 7, "temperature": 0.8})
     assert error is None and text == REPLY
     (first,), (second,) = stack.decode.generate_requests, d1.generate_requests
+    assert second.params == first.params and second.params.seed == 7  # seeded by token index: it samples on
     prompt = tokenizer.encode(PROMPT)
     assert list(second.token_ids) == prompt and list(second.output_token_ids) == reply_ids[:3]
     assert second.params.max_tokens == 100 and second.req_id == first.req_id  # the user's numbers, unchanged
