@@ -20,11 +20,13 @@ from services.gateway.admission import Admission, Inflight
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.model_info import load_model_info
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
+from services.gateway.openapi import build_schema
 from services.gateway.pipeline import Pipeline
 from services.gateway.serving import Serving
 from services.gateway.settings import GatewaySettings, parse_args
 
 log = logging.getLogger(__name__)
+OPENAPI_VERSION = "1.0.0"  # of the HTTP API this document describes
 
 
 def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | None = None,
@@ -58,7 +60,10 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
         if owned is not None:
             await owned.close()
 
-    app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
+    schema = build_schema(app.title, OPENAPI_VERSION)  # written out: the routes take raw Requests, so FastAPI
+    app.openapi = lambda: schema  # could infer neither their bodies nor their error answers
     app.state.serving = serving
     errors.install_handlers(app)
     _add_routes(app, serving)
