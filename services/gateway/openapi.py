@@ -13,6 +13,10 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
     "prompt_tokens": {"type": "integer", "minimum": 0}, "completion_tokens": {"type": "integer", "minimum": 0},
     "total_tokens": {"type": "integer", "minimum": 0},
     "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}}}}
+# Open API 3.1 reads the schema of text/event-stream as that of each event; `data` is a JSON chunk, an error
+# object after a failure mid-stream, or the closing "[DONE]"
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
+    "data": {"type": "string", "minLength": 1}, "event": {"type": "string"}, "id": {"type": "string"}}}
 _FINISH = {"anyOf": [{"type": "string", "enum": ["stop", "length"]}, {"type": "null"}]}
 
 
@@ -66,7 +70,7 @@ def _completion_route(summary: str, request: str, response: str) -> dict:
     ok = {"description": "the completion, whole (application/json) or, with `stream`, as server-sent events "
                          "whose last one is `data: [DONE]` (or, after a failure mid-stream, an error object)",
           "content": {"application/json": {"schema": _ref(response)},
-                      "text/event-stream": {"schema": {"type": "string"}}}}
+                      "text/event-stream": {"schema": _SSE_EVENT}}}
     return {"post": {"summary": summary, "operationId": request,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
                      "responses": {"200": ok, **{str(s): _error(s) for s in (400, 401, 404, 413, 429, 503, 504)}}}}

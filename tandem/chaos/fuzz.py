@@ -91,7 +91,7 @@ def _call(case, base_url: str) -> tuple[int | None, str | None]:
         case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
                                                  content_type_conformance, response_headers_conformance,
                                                  response_schema_conformance])
-    except Exception as exc:  # noqa: BLE001 - schemathesis raises its failure group; keep its text
+    except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - schemathesis' FailureGroup: keep its text
         body = case.body if isinstance(case.body, (dict, list, str)) else type(case.body).__name__
         return response.status_code, (f"{case.method} {case.path} {str(body)[:300]} -> {response.status_code}: "
                                       f"{str(exc).strip()[:600]}")
