@@ -11,6 +11,7 @@ from tandem.stack_cli import add_stack_commands
 from tandem.bench.commands import add_bench_commands
 from tandem.sim.cli import add_sim_command
 from tandem.worker_drain import add_worker_commands
+from tandem.chaos.cli import add_chaos_command
 from tandem.models.errors import ModelError
 
 
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_commands(commands)
     add_sim_command(commands)
     add_worker_commands(commands)
+    add_chaos_command(commands)
     return parser
 
 
