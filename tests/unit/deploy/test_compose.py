@@ -343,3 +343,15 @@ def test_docker_compose_config_accepts_the_file_in_every_profile():
         for name, service in resolved.items():  # compose's own reading agrees with the YAML read here
             assert service.get("command") == SERVICES[name].get("command"), name
             assert service.get("environment", {}) == {k: v for k, v in environment(SERVICES[name]).items()}, name
+
+
+def test_workers_get_time_to_drain_before_docker_kills_them():
+    from services.common.worker_settings import WorkerSettings
+
+    drain_s = WorkerSettings.__dataclass_fields__["drain_s"].default
+    workers = [n for n, s in SERVICES.items() if s.get("command", [])[1:3] in (["serve", "prefill"], ["serve", "decode"])]
+    assert len(workers) >= 4
+    for name in workers:
+        grace = SERVICES[name].get("stop_grace_period", "10s")  # Docker's default
+        assert grace.endswith("s") and float(grace[:-1]) >= drain_s + 5, name
+        assert SERVICES[name]["restart"] == "unless-stopped", name  # a crashed worker comes back, as under tandem up
