@@ -13,7 +13,7 @@ export TANDEM_CACHE_DIR ?= $(CURDIR)/.cache
 AIPERF_VENV := .venv-aiperf
 AIPERF_VERSION ?= 0.13.0
 
-.PHONY: install protos model up test test-unit bench bench-overhead aiperf k8s-golden clean
+.PHONY: install protos model up test test-unit bench bench-overhead chaos aiperf k8s-golden clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -44,10 +44,16 @@ test: install model aiperf
 test-unit: install
 	$(PY) -m pytest -q tests/unit
 
-# every benchmark: the engine against transformers, then the control plane's own cost (tables + JSON)
+# every benchmark: the engine against transformers, then the control plane's own cost, then every fault
+# scenario at full size with 1,000 fuzzing cases (tables + JSON)
 bench: install model
 	$(TANDEM) bench engine --json bench/out/engine.json
 	$(TANDEM) bench overhead --json bench/out/overhead.json
+	$(TANDEM) chaos --scenario all --json bench/out/chaos.json
+
+# fault injection against live sim-engine stacks: kills, stalls, drains, bad links, overload, fuzzing (<= 10 min)
+chaos: install model
+	$(TANDEM) chaos --scenario all --json bench/out/chaos.json
 
 # control-plane cost: zero engine in-process vs through gateway -> router -> worker (starts its own stack)
 bench-overhead: install
