@@ -1,17 +1,22 @@
 """A TCP proxy between the stack and one worker (it advertises the proxy's port): it passes bytes both ways, adds a
 delay to each read when asked, and on `drop()` resets every connection it carries (and refuses new ones for a
-while), as a failing link or a dying host would.
+while), as a failing link or a dying host would. The harness runs it in a process of its own (ProxyProcess).
 
 Bytes only: it never parses what it carries.
 """
 import asyncio
 import contextlib
+import ctypes
 import logging
+import multiprocessing
+import signal
 import socket
 import struct
 import time
 
 log = logging.getLogger(__name__)
+REPLY_TIMEOUT_S = 10.0
+PR_SET_PDEATHSIG = 1
 
 
 class FaultyProxy:
@@ -79,3 +84,72 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+class ProxyProcess:
+    """A FaultyProxy in a process of its own, driven over a pipe: the load's clients share the caller's interpreter
+    (and its GIL), and a proxy there would slow the bytes it carries, so the link would look faulty when it is not."""
+
+    def __init__(self, target_host: str, target_port: int, port: int = 0):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_main, args=(child, target_host, target_port, port), daemon=True,
+                                 name=f"chaos-proxy-{port}")
+        self._delay_s = 0.0
+        self.port = port
+
+    def start(self) -> int:
+        self._proc.start()
+        self.port = self._ask("port")
+        return self.port
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            self._ask("stop")
+        self._proc.join(timeout=5)
+
+    @property
+    def delay_s(self) -> float:
+        return self._delay_s
+
+    @delay_s.setter
+    def delay_s(self, value: float) -> None:
+        self._delay_s = value
+        self._ask("delay", value)
+
+    def drop(self, refuse_s: float = 0.0) -> int:
+        """As FaultyProxy.drop, in the proxy's process."""
+        return self._ask("drop", refuse_s)
+
+    def _ask(self, op: str, arg=None):
+        self._conn.send((op, arg))
+        if not self._conn.poll(REPLY_TIMEOUT_S):
+            raise TimeoutError(f"the proxy process did not answer {op!r} within {REPLY_TIMEOUT_S} s")
+        return self._conn.recv()
+
+
+def _main(conn, target_host: str, target_port: int, port: int) -> None:
+    ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # never outlive the harness
+    asyncio.run(_serve(conn, FaultyProxy(target_host, target_port, port=port)))
+
+
+async def _serve(conn, proxy: FaultyProxy) -> None:
+    await proxy.start()
+    stopped = asyncio.Event()
+
+    def on_command() -> None:
+        op, arg = conn.recv()
+        if op == "port":
+            conn.send(proxy.port)
+        elif op == "delay":
+            proxy.delay_s = arg
+            conn.send(None)
+        elif op == "drop":
+            conn.send(proxy.drop(arg))
+        elif op == "stop":
+            stopped.set()
+
+    asyncio.get_running_loop().add_reader(conn.fileno(), on_command)
+    await stopped.wait()
+    await proxy.stop()
+    conn.send(None)

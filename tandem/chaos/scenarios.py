@@ -10,7 +10,7 @@ import signal
 import time
 from dataclasses import replace
 
-from tandem.chaos.client import Behaviour
+from tandem.chaos.client import NORMAL, Behaviour
 from tandem.chaos.load import Load
 from tandem.chaos.outcomes import COMPLETED, FAILED_CLEANLY, LEFT, Check, ScenarioResult
 from tandem.chaos.runner import Run, Scenario
@@ -20,6 +20,7 @@ COMMON = Shape()  # 1 prefill, 3 decode (decode-2 behind the proxy): every scena
 OVERLOAD = Shape(num_prefill=0, num_decode=2, proxied=(), max_num_seqs=32, max_inflight=192)
 # tokens at once and a short context: many cases in little time
 FUZZ = Shape(engine="zero", num_prefill=0, num_decode=1, proxied=(), max_model_len=1024)
+PROBES = 8  # requests sent the moment a fault (or the restart it waits for) happens, beside the closed loop
 MAX_RECOVERY_S = {"kill-decode": 1.0, "kill-router": 5.0}  # the issue's targets
 
 
@@ -65,9 +66,41 @@ def kill(name: str, at_s: float):
     return fault
 
 
+async def in_flight(run: Run, prefix: str) -> dict[str, int]:
+    """Requests the router has on each worker whose id starts with `prefix`."""
+    return {w.worker.worker_id: w.num_inflight for w in await run.stack.workers()
+            if w.worker.worker_id.startswith(prefix)}
+
+
+async def mid_stream(run: Run, prefix: str, timeout_s: float = 15.0) -> None:
+    """Until some worker named `prefix...` has been running requests for a second: a closed-loop load moves in waves,
+    and a fault at a wave's start would find no stream with a token yet (routed around, not migrated)."""
+    deadline, since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        running = any(w.load.num_running for w in await run.stack.workers() if w.worker.worker_id.startswith(prefix))
+        since = (since or time.monotonic()) if running else None
+        if since is not None and time.monotonic() - since >= 1.0:
+            return
+        await asyncio.sleep(0.1)
+
+
+def kill_busiest(prefix: str, at_s: float):
+    """SIGKILL, mid-stream, the worker holding the most requests (KV-aware routing may leave one idle)."""
+    async def fault(run: Run) -> None:
+        await run.at(at_s)
+        await mid_stream(run, prefix)
+        load = await in_flight(run, prefix)
+        name = max(sorted(load), key=load.get)
+        run.facts.update(killed=name, killed_in_flight=load[name])
+        run.since_s = run.note(f"SIGKILL {name} ({load[name]} requests on it)")
+        run.stack.signal(name, signal.SIGKILL)
+        run.load.burst(PROBES, NORMAL)  # new requests at once: how soon are they served?
+    return fault
+
+
 async def judge_kill_decode(run: Run, result: ScenarioResult) -> list[Check]:
     return [all_completed(result), migrated(result), recovered(result, MAX_RECOVERY_S["kill-decode"]),
-            await rejoined(run, "decode-0")]
+            await rejoined(run, run.facts["killed"])]
 
 
 async def judge_kill_prefill(run: Run, result: ScenarioResult) -> list[Check]:
@@ -82,6 +115,7 @@ def kill_router(at_s: float):
         while not [t for t, name in run.stack.restarts if name == "router" and t > killed]:
             await asyncio.sleep(0.05)
         run.since_s = run.note("router started again")
+        run.load.burst(PROBES, NORMAL)
         run.facts["router_down_s"] = round(run.since_s - killed, 2)
     return fault
 
@@ -177,6 +211,7 @@ async def judge_all_completed(run: Run, result: ScenarioResult) -> list[Check]:
 def proxy_drop(name: str, at_s: float):
     async def fault(run: Run) -> None:
         await run.at(at_s)
+        await mid_stream(run, name)
         run.since_s = run.note(f"the proxy resets every connection to {name} and refuses new ones for 2 s")
         run.facts["connections_dropped"] = run.stack.proxies[name].drop(refuse_s=2.0)
         for _ in range(40):
@@ -251,7 +286,7 @@ def build(short: bool, fuzz_cases: int | None = None) -> list[Scenario]:
         Scenario("proxy-drop", "100% complete (migrated) when a proxy resets every connection to a worker", COMMON,
                  base, proxy_drop("decode-2", at), judge_drop),
         Scenario("kill-decode", "SIGKILL one decode worker mid-load: 100% complete (migrated), new requests "
-                 "succeed within 1 s", COMMON, base, kill("decode-0", at), judge_kill_decode),
+                 "succeed within 1 s", COMMON, base, kill_busiest("decode-", at), judge_kill_decode),
         Scenario("kill-prefill", "SIGKILL the prefill worker: 100% complete, 0 lost", COMMON,
                  replace(base, isl=768), kill("prefill-0", at), judge_kill_prefill),
         Scenario("drain-decode", "SIGTERM a decode worker: 100% complete, it exits 0 within its drain deadline",

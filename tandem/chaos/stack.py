@@ -17,7 +17,7 @@ import httpx
 
 from services.common.grpc_server import make_channel
 from services.common.protos import router_pb2, router_pb2_grpc
-from tandem.chaos.proxy import FaultyProxy
+from tandem.chaos.proxy import ProxyProcess
 from tandem.launcher import Stack, StackConfig, free_ports
 from tandem.supervisor import CrashLoopError, Supervisor
 
@@ -56,7 +56,7 @@ class ChaosStack(Stack):
 class LiveStack:
     def __init__(self, shape: Shape, model: str, log_dir: Path):
         self.shape, self.model, self.log_dir = shape, model, log_dir
-        self.proxies: dict[str, FaultyProxy] = {}
+        self.proxies: dict[str, ProxyProcess] = {}
         self.stack: ChaosStack | None = None
         self.restarts: list[tuple[float, str]] = []  # (time.monotonic(), child) of the supervisor's restarts
         self.failure: str = ""  # the supervisor gave up: why
@@ -69,8 +69,8 @@ class LiveStack:
         advertised = dict(zip(self.shape.proxied, ports))
         self.stack = ChaosStack(cfg, advertised)
         for name, port in advertised.items():
-            self.proxies[name] = FaultyProxy("127.0.0.1", self.stack.worker_ports[name], port=port)
-            await self.proxies[name].start()
+            self.proxies[name] = ProxyProcess("127.0.0.1", self.stack.worker_ports[name], port=port)
+            self.proxies[name].start()
         self.stack.start()
         await asyncio.to_thread(self.stack.wait_ready)
         self._thread = threading.Thread(target=self._supervise, name="chaos-supervisor", daemon=True)
@@ -121,7 +121,7 @@ class LiveStack:
         if self.stack is not None:
             await asyncio.to_thread(self.stack.stop)
         for proxy in self.proxies.values():
-            await proxy.stop()
+            await asyncio.to_thread(proxy.stop)
 
     # -- what scenarios do to it ---------------------------------------------------------------------------------
     @property

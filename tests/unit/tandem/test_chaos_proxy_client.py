@@ -6,7 +6,7 @@ import json
 import time
 
 from tandem.chaos.client import Behaviour, Exchange, Record
-from tandem.chaos.proxy import FaultyProxy
+from tandem.chaos.proxy import FaultyProxy, ProxyProcess
 
 EVENTS = [{"choices": [{"text": t, "finish_reason": None}]} for t in ("a", "b", "c")] + [
     {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 3}}]
@@ -84,4 +84,18 @@ async def test_the_proxy_passes_delays_and_drops():
     refused = await _exchange(proxied)
     assert refused.transport_error and refused.status == 0  # refused while the link is down
     await proxy.stop()
+    server.close()
+
+
+async def test_the_proxy_in_its_own_process_is_driven_over_its_pipe():
+    server, port = await _server("hang")
+    proxy = ProxyProcess("127.0.0.1", port)
+    proxied = await asyncio.to_thread(proxy.start)
+    pending = asyncio.create_task(_exchange(proxied))
+    await asyncio.sleep(0.3)
+    proxy.delay_s = 0.01
+    assert proxy.delay_s == 0.01 and await asyncio.to_thread(proxy.drop, 0.5) == 1
+    rec = await pending
+    assert rec.text == "a" and not rec.is_done and not rec.timed_out  # cut, as a dying link cuts it
+    await asyncio.to_thread(proxy.stop)
     server.close()
