@@ -26,10 +26,11 @@ from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.probe import LeaseProber
 from services.router.registry import Clock, Registry
 from services.router.settings import RouterSettings, add_arguments, settings_from
-from services.router.types import RouterError, WorkerRole
+from services.router.types import NoWorkerAvailableError, RouterError, UnknownModelError, WorkerRole
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+STARTUP_POLL_S = 0.05
 
 
 def _maps_errors(method):
@@ -99,7 +100,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             start = time.perf_counter()
             try:
-                decision = self.core.route(route_input_from_pb(request))
+                decision = await self._decide(route_input_from_pb(request))
             except RouterError as exc:
                 outcome = status_for(exc).name.lower()
                 self.metrics.failed(self.settings.policy, outcome)
@@ -115,6 +116,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return decision_to_pb(decision)
         finally:
             request_id.reset(token)
+
+    async def _decide(self, route_input):
+        """The decision; right after a (re)start, an empty pool is waited on: the workers are registering again."""
+        while True:
+            try:
+                return self.core.route(route_input)
+            except (NoWorkerAvailableError, UnknownModelError):
+                if time.monotonic() - self._started >= self.settings.startup_grace_s:
+                    raise
+            await asyncio.sleep(STARTUP_POLL_S)
 
     async def ListWorkers(self, request, context):
         statuses = [worker_status_to_pb(v) for v in self.registry.views()]

@@ -36,6 +36,7 @@ class RouterSettings:
     kv_disk_weight: float = -1.0
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     quarantine_s: float = 5.0  # a worker a gateway reports failed is avoided this long (Dynamo: 5 s)
+    startup_grace_s: float = 3.0  # after a (re)start, a Route that finds no worker waits this long for them to register
     probe_timeout_s: float = 2.0  # a lapsed lease: how long the health probe may take before eviction
     max_lease_extensions: int = 3  # leases a probe may grant in a row before a silent worker is evicted anyway
     busy_load_threshold: float = 2.0  # shed load (503) when every decode worker has this many sequences per slot
@@ -65,6 +66,8 @@ class RouterSettings:
         if self.quarantine_s < 0 or not self.probe_timeout_s > 0 or self.max_lease_extensions < 0:
             raise SettingsError(f"need quarantine_s >= 0, probe_timeout_s > 0 and max_lease_extensions >= 0, got "
                                 f"{self.quarantine_s}, {self.probe_timeout_s} and {self.max_lease_extensions}")
+        if self.startup_grace_s < 0:
+            raise SettingsError(f"startup_grace_s must be >= 0, got {self.startup_grace_s}")
         if self.busy_load_threshold < 0 or not 0 <= self.busy_kv_threshold <= 1:
             raise SettingsError(f"need busy_load_threshold >= 0 and busy_kv_threshold in [0, 1], got "
                                 f"{self.busy_load_threshold} and {self.busy_kv_threshold}")

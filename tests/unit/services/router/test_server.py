@@ -11,7 +11,7 @@ from services.router.settings import RouterSettings
 from tests.unit.services.router.helpers import FakeClock
 
 DECODE, PREFILL = common_pb2.WORKER_ROLE_DECODE, common_pb2.WORKER_ROLE_PREFILL
-SETTINGS = RouterSettings(host="127.0.0.1", port=0, disagg_min_tokens=1, sweep_interval_s=0.02)
+SETTINGS = RouterSettings(host="127.0.0.1", port=0, disagg_min_tokens=1, sweep_interval_s=0.02, startup_grace_s=0)
 
 
 @pytest.fixture
@@ -178,3 +178,23 @@ async def test_every_worker_busy_is_resource_exhausted(stub):
         await stub.Heartbeat(router_pb2.HeartbeatRequest(worker_id=worker_id, load=load))
     await expect_error(route(stub, "r1"), grpc.StatusCode.RESOURCE_EXHAUSTED,
                        "all 2 decode workers for model 'm' are busy")
+
+
+async def test_after_a_restart_an_empty_pool_is_waited_on_while_workers_register_again(clock):
+    import dataclasses
+
+    service = RouterService(dataclasses.replace(SETTINGS, startup_grace_s=1.5), clock)
+    await service.start()
+    try:
+        async with make_channel(f"127.0.0.1:{service.port}") as channel:
+            stub = router_pb2_grpc.RouterStub(channel)
+            pending = asyncio.create_task(route(stub, "r1"))
+            await asyncio.sleep(0.3)
+            assert not pending.done()  # no worker yet: it waits instead of failing
+            await stub.Register(router_pb2.RegisterRequest(worker=worker("d1")))
+            assert (await pending).decode.worker_id == "d1"
+            await asyncio.sleep(1.5)  # past the grace: an empty pool is an error at once
+            await expect_error(route(stub, "r2", exclude=["d1"]), grpc.StatusCode.UNAVAILABLE,
+                               "no live decode worker for model 'm' (excluding d1)")
+    finally:
+        await service.stop(grace_s=0)
