@@ -33,8 +33,7 @@ class EngineClient:
             self.channel.close()
             raise first.error
         self.info = first.info
-        self._stats = EngineStats(0, 0, 0, self.info.num_blocks, 0, 0, self.info.kv_layout.block_size,
-                                  self.info.max_model_len, 0, 0, 0, 0, 0)
+        self._stats = first.stats
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()

@@ -58,7 +58,7 @@ def build(spec: EngineSpec, channel: EngineSide) -> EngineCore | None:
     except Exception as exc:  # handed to the client's constructor
         channel.send(Failed(exc if isinstance(exc, (EngineError, ValueError)) else EngineError(repr(exc))))
         return None
-    channel.send(Ready(core.info))
+    channel.send(Ready(core.info, core.stats()))
     return core
 
 

@@ -40,6 +40,7 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Ready:
     info: RunnerInfo
+    stats: EngineStats  # before any step: what a worker's metrics show until its first request
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,7 @@ _ENCODERS = {
     Abort: lambda m: ("abort", m.req_id),
     Call: lambda m: ("call", m.call_id, m.name, m.arg),
     Stop: lambda m: ("stop",),
-    Ready: lambda m: ("ready", _info(m.info)),
+    Ready: lambda m: ("ready", _info(m.info), _stats(m.stats)),
     Failed: lambda m: ("failed", m.error),
     StepOutputs: lambda m: ("step", [_output(o) for o in m.outputs], _stats(m.stats), [_event(e) for e in m.events]),
     Reply: lambda m: ("reply", m.call_id, m.value, m.error),
@@ -163,7 +164,7 @@ _DECODERS = {
     "abort": Abort,
     "call": Call,
     "stop": Stop,
-    "ready": lambda i: Ready(RunnerInfo(KvLayout(*i[0]), i[1], i[2], i[3], i[4])),
+    "ready": lambda i, stats: Ready(RunnerInfo(KvLayout(*i[0]), i[1], i[2], i[3], i[4]), EngineStats(*stats)),
     "failed": Failed,
     "step": lambda outs, stats, events: StepOutputs([_output_from(o) for o in outs], EngineStats(*stats),
                                                     [_event_from(e) for e in events]),

@@ -1,6 +1,6 @@
 """Every metric a dashboard reads exists in some service's /metrics before the first request (labelled counters
 and histograms start at zero), on a stack whose gateway runs as two processes (and a planner held at one worker per
-role); then one request is counted once in the gateway's merged metrics."""
+role, and a host KV tier); then one request is counted once in the gateway's merged metrics."""
 import re
 
 import httpx
@@ -18,7 +18,10 @@ def stack(tmp_path_factory):
     model = init_model(tmp_path_factory.mktemp("zero-model") / "tiny", "llama", tiny=True, config_only=True)
     with running_stack(model, tmp_path_factory.mktemp("from-start"), engine="zero", num_prefill=1, num_decode=1,
                        num_gateway_workers=2, planner=True,
-                       env={"TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"}) as s:
+                       env={"TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"},
+                       # NOTE: the KV tier panels read series a worker exports only when it has a tier
+                       worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", "--kv-host-gb", "0.01")
+                       ) as s:
         yield s
 
 
