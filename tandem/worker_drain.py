@@ -3,7 +3,6 @@ its container, PID 1), which deregisters from the router before it finishes what
 router no longer lists the worker: from then on no request is routed to the terminating pod. It waits for nothing
 else; the worker's own drain (TANDEM_WORKER_DRAIN_S) goes on after it returns."""
 import argparse
-import asyncio
 import os
 import signal
 import sys
@@ -46,20 +45,17 @@ def router_worker_ids(router_address: str, timeout_s: float = 2.0) -> Callable[[
     """The worker ids the router lists now; an unreachable router raises ConnectionError."""
     import grpc
 
-    from services.common.grpc_server import make_channel
+    from services.common.grpc_server import make_sync_channel
     from services.common.protos import router_pb2, router_pb2_grpc
-
-    async def ask() -> set[str]:
-        async with make_channel(router_address) as channel:
-            reply = await router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(),
-                                                                           timeout=timeout_s)
-        return {w.worker.worker_id for w in reply.workers}
 
     def listed() -> set[str]:
         try:
-            return asyncio.run(ask())
+            with make_sync_channel(router_address) as channel:
+                reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(),
+                                                                        timeout=timeout_s)
         except grpc.RpcError as exc:
             raise ConnectionError(f"router {router_address}: {exc.code().name}") from None
+        return {w.worker.worker_id for w in reply.workers}
 
     return listed
 
