@@ -75,6 +75,11 @@ class EngineClient:
         return self.info.kv_layout
 
     @property
+    def kv_transport(self) -> str:
+        """How this engine's runner loads KV (RunnerInfo.kv_transport); "" when it takes KvExport bytes."""
+        return self.info.kv_transport
+
+    @property
     def max_model_len(self) -> int:
         return self.info.max_model_len
 
@@ -100,6 +105,14 @@ class EngineClient:
 
     async def export_kv(self, req_id: str) -> KvExport:
         return await self._call("export_kv", req_id)
+
+    async def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
+        """Write a held request's KV into a staging file (the engine process copies it); its number of blocks."""
+        return await self._call("export_kv_to", (req_id, path, offset))
+
+    async def renew_kv(self, req_id: str) -> float:
+        """Keep a held request's blocks for another lease (RequestNotFoundError when they are gone)."""
+        return await self._call("renew_kv", req_id)
 
     async def release_kv(self, req_id: str) -> None:
         await self._call("release_kv", req_id)
@@ -128,7 +141,7 @@ class EngineClient:
             self._die(str(exc))
             raise
 
-    async def _call(self, name: str, arg: str | None = None):
+    async def _call(self, name: str, arg: str | tuple | None = None):
         if self.failure is not None:
             raise EngineDiedError(f"the engine cannot serve: {self.failure}")
         call_id = next(self._call_ids)

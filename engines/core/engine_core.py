@@ -3,7 +3,7 @@ export KV, track KV loads, record KV events, count stats. Synchronous and single
 it, the cluster simulator drives it in virtual time. No torch, no I/O, no transport."""
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,6 +57,8 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
         self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
+        self.pending_loads: deque[tuple[Sequence, object]] = deque()  # imports waiting for free blocks, in order
+        self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
         self.tiering = (Tiering(tiers, self.block_manager, clock)
@@ -73,10 +75,24 @@ class EngineCore:
             eos_token_ids=self.info.eos_token_ids, max_model_len=self.info.max_model_len,
             hold_kv=request.hold_kv, num_emitted_tokens=len(request.output_token_ids), arrival_s=self.clock(),
         )
+        if request.kv_params:
+            self._add_import(seq, request)
+            return
         if request.kv is not None:
             self._maybe_import(seq, request.kv)
         self.seqs[seq.req_id] = seq
         self.scheduler.add(seq)
+
+    def _add_import(self, seq: Sequence, request: EngineRequest) -> None:
+        """KV named by kv_params is loaded into blocks allocated now, or as soon as there are enough."""
+        source = self.runner.kv_source(request.kv_params)
+        n, tokens = len(source.token_ids), request.all_token_ids
+        if not 0 < n < len(tokens) or tokens[:n] != tuple(source.token_ids):
+            raise InvalidRequestError("imported KV must cover a strict prefix of the request's tokens")
+        self.seqs[seq.req_id] = seq
+        seq.status = SequenceStatus.LOADING
+        self.pending_loads.append((seq, source))
+        self._start_pending()
 
     def abort(self, req_id: str) -> RequestOutput | None:
         """End a live request (its last output, ABORT) or drop held KV (None). Unknown ids are ignored."""
@@ -89,6 +105,9 @@ class EngineCore:
             return None
         seq.finish_reason = FinishReason.ABORT
         if seq.status is SequenceStatus.LOADING:  # NOTE: its blocks wait for the load's end: still being written
+            if not seq.block_table:  # not started yet
+                self.pending_loads = deque(p for p in self.pending_loads if p[0] is not seq)
+                seq.status = SequenceStatus.FINISHED
             return self._output(seq)
         self.scheduler.finish(seq)
         return self._output(seq)
@@ -98,6 +117,21 @@ class EngineCore:
         num_tokens = seq.num_computed_tokens
         block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
         return self.runner.export_kv(block_ids, tuple(seq.token_ids[:num_tokens]))
+
+    def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
+        """Write a held request's KV into a staging file at `offset`; returns its number of blocks."""
+        seq = self._held(req_id)
+        num_tokens = seq.num_computed_tokens
+        block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
+        self.runner.export_kv_to(block_ids, tuple(seq.token_ids[:num_tokens]), path, offset)
+        return len(block_ids)
+
+    def renew_kv(self, req_id: str) -> float:
+        """Keep a held request's blocks for another TTL (a decode engine is about to read them); the new expiry."""
+        seq = self._held(req_id)
+        seq.held_until = self.clock() + self.config.held_kv_ttl_s
+        self.held.move_to_end(req_id)
+        return seq.held_until
 
     def release_kv(self, req_id: str) -> None:
         self._held(req_id)
@@ -159,12 +193,39 @@ class EngineCore:
 
     @property
     def has_loads(self) -> bool:
-        return bool(self.loading)
+        return bool(self.loading or self.pending_loads)
+
+    def _start_pending(self) -> None:
+        while self.pending_loads and self._has_room(self.pending_loads[0][0]):
+            seq, source = self.pending_loads[0]
+            seq.status = SequenceStatus.WAITING
+            try:
+                started = self.start_load(seq, len(source.token_ids), source)
+            except Exception as exc:  # NOTE: a source that went bad while it waited fails its request alone
+                self.pending_loads.popleft()
+                self.seqs.pop(seq.req_id, None)
+                seq.finish_reason = FinishReason.ERROR
+                seq.status = SequenceStatus.FINISHED
+                self.failed_loads.append(self._output(seq, error=f"KV load failed: {exc}"))
+                continue
+            if not started:
+                seq.status = SequenceStatus.LOADING
+                return
+            self.pending_loads.popleft()
+
+    def _has_room(self, seq: Sequence) -> bool:
+        """Start an import only when no queued sequence waits for blocks and the free blocks hold all the request
+        may grow to: loaded blocks that cannot run would otherwise starve the queue (and preempted ones) for good."""
+        if self.scheduler.waiting:
+            return False
+        final = min(seq.num_prompt_tokens + seq.params.max_tokens, seq.max_model_len)
+        return self.block_manager.num_blocks_for(final) <= self.block_manager.num_free_blocks
 
     def poll_loads(self) -> list[LoadDone]:
         """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
         its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
         done = self.runner.poll_loads() if self.loading else []
+        self._start_pending()
         for result in done:
             entry = self.loading.pop(result.req_id, None)
             if entry is None:
@@ -228,7 +289,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values())
+            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values()) + len(self.pending_loads)
             + (self.tiering.num_waiters if self.tiering is not None else 0),
             num_running=len(sched.running), num_held=sched.num_held,
             num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
@@ -245,7 +306,10 @@ class EngineCore:
         if seq.status is SequenceStatus.HELD:
             seq.held_until = self.clock() + self.config.held_kv_ttl_s
             self.held[seq.req_id] = seq
-        elif seq.is_finished:
+            num_tokens = seq.num_computed_tokens
+            block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
+            return self._output(seq, kv_params=self.runner.describe_kv(block_ids, tuple(seq.token_ids[:num_tokens])))
+        if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)
 
@@ -293,11 +357,11 @@ class EngineCore:
         self.seqs.pop(seq.req_id, None)
         return self._output(seq, error=message)
 
-    def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
+    def _output(self, seq: Sequence, error: str | None = None, kv_params: bytes = b"") -> RequestOutput:
         new_ids, logprobs = seq.take_new_tokens()
         queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
         return RequestOutput(seq.req_id, new_ids, logprobs, seq.finish_reason, seq.num_prompt_tokens,
-                             seq.num_cached_tokens, error, queue_s)
+                             seq.num_cached_tokens, error, queue_s, kv_params)
 
     def _held(self, req_id: str) -> Sequence:
         seq = self.held.get(req_id)

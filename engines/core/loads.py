@@ -32,10 +32,23 @@ class Loading:
 
 
 class NoLoads:
-    """For runners that move no KV asynchronously: every load is refused as bad input."""
+    """For runners that move no KV asynchronously: every load is refused as bad input, held KV is described by
+    nothing (it is pulled as bytes) and exported through `export_kv`."""
 
     def start_load(self, load: KvLoad) -> None:
         raise InvalidRequestError("this engine cannot load KV from elsewhere")
 
     def poll_loads(self) -> list[LoadDone]:
         return []
+
+    def kv_source(self, kv_params: bytes) -> object:
+        raise InvalidRequestError("this engine reads no kv_params")
+
+    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        return b""
+
+    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
+        data = self.export_kv(block_ids, token_ids).data
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(data)

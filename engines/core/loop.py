@@ -21,7 +21,7 @@ from engines.core.scheduler import SchedulerOutput
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle loop waits for a command before it checks held KV leases again
 LOAD_WAIT_S = 0.001  # how long a loop with only KV loads in flight waits for a command before it polls them
-CALLS = ("export_kv", "release_kv", "reset_prefix_cache")  # what a Call may name
+CALLS = ("export_kv", "export_kv_to", "renew_kv", "release_kv", "reset_prefix_cache")  # what a Call may name
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,9 @@ class EngineLoop:
             self._apply(command)
         if self.core.poll_loads():
             self.is_dirty = True
+        if self.core.failed_loads:
+            self.unsent += self.core.failed_loads
+            self.core.failed_loads = []
         out = self.core.schedule()
         pending = self._launch(out) if out is not None else None
         if self.overlap or pending is None:
@@ -153,7 +156,8 @@ class EngineLoop:
             return Reply(call.call_id, error=EngineError(f"unknown engine call {call.name!r}"))
         method: Callable = getattr(self.core, call.name)
         try:
-            return Reply(call.call_id, method(call.arg) if call.arg is not None else method())
+            args = call.arg if isinstance(call.arg, tuple) else () if call.arg is None else (call.arg,)
+            return Reply(call.call_id, method(*args))
         except EngineError as exc:
             return Reply(call.call_id, error=exc)
 

@@ -28,8 +28,8 @@ class Abort:
 @dataclass(frozen=True, slots=True)
 class Call:
     call_id: int
-    name: str  # "export_kv", "release_kv" or "reset_prefix_cache"
-    arg: str | None = None
+    name: str  # one of loop.CALLS
+    arg: str | tuple | None = None  # a tuple is the method's arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def _event_from(t: tuple) -> KvEvent:
 
 
 def _info(i: RunnerInfo) -> tuple:
-    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids)
+    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport)
 
 
 def _ext(value):
@@ -164,7 +164,7 @@ _DECODERS = {
     "abort": Abort,
     "call": Call,
     "stop": Stop,
-    "ready": lambda i, stats: Ready(RunnerInfo(KvLayout(*i[0]), i[1], i[2], i[3], i[4]), EngineStats(*stats)),
+    "ready": lambda i, stats: Ready(RunnerInfo(KvLayout(*i[0]), *i[1:]), EngineStats(*stats)),
     "failed": Failed,
     "step": lambda outs, stats, events: StepOutputs([_output_from(o) for o in outs], EngineStats(*stats),
                                                     [_event_from(e) for e in events]),

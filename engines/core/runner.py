@@ -19,6 +19,7 @@ class RunnerInfo:
     max_model_len: int  # computed once, here; workers report it, the gateway reads it from the router
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
+    kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
 
 
 class PendingStep(Protocol):
@@ -49,6 +50,15 @@ class Runner(Protocol):
 
     def poll_loads(self) -> list[LoadDone]:
         """The loads that ended since the last poll (each reported once); never blocks."""
+
+    def kv_source(self, kv_params: bytes) -> object:
+        """The load source `kv_params` name (it has `token_ids`); InvalidRequestError for what it cannot read."""
+
+    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        """kv_params by which another engine of this kind loads these held blocks itself; b"" for none."""
+
+    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
+        """Write the KV of `block_ids` into the file at `path` from `offset` on, in the KvExport byte order."""
 
 
 @dataclass(frozen=True, slots=True)
