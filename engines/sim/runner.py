@@ -1,18 +1,24 @@
 """The sim runner: a step costs what a TimingProfile says instead of running a model, so the real worker
 services (live, sleeping the modelled time x `time_factor`) and the cluster simulator (virtual time, no
-sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are deterministic; KV exports
-carry zero bytes. No torch."""
+sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are deterministic. With KV
+payloads on (workers), it holds a real paged cache of GPU-sized bytes per token and moves it as a real runner
+does (NIXL or staging files); without (the cluster simulator), exports carry zero bytes. No torch."""
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
+from engines.core.kv_tiers import Onboard, TierSpec, TieredLoads
+from engines.core.loads import KvLoad, LoadDone
+from engines.core.modelled_tiers import ModelledTiers
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
-from engines.core.kv_tiers import TierSpec, TieredLoads
-from engines.core.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
+from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.sim.profile import TimingProfile, load_profile
 
 VOCAB_SIZE = 32000
@@ -54,20 +60,41 @@ def sim_tiers(profile: TimingProfile, host_gb: float, disk_gb: float, clock: Cal
                          rate)
 
 
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A real KV cache for the sim runner: bytes per token, its size in blocks, how it moves."""
+
+    kv_bytes_per_token: int = -1  # -1: the profile's
+    cache_bytes: int = 0  # 0: the profile's blocks, within DEFAULT_MAX_CACHE_BYTES
+    kv_transport: str = "grpc"
+
+
 class SimRunner(TieredLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
                  kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 load_time_factor: float | None = None):
+                 load_time_factor: float | None = None, payload: Payload | None = None):
         """`load_time_factor` scales an onboarding load's modelled time on `clock` (default `time_factor`; the
-        cluster simulator, stepping in virtual time with time_factor 0, gives 1)."""
+        cluster simulator, stepping in virtual time with time_factor 0, gives 1). `payload`: a real KV cache."""
         if time_factor < 0:
             raise ValueError(f"time_factor must be >= 0, got {time_factor}")
         self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
-        layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
-        self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
         self.tiers = sim_tiers(profile, kv_host_gb, kv_disk_gb, clock,
                                time_factor if load_time_factor is None else load_time_factor)
+        self.cache = self.mover = None
+        if payload is None:
+            layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
+            self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
+            return
+        from engines.transfer.mover import KvMover
+
+        layout = payload_layout(payload.kv_bytes_per_token, profile.block_size)
+        block_bytes = payload.kv_bytes_per_token * profile.block_size
+        num_blocks = (max(1, payload.cache_bytes // block_bytes) if payload.cache_bytes else
+                      default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks))
+        self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == "nixl")
+        self.mover = KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
+        self.info = RunnerInfo(layout, num_blocks, max_model_len, VOCAB_SIZE, kv_transport=payload.kv_transport)
 
     def step_duration(self, out: SchedulerOutput) -> float:
         num_decodes = sum(1 for s in out.scheduled if is_decode(s.num_new_tokens, s.start, s.seq))
@@ -76,18 +103,48 @@ class SimRunner(TieredLoads):
 
     def launch(self, out: SchedulerOutput) -> _Timed:
         """Tokens at once; `wait` sleeps until the modelled step would have ended (never in virtual time)."""
+        if self.cache is not None:
+            for s in out.scheduled:
+                end = s.start + s.num_new_tokens
+                self.cache.stamp(s.seq.block_table, s.start, s.seq.token_ids[s.start : end])
         sampled = [(next_token(s.seq), None) for s in out.sampling]
         until = time.perf_counter() + self.step_duration(out) * self.time_factor if self.time_factor else 0.0
         return _Timed(sampled, until, self.sleep)
 
     def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
-        return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
+        if self.cache is None:
+            return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
+        data = self.cache.blocks[:, block_ids].tobytes()  # [planes, n, block_bytes]: the KvExport order
+        return KvExport(self.info.kv_layout, token_ids, len(block_ids), data)
 
+    # -- KV movement: what a runner with a real cache does (payloads on) -------------------------
+    def kv_source(self, kv_params: bytes):
+        return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
+
+    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        return self.mover.describe(block_ids, token_ids) if self.mover else b""
+
+    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
+        if self.mover is None:
+            return super().export_kv_to(block_ids, token_ids, path, offset)
+        self.mover.export_to(block_ids, path, offset)
+
+    def start_load(self, load: KvLoad) -> None:
+        if self.mover is None or isinstance(load.source, Onboard):
+            return super().start_load(load)
+        return self.mover.start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return super().poll_loads() + (self.mover.poll_loads() if self.mover else [])
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         """The pull of a prefill worker's KV takes the profile's transfer time.
 
         NOTE: the engine loop waits it out, as a runner whose import is a blocking copy would."""
+        if self.cache is not None:
+            self.cache.write_blocks(block_ids, np.frombuffer(kv.data, np.uint8).reshape(
+                self.cache.blocks.shape[0], kv.num_blocks, -1))
+            return
         if self.time_factor:
             self.sleep(self.profile.transfer_s(kv.num_tokens) * self.time_factor)
 
@@ -102,19 +159,27 @@ class SimSpec:
     enable_prefix_caching: bool = True
     kv_host_gb: float = 0.0  # modelled host and disk KV tiers (no bytes), per worker
     kv_disk_gb: float = 0.0
+    payload: Payload | None = None  # a real KV cache (workers); None: timing only
+    held_kv_ttl_s: float = 30.0
 
 
 def build_core(spec: SimSpec) -> EngineCore:
     profile = load_profile(spec.profile) if spec.profile else load_profile()
+    payload = spec.payload
+    if payload is not None and payload.kv_bytes_per_token < 0:  # the profile's
+        payload = dataclasses.replace(payload, kv_bytes_per_token=profile.kv_bytes_per_token)
     return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching,
-                    kv_host_gb=spec.kv_host_gb, kv_disk_gb=spec.kv_disk_gb)
+                    kv_host_gb=spec.kv_host_gb, kv_disk_gb=spec.kv_disk_gb, payload=payload,
+                    held_kv_ttl_s=spec.held_kv_ttl_s)
 
 
 def sim_core(profile: TimingProfile, time_factor: float = 1.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
              enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic,
-             kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, load_time_factor: float | None = None) -> EngineCore:
+             kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, load_time_factor: float | None = None,
+             payload: Payload | None = None, held_kv_ttl_s: float = 30.0) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
-    config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching)
+    config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching,
+                        held_kv_ttl_s)
     runner = SimRunner(profile, time_factor, max_model_len, kv_host_gb=kv_host_gb, kv_disk_gb=kv_disk_gb,
-                       clock=clock, load_time_factor=load_time_factor)
+                       clock=clock, load_time_factor=load_time_factor, payload=payload)
     return EngineCore(config, runner, clock)

@@ -1,0 +1,128 @@
+"""KvMover: a runner's KV transfers over its paged cache — describes held blocks for a decode engine (NIXL),
+loads blocks from a NIXL descriptor or a staging file without blocking the step loop, and exports blocks into
+a staging file for the gRPC fallback. The payload never passes through Python objects or the engine's pipe."""
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+from engines.base.types import KvLayout
+from engines.core.loads import KvLoad, LoadDone
+from engines.transfer import descriptor
+from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
+from engines.transfer.paged import Geometry, staging_view
+from engines.transfer.staging import SHM_DIR, StagingReader
+
+log = logging.getLogger(__name__)
+TRANSPORTS = ("nixl", "grpc")
+
+
+class PagedCache(Protocol):
+    geometry: Geometry
+
+    def write_blocks(self, block_ids, src: np.ndarray) -> None: ...
+
+    def read_blocks(self, block_ids, dst: np.ndarray) -> None: ...
+
+
+class KvMover:
+    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = "grpc",
+                 verify: Callable[[KvLoad], str] | None = None):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"kv transport must be one of {TRANSPORTS}, got {transport!r}")
+        self.cache, self.layout, self.verify = cache, layout, verify
+        self.link = None
+        if transport == "nixl":
+            from engines.transfer.nixl_link import NixlLink
+
+            self.link = NixlLink(cache.geometry)
+        self.reader = StagingReader()
+        self._copies = ThreadPoolExecutor(1, thread_name_prefix="kv-load")  # NOTE: off the step loop
+        self._inflight: dict[str, tuple[KvLoad, object, float]] = {}  # req_id -> (load, handle | Future, start)
+        self._done: list[LoadDone] = []
+        self.num_bytes_loaded = 0
+        self.seconds_loading = 0.0
+
+    # -- the prefill side --------------------------------------------------------------------
+    def describe(self, block_ids, token_ids: tuple[int, ...]) -> bytes:
+        """kv_params naming held blocks for a decode engine's NIXL READ; b"" without NIXL (bytes are pulled)."""
+        if self.link is None:
+            return b""
+        g = self.cache.geometry
+        return descriptor.encode(KvDescriptor(NIXL, self.layout, tuple(token_ids), tuple(block_ids), self.link.name,
+                                              self.link.metadata, g.base, g.num_blocks, g.mem, g.device_id))
+
+    def export_to(self, block_ids, path: str, offset: int) -> None:
+        """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
+        self.cache.read_blocks(block_ids, staging_view(self.reader.array(_staging_path(path)), self.layout, offset,
+                                                       len(block_ids)))
+
+    # -- the decode side ---------------------------------------------------------------------
+    def source(self, kv_params: bytes) -> KvDescriptor:
+        """The descriptor in `kv_params`, checked against this cache; DescriptorError otherwise."""
+        desc = descriptor.decode(kv_params)
+        descriptor.check_layout(desc, self.layout)
+        if desc.kind == NIXL and self.link is None:
+            raise DescriptorError("this engine has no NIXL agent (TANDEM_KV_TRANSPORT=grpc): it reads no NIXL descriptor")
+        if desc.kind == STAGING:
+            size = self.reader.array(_staging_path(desc.path)).size
+            if desc.base + desc.num_blocks * self.cache.geometry.num_planes * self.cache.geometry.block_bytes > size:
+                raise DescriptorError(f"staging region at {desc.base} runs past the end of {desc.path!r}")
+        return desc
+
+    def start_load(self, load: KvLoad) -> None:
+        desc: KvDescriptor = load.source
+        start = time.perf_counter()
+        if desc.kind == NIXL:
+            try:
+                handle = self.link.read(desc, load.block_ids)
+            except ConnectionError as exc:
+                self._done.append(LoadDone(load.req_id, False, str(exc)))
+                return
+        else:
+            view = staging_view(self.reader.array(desc.path), self.layout, desc.base, len(load.block_ids))
+            handle = self._copies.submit(self.cache.write_blocks, load.block_ids, view)
+        self._inflight[load.req_id] = (load, handle, start)
+
+    def poll_loads(self) -> list[LoadDone]:
+        for req_id, (load, handle, start) in list(self._inflight.items()):
+            state = _future_state(handle) if isinstance(handle, Future) else self.link.state(handle)
+            if state == "PROC":
+                continue
+            del self._inflight[req_id]
+            self._done.append(self._finished(load, state, time.perf_counter() - start))
+        done, self._done = self._done, []
+        return done
+
+    def _finished(self, load: KvLoad, state: str, seconds: float) -> LoadDone:
+        if state != "DONE":
+            return LoadDone(load.req_id, False, f"{load.source.kind} transfer failed")
+        error = self.verify(load) if self.verify is not None else ""
+        if error:
+            return LoadDone(load.req_id, False, error)
+        self.num_bytes_loaded += len(load.block_ids) * self.cache.geometry.num_planes * self.cache.geometry.block_bytes
+        self.seconds_loading += seconds
+        return LoadDone(load.req_id, True)
+
+
+def _future_state(future: Future) -> str:
+    if not future.done():
+        return "PROC"
+    if future.exception() is not None:
+        log.warning("staging copy failed: %r", future.exception())
+        return "ERR"
+    return "DONE"
+
+
+def _staging_path(path: str) -> str:
+    """Only this machine's staging files are mapped (a descriptor names no other file)."""
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(SHM_DIR) or not os.path.basename(real).startswith("tandem-kv-"):
+        raise DescriptorError(f"{path!r} is not a KV staging file")
+    if not os.path.exists(real):
+        raise DescriptorError(f"KV staging file {path!r} does not exist")
+    return real
