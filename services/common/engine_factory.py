@@ -21,7 +21,8 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
         return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
-                        kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb)
+                        kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb, payload=sim_payload(s),
+                        held_kv_ttl_s=s.kv_lease_s)
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
@@ -33,6 +34,23 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
         kv_disk_gb=s.kv_disk_gb,
     ))
+
+
+def kv_transport(s: WorkerSettings) -> str:
+    """The transport a worker's engine moves KV with: auto is NIXL when it imports, else the gRPC fallback."""
+    if s.kv_transport != "auto":
+        return s.kv_transport
+    from engines.transfer.nixl_link import is_available
+
+    return "nixl" if is_available() else "grpc"
+
+
+def sim_payload(s: WorkerSettings):
+    if not s.sim_kv_cache_mb:
+        return None
+    from engines.sim.runner import Payload
+
+    return Payload(s.sim_kv_bytes_per_token, s.sim_kv_cache_mb << 20, kv_transport(s))
 
 
 def make_engine(s: WorkerSettings) -> Engine:

@@ -39,6 +39,9 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    # NOTE: a stream that waits long without data (a request queued behind KV loads) takes the keepalive pings
+    # instead of closing the connection with "too many pings"
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
 
@@ -49,6 +52,14 @@ def make_channel(address: str) -> grpc.aio.Channel:
     if tls.is_enabled:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def make_blocking_channel(address: str) -> grpc.Channel:
+    """A blocking channel (for a thread that must keep its timing whatever the event loop does), as make_channel."""
+    tls = process_tls()
+    if tls.is_enabled:
+        return grpc.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 def make_sync_channel(address: str) -> grpc.Channel:

@@ -1,69 +1,78 @@
-"""Keeps a worker registered with the router: register, heartbeat with load, re-register when
-the lease was lost, retry with backoff while the router is away, deregister on stop."""
+"""Keeps a worker registered with the router: register, heartbeat with load, re-register when the lease was lost,
+retry with backoff while the router is away, deregister on stop. It runs on its own thread with a blocking gRPC
+channel, so that heartbeats keep their timing however busy the worker's event loop is (streams, KV transfers)."""
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 
 import grpc
 
-from services.common.grpc_server import make_channel
+from services.common.grpc_server import make_blocking_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
 # NOTE: a restarted router must see every worker again within a second or two: its KV index and its pool are
 # rebuilt from their registrations (the router subscribes to each one's KV events when it registers)
 MAX_BACKOFF_S = 1.0
+RPC_TIMEOUT_S = 5.0
 
 
 class Registrar:
     def __init__(self, router_address: str, info: router_pb2.WorkerInfo,
                  load: Callable[[], common_pb2.WorkerLoad]):
-        self.info, self.load = info, load
-        self.channel = make_channel(router_address)
+        self.info, self.load = info, load  # NOTE: `load` is called on the registrar's thread
+        self.channel = make_blocking_channel(router_address)
         self.stub = router_pb2_grpc.RouterStub(self.channel)
         self.interval_s = 1.0
-        self.registered = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self.registered = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
         self._is_stopped = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="registrar")
+        self._thread.start()
 
     async def stop(self) -> None:
         """Deregister and stop heartbeating; idempotent."""
         if self._is_stopped:
             return
         self._is_stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        try:
-            await self.stub.Deregister(router_pb2.DeregisterRequest(worker_id=self.info.worker_id), timeout=2)
-        except grpc.aio.AioRpcError as exc:
-            log.info("deregister failed (router away?): %s", exc.code().name)
-        await self.channel.close()
+        self._stop.set()
+        await asyncio.to_thread(self._finish)
 
-    async def _run(self) -> None:
+    def _finish(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join(RPC_TIMEOUT_S + 1)
+        try:
+            self.stub.Deregister(router_pb2.DeregisterRequest(worker_id=self.info.worker_id), timeout=2)
+        except grpc.RpcError as exc:
+            log.info("deregister failed (router away?): %s", exc.code().name)
+        self.channel.close()
+
+    def _run(self) -> None:
         backoff = 0.2
-        while True:
+        while not self._stop.is_set():
             try:
-                await self._register()
+                self._register()
                 backoff = 0.2
-                while await self._heartbeat():
-                    await asyncio.sleep(self.interval_s)
+                while self._heartbeat():
+                    if self._stop.wait(self.interval_s):
+                        return
                 log.warning("router forgot worker %s; registering again", self.info.worker_id)
-            except grpc.aio.AioRpcError as exc:
+            except grpc.RpcError as exc:
                 self.registered.clear()
                 log.warning("router unreachable (%s); retrying in %.1fs", exc.code().name, backoff)
-                await asyncio.sleep(backoff)
+                self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    async def _register(self) -> None:
-        reply = await self.stub.Register(router_pb2.RegisterRequest(worker=self.info, load=self.load()), timeout=5)
+    def _register(self) -> None:
+        reply = self.stub.Register(router_pb2.RegisterRequest(worker=self.info, load=self.load()),
+                                   timeout=RPC_TIMEOUT_S)
         self.interval_s = reply.heartbeat_interval_s or 1.0
         self.registered.set()
         log.info("registered %s with the router (lease %.1fs)", self.info.worker_id, reply.lease_ttl_s)
 
-    async def _heartbeat(self) -> bool:
+    def _heartbeat(self) -> bool:
         request = router_pb2.HeartbeatRequest(worker_id=self.info.worker_id, load=self.load())
-        return (await self.stub.Heartbeat(request, timeout=5)).known
+        return self.stub.Heartbeat(request, timeout=RPC_TIMEOUT_S).known

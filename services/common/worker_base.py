@@ -56,6 +56,9 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         """Register the role's own gRPC service (Prefill or Decode) for `service`."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Free what the service holds outside the engine (staging files); after the server stopped."""
+
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
         return worker_pb2.AbortResponse()
@@ -196,6 +199,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
         service.stopping.set()
         await server.stop(grace_s=1.0)  # the last messages of finished streams
         await engine.shutdown()
+        service.close()
         if endpoint is not None:
             endpoint.close()
 

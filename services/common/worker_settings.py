@@ -13,6 +13,7 @@ TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
 TRTLLM_QUANT = ("", "fp8", "nvfp4")
 TRTLLM_KV_DTYPES = ("auto", "fp8")
 TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
+KV_TRANSPORTS = ("auto", "nixl", "grpc")  # auto: nixl when it imports
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class WorkerSettings:
     kv_host_gb: float = 0.0  # G2: host memory for KV blocks beyond the device pool (pinned on GPU hosts); 0: none
     kv_disk_dir: str = ""  # G3: local disk for KV blocks seen twice, kept across restarts; "": none
     kv_disk_gb: float = 0.0
+    kv_transport: str = "auto"  # TANDEM_KV_TRANSPORT: how a decode engine reads a prefill engine's KV
+    kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
+    sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
+    sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
 
     def __post_init__(self) -> None:
         try:
@@ -63,6 +68,10 @@ class WorkerSettings:
             raise SettingsError(f"overlap must be one of {OVERLAP}, got {self.overlap!r}")
         if self.engine not in ENGINES:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise SettingsError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if min(self.kv_staging_mb, self.sim_kv_bytes_per_token) < 1 or self.sim_kv_cache_mb < 0:
+            raise SettingsError("kv_staging_mb and sim_kv_bytes_per_token must be >= 1, sim_kv_cache_mb >= 0")
         if self.kv_lease_s <= 0:
             raise SettingsError("kv_lease_s must be > 0")
         if self.drain_s < 0:
@@ -127,7 +136,11 @@ _HELP = {
     "kv_host_gb": "host memory for KV blocks evicted from the device pool (>= the device KV to help); 0: none",
     "kv_disk_dir": "directory for KV blocks seen twice, kept across restarts (needs --kv-disk-gb)",
     "kv_disk_gb": "disk for KV blocks below the host tier (>= --kv-host-gb to help)",
+    "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
+    "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
+    "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
 }
+_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT"}
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
@@ -140,9 +153,9 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
-                 *_TRTLLM_FLAGS):
+                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
-        value = env(f"TANDEM_WORKER_{name.upper()}", default)
+        value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
     p.add_argument("--no-prefix-caching", action="store_true",
                    default=not env("TANDEM_WORKER_ENABLE_PREFIX_CACHING", True))

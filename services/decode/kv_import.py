@@ -1,11 +1,21 @@
-"""Pulling a request's KV from the prefill worker named in its KvHandle (gRPC stream), and
-reassembling the chunks into one KvExport for the engine."""
+"""Getting a request's KV from the prefill worker named in its KvHandle over gRPC: either as one KvExport (engines
+that take bytes) or, for engines that load KV themselves, received into a region of the worker's shared-memory
+staging buffer (bounded; copies on a thread) that the engine then reads — never through an event loop or the
+engine's pipe. Also tells a prefill worker to release blocks its engine's NIXL READ has taken."""
+import logging
+
 import grpc
 
 from engines.base import KvExport
+from engines.transfer import descriptor
+from engines.transfer.budget import StagingBudget
+from engines.transfer.descriptor import STAGING, KvDescriptor
 from services.common.convert import layout_from_pb
 from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+RELEASE_TIMEOUT_S = 5.0
 
 
 class KvPuller:
@@ -16,15 +26,43 @@ class KvPuller:
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def pull(self, handle: common_pb2.KvHandle) -> KvExport:
-        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(handle.address))
-        call = stub.PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
+        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
+                                                 timeout=self.timeout_s)
         chunks = [chunk async for chunk in call]
         return assemble(chunks)
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    async def pull_staged(self, handle: common_pb2.KvHandle, token_ids: tuple[int, ...], staging: StagingBudget,
+                          offset: int) -> bytes:
+        """Receive the handle's blocks into the staging region at `offset`; the kv_params naming it.
+        ValueError when the stream does not fit the handle."""
+        layout = layout_from_pb(handle.layout)
+        view = staging.view(layout, offset, handle.num_blocks)
+        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
+                                                 timeout=self.timeout_s)
+        received = 0
+        async for c in call:
+            if c.total_blocks != handle.num_blocks or not 0 <= c.first_block <= handle.num_blocks - c.num_blocks:
+                raise ValueError(f"PullKv sent blocks {c.first_block}+{c.num_blocks} of {c.total_blocks}, "
+                                 f"the handle names {handle.num_blocks}")
+            await staging.write_chunk(view, c.first_block, c.num_blocks, c.data)
+            received += c.num_blocks
+        if received != handle.num_blocks:
+            raise ValueError(f"PullKv returned {received} of {handle.num_blocks} blocks")
+        return descriptor.encode(KvDescriptor(STAGING, layout, token_ids[: handle.num_tokens], base=offset,
+                                              path=staging.path))
+
+    async def release(self, handle: common_pb2.KvHandle) -> None:
+        """Tell the prefill worker its blocks were read (best effort: its lease frees them otherwise)."""
+        try:
+            await self._stub(handle.address).ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=handle.req_id),
+                                                       timeout=RELEASE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            log.info("release of %s's KV on %s failed: %s", handle.req_id, handle.address, exc.code().name)
+
+    def _stub(self, address: str) -> worker_pb2_grpc.PrefillWorkerStub:
         if address not in self._channels:
             self._channels[address] = make_channel(address)
-        return self._channels[address]
+        return worker_pb2_grpc.PrefillWorkerStub(self._channels[address])
 
     async def close(self) -> None:
         for channel in self._channels.values():

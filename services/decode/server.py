@@ -1,12 +1,16 @@
 """Decode worker servicer: Generate — pull the KV named by the handle (falling back to a local prefill if the
 pull fails), continue after the tokens generated elsewhere in the continuous batch, stream token deltas."""
+import asyncio
+import functools
 import logging
 import time
 
 import grpc
 
 from engines.base import EngineRequest, FinishReason
-from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
+from engines.transfer.budget import StagingBudget, StagingFull
+from engines.transfer.paged import staging_nbytes
+from services.common.convert import finish_to_pb, layout_from_pb, logprob_to_pb, params_from_pb
 from services.common.drain import drainable
 from services.common.errors import abort_with
 from services.common.protos import worker_pb2, worker_pb2_grpc
@@ -26,6 +30,13 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.puller = KvPuller()
+        self.transport = getattr(engine, "kv_transport", "")  # "": the engine takes KV as bytes
+        self.staging = StagingBudget(settings.kv_staging_mb << 20, "tandem-kv-import") if self.transport else None
+        self._tasks: set[asyncio.Task] = set()
+
+    def close(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
 
     @classmethod
     def add_to(cls, service, server) -> None:
@@ -34,14 +45,21 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
     @observed("Generate")
     @drainable
     async def Generate(self, request, context):
-        # NOTE: a handle with engine params names KV its engine moves itself (kv_params); only bytes are pulled
-        kv = await self._maybe_pull(request) if request.HasField("kv") and not request.kv.engine_params else None
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv,
-                            output_token_ids=tuple(request.output_token_ids), kv_params=request.kv_params)
         start = time.monotonic()
+        kv, kv_params, landed = None, request.kv_params, None
+        if request.HasField("kv") and self.transport == "nixl" and request.kv_params:
+            landed = self._spawn_after(self.puller.release(request.kv))  # NOTE: the engine READs; then released
+        elif request.HasField("kv") and self.transport:  # the gRPC fallback, into the staging buffer
+            kv_params, landed = await self._pull_staged(request)
+        elif request.HasField("kv") and not request.kv.engine_params:  # NOTE: engine params: its engine moves it
+            kv = await self._maybe_pull(request)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv,
+                            output_token_ids=tuple(request.output_token_ids), kv_params=kv_params)
         try:
             stream = self.engine.add_request(req)
         except Exception as exc:
+            if landed is not None:
+                landed()
             await abort_with(context, exc)
         first_at, queue_s, num_tokens = 0.0, None, 0
         try:
@@ -51,6 +69,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, out.error or "generation failed")
                 if not first_at:
                     first_at, queue_s = time.monotonic(), out.queue_s
+                    self._landed(request, landed, first_at - start)
                 num_tokens += len(out.new_token_ids)
                 yield worker_pb2.GenerateResponse(
                     token_ids=out.new_token_ids, logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
@@ -59,8 +78,59 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
                     num_cached_tokens=out.num_cached_tokens, kv_imported=first_at == 0 and kv is not None,
                 )
         finally:
+            if landed is not None and not first_at:
+                landed()
             if first_at:
                 _decode_spans(start, first_at, time.monotonic(), queue_s, num_tokens)
+
+    async def _pull_staged(self, request):
+        """Pull the KV into a staging region; (kv_params naming it, what frees it) — or (b"", None) to prefill
+        locally when the pull fails or the budget has no room in time."""
+        handle, begin = request.kv, time.monotonic()
+        layout = layout_from_pb(handle.layout)
+        tokens = tuple(request.token_ids) + tuple(request.output_token_ids)
+        try:
+            with span("kv.transfer", **{"tandem.kv.source": handle.worker_id, "tandem.kv.blocks": handle.num_blocks,
+                                        "tandem.kv.transport": "grpc"}):
+                offset = await self.staging.acquire(layout, handle.num_blocks, self.puller.timeout_s)
+                try:
+                    kv_params = await self.puller.pull_staged(handle, tokens, self.staging, offset)
+                except BaseException:
+                    self.staging.release(offset)
+                    raise
+        except (grpc.aio.AioRpcError, ValueError, StagingFull) as exc:
+            log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
+            return b"", None
+        num_bytes = staging_nbytes(layout, handle.num_blocks)
+        self.kv_bytes_imported += num_bytes
+        self.metrics.kv_transfer("import", num_bytes, time.monotonic() - begin)
+        return kv_params, functools.partial(self.staging.release, offset)
+
+    def _landed(self, request, landed, seconds: float) -> None:
+        """The engine's first output: its load is over; the staging region or the remote blocks go. A NIXL
+        READ is counted here (bytes by the handle; seconds until the first token, the load's upper bound)."""
+        if landed is None:
+            return
+        landed()
+        if self.transport == "nixl" and request.kv_params:  # NOTE: a staged pull counted itself
+            layout = layout_from_pb(request.kv.layout)
+            num_bytes = staging_nbytes(layout, request.kv.num_blocks)
+            self.kv_bytes_imported += num_bytes
+            self.metrics.kv_transfer("import", num_bytes, seconds)
+            timed_span("kv.transfer", *map(wall_clock(), (time.monotonic() - seconds, time.monotonic())),
+                       **{"tandem.kv.source": request.kv.worker_id, "tandem.kv.blocks": request.kv.num_blocks,
+                          "tandem.kv.transport": "nixl"})
+
+    def _spawn_after(self, coro):
+        """A callable that runs `coro` in the background once (the first time it is called)."""
+        def fire():
+            if not fired:
+                fired.append(True)
+                task = asyncio.create_task(coro)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        fired: list[bool] = []
+        return fire
 
     async def _maybe_pull(self, request):
         start = time.monotonic()

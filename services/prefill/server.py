@@ -5,6 +5,7 @@ import time
 import grpc
 
 from engines.base import EngineRequest, FinishReason
+from engines.transfer.budget import StagingBudget, StagingFull
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
@@ -14,6 +15,7 @@ from services.common.worker_base import WorkerService, main_for, observed, wall_
 from services.prefill.leases import Leases
 
 KV_CHUNK_BYTES = 4 << 20
+STAGING_WAIT_S = 10.0  # how long a pull waits for room in the staging buffer before it is refused
 
 
 class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
@@ -23,6 +25,10 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.leases = Leases(settings.kv_lease_s)
+        # NOTE: an engine that loads KV exports it through shared memory, never through its pipe
+        self.staging = (StagingBudget(settings.kv_staging_mb << 20, "tandem-kv-export")
+                        if getattr(engine, "kv_transport", "") else None)
+        self._num_blocks: dict[str, int] = {}  # held req_id -> its blocks, for the staging region
 
     @classmethod
     def add_to(cls, service, server) -> None:
@@ -54,6 +60,10 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
 
     @observed("PullKv")
     async def PullKv(self, request, context):
+        if self.staging is not None:
+            async for chunk in self._pull_staged(request, context):
+                yield chunk
+            return
         start = time.monotonic()
         try:
             kv = await self.engine.export_kv(request.req_id)
@@ -74,13 +84,50 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         self.metrics.kv_transfer("export", len(kv.data), time.monotonic() - start)
         await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
 
+    async def _pull_staged(self, request, context):
+        """The held blocks copied by the engine into a staging region, streamed from there, then freed."""
+        start, layout = time.monotonic(), self.engine.kv_layout
+        num_blocks = self._num_blocks.get(request.req_id)
+        if num_blocks is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no KV held for request {request.req_id!r}")
+        try:
+            offset = await self.staging.acquire(layout, num_blocks, STAGING_WAIT_S)
+        except StagingFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        try:
+            try:
+                await self.engine.export_kv_to(request.req_id, self.staging.path, offset)
+            except Exception as exc:
+                await abort_with(context, exc)
+            self._take(request.req_id)
+            view = self.staging.view(layout, offset, num_blocks)
+            per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))
+            for first in range(0, num_blocks, per_chunk):
+                n = min(per_chunk, num_blocks - first)
+                yield worker_pb2.KvChunk(layout=layout_to_pb(layout), first_block=first, num_blocks=n,
+                                         total_blocks=num_blocks, data=await self.staging.read_chunk(view, first, n))
+        finally:
+            self.staging.release(offset)
+        self.kv_bytes_exported += view.nbytes
+        self.metrics.kv_transfer("export", view.nbytes, time.monotonic() - start)
+        await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
+
+    def close(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
+
+    def _take(self, req_id: str) -> None:
+        self.leases.take(req_id)
+        self._num_blocks.pop(req_id, None)
+
     async def ReleaseKv(self, request, context):
-        self.leases.take(request.req_id)
+        self._take(request.req_id)
         await self.engine.abort(request.req_id)  # drops held KV; unknown ids are ignored
         return worker_pb2.ReleaseKvResponse()
 
     def _handle(self, req_id: str, num_prompt_tokens: int, engine_params: bytes) -> common_pb2.KvHandle:
         layout = self.engine.kv_layout
+        self._num_blocks[req_id] = -(-num_prompt_tokens // layout.block_size)
         return common_pb2.KvHandle(
             worker_id=self.worker_id, address=self.address, req_id=req_id, layout=layout_to_pb(layout),
             num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
