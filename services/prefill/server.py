@@ -95,10 +95,9 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         except StagingFull as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         try:
-            try:
-                await self.engine.export_kv_to(request.req_id, self.staging.path, offset)
-            except Exception as exc:
-                await abort_with(context, exc)
+            error = await _failure(self.engine.export_kv_to(request.req_id, self.staging.path, offset))
+            if error is not None:  # NOTE: aborted outside the except clause, so its status is the one sent
+                await abort_with(context, error)
             self._take(request.req_id)
             view = self.staging.view(layout, offset, num_blocks)
             per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))
@@ -110,7 +109,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
             self.staging.release(offset)
         self.kv_bytes_exported += view.nbytes
         self.metrics.kv_transfer("export", view.nbytes, time.monotonic() - start)
-        await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
+        await self.engine.abort(request.req_id)  # NOTE: a completed pull ends the lease (if it did not lapse)
 
     def close(self) -> None:
         if self.staging is not None:
@@ -133,6 +132,14 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
             num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
             lease_expires_unix_s=self.leases.grant(req_id), engine_params=engine_params,
         )
+
+
+async def _failure(call) -> Exception | None:
+    try:
+        await call
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _engine_spans(stage: str, start: float, end: float, queue_s: float | None, num_prompt_tokens: int,

@@ -21,7 +21,7 @@ from tests.integration.helpers import alive, children_of, wait_for_banner
 
 NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 16, 2000, 128
 LEASE_S, HEARTBEAT_S = 10.0, 1.0
-POOL_MB = 1024  # per worker: 3 requests' KV at a time (block size 64: 32 blocks each) (memory stays a few GB with staging)
+POOL_MB = 1024  # per worker, and its staging buffer: 3-4 requests' KV at a time (each 32 blocks of 8 MiB) (memory stays a few GB with staging)
 
 
 @pytest.mark.parametrize("transport", [
@@ -32,6 +32,7 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
     model = init_model(tmp_path / "model", "llama", tiny=True, config_only=True)
     port, logs = free_port(), tmp_path / "logs"
     env = {**os.environ, "TANDEM_WORKER_SIM_KV_CACHE_MB": str(POOL_MB), "TANDEM_KV_TRANSPORT": transport,
+           "TANDEM_WORKER_KV_STAGING_MB": str(POOL_MB),
            "TANDEM_ROUTER_LEASE_TTL_S": str(LEASE_S), "TANDEM_ROUTER_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
            "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256",
            "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(NUM_REQUESTS)}

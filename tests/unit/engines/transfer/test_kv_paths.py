@@ -1,0 +1,155 @@
+"""KV moved between two sim engines with real paged caches: by a NIXL READ (prefill engine's descriptor) and by
+the gRPC fallback's staging file; bad descriptors fail one request with a clear error and lose nothing else."""
+import time
+
+import pytest
+
+from engines.base.errors import InvalidRequestError
+from engines.base.types import EngineRequest, FinishReason, SamplingParams
+from engines.sim.runner import Payload, SimSpec, build_core
+from engines.transfer import descriptor
+from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
+from engines.transfer.nixl_link import is_available
+from engines.transfer.paged import staging_nbytes
+from engines.transfer.staging import StagingFile
+
+BYTES_PER_TOKEN = 8192  # small (32 layers x 8 heads x 8 dims, bf16): the same code as 128 KiB, less memory
+needs_nixl = pytest.mark.skipif(not is_available(), reason="NIXL is not installed")
+
+
+def core(transport: str):
+    return build_core(SimSpec("", 0.0, payload=Payload(BYTES_PER_TOKEN, 64 * 64 * BYTES_PER_TOKEN, transport)))
+
+
+def prompt(i: int = 0, n: int = 300) -> tuple[int, ...]:
+    return tuple((i * 7919 + j * 31) % 500 + 10 for j in range(n))
+
+
+def prefill(engine, req_id: str, tokens) -> tuple[int, bytes]:
+    engine.add(EngineRequest(req_id, tokens, SamplingParams(max_tokens=8), hold_kv=True))
+    outs = []
+    while not any(o.finish_reason for o in outs):
+        outs += engine.step()
+    assert outs[-1].finish_reason is FinishReason.PREFILLED
+    return outs[-1].new_token_ids[-1], outs[-1].kv_params
+
+
+def decode(engine, req_id: str, tokens, first: int, kv_params: bytes, max_tokens: int = 8):
+    engine.add(EngineRequest(req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,),
+                             kv_params=kv_params))
+
+
+def run(engine, until: set[str], timeout_s: float = 60.0) -> dict:
+    """Step as the engine loop does (a loop with only loads in flight waits a little) until `until` finished."""
+    finished, deadline = {}, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not engine.has_work:
+            time.sleep(0.001)
+        engine.poll_loads()
+        finished |= {o.req_id: o for o in engine.failed_loads + engine.step() if o.finish_reason}
+        engine.failed_loads = []
+        if until <= finished.keys():
+            return finished
+    raise AssertionError(f"not finished: {until - finished.keys()}")
+
+
+@needs_nixl
+def test_a_nixl_read_fills_the_decode_cache_and_no_prompt_token_is_computed():
+    p, d = core("nixl"), core("nixl")
+    first, kv_params = prefill(p, "r", prompt())
+    assert descriptor.decode(kv_params).kind == NIXL
+    decode(d, "r", prompt(), first, kv_params)
+    out = run(d, {"r"})["r"]
+    assert (out.finish_reason, out.error, out.num_cached_tokens) == (FinishReason.LENGTH, None, 300)
+    assert d.stats().num_prompt_tokens_computed == 0
+    assert d.runner.mover.num_bytes_loaded == 5 * 64 * BYTES_PER_TOKEN  # 5 whole blocks of 64 tokens
+
+
+def test_the_staging_fallback_loads_what_the_prefill_engine_exported():
+    p, d = core("grpc"), core("grpc")
+    first, kv_params = prefill(p, "r", prompt())
+    assert kv_params == b""  # without NIXL the blocks are pulled as bytes
+    layout = p.info.kv_layout
+    staging = StagingFile(staging_nbytes(layout, 8) * 2, "tandem-kv-test")
+    try:
+        assert p.export_kv_to("r", staging.path, 4096) == 5
+        desc = descriptor.encode(KvDescriptor(STAGING, layout, prompt()[:300], base=4096, path=staging.path))
+        decode(d, "r", prompt(), first, desc)
+        out = run(d, {"r"})["r"]
+    finally:
+        staging.close()
+    assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
+    assert d.stats().num_prompt_tokens_computed == 0
+
+
+@pytest.mark.parametrize("blob, message", [
+    (b"\x93garbage", "not a KV descriptor"),
+    (descriptor.encode(KvDescriptor(STAGING, core("grpc").info.kv_layout, (1, 2), path="/etc/passwd")),
+     "is not a KV staging file"),
+])
+def test_unreadable_kv_params_refuse_the_request(blob, message):
+    d = core("grpc")
+    with pytest.raises(InvalidRequestError, match=message):
+        decode(d, "r", prompt(), 7, blob)
+    assert d.seqs == {} and not d.has_loads
+
+
+@needs_nixl
+def test_a_descriptor_from_an_unknown_agent_fails_its_request_alone():
+    p, d = core("nixl"), core("nixl")
+    first, good = prefill(p, "good", prompt(1))
+    bad = descriptor.decode(good)
+    bad = descriptor.encode(KvDescriptor(NIXL, bad.layout, bad.token_ids, bad.block_ids, "ghost-agent",
+                                         b"not metadata", bad.base, bad.num_pool_blocks))
+    decode(d, "bad", prompt(1), first, bad)
+    decode(d, "good", prompt(1), first, good)
+    finished = run(d, {"bad", "good"})
+    assert finished["bad"].finish_reason is FinishReason.ERROR
+    assert "unknown NIXL agent 'ghost-agent'" in finished["bad"].error
+    assert (finished["good"].finish_reason, finished["good"].error) == (FinishReason.LENGTH, None)
+
+
+@needs_nixl
+def test_a_descriptor_of_released_blocks_is_caught_and_the_tokens_computed():
+    p, d = core("nixl"), core("nixl")
+    first, stale = prefill(p, "old", prompt(1))
+    p.release_kv("old")
+    p.reset_prefix_cache()
+    prefill(p, "new", prompt(2))  # reuses the freed blocks: other tokens' KV
+    decode(d, "old", prompt(1), first, stale)
+    out = run(d, {"old"})["old"]
+    assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
+    assert d.stats().num_prompt_tokens_computed == 300  # the load was refused by its check, nothing wrong kept
+
+
+def test_an_import_waits_for_room_and_never_starves_the_queue():
+    d = core("grpc")  # 64 blocks of 64 tokens
+    p = core("grpc")
+    layout = p.info.kv_layout
+    staging = StagingFile(staging_nbytes(layout, 40) * 3, "tandem-kv-test")
+    try:
+        descs = []
+        for i in range(3):  # each needs 32 blocks with its growth: two fit at once, the third waits
+            tokens = prompt(i, 1900)
+            first, _ = prefill(p, f"r{i}", tokens)
+            n = p.export_kv_to(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
+            p.release_kv(f"r{i}")
+            descs.append((tokens, first, descriptor.encode(KvDescriptor(
+                STAGING, layout, tokens, base=i * staging_nbytes(layout, 40), path=staging.path))))
+            assert n == 30
+        for i, (tokens, first, desc) in enumerate(descs):
+            decode(d, f"r{i}", tokens, first, desc, max_tokens=128)
+        assert len(d.pending_loads) == 1 and d.stats().num_waiting == 3  # two fit with their growth
+        finished = run(d, {"r0", "r1", "r2"})
+    finally:
+        staging.close()
+    assert all(o.finish_reason is FinishReason.LENGTH and o.error is None for o in finished.values())
+    assert d.stats().num_prompt_tokens_computed == 0 and d.stats().num_preemptions == 0
+
+
+def test_descriptors_round_trip_and_reject_blocks_outside_the_cache():
+    layout = core("grpc").info.kv_layout
+    d = KvDescriptor(NIXL, layout, tuple(range(70)), (3, 9), "a", b"meta", 4096, 16)
+    assert descriptor.decode(descriptor.encode(d)) == d
+    with pytest.raises(InvalidRequestError, match="outside its cache"):
+        descriptor.decode(descriptor.encode(KvDescriptor(NIXL, layout, tuple(range(70)), (3, 16), "a", b"", 0, 16)))
