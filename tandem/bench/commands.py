@@ -4,6 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tandem.bench.kv_bench import add_kv_command
 from tandem.bench.profile_bench import add_profile_command
 from tandem.bench.router_bench import add_router_command
 from tandem.bench.serve_bench import add_serving_commands
@@ -21,6 +22,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     add_serving_commands(sub)  # serve, overhead
     add_router_command(sub)  # router
     add_profile_command(sub)  # profile: the step times the planner and the sim engine use
+    add_kv_command(sub)  # kv: KV transfer between two worker processes, NIXL vs the gRPC fallback
     return bench
 
 

@@ -1,0 +1,162 @@
+"""`tandem bench kv`: KV transfer between two worker processes at real sizes. A real prefill worker (sim engine
+with a paged cache of `--kv-bytes-per-token`, no router needed) prefills `--tokens`-token prompts and holds their
+KV; this process plays the decode worker and moves each request's KV the way a decode worker does: a NIXL READ
+of the held blocks into its own registered cache (the KvMover a decode engine runs), and, beside it, the gRPC
+fallback (PullKv streamed into a shared-memory staging region by the decode worker's KvPuller). Prints a table
+and writes JSON; the anchor is the target (>= 2 GB/s for NIXL on CPU)."""
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TARGET_GB_S = 2.0
+
+
+@dataclass(frozen=True)
+class KvResult:
+    transport: str
+    num_requests: int
+    bytes_per_request: int
+    seconds_p50: float
+    gb_per_s: float  # all bytes over all seconds
+
+
+def add_kv_command(sub) -> None:
+    p = sub.add_parser("kv", help="KV transfer between two worker processes: NIXL vs the gRPC fallback")
+    p.add_argument("--tokens", type=int, default=2000, help="prompt tokens per request")
+    p.add_argument("--kv-bytes-per-token", type=int, default=131072, help="default: Llama-3.1-8B in bf16")
+    p.add_argument("--num-requests", type=int, default=8)
+    p.add_argument("--cache-mb", type=int, default=1024, help="each side's paged cache")
+    p.add_argument("--transports", default="nixl,grpc")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.set_defaults(func=run_kv_bench)
+
+
+def run_kv_bench(args: argparse.Namespace) -> int:
+    results = [asyncio.run(measure(args, t)) for t in args.transports.split(",")]
+    print(table(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"target_gb_per_s": TARGET_GB_S, "results": [asdict(r) for r in results],
+                                         "args": {k: str(v) for k, v in vars(args).items() if k != "func"}},
+                                        indent=2))
+    return 0
+
+
+async def measure(args: argparse.Namespace, transport: str) -> KvResult:
+    from engines.transfer.nixl_link import is_available
+
+    if transport == "nixl" and not is_available():
+        raise SystemExit("tandem bench kv: NIXL is not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        worker, address = start_prefill_worker(args, transport, Path(tmp))
+        try:
+            return await transfer_all(args, transport, address)
+        finally:
+            worker.terminate()
+            worker.wait(30)
+
+
+def start_prefill_worker(args, transport: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+    from tandem.launcher import free_port
+    from tandem.models.init import init_model
+
+    model = init_model(tmp / "model", "llama", tiny=True, config_only=True)
+    port = free_port()
+    env = {**os.environ, "TANDEM_KV_TRANSPORT": transport, "TANDEM_WORKER_SIM_KV_CACHE_MB": str(args.cache_mb),
+           "TANDEM_WORKER_SIM_KV_BYTES_PER_TOKEN": str(args.kv_bytes_per_token),
+           "TANDEM_WORKER_KV_STAGING_MB": str(args.cache_mb)}
+    cmd = [sys.executable, "-m", "tandem.cli", "serve", "prefill", "--engine", "sim", "--model", str(model),
+           "--port", str(port), "--router-address", f"127.0.0.1:{free_port()}", "--sim-time-factor", "0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"127.0.0.1:{port}"
+
+
+async def transfer_all(args, transport: str, address: str) -> KvResult:
+    import grpc
+
+    from services.common.grpc_server import make_channel
+    from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
+
+    channel = make_channel(address)
+    await asyncio.wait_for(channel.channel_ready(), 120)
+    stub = worker_pb2_grpc.PrefillWorkerStub(channel)
+    side = DecodeSide(args, transport)
+    seconds, num_bytes = [], 0
+    try:
+        for i in range(args.num_requests):
+            tokens = [(i * 7919 + j * 31) % 500 + 10 for j in range(args.tokens)]
+            reply = await stub.Prefill(worker_pb2.PrefillRequest(
+                req_id=f"kv{i}", token_ids=tokens, params=common_pb2.SamplingParams(max_tokens=2)), timeout=120)
+            took, n = await side.move(reply.kv, tuple(tokens))
+            seconds.append(took)
+            num_bytes += n
+            await stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=f"kv{i}"), timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        raise SystemExit(f"tandem bench kv: the prefill worker failed: {exc.code().name} {exc.details()}")
+    finally:
+        side.close()
+        await channel.close()
+    seconds.sort()
+    return KvResult(transport, len(seconds), num_bytes // len(seconds), seconds[len(seconds) // 2],
+                    num_bytes / sum(seconds) / 1e9)
+
+
+class DecodeSide:
+    """What a decode worker runs to receive KV: its engine's mover (NIXL) or its front's puller (gRPC)."""
+
+    def __init__(self, args, transport: str):
+        from engines.sim.kv_payload import SimKvCache, payload_layout
+        from engines.transfer.budget import StagingBudget
+        from engines.transfer.mover import KvMover
+        from services.decode.kv_import import KvPuller
+
+        self.transport = transport
+        layout = payload_layout(args.kv_bytes_per_token, 64)
+        num_blocks = (args.cache_mb << 20) // (args.kv_bytes_per_token * 64)
+        if transport == "nixl":
+            self.cache = SimKvCache(layout, num_blocks, prefault=True)
+            self.mover = KvMover(self.cache, layout, "nixl")
+        else:
+            self.staging, self.puller = StagingBudget(args.cache_mb << 20, "tandem-kv-bench"), KvPuller()
+
+    async def move(self, handle, tokens: tuple[int, ...]) -> tuple[float, int]:
+        """(seconds, bytes) to bring one request's KV here."""
+        from engines.core.loads import KvLoad
+        from engines.transfer.paged import staging_nbytes
+        from services.common.convert import layout_from_pb
+
+        num_bytes = staging_nbytes(layout_from_pb(handle.layout), handle.num_blocks)
+        start = time.perf_counter()
+        if self.transport == "nixl":
+            source = self.mover.source(handle.engine_params)
+            self.mover.start_load(KvLoad(handle.req_id, tuple(range(handle.num_blocks)), handle.num_tokens, source))
+            while not (done := self.mover.poll_loads()):
+                await asyncio.sleep(0)
+            if not done[0].ok:
+                raise SystemExit(f"tandem bench kv: NIXL READ failed: {done[0].error}")
+            return time.perf_counter() - start, num_bytes
+        offset = await self.staging.acquire(layout_from_pb(handle.layout), handle.num_blocks, 30)
+        try:
+            await self.puller.pull_staged(handle, tokens, self.staging, offset)
+        finally:
+            self.staging.release(offset)
+        return time.perf_counter() - start, num_bytes
+
+    def close(self) -> None:
+        if self.transport != "nixl":
+            self.staging.close()
+
+
+def table(results: list[KvResult]) -> str:
+    lines = [f"{'transport':<10}{'requests':>9}{'MB/request':>12}{'p50 s':>9}{'GB/s':>8}  target >= {TARGET_GB_S} GB/s (NIXL)"]
+    for r in results:
+        verdict = ("meets" if r.gb_per_s >= TARGET_GB_S else "below") if r.transport == "nixl" else ""
+        lines.append(f"{r.transport:<10}{r.num_requests:>9}{r.bytes_per_request / 1e6:>12.1f}{r.seconds_p50:>9.3f}"
+                     f"{r.gb_per_s:>8.2f}  {verdict}")
+    return "\n".join(lines)
