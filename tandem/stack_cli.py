@@ -30,6 +30,9 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--engine", default="native", choices=["native", "zero", "sim", "trtllm"])
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    up.add_argument("--device", default=None, help="workers' device, e.g. cuda or cuda:0 (default: theirs, cpu)")
+    up.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="share of the card each worker may use (P/D on one GPU: e.g. 0.45 each)")
     up.add_argument("--gateway-workers", type=int, default=None,
                     help="gateway processes on the one port (default: TANDEM_GATEWAY_WORKERS, else 1)")
     up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
@@ -65,8 +68,15 @@ def _up(args) -> int:
     cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
                       log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers,
-                      planner=args.planner, worker_args=tuple(tiers), kv_disk_dir=args.kv_disk_dir)
+                      planner=args.planner, worker_args=(*tiers, *_device_args(args)), kv_disk_dir=args.kv_disk_dir)
     return run_stack(cfg)
+
+
+def _device_args(args) -> tuple[str, ...]:
+    device = ("--device", args.device) if args.device else ()
+    share = (("--gpu-memory-utilization", str(args.gpu_memory_utilization))
+             if args.gpu_memory_utilization is not None else ())
+    return (*device, *share)
 
 
 def _default_model() -> Path:

@@ -24,6 +24,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None: size the KV cache from memory
     kv_cache_memory_fraction: float = 0.3  # of available memory, when num_blocks is None
+    gpu_memory_utilization: float = 0.0  # CUDA: the card's share this engine may fill (KV = it - used); 0: unused
     max_num_seqs: int = 64  # running requests per step
     max_num_batched_tokens: int = 2048  # per-step token budget
     enable_chunked_prefill: bool = True

@@ -76,6 +76,13 @@ def bytes_per_block(layout: KvLayout) -> int:
     return layout.num_layers * 2 * layout.block_size * layout.num_kv_heads * layout.head_dim * itemsize
 
 
+def gpu_share_left(device: str, utilization: float) -> int:
+    """vLLM's gpu_memory_utilization: bytes left for KV when this worker may fill `utilization` of the card and
+    what is in use already (its weights, and any other worker's share on the same card) counts against it."""
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return max(0, int(total * utilization) - (total - free))
+
+
 def available_memory(device: str) -> int:
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))

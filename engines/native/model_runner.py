@@ -6,7 +6,7 @@ from engines.base.types import KvLayout
 from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend, resolve_backend
 from engines.native.attention.varlen import build_varlen_metadata
 from engines.native.config import EngineConfig, ModelConfig
-from engines.native.kv_cache import FP8_KV_DTYPE, KvCache, available_memory, bytes_per_block
+from engines.native.kv_cache import FP8_KV_DTYPE, KvCache, available_memory, bytes_per_block, gpu_share_left
 from engines.native.layers.linear import Linear
 from engines.native.quant.swap import read_quant_config
 from engines.native.layers.rotary import RotaryEmbedding
@@ -67,7 +67,11 @@ class ModelRunner:
     def _num_blocks(self) -> int:
         if self.config.num_blocks is not None:
             return self.config.num_blocks
-        budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
+        if self.config.gpu_memory_utilization and str(self.device).startswith("cuda"):
+            # NOTE: a margin for activations and graphs, which come after the cache is sized
+            budget = int(gpu_share_left(str(self.device), self.config.gpu_memory_utilization) * 0.9)
+        else:
+            budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
         by_memory = budget // bytes_per_block(self.kv_layout)
         # enough for every running sequence at full length, twice over for the prefix cache
         useful = 2 * self.config.max_num_seqs * -(-self.max_model_len // self.block_size)

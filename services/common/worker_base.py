@@ -11,7 +11,7 @@ import time
 
 import grpc
 
-from engines.base import Engine, EngineUnavailableError, ModelNotFoundError
+from engines.base import Engine, EngineRequest, EngineUnavailableError, ModelNotFoundError, SamplingParams
 from services.common.convert import layout_to_pb, load_to_pb, role_to_pb
 from services.common.drain import Drain
 from services.common.engine_factory import make_engine
@@ -180,6 +180,8 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     async def start() -> None:
         nonlocal endpoint, watcher
         await engine.start()
+        if settings.device.startswith("cuda"):  # NOTE: kernels compiled before the router sends work
+            await warm_up(engine)
         endpoint = MetricsEndpoint(service.metrics.registry, settings.host, settings.metrics_port)
         await server.start()
         registrar.start()
@@ -204,6 +206,16 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
             endpoint.close()
 
     await run_until_signal(start, stop)
+
+
+async def warm_up(engine: Engine, num_prompt_tokens: int = 32) -> None:
+    """A dummy prefill and a few decode steps through the real path (the engine loop, its kernels and graphs),
+    so that the first user request does not pay for compiling them."""
+    request = EngineRequest("warm-up", (1,) * num_prompt_tokens, SamplingParams(max_tokens=4, ignore_eos=True))
+    start = time.monotonic()
+    async for _ in engine.add_request(request):
+        pass
+    log.info("warmed up in %.2f s", time.monotonic() - start)
 
 
 async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05, drain: Drain | None = None) -> bool:
