@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = {
 DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: E4M3 with per-layer scales
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch elsewhere
+KV_TRANSPORTS = ("", "nixl", "grpc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class EngineConfig:
     kv_host_gb: float = 0.0  # G2: host memory for KV blocks evicted from the device pool; 0: none
     kv_disk_dir: str = ""  # G3: a directory for KV blocks seen twice (needs kv_host_gb); "": none
     kv_disk_gb: float = 0.0
+    kv_transport: str = ""  # how other engines' KV reaches this cache: "nixl", "grpc" (staging files), "": bytes
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -51,6 +53,8 @@ class EngineConfig:
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
 
 
 def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:

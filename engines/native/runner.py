@@ -9,14 +9,16 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
-from engines.core.kv_tiers import TierSpec, TieredLoads
+from engines.core.kv_tiers import TierSpec
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import KvCache, bytes_per_block
+from engines.native.kv_transfer import make_mover
 from engines.native.model_runner import ModelRunner
 from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
 from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
+from engines.transfer.mover import MovedLoads
 
 
 @dataclass(slots=True)
@@ -27,14 +29,16 @@ class _Pending:
         return self.sampled.to_host() if self.sampled is not None else []
 
 
-class NativeRunner(TieredLoads):
+class NativeRunner(MovedLoads):
     def __init__(self, config: EngineConfig):
         model_cfg = ModelConfig.from_dir(config.model)
         if config.kv_host_gb:  # NOTE: before the model loads: a budget the machine cannot hold fails at once
             check_host_budget(int(config.kv_host_gb * GB), memory_available())
         self.model_runner = ModelRunner(config, model_cfg)
+        self.mover = make_mover(self.model_runner.kv_cache, config.kv_transport)
         self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
-                               self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids)
+                               self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids,
+                               kv_transport=config.kv_transport if self.mover else "")
         self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 
     @property

@@ -12,14 +12,14 @@ import numpy as np
 
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
-from engines.core.kv_tiers import Onboard, TierSpec, TieredLoads
-from engines.core.loads import KvLoad, LoadDone
+from engines.core.kv_tiers import TierSpec
 from engines.core.modelled_tiers import ModelledTiers
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.sim.profile import TimingProfile, load_profile
+from engines.transfer.mover import KvMover, MovedLoads
 
 VOCAB_SIZE = 32000
 DEFAULT_MAX_MODEL_LEN = 131072
@@ -69,7 +69,7 @@ class Payload:
     kv_transport: str = "grpc"
 
 
-class SimRunner(TieredLoads):
+class SimRunner(MovedLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
                  kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
@@ -81,13 +81,11 @@ class SimRunner(TieredLoads):
         self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
         self.tiers = sim_tiers(profile, kv_host_gb, kv_disk_gb, clock,
                                time_factor if load_time_factor is None else load_time_factor)
-        self.cache = self.mover = None
+        self.cache = None
         if payload is None:
             layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
             self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
             return
-        from engines.transfer.mover import KvMover
-
         layout = payload_layout(payload.kv_bytes_per_token, profile.block_size)
         block_bytes = payload.kv_bytes_per_token * profile.block_size
         num_blocks = (max(1, payload.cache_bytes // block_bytes) if payload.cache_bytes else
@@ -116,26 +114,6 @@ class SimRunner(TieredLoads):
             return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
         data = self.cache.blocks[:, block_ids].tobytes()  # [planes, n, block_bytes]: the KvExport order
         return KvExport(self.info.kv_layout, token_ids, len(block_ids), data)
-
-    # -- KV movement: what a runner with a real cache does (payloads on) -------------------------
-    def kv_source(self, kv_params: bytes):
-        return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
-
-    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
-        return self.mover.describe(block_ids, token_ids) if self.mover else b""
-
-    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        if self.mover is None:
-            return super().export_kv_to(block_ids, token_ids, path, offset)
-        self.mover.export_to(block_ids, path, offset)
-
-    def start_load(self, load: KvLoad) -> None:
-        if self.mover is None or isinstance(load.source, Onboard):
-            return super().start_load(load)
-        return self.mover.start_load(load)
-
-    def poll_loads(self) -> list[LoadDone]:
-        return super().poll_loads() + (self.mover.poll_loads() if self.mover else [])
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         """The pull of a prefill worker's KV takes the profile's transfer time.

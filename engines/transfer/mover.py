@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from engines.base.types import KvLayout
+from engines.core.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
 from engines.transfer import descriptor
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
@@ -107,6 +108,32 @@ class KvMover:
         self.num_bytes_loaded += len(load.block_ids) * self.cache.geometry.num_planes * self.cache.geometry.block_bytes
         self.seconds_loading += seconds
         return LoadDone(load.req_id, True)
+
+
+class MovedLoads(TieredLoads):
+    """Runner methods for a runner whose paged cache has a KvMover (`mover`; None: KV moves as KvExport bytes):
+    other engines' KV loads through it, onboarding loads through the runner's tiers."""
+
+    mover: KvMover | None = None
+
+    def kv_source(self, kv_params: bytes):
+        return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
+
+    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        return self.mover.describe(block_ids, token_ids) if self.mover else b""
+
+    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
+        if self.mover is None:
+            return super().export_kv_to(block_ids, token_ids, path, offset)
+        self.mover.export_to(block_ids, path, offset)
+
+    def start_load(self, load: KvLoad) -> None:
+        if self.mover is None or isinstance(load.source, Onboard):
+            return super().start_load(load)
+        return self.mover.start_load(load)
+
+    def poll_loads(self) -> list[LoadDone]:
+        return super().poll_loads() + (self.mover.poll_loads() if self.mover else [])
 
 
 def _future_state(future: Future) -> str:
