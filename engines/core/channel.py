@@ -80,11 +80,12 @@ class ThreadChannel:
 class ProcessChannel:
     """The loop in a spawned child process; msgpack over a pipe. The child dies with this process."""
 
-    def __init__(self, spec: EngineSpec, overlap: bool):
+    def __init__(self, spec: EngineSpec, overlap: bool, log_setup: Callable[[], None] | None = None):
+        """`log_setup` (picklable) configures the child's logging as its parent's; default plain text."""
         ctx = mp.get_context("spawn")  # NOTE: never fork a process whose gRPC threads are running
         self._conn, child = ctx.Pipe()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.process = ctx.Process(target=engine_process, args=(child, spec, overlap, os.getpid()),
+        self.process = ctx.Process(target=engine_process, args=(child, spec, overlap, os.getpid(), log_setup),
                                    name="tandem-engine", daemon=True)
         self.process.start()
         child.close()
@@ -162,12 +163,16 @@ class _PipeEngineSide:
         self.conn.send_bytes(messages.encode(message))
 
 
-def engine_process(conn, spec: EngineSpec, overlap: bool, parent_pid: int) -> None:
+def engine_process(conn, spec: EngineSpec, overlap: bool, parent_pid: int,
+                   log_setup: Callable[[], None] | None = None) -> None:
     """The engine process: dies with its parent, leaves signals to it, serves until Stop or the pipe closes."""
     _die_with(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: the worker decides when its engine stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_setup is not None:
+        log_setup()
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(spec, _PipeEngineSide(conn), overlap)
     except (EOFError, OSError):  # the worker is gone: nothing left to serve

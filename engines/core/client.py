@@ -4,7 +4,7 @@ and KV events each step message carries, and fails every live stream at once if 
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from engines.base.engine import EngineCapabilities
@@ -24,9 +24,11 @@ STOP_TIMEOUT_S = 10.0
 class EngineClient:
     capabilities = EngineCapabilities(kv_events=True, reset_prefix_cache=True, kv_export=True)
 
-    def __init__(self, spec: EngineSpec, *, process: bool = False, overlap: bool = False):
-        """Builds the engine where it runs; raises the engine's typed errors (bad directory, ...)."""
-        self.channel = ProcessChannel(spec, overlap) if process else ThreadChannel(spec, overlap)
+    def __init__(self, spec: EngineSpec, *, process: bool = False, overlap: bool = False,
+                 log_setup: Callable[[], None] | None = None):
+        """Builds the engine where it runs; raises the engine's typed errors (bad directory, ...). `log_setup`:
+        how an engine process logs (picklable; its records join the worker's log in the worker's format)."""
+        self.channel = ProcessChannel(spec, overlap, log_setup) if process else ThreadChannel(spec, overlap)
         first = self.channel.first()
         if isinstance(first, Failed):
             self.channel.join(STOP_TIMEOUT_S)

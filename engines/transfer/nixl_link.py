@@ -19,10 +19,21 @@ def nixl_api():
     """NIXL's Python API, or None when no flavour is installed."""
     for name in _MODULES:
         try:
-            return importlib.import_module(name)
+            api = importlib.import_module(name)
         except ImportError:
             continue
+        _adopt_logging()
+        return api
     return None
+
+
+def _adopt_logging() -> None:
+    """NIXL gives its "nixl" logger a plain-text stdout handler of its own; its records go through the process's
+    handlers instead, so a worker's log stays one JSON object per line."""
+    nixl_logger = logging.getLogger("nixl")
+    for handler in list(nixl_logger.handlers):
+        nixl_logger.removeHandler(handler)
+    nixl_logger.propagate = True
 
 
 def is_available() -> bool:

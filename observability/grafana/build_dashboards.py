@@ -41,7 +41,7 @@ class Row:
 def quantiles(metric: str, selector: str, by: str = "") -> tuple[Target, ...]:
     """p50/p90/p99 of a histogram, from the rate of its buckets."""
     group = ", ".join(["le", *([by] if by else [])])
-    suffix = f" {{{{{by}}}}}" if by else ""
+    suffix = "".join(" {{" + b.strip() + "}}" for b in by.split(",")) if by else ""
     series = f"{metric}_bucket{{{selector}}}" if selector else f"{metric}_bucket"
     return tuple(Target(f"histogram_quantile({q}, sum by ({group}) (rate({series}[{RATE}])))",
                         f"p{int(q * 100)}{suffix}") for q in QUANTILES)
@@ -174,9 +174,10 @@ WORKERS = (
     )),
     Row("KV transfer", (
         Panel("KV transfer bytes per second", (per_worker_rate("tandem_worker_kv_transfer_bytes_total",
-                                                              "worker_id, direction"),),
-              unit="Bps", width=12, description="Export: sent by a prefill worker; import: received by a decode worker."),
-        Panel("KV transfer latency", quantiles("tandem_worker_kv_transfer_seconds", WK, by="direction"),
+                                                              "worker_id, direction, transport"),),
+              unit="Bps", width=12, description="Export: sent by a prefill worker; import: received by a decode worker "
+              "(a NIXL READ counts on the decode side only)."),
+        Panel("KV transfer latency", quantiles("tandem_worker_kv_transfer_seconds", WK, by="direction, transport"),
               unit="s", width=12, description="Time of one request's KV transfer."),
     )),
 )

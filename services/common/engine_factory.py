@@ -1,9 +1,12 @@
 """Build the engine a worker holds from its settings: for the runners over engines/core, the spec of the runner
 and the client of an engine process built from it; TensorRT-LLM brings its own executor and is held as is.
 Backends are imported lazily (the runners in the engine process only)."""
+import functools
+
 from engines.base import Engine
 from engines.core.client import EngineClient
 from engines.core.loop import EngineSpec
+from services.common.logs import setup_logging
 from services.common.worker_settings import WorkerSettings
 
 
@@ -69,4 +72,5 @@ def make_engine(s: WorkerSettings) -> Engine:
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
             options_file=s.trtllm_options,
         ))
-    return EngineClient(engine_spec(s), process=True, overlap=s.is_overlapped)
+    return EngineClient(engine_spec(s), process=True, overlap=s.is_overlapped,
+                        log_setup=functools.partial(setup_logging, s.role.value))

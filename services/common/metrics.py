@@ -125,23 +125,26 @@ class WorkerMetrics:
         self.rpcs = Counter("tandem_worker_rpcs", "Requests served by RPC and gRPC status",
                             [*labels, "rpc", "code"], registry=self.registry)
         self.kv_bytes = Counter("tandem_worker_kv_transfer_bytes", "KV cache bytes sent to / received from "
-                                "another worker", [*labels, "direction"], registry=self.registry)
+                                "another worker", [*labels, "direction", "transport"], registry=self.registry)
         self.kv_seconds = Histogram("tandem_worker_kv_transfer_seconds", "Time of one request's KV transfer",
-                                    [*labels, "direction"], buckets=LATENCY_BUCKETS, registry=self.registry)
+                                    [*labels, "direction", "transport"], buckets=LATENCY_BUCKETS,
+                                    registry=self.registry)
 
-    def start_at_zero(self, rpcs: tuple[str, ...], directions: tuple[str, ...]) -> None:
-        """Create this worker's RPC (status OK) and KV-transfer series, so each exists (at 0) from start-up; call
-        once the worker id is known."""
+    def start_at_zero(self, rpcs: tuple[str, ...], directions: tuple[str, ...], transport: str) -> None:
+        """Create this worker's RPC (status OK) and KV-transfer series (over its own transport), so each exists
+        (at 0) from start-up; call once the worker id is known."""
         key = (self._worker_id(), self.role)
         for rpc in rpcs:
             self.rpcs.labels(*key, rpc, "OK")
         for direction in directions:
-            self.kv_bytes.labels(*key, direction)
-            self.kv_seconds.labels(*key, direction)
+            self.kv_bytes.labels(*key, direction, transport)
+            self.kv_seconds.labels(*key, direction, transport)
 
     def rpc_done(self, rpc: str, code: str) -> None:
         self.rpcs.labels(self._worker_id(), self.role, rpc, code).inc()
 
-    def kv_transfer(self, direction: str, num_bytes: int, seconds: float) -> None:
-        self.kv_bytes.labels(self._worker_id(), self.role, direction).inc(num_bytes)
-        self.kv_seconds.labels(self._worker_id(), self.role, direction).observe(seconds)
+    def kv_transfer(self, direction: str, num_bytes: int, seconds: float, transport: str) -> None:
+        """One request's KV moved: `transport` is "nixl" (a READ), "grpc" (PullKv through staging memory) or
+        "bytes" (PullKv of an engine that takes KV as bytes)."""
+        self.kv_bytes.labels(self._worker_id(), self.role, direction, transport).inc(num_bytes)
+        self.kv_seconds.labels(self._worker_id(), self.role, direction, transport).observe(seconds)

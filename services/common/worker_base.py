@@ -35,6 +35,15 @@ HAND_BACK_GRACE_S = 2.0  # for the streams handed back to say so before the serv
 _ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), WorkerRole.DECODE: (("Generate",), ("import",))}
 
 
+def _transport_label(role: WorkerRole, engine) -> str:
+    """How this worker's KV transfers are labelled: a prefill worker serves PullKv ("grpc" through staging memory,
+    "bytes" otherwise; NIXL READs are the decode worker's); a decode worker reads with its engine's transport."""
+    transport = getattr(engine, "kv_transport", "")
+    if role is WorkerRole.PREFILL and transport == "nixl":
+        return "grpc"
+    return transport or "bytes"
+
+
 class WorkerService(worker_pb2_grpc.WorkerControlServicer):
     """The shared half; a subclass names its role and its own gRPC service (`service_name`, `add_to`)."""
 
@@ -165,7 +174,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     service_cls.add_to(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
-    service.metrics.start_at_zero(*_ZERO_SERIES[settings.role])
+    service.metrics.start_at_zero(*_ZERO_SERIES[settings.role], _transport_label(settings.role, engine))
     registrar = Registrar(settings.router_address, service.info(service.address), service.load)
     endpoint: MetricsEndpoint | None = None
     watcher: asyncio.Task | None = None

@@ -103,7 +103,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             return b"", None
         num_bytes = staging_nbytes(layout, handle.num_blocks)
         self.kv_bytes_imported += num_bytes
-        self.metrics.kv_transfer("import", num_bytes, time.monotonic() - begin)
+        self.metrics.kv_transfer("import", num_bytes, time.monotonic() - begin, "grpc")
         return kv_params, functools.partial(self.staging.release, offset)
 
     def _landed(self, request, landed, seconds: float) -> None:
@@ -116,7 +116,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             layout = layout_from_pb(request.kv.layout)
             num_bytes = staging_nbytes(layout, request.kv.num_blocks)
             self.kv_bytes_imported += num_bytes
-            self.metrics.kv_transfer("import", num_bytes, seconds)
+            self.metrics.kv_transfer("import", num_bytes, seconds, "nixl")
             timed_span("kv.transfer", *map(wall_clock(), (time.monotonic() - seconds, time.monotonic())),
                        **{"tandem.kv.source": request.kv.worker_id, "tandem.kv.blocks": request.kv.num_blocks,
                           "tandem.kv.transport": "nixl"})
@@ -142,7 +142,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
             return None
         self.kv_bytes_imported += len(kv.data)
-        self.metrics.kv_transfer("import", len(kv.data), time.monotonic() - start)
+        self.metrics.kv_transfer("import", len(kv.data), time.monotonic() - start, "bytes")
         tokens = tuple(request.token_ids) + tuple(request.output_token_ids)
         if kv.token_ids != tokens[: kv.num_tokens]:
             log.warning("KV for %s covers other tokens; prefilling locally", request.req_id)

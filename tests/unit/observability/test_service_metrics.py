@@ -47,12 +47,12 @@ def test_worker_rpcs_and_kv_transfers_are_counted():
     m.rpc_done("Prefill", "OK")
     m.rpc_done("Prefill", "OK")
     m.rpc_done("PullKv", "CANCELLED")
-    m.kv_transfer("export", 4096, 0.02)
+    m.kv_transfer("export", 4096, 0.02, "grpc")
     got = samples(m.registry)
     base = (("role", "prefill"), ("worker_id", "prefill-0"))
     assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", "Prefill"), ("code", "OK")))))] == 2
     assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", "PullKv"), ("code", "CANCELLED")))))] == 1
-    key = tuple(sorted(base + (("direction", "export"),)))
+    key = tuple(sorted(base + (("direction", "export"), ("transport", "grpc"))))
     assert got[("tandem_worker_kv_transfer_bytes_total", key)] == 4096
     assert got[("tandem_worker_kv_transfer_seconds_count", key)] == 1
     assert got[("tandem_worker_kv_transfer_seconds_bucket", tuple(sorted(key + (("le", "0.025"),))))] == 1
@@ -164,12 +164,12 @@ def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
         assert got[(name, (("policy", "kv"),))] == 0, name
 
     worker = WorkerMetrics(stats, lambda: "prefill-0", "prefill")
-    worker.start_at_zero(("Prefill", "PullKv"), ("export",))
+    worker.start_at_zero(("Prefill", "PullKv"), ("export",), "grpc")
     got = samples(worker.registry)
     base = (("role", "prefill"), ("worker_id", "prefill-0"))
     for rpc in ("Prefill", "PullKv"):
         assert got[("tandem_worker_rpcs_total", tuple(sorted(base + (("rpc", rpc), ("code", "OK")))))] == 0
-    key = tuple(sorted(base + (("direction", "export"),)))
+    key = tuple(sorted(base + (("direction", "export"), ("transport", "grpc"))))
     assert got[("tandem_worker_kv_transfer_bytes_total", key)] == 0
     assert got[("tandem_worker_kv_transfer_seconds_count", key)] == 0
 
