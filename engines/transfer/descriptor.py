@@ -1,6 +1,7 @@
 """KvDescriptor: where a request's KV lies and how to read it — what a prefill engine hands a decode engine as
 `kv_params` (NIXL: the source agent, its metadata, the block ids) or what a decode worker hands its own engine
 (staging: a region of a shared-memory file the gRPC fallback filled). msgpack; pure, no I/O."""
+import dataclasses
 from dataclasses import dataclass
 
 import msgpack
@@ -29,6 +30,8 @@ class KvDescriptor:
     mem: str = "DRAM"  # NIXL: "DRAM" or "VRAM"
     device_id: int = 0  # NIXL: the source device
     path: str = ""  # STAGING: the shared-memory file
+    expires_unix_s: float = 0.0  # NIXL: when the source's lease on the blocks ends (0: not known); a READ
+    # that has not ended by then may have read blocks the source gave to other requests
 
     @property
     def num_tokens(self) -> int:
@@ -42,7 +45,7 @@ class KvDescriptor:
 def encode(d: KvDescriptor) -> bytes:
     layout = (d.layout.num_layers, d.layout.num_kv_heads, d.layout.head_dim, d.layout.dtype, d.layout.block_size)
     return msgpack.packb((VERSION, d.kind, layout, d.token_ids, d.block_ids, d.agent, d.metadata, d.base,
-                          d.num_pool_blocks, d.mem, d.device_id, d.path))
+                          d.num_pool_blocks, d.mem, d.device_id, d.path, d.expires_unix_s))
 
 
 def decode(data: bytes) -> KvDescriptor:
@@ -56,6 +59,16 @@ def decode(data: bytes) -> KvDescriptor:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise DescriptorError(f"kv_params are not a KV descriptor this engine reads ({exc})") from None
     return d
+
+
+def with_expiry(data: bytes, expires_unix_s: float) -> bytes:
+    """`data` with the source lease's end written in (what a decode worker learns from the KvHandle); anything
+    that is not a descriptor is returned as is, for the engine to refuse with its reason."""
+    try:
+        d = decode(data)
+    except DescriptorError:
+        return data
+    return encode(dataclasses.replace(d, expires_unix_s=float(expires_unix_s)))
 
 
 def _check(d: KvDescriptor) -> None:

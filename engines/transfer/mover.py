@@ -79,6 +79,9 @@ class KvMover:
         desc: KvDescriptor = load.source
         start = time.perf_counter()
         if desc.kind == NIXL:
+            if _lapsed(desc):
+                self._done.append(LoadDone(load.req_id, False, "the source's lease on its blocks ended before the READ"))
+                return
             try:
                 handle = self.link.read(desc, load.block_ids)
             except ConnectionError as exc:
@@ -102,6 +105,8 @@ class KvMover:
     def _finished(self, load: KvLoad, state: str, seconds: float) -> LoadDone:
         if state != "DONE":
             return LoadDone(load.req_id, False, f"{load.source.kind} transfer failed")
+        if load.source.kind == NIXL and _lapsed(load.source):
+            return LoadDone(load.req_id, False, "the source's lease ended during the READ: its blocks may be reused")
         error = self.verify(load) if self.verify is not None else ""
         if error:
             return LoadDone(load.req_id, False, error)
@@ -134,6 +139,10 @@ class MovedLoads(TieredLoads):
 
     def poll_loads(self) -> list[LoadDone]:
         return super().poll_loads() + (self.mover.poll_loads() if self.mover else [])
+
+
+def _lapsed(desc: KvDescriptor) -> bool:
+    return bool(desc.expires_unix_s) and time.time() > desc.expires_unix_s
 
 
 def _future_state(future: Future) -> str:

@@ -9,6 +9,10 @@ from engines.core.loop import EngineSpec
 from services.common.logs import setup_logging
 from services.common.worker_settings import WorkerSettings
 
+# the engine keeps held KV this long past the lease a prefill worker advertises, so a decode engine's READ that
+# ended before the advertised lease did never read blocks already given to other requests
+HELD_KV_GRACE_S = 2.0
+
 
 def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
@@ -25,7 +29,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
         return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
                         kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb, payload=sim_payload(s),
-                        held_kv_ttl_s=s.kv_lease_s)
+                        held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S)
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
@@ -33,7 +37,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
         num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
-        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s,
+        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
         num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
         kv_disk_gb=s.kv_disk_gb, kv_transport=kv_transport(s),
         gpu_memory_utilization=s.gpu_memory_utilization if s.device.startswith("cuda") else 0.0,
@@ -67,7 +71,7 @@ def make_engine(s: WorkerSettings) -> Engine:
             model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size, num_blocks=s.num_blocks,
             max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
             max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-            gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s,
+            gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
             backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
             options_file=s.trtllm_options,

@@ -8,6 +8,7 @@ import time
 import grpc
 
 from engines.base import EngineRequest, FinishReason
+from engines.transfer import descriptor
 from engines.transfer.budget import StagingBudget, StagingFull
 from engines.transfer.paged import staging_nbytes
 from services.common.convert import finish_to_pb, layout_from_pb, logprob_to_pb, params_from_pb
@@ -49,6 +50,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         kv, kv_params, landed = None, request.kv_params, None
         if request.HasField("kv") and self.transport == "nixl" and request.kv_params:
             landed = self._spawn_after(self.puller.release(request.kv))  # NOTE: the engine READs; then released
+            kv_params = descriptor.with_expiry(request.kv_params, request.kv.lease_expires_unix_s)
         elif request.HasField("kv") and self.transport:  # the gRPC fallback, into the staging buffer
             kv_params, landed = await self._pull_staged(request)
         elif request.HasField("kv") and not request.kv.engine_params:  # NOTE: engine params: its engine moves it

@@ -153,3 +153,29 @@ def test_descriptors_round_trip_and_reject_blocks_outside_the_cache():
     assert descriptor.decode(descriptor.encode(d)) == d
     with pytest.raises(InvalidRequestError, match="outside its cache"):
         descriptor.decode(descriptor.encode(KvDescriptor(NIXL, layout, tuple(range(70)), (3, 16), "a", b"", 0, 16)))
+
+
+@needs_nixl
+def test_a_read_after_the_sources_lease_ended_is_not_trusted_and_the_tokens_are_computed():
+    p, d = core("nixl"), core("nixl")
+    first, kv_params = prefill(p, "r", prompt())
+    lapsed = descriptor.with_expiry(kv_params, time.time() - 1)
+    assert descriptor.decode(lapsed).expires_unix_s < time.time()
+    decode(d, "r", prompt(), first, lapsed)
+    out = run(d, {"r"})["r"]
+    assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
+    assert d.stats().num_prompt_tokens_computed == 300 and d.runner.mover.num_bytes_loaded == 0
+
+
+@needs_nixl
+def test_a_read_within_the_lease_is_used():
+    p, d = core("nixl"), core("nixl")
+    first, kv_params = prefill(p, "r", prompt())
+    decode(d, "r", prompt(), first, descriptor.with_expiry(kv_params, time.time() + 60))
+    out = run(d, {"r"})["r"]
+    assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
+    assert d.stats().num_prompt_tokens_computed == 0
+
+
+def test_with_expiry_leaves_what_is_not_a_descriptor_for_the_engine_to_refuse():
+    assert descriptor.with_expiry(b"\x93garbage", 5.0) == b"\x93garbage"
