@@ -11,12 +11,14 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class StagingFile:
-    """A file of `capacity` bytes in shared memory, mapped here; removed by `close`."""
+    """A file of `capacity` bytes in shared memory, mapped here; removed by `close`. Its name carries the owner's
+    pid, so a file whose owner died without closing it (SIGKILL) is removed when the next one is made."""
 
     def __init__(self, capacity: int, prefix: str = "tandem-kv"):
         if capacity < 1:
             raise ValueError(f"staging capacity must be >= 1 byte, got {capacity}")
-        fd, self.path = tempfile.mkstemp(prefix=f"{prefix}-", dir=SHM_DIR)
+        remove_orphans()
+        fd, self.path = tempfile.mkstemp(prefix=f"{prefix}-{os.getpid()}-", dir=SHM_DIR)
         os.close(fd)
         self.capacity = capacity
         self.array = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=(capacity,))  # NOTE: pages on first use
@@ -28,6 +30,38 @@ class StagingFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def owner_pid(name: str) -> int | None:
+    """The pid in a staging file's name (tandem-kv-<role>-<pid>-<random>), or None for another name."""
+    parts = name.split("-")
+    if len(parts) < 5 or parts[:2] != ["tandem", "kv"] or not parts[-2].isdigit():
+        return None
+    return int(parts[-2])
+
+
+def remove_orphans(directory: str = SHM_DIR) -> list[str]:
+    """Remove the staging files whose owner process is gone; the names removed."""
+    removed = []
+    for name in os.listdir(directory):
+        pid = owner_pid(name)
+        if pid is not None and not _alive(pid):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:  # NOTE: another process removed it first
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 class RegionAllocator:

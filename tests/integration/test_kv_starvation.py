@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from engines.transfer.nixl_link import is_available
+from engines.transfer.staging import SHM_DIR, owner_pid
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
 from tests.integration.helpers import alive, children_of, wait_for_banner
@@ -38,7 +39,6 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
            "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(NUM_REQUESTS)}
     cmd = [sys.executable, "-m", "tandem.cli", "up", "--engine", "sim", "--model", str(model), "--port", str(port),
            "--prefill", "1", "--decode", "1", "--num-threads", "1", "--log-dir", str(logs)]
-    staged_before = staging_files()
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         banner = wait_for_banner(launcher, timeout_s=180)
@@ -63,7 +63,7 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == 0
         assert not [p for p in pids if alive(p)]
-        assert staging_files() <= staged_before, "staging files left behind"
+        assert not [f for f in staging_files() if owner_pid(f) in pids], "staging files left behind"
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -121,6 +121,4 @@ def worker_stats(router: str, role: str):
 
 
 def staging_files() -> set[str]:
-    from engines.transfer.staging import SHM_DIR
-
     return {f for f in os.listdir(SHM_DIR) if f.startswith("tandem-kv-")}
