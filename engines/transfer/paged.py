@@ -1,5 +1,6 @@
 """The paged KV cache as bytes: a [num_layers * 2 planes, num_blocks, block_bytes] array at one address, the
-NIXL region table of its (plane, block) pieces, and block copies in and out of a staging view. Numpy only."""
+NIXL region table of its (plane, block) pieces, pieces merged into runs contiguous on both sides of a transfer,
+and block copies in and out of a staging view. Numpy only."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,14 @@ class Geometry:
 
     def region_table(self) -> np.ndarray:
         """[num_planes * num_blocks, 3] uint64 (address, length, device): every (plane, block) piece, plane-major."""
-        starts = self.base + np.arange(self.num_planes * self.num_blocks, dtype=np.uint64) * self.block_bytes
+        return self.pieces(range(self.num_blocks))
+
+    def pieces(self, block_ids) -> np.ndarray:
+        """[num_planes * len(block_ids), 3] uint64 rows of `block_ids` in every plane, plane-major (the staging
+        order): the same rows as `region_table()[indices(block_ids)]`, without building the whole table."""
+        blocks = np.asarray(block_ids, dtype=np.uint64).reshape(-1)
+        planes = np.arange(self.num_planes, dtype=np.uint64)[:, None] * np.uint64(self.num_blocks)
+        starts = np.uint64(self.base) + (planes + blocks[None, :]).reshape(-1) * np.uint64(self.block_bytes)
         table = np.empty((len(starts), 3), dtype=np.uint64)
         table[:, 0], table[:, 1], table[:, 2] = starts, self.block_bytes, self.device_id
         return table
@@ -42,6 +50,32 @@ class Geometry:
         blocks = np.asarray(block_ids, dtype=np.int64)
         planes = np.arange(self.num_planes, dtype=np.int64)[:, None] * self.num_blocks
         return (planes + blocks[None, :]).reshape(-1).astype(np.int32)
+
+
+def merge_runs(local: np.ndarray, remote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two tables of paired (address, length, device) rows, with each row folded into the one before it where
+    BOTH sides continue that row's bytes on the same device: consecutive source blocks going to consecutive
+    local blocks become one row per plane (and whole planes, when both pools are contiguous there). The bytes
+    moved, and where, are unchanged; a transfer just posts far fewer, larger pieces."""
+    if local.shape != remote.shape:
+        raise ValueError(f"paired tables differ in shape: {local.shape} vs {remote.shape}")
+    if len(local) == 0:
+        return local, remote
+    starts = np.ones(len(local), dtype=bool)
+    starts[1:] = ~(_continues(local) & _continues(remote))
+    heads = np.flatnonzero(starts)
+    return _fold(local, heads), _fold(remote, heads)
+
+
+def _continues(table: np.ndarray) -> np.ndarray:
+    """[len(table) - 1] bool: row i + 1 starts where row i ends, on the same device."""
+    return (table[1:, 0] == table[:-1, 0] + table[:-1, 1]) & (table[1:, 2] == table[:-1, 2])
+
+
+def _fold(table: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    out = table[heads].copy()
+    out[:, 1] = np.add.reduceat(table[:, 1], heads)
+    return out
 
 
 def staging_nbytes(layout: KvLayout, num_blocks: int) -> int:
