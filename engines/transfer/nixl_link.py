@@ -1,18 +1,24 @@
 """One NIXL agent per engine: registers the paged KV cache, says how to reach it (metadata), and READs a
-remote engine's blocks straight into local ones. Imported only when NIXL is the transport; the `nixl` meta
-package exposes `nixl`, a lone flavour `nixl_cu12` / `nixl_cu13`."""
+remote engine's blocks straight into local ones, posting runs contiguous on both sides as single pieces, off
+the caller's thread. Imported only when NIXL is the transport; the `nixl` meta package exposes `nixl`, a lone
+flavour `nixl_cu12` / `nixl_cu13`. It never copies a payload through Python."""
 import importlib
 import logging
 import os
+import threading
+import time
 import uuid
-
-import numpy as np
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from engines.transfer.descriptor import DescriptorError, KvDescriptor
-from engines.transfer.paged import Geometry
+from engines.transfer.paged import Geometry, merge_runs
 
 log = logging.getLogger(__name__)
 _MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
+PROGRESS_THREAD_ENV = "TANDEM_NIXL_PROGRESS_THREAD"
+PUMP_INTERVAL_S = 0.005  # NOTE: only connection set-up waits on it; the bytes of a READ never do
 
 
 def nixl_api():
@@ -40,59 +46,110 @@ def is_available() -> bool:
     return nixl_api() is not None
 
 
+@dataclass(frozen=True, slots=True)
+class NixlSettings:
+    # NOTE: off by default: NIXL's progress thread spins (about 40 % of a core while idle) and, on a small host,
+    # took the cores the copies need (1.2 vs 3.8-5.5 GB/s for 268 MB between two processes, bench/RESULTS.md)
+    progress_thread: bool = False
+
+    @classmethod
+    def from_env(cls) -> "NixlSettings":
+        raw = os.environ.get(PROGRESS_THREAD_ENV, "0")
+        if raw not in ("0", "1"):
+            raise ValueError(f"{PROGRESS_THREAD_ENV} must be 0 or 1, got {raw!r}")
+        return cls(progress_thread=raw == "1")
+
+
+@dataclass(slots=True)
+class Transfer:
+    """A READ in flight: NIXL's handle, and the post running on the link's poster thread."""
+    handle: object
+    posted: Future
+
+
 class NixlLink:
-    def __init__(self, geometry: Geometry, name_prefix: str = "tandem"):
+    def __init__(self, geometry: Geometry, name_prefix: str = "tandem", settings: NixlSettings | None = None):
         api = nixl_api()
         if api is None:
             raise RuntimeError("NIXL is not installed (pip install nixl, or nixl-cu12 / nixl-cu13)")
+        settings = settings or NixlSettings.from_env()
         self.geometry = geometry
         self.name = f"{name_prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # NOTE: unique per process
-        self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
+        # NOTE: STRICT: the poster and the pump call the agent beside the engine's thread
+        config = api.nixl_agent_config(enable_prog_thread=settings.progress_thread, backends=["UCX"],
+                                       sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+        self.agent = api.nixl_agent(self.name, config)
         self.agent.register_memory([(geometry.base, geometry.nbytes, geometry.device_id, "")], geometry.mem)
-        self.local = self.agent.prep_xfer_dlist("", geometry.region_table(), geometry.mem)
         self.metadata = self.agent.get_agent_metadata()
-        self._remotes: dict[str, object] = {}  # agent name -> its prepped region list
+        self._remotes: set[str] = set()  # agents whose metadata is loaded
+        # NOTE: a shared-memory READ is copied inside its post (CMA): posted here, it never stalls the caller
+        self._poster = ThreadPoolExecutor(1, thread_name_prefix="nixl-post")
+        if not settings.progress_thread:
+            _start_pump(self)
 
-    def read(self, desc: KvDescriptor, block_ids) -> object:
-        """Post one READ of `desc`'s blocks into local `block_ids`; the transfer handle to poll."""
-        remote = self._remote(desc)
-        handle = self.agent.make_prepped_xfer("READ", self.local, self.geometry.indices(block_ids), remote,
-                                              self._remote_geometry(desc).indices(desc.block_ids))
-        state = self.agent.transfer(handle)
-        if state == "ERR":
-            self.agent.release_xfer_handle(handle)
-            raise ConnectionError(f"NIXL could not post a READ from agent {desc.agent}")
-        return handle
-
-    def state(self, handle) -> str:
-        """"DONE", "PROC" or "ERR"; a handle that is done or failed is released."""
+    def read(self, desc: KvDescriptor, block_ids) -> Transfer:
+        """Start one READ of `desc`'s blocks into local `block_ids`; the transfer to poll with `state`."""
+        self._remote(desc)
+        local, remote = merge_runs(self.geometry.pieces(block_ids), self._remote_geometry(desc).pieces(desc.block_ids))
         try:
-            state = self.agent.check_xfer_state(handle)
+            handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.geometry.mem),
+                                                self.agent.get_xfer_descs(remote, desc.mem), desc.agent)
+        except Exception as exc:  # NOTE: NIXL refuses pieces outside what either side registered
+            raise ConnectionError(f"NIXL could not post a READ from agent {desc.agent}: {exc}") from None
+        return Transfer(handle, self._poster.submit(self.agent.transfer, handle))
+
+    def state(self, transfer: Transfer) -> str:
+        """"DONE", "PROC" or "ERR"; a transfer that is done or failed is released."""
+        if not transfer.posted.done():
+            return "PROC"
+        try:
+            state = transfer.posted.result()
+            if state == "PROC":
+                state = self.agent.check_xfer_state(transfer.handle)
         except Exception as exc:  # NOTE: a remote that went away raises here
             log.warning("NIXL transfer failed: %r", exc)
             state = "ERR"
         if state != "PROC":
-            self.agent.release_xfer_handle(handle)
+            self.agent.release_xfer_handle(transfer.handle)
         return state
 
-    def _remote(self, desc: KvDescriptor):
-        remote = self._remotes.get(desc.agent)
-        if remote is None:
-            try:
-                name = self.agent.add_remote_agent(desc.metadata)
-            except Exception as exc:
-                raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: its metadata cannot be loaded ({exc})")
-            if isinstance(name, bytes):
-                name = name.decode()
-            if name != desc.agent:
-                raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: the metadata is {name!r}'s")
-            table = self._remote_geometry(desc).region_table()
-            remote = self._remotes[desc.agent] = self.agent.prep_xfer_dlist(desc.agent, table, desc.mem)
-        return remote
+    def _remote(self, desc: KvDescriptor) -> None:
+        if desc.agent in self._remotes:
+            return
+        try:
+            name = self.agent.add_remote_agent(desc.metadata)
+        except Exception as exc:
+            raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: its metadata cannot be loaded ({exc})")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if name != desc.agent:
+            raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: the metadata is {name!r}'s")
+        self._remotes.add(desc.agent)
 
     def _remote_geometry(self, desc: KvDescriptor) -> Geometry:
         return Geometry.of(desc.layout, desc.num_pool_blocks, desc.base, desc.mem, desc.device_id)
 
     def forget(self, agent: str) -> None:
-        if self._remotes.pop(agent, None) is not None:
+        if agent in self._remotes:
+            self._remotes.discard(agent)
             self.agent.remove_remote_agent(agent)
+
+
+def _start_pump(link: NixlLink) -> None:
+    """Without NIXL's progress thread, a peer's connection set-up waits on this agent's progress: a thread
+    progresses it every PUMP_INTERVAL_S, holding the link only weakly (it ends when the link is dropped)."""
+    ref = weakref.ref(link)
+
+    def pump() -> None:
+        while True:
+            time.sleep(PUMP_INTERVAL_S)
+            live = ref()
+            if live is None:
+                return
+            try:
+                live.agent.get_new_notifs()
+            except Exception as exc:  # NOTE: a progress failure is the transfers' to report, not the pump's
+                log.debug("NIXL progress failed: %r", exc)
+            del live
+
+    threading.Thread(target=pump, name="nixl-pump", daemon=True).start()
