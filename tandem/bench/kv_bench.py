@@ -128,6 +128,7 @@ class DecodeSide:
     async def move(self, handle, tokens: tuple[int, ...]) -> tuple[float, int]:
         """(seconds, bytes) to bring one request's KV here."""
         from engines.core.loads import KvLoad
+        from engines.core.loop import LOAD_WAIT_S
         from engines.transfer.paged import staging_nbytes
         from services.common.convert import layout_from_pb
 
@@ -137,7 +138,7 @@ class DecodeSide:
             source = self.mover.source(handle.engine_params)
             self.mover.start_load(KvLoad(handle.req_id, tuple(range(handle.num_blocks)), handle.num_tokens, source))
             while not (done := self.mover.poll_loads()):
-                await asyncio.sleep(0)
+                await asyncio.sleep(LOAD_WAIT_S)  # NOTE: as often as an engine loop with only loads polls them
             if not done[0].ok:
                 raise SystemExit(f"tandem bench kv: NIXL READ failed: {done[0].error}")
             return time.perf_counter() - start, num_bytes
