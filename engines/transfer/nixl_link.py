@@ -62,8 +62,7 @@ class NixlSettings:
 
 @dataclass(slots=True)
 class Transfer:
-    """A READ in flight: NIXL's handle, and the post running on the link's poster thread."""
-    handle: object
+    """A READ in flight: its post on the link's poster thread, which yields NIXL's handle and first state."""
     posted: Future
 
 
@@ -82,7 +81,6 @@ class NixlLink:
         self.agent.register_memory([(geometry.base, geometry.nbytes, geometry.device_id, "")], geometry.mem)
         self.metadata = self.agent.get_agent_metadata()
         self._remotes: set[str] = set()  # agents whose metadata is loaded
-        # NOTE: a shared-memory READ is copied inside its post (CMA): posted here, it never stalls the caller
         self._poster = ThreadPoolExecutor(1, thread_name_prefix="nixl-post")
         if not settings.progress_thread:
             _start_pump(self)
@@ -91,27 +89,37 @@ class NixlLink:
         """Start one READ of `desc`'s blocks into local `block_ids`; the transfer to poll with `state`."""
         self._remote(desc)
         local, remote = merge_runs(self.geometry.pieces(block_ids), self._remote_geometry(desc).pieces(desc.block_ids))
-        try:
-            handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.geometry.mem),
-                                                self.agent.get_xfer_descs(remote, desc.mem), desc.agent)
-        except Exception as exc:  # NOTE: NIXL refuses pieces outside what either side registered
-            raise ConnectionError(f"NIXL could not post a READ from agent {desc.agent}: {exc}") from None
-        return Transfer(handle, self._poster.submit(self.agent.transfer, handle))
+        return Transfer(self._poster.submit(self._post, local, remote, desc))
 
     def state(self, transfer: Transfer) -> str:
         """"DONE", "PROC" or "ERR"; a transfer that is done or failed is released."""
         if not transfer.posted.done():
             return "PROC"
         try:
-            state = transfer.posted.result()
+            handle, state = transfer.posted.result()
+        except Exception as exc:  # NOTE: NIXL refuses pieces outside what either side registered
+            log.warning("NIXL could not post a READ: %r", exc)
+            return "ERR"
+        try:
             if state == "PROC":
-                state = self.agent.check_xfer_state(transfer.handle)
+                state = self.agent.check_xfer_state(handle)
         except Exception as exc:  # NOTE: a remote that went away raises here
             log.warning("NIXL transfer failed: %r", exc)
             state = "ERR"
         if state != "PROC":
-            self.agent.release_xfer_handle(transfer.handle)
+            self.agent.release_xfer_handle(handle)
         return state
+
+    def _post(self, local, remote, desc: KvDescriptor) -> tuple[object, str]:
+        """On the poster thread, as the agent's lock is held while a shared-memory READ is copied inside its post
+        (CMA): the engine's thread never waits on a copy."""
+        handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.geometry.mem),
+                                            self.agent.get_xfer_descs(remote, desc.mem), desc.agent)
+        try:
+            return handle, self.agent.transfer(handle)
+        except Exception:
+            self.agent.release_xfer_handle(handle)
+            raise
 
     def _remote(self, desc: KvDescriptor) -> None:
         if desc.agent in self._remotes:
