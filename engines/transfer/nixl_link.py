@@ -106,8 +106,8 @@ class NixlLink:
         except Exception as exc:  # NOTE: a remote that went away raises here
             log.warning("NIXL transfer failed: %r", exc)
             state = "ERR"
-        if state != "PROC":
-            self.agent.release_xfer_handle(handle)
+        if state != "PROC":  # NOTE: on the poster too: another READ may be copying under the agent's lock
+            self._poster.submit(self.agent.release_xfer_handle, handle)
         return state
 
     def _post(self, local, remote, desc: KvDescriptor) -> tuple[object, str]:
