@@ -1,6 +1,6 @@
 """P/D on one GPU against aggregated serving on the same GPU: `tandem up` with 1 prefill + 1 decode worker sharing
 the card (--gpu-memory-utilization 0.45 each, KV over NIXL), then 1 aggregated worker (0.9); the same load on
-both (16 concurrent requests of 2000 prompt / 128 generated tokens); errors, TTFT p50 (P/D's target: <= 1.5x
+both (64 requests of 2000 prompt / 128 generated tokens, 16 at a time); errors, TTFT p50 (P/D's target: <= 1.5x
 aggregated) and the decode worker's KV import rate from its metrics (target >= 20 GB/s). Prints a table, writes
 JSON.
 
@@ -25,7 +25,8 @@ PORT = 18431
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--isl", type=int, default=2000)
     p.add_argument("--osl", type=int, default=128)
     p.add_argument("--json", type=Path, default=None)
@@ -47,12 +48,12 @@ def run(args, prefill: int, share: float) -> dict:
            "--model", args.model, "--port", str(PORT), "--prefill", str(prefill), "--decode", "1",
            "--gpu-memory-utilization", str(share)]
     env = {**os.environ, "TANDEM_KV_TRANSPORT": "nixl", "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256",
-           "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(args.requests)}
+           "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(args.concurrency)}
     stack = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         banner = wait_ready(stack)
-        asyncio.run(load(args, 2))  # warm the stack's caches and connections
-        ttfts, errors = asyncio.run(load(args, args.requests))
+        asyncio.run(load(args, 2, 2))  # warm the stack's caches and connections
+        ttfts, errors = asyncio.run(load(args, args.num_requests, args.concurrency))
         return {"errors": errors, "ttft_p50_s": sorted(ttfts)[len(ttfts) // 2] if ttfts else float("nan"),
                 "kv_gb_per_s": kv_rate(banner)}
     finally:
@@ -72,8 +73,14 @@ def wait_ready(stack: subprocess.Popen, timeout_s: float = 900) -> str:
     raise SystemExit("tandem up not ready in time")
 
 
-async def load(args, n: int) -> tuple[list[float], int]:
+async def load(args, n: int, concurrency: int) -> tuple[list[float], int]:
+    gate = asyncio.Semaphore(concurrency)
+
     async def one(client, i):
+        async with gate:
+            return await timed(client, i)
+
+    async def timed(client, i):
         prompt = [(i * 7919 + j * 31) % 30000 + 100 for j in range(args.isl)]
         start, first = time.perf_counter(), None
         async with client.stream("POST", f"http://127.0.0.1:{PORT}/v1/completions", timeout=600, json={
