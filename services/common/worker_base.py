@@ -127,7 +127,10 @@ def observed(rpc: str):
                 self.metrics.rpc_done(rpc, code)
                 log.info("%s %s", rpc, code, extra={"rpc": rpc, "code": code,
                                                     "duration_s": round(time.monotonic() - start, 6)})
-                request_id.reset(token)
+                try:
+                    request_id.reset(token)
+                except ValueError:  # NOTE: a cancelled stream is closed from another task, whose context it is not
+                    pass
 
         if inspect.isasyncgenfunction(method):
             @functools.wraps(method)
