@@ -245,10 +245,11 @@ class EngineCore:
 
     def schedule(self) -> SchedulerOutput | None:
         """The next step's plan; None when nothing can run."""
+        stop_at = None
         if self.tiering is not None:
-            self.tiering.onboard(self)
+            stop_at = self.tiering.onboard(self)
             self.tiering.step_started()
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(stop_at)
         if not out.scheduled and not self.scheduler.running and self._holder_first():
             out = self.scheduler.schedule()
         if not out.scheduled:
@@ -325,7 +326,8 @@ class EngineCore:
             return
         if ok:
             seq.num_computed_tokens = entry.start + entry.load.num_tokens
-            seq.num_cached_tokens += entry.load.num_tokens
+            if not seq.was_admitted:  # NOTE: loaded again after a preemption: counted the first time
+                seq.num_cached_tokens += entry.load.num_tokens
             self.block_manager.cache_blocks(seq, seq.num_computed_tokens)
         else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
             self.block_manager.truncate(seq, entry.start // self.block_manager.block_size)

@@ -188,7 +188,9 @@ class KvTiers:
             self.in_flight[b.block_hash] = load_id
         self._loads[load_id] = pinned
 
-    def load_done(self, load_id: str, source: Onboard, ok: bool, seconds: float) -> None:
+    def load_done(self, load_id: str, source: Onboard, ok: bool, seconds: float, is_hit: bool = True) -> None:
+        """A load ended; with `is_hit`, its tokens count as prefix hits of their tier (not for a request that
+        onboards again after a preemption: its hits were counted once)."""
         for tier_block in self._loads.pop(load_id, ()):
             tier_block.num_pins -= 1
         for b in source.blocks:
@@ -196,7 +198,7 @@ class KvTiers:
                 del self.in_flight[b.block_hash]
             if ok:
                 self.counters.onboarded_blocks[b.tier] += 1
-                self.counters.hit_tokens[b.tier] += self.block_size
+                self.counters.hit_tokens[b.tier] += self.block_size if is_hit else 0
                 (self.host if b.tier is KvTier.HOST else self.disk).touch(b.block_hash)
         if ok:
             self.counters.num_onboards += 1

@@ -68,11 +68,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, stop_at: Sequence | None = None) -> SchedulerOutput:
+        """The next step; admission stops at `stop_at` (a waiting request that must not be admitted yet)."""
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # NOTE: admitting while preempting would thrash
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, stop_at)
         out.num_blocks_used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
         return out
 
@@ -134,9 +135,11 @@ class Scheduler:
             i += 1
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq is stop_at:
+                return
             computed = self.block_manager.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
             num_cached = len(computed) * self.block_manager.block_size
             num_new = seq.num_tokens - seq.num_computed_tokens - num_cached

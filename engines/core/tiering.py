@@ -44,6 +44,7 @@ class _Onboarding:
     source: Onboard
     block_ids: tuple[int, ...]
     started_s: float
+    is_hit: bool  # its tokens are prefix hits of the request's first admission (not one after a preemption)
 
 
 class Tiering:
@@ -60,14 +61,17 @@ class Tiering:
         self._flush()
 
     # -- before admission --------------------------------------------------------------------
-    def onboard(self, core: "EngineCore") -> None:
+    def onboard(self, core: "EngineCore") -> Sequence | None:
         """Look once at each request the scheduler may admit next: start its load from a lower tier, or have it
-        wait for the load of its next block. Stops at the first that cannot get blocks (admission order)."""
+        wait for the load of its next block. Stops at the first that cannot get blocks for its load (admission
+        order) and returns it: the scheduler must not admit it by computing what a lower tier holds, unless
+        nothing runs or loads (then no blocks would ever come free for it)."""
         room = core.config.max_num_seqs - len(core.scheduler.running)
         self._reserved = self._outstanding(core)
         for seq in list(itertools.islice(core.scheduler.waiting, max(room, 0))):
             if seq.may_onboard and seq.num_computed_tokens == 0 and not self._onboard(core, seq):
-                return
+                return seq if core.scheduler.running or core.loading else None
+        return None
 
     def _outstanding(self, core: "EngineCore") -> int:
         """Blocks the requests holding loaded (or loading) blocks, not yet running, still need for their prompts."""
@@ -101,7 +105,8 @@ class Tiering:
             return False
         self._reserved += need - len(found)
         bm.allocate_slots(seq, 0, hits)
-        seq.num_cached_tokens += start * bs
+        if not seq.was_admitted:  # NOTE: a preempted request onboarding again was counted the first time
+            seq.num_cached_tokens += start * bs
         source = Onboard(tuple(found))
         self.tiers.pin_load(seq.req_id, found)
         try:
@@ -112,7 +117,8 @@ class Tiering:
             return True
         for b in found:
             self.tiers.see(b.block_hash)
-        self._onboarding[seq.req_id] = _Onboarding(source, tuple(seq.block_table[start:]), self.clock())
+        self._onboarding[seq.req_id] = _Onboarding(source, tuple(seq.block_table[start:]), self.clock(),
+                                                   not seq.was_admitted)
         self._flush()
         return True
 
@@ -128,7 +134,8 @@ class Tiering:
         for result in done:
             entry = self._onboarding.pop(result.req_id, None)
             if entry is not None:
-                self.tiers.load_done(result.req_id, entry.source, result.ok, self.clock() - entry.started_s)
+                self.tiers.load_done(result.req_id, entry.source, result.ok, self.clock() - entry.started_s,
+                                     entry.is_hit)
                 if result.ok:
                     self._write_through([(b, s.parent_hash, s.block_hash, s.token_ids)
                                          for b, s in zip(entry.block_ids, entry.source.blocks)], seen=False)

@@ -11,6 +11,7 @@ from engines.core.kv_tiers import Onboard, OnboardBlock, TierSpec
 from engines.core.loads import LoadDone
 from engines.core.modelled_tiers import ModelledTiers
 from engines.core.runner import Done, RunnerInfo
+from engines.core.scheduler import SchedulerOutput
 from engines.core.sequence import SequenceStatus
 
 BS = 4
@@ -327,3 +328,46 @@ def test_conversations_outgrowing_the_pool_always_finish_every_round(num_blocks)
             raise AssertionError(f"round {rnd} stalled: {[(s.req_id, s.status) for s in core.seqs.values()]}")
         history = [h + [7] * 4 + [2000 + 100 * u + 10 * rnd + k for k in range(8)] for u, h in enumerate(history)]
     assert core.stats().prefix_hits_host > 0
+
+
+def test_a_request_onboarded_again_after_a_preemption_counts_its_cached_tokens_once():
+    core, clock = make_core(num_blocks=8, host=16)
+    core.add(request("a", A))
+    run_until_idle(core, clock)
+    evict_a(core, clock)
+    core.add(request("a2", A + [1, 2, 3], max_tokens=4))
+    core.step()  # a2 loads A's 3 blocks from host
+    clock.now += 3.0
+    core.poll_loads()
+    first = core.step()[0]  # admitted: its 4 new tokens computed, a first token out
+    assert first.num_cached_tokens == 12
+    seq = core.seqs["a2"]
+    core.scheduler.running.remove(seq)  # preempted as the scheduler does it ...
+    core.scheduler._preempt(seq, SchedulerOutput())
+    assert core.block_manager.reset_prefix_cache() is not None  # ... and its device blocks reused meanwhile
+    core.runner.started.clear()
+    outs = run_until_idle(core, clock)
+    assert [l.req_id for l in core.runner.started] == ["a2"]  # onboarded again from host
+    assert {o.num_cached_tokens for o in outs} == {12}
+    s = core.stats()
+    assert (s.prefix_queries, s.prefix_hits, s.prefix_hits_host, s.num_blocks_onboarded_host) == (13 + 32 + 16, 12, 12, 3 + 4)
+
+
+def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_computing_it():
+    core, clock = make_core(num_blocks=8, host=16)
+    core.add(request("a", A))
+    run_until_idle(core, clock)
+    evict_a(core, clock)
+    core.runner.steps.clear()
+    core.add(request("r1", [900], max_tokens=8))
+    core.add(request("r2", [950], max_tokens=8))
+    core.step()
+    core.add(request("a2", A + [1, 2, 3, 4, 5, 6, 7], max_tokens=4))  # 6 blocks: its load does not fit beside r1, r2
+    core.step()
+    assert core.seqs["a2"].status is SequenceStatus.WAITING and core.runner.started == []
+    outs = run_until_idle(core, clock, max_iters=100)
+    assert [l.req_id for l in core.runner.started] == ["a2"]
+    assert not any(name == "a2" and start == 0 for step in core.runner.steps for name, start, _ in step)
+    assert {o.num_cached_tokens for o in outs if o.req_id == "a2"} == {12}
+    assert core.stats().num_preemptions == 0
+
