@@ -71,6 +71,13 @@ def random_cfg(model: Path, num_requests: int, isl: int, osl: int):
                                    num_requests=num_requests, isl=isl, osl=osl, seed=1)
 
 
+def mean_summary(summaries: list[dict]) -> dict:
+    """What the no-reuse table reads, averaged over interleaved runs of one case."""
+    n = len(summaries)
+    return {"output_tokens_per_s": sum(s["output_tokens_per_s"] for s in summaries) / n,
+            "ttft_s": {"mean": sum(s["ttft_s"]["mean"] for s in summaries) / n}}
+
+
 def later_rounds_ttft(report: dict) -> float:
     rows = [r for r in report["rounds"] if r["round"] >= 2]
     return sum(r["ttft_mean_s"] * r["num_requests"] for r in rows) / sum(r["num_requests"] for r in rows)
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-host-gb", type=float, default=1.0)
     p.add_argument("--no-reuse-requests", type=int, default=24)
     p.add_argument("--no-reuse-isl", type=int, default=1000)
+    p.add_argument("--no-reuse-repeats", type=int, default=1,
+                   help="runs of each no-reuse case, interleaved (off, on, on, off, ...), so drift hits both alike")
     p.add_argument("--skip", default="", help="comma-separated cases to leave out: multiturn,noreuse,restart")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -113,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         out["multiturn_same_answers"] = dev["answers_sha256"] == tier["answers_sha256"]
     if "noreuse" not in skip:
         cfg = random_cfg(args.model, args.no_reuse_requests, args.no_reuse_isl, args.answer_tokens)
-        out["noreuse"] = {name: serve(args.model, logs / f"noreuse-{name}", wargs, cfg)
-                          for name, wargs in (("device", base), ("host", host))}
+        cases = (("device", base), ("host", host))
+        runs = [(name, i, serve(args.model, logs / f"noreuse-{name}-{i}", wargs, cfg))
+                for i in range(args.no_reuse_repeats) for name, wargs in (cases if i % 2 == 0 else cases[::-1])]
+        out["noreuse"] = {name: {"runs": [r for n, _, r in runs if n == name]} for name in ("device", "host")}
+        for entry in out["noreuse"].values():
+            entry["summary"] = mean_summary([r["summary"] for r in entry["runs"]])
     if "restart" not in skip:
         out["restart"] = warm_restart(args, mt, host, logs)
     print(format_report(out))
@@ -173,6 +186,10 @@ def format_report(out: dict) -> str:
             a, b = (s[key] if sub is None else s[key][sub] for s in (dev, tier))
             scale = 1e3 if sub else 1.0
             lines.append(f"{label:<28}{a * scale:>14.1f}{b * scale:>14.1f}{b / a:>10.3f}")
+        for i, (d, t) in enumerate(zip(*(out["noreuse"][k]["runs"] for k in ("device", "host")))):
+            d, t = d["summary"], t["summary"]
+            lines.append(f"  run {i + 1}: tokens/s {d['output_tokens_per_s']:.1f} / {t['output_tokens_per_s']:.1f}, "
+                         f"TTFT mean (ms) {d['ttft_s']['mean'] * 1e3:.1f} / {t['ttft_s']['mean'] * 1e3:.1f}")
     if "restart" in out:
         r = out["restart"]
         lines.append(f"\nwarm restart: disk blocks written {r['first']['tiers'].get('offloaded_blocks_disk', 0):.0f}"
