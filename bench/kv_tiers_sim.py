@@ -4,7 +4,10 @@ one policy, side by side in one invocation. Prints a table, writes JSON.
     .venv/bin/python bench/kv_tiers_sim.py --json bench/sim/kv_tiers_mooncake_8w.json
 
 The third column bounds what any tier can do: a device pool no trace fills, decode steps still priced as at the
-real pool's occupancy (the timing model prices a decode step by the fraction of the pool in use).
+real pool's occupancy (the timing model prices a decode step by the fraction of the pool in use). The row "hit rate,
+routing's reach" replays each run's routing into caches that never evict (every block a worker was sent stays
+there): what that run's routing allowed at most, whatever the capacity, so that a hit rate short of the bound's is
+told apart from capacity (tiers) and from where the router sent the requests.
 
 Targets (issue 17): prefix hit rate >= 0.25 and mean TTFT <= 0.8x the run without a host tier, on the Mooncake
 conversation trace, 8 workers, time scale 0.5, 7,000 blocks of 64 tokens per worker, a 256 GB host tier.
@@ -14,15 +17,17 @@ import datetime
 import json
 import platform
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+from engines.base.block_hash import chain_block_hashes
 from engines.sim.profile import load_profile
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.traces import load_trace
-from tandem.sim.cli import simulate
-from tandem.sim.des import SimConfig
-from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo
+from tandem.sim.des import ClusterSim, SimConfig
+from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
+from tandem.sim.tokens import prompt_tokens
 
 TRACE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
 UNLIMITED_BLOCKS = 400_000  # 25.6M tokens a worker: more than the trace sends any one
@@ -70,6 +75,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def simulate(profile, config: SimConfig, policy: str, rows, slo: Slo) -> dict:
+    """One run's summary (as `tandem sim` reports it), with its routing's reach."""
+    start = time.perf_counter()
+    sim = ClusterSim(profile, config, policy)
+    records = sim.run(rows)
+    summary = summarize(sim, records, slo, time.perf_counter() - start)
+    summary["routing_reach"] = routing_reach(rows, [r.worker_id for r in records], profile.block_size)
+    return summary
+
+
+def routing_reach(rows, worker_ids: list[str], block_size: int) -> float:
+    """The prefix hit rate had every worker kept every block of every prompt sent to it (in arrival order):
+    the most this routing allows, at any capacity. Counts as the engine does: the last prompt token is computed."""
+    held: dict[str, set[int]] = {}
+    hits = total = 0
+    for i, (row, worker_id) in enumerate(zip(rows, worker_ids)):
+        tokens = prompt_tokens(row, i)
+        hashes = chain_block_hashes(tokens, block_size)
+        cache = held.setdefault(worker_id, set())
+        n = next((k for k, h in enumerate(hashes[: (len(tokens) - 1) // block_size]) if h not in cache),
+                 (len(tokens) - 1) // block_size)
+        hits, total = hits + n * block_size, total + len(tokens)
+        cache.update(hashes)
+    return hits / total if total else 0.0
+
+
 def unlimited(profile):
     """The profile with a device pool no trace fills, its decode step still costed as the real pool's: the timing
     model prices a decode step by the fraction of the pool in use, so a huge pool alone would make decode cheap."""
@@ -86,6 +117,7 @@ def _table(runs: dict[str, dict]) -> str:
     for tier in ("device", "host", "disk"):
         lines.append(f"{'hit rate ' + tier:<22}"
                      + "".join(f"{runs[n]['prefix_hit_rate_by_tier'][tier]:>18.3f}" for n in names))
+    lines.append(f"{'hit rate, routing reach':<22}" + "".join(f"{runs[n]['routing_reach']:>18.3f}" for n in names))
     lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{runs[n]['kv_bytes_onboarded'] / 1e9:>18.1f}"
                                                        for n in names))
     return "\n".join(lines)
