@@ -330,11 +330,17 @@ def test_conversations_outgrowing_the_pool_always_finish_every_round(num_blocks)
     assert core.stats().prefix_hits_host > 0
 
 
-def test_a_request_onboarded_again_after_a_preemption_counts_its_cached_tokens_once():
-    core, clock = make_core(num_blocks=8, host=16)
+def a_only_in_host(num_blocks=8, host=16):
+    """A core whose host tier holds A's blocks and whose device pool does not."""
+    core, clock = make_core(num_blocks=num_blocks, host=host)
     core.add(request("a", A))
     run_until_idle(core, clock)
     evict_a(core, clock)
+    return core, clock
+
+
+def test_a_request_onboarded_again_after_a_preemption_counts_its_cached_tokens_once():
+    core, clock = a_only_in_host()
     core.add(request("a2", A + [1, 2, 3], max_tokens=4))
     core.step()  # a2 loads A's 3 blocks from host
     clock.now += 3.0
@@ -350,14 +356,12 @@ def test_a_request_onboarded_again_after_a_preemption_counts_its_cached_tokens_o
     assert [l.req_id for l in core.runner.started] == ["a2"]  # onboarded again from host
     assert {o.num_cached_tokens for o in outs} == {12}
     s = core.stats()
-    assert (s.prefix_queries, s.prefix_hits, s.prefix_hits_host, s.num_blocks_onboarded_host) == (13 + 32 + 16, 12, 12, 3 + 4)
+    counts = (s.prefix_queries, s.prefix_hits, s.prefix_hits_host, s.num_blocks_onboarded_host)
+    assert counts == (13 + 32 + 16, 12, 12, 3 + 4)  # a, b, a2 queried; a2's host hit counted once, loaded twice
 
 
 def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_computing_it():
-    core, clock = make_core(num_blocks=8, host=16)
-    core.add(request("a", A))
-    run_until_idle(core, clock)
-    evict_a(core, clock)
+    core, clock = a_only_in_host()
     core.runner.steps.clear()
     core.add(request("r1", [900], max_tokens=8))
     core.add(request("r2", [950], max_tokens=8))
