@@ -65,13 +65,18 @@ class Tiering:
         """Look once at each request the scheduler may admit next: start its load from a lower tier, or have it
         wait for the load of its next block. Stops at the first that cannot get blocks for its load (admission
         order) and returns it: the scheduler must not admit it by computing what a lower tier holds, unless
-        nothing runs or loads (then no blocks would ever come free for it)."""
+        nothing runs, loads or holds loaded blocks (then no blocks would ever come free for it)."""
         room = core.config.max_num_seqs - len(core.scheduler.running)
         self._reserved = self._outstanding(core)
         for seq in list(itertools.islice(core.scheduler.waiting, max(room, 0))):
             if seq.may_onboard and seq.num_computed_tokens == 0 and not self._onboard(core, seq):
-                return seq if core.scheduler.running or core.loading else None
+                return seq if self._blocks_will_free(core) else None
         return None
+
+    @staticmethod
+    def _blocks_will_free(core: "EngineCore") -> bool:
+        """Something runs, loads, or waits holding loaded blocks (admitted first, it runs and frees them)."""
+        return bool(core.scheduler.running or core.loading or any(s.block_table for s in core.scheduler.waiting))
 
     def _outstanding(self, core: "EngineCore") -> int:
         """Blocks the requests holding loaded (or loading) blocks, not yet running, still need for their prompts."""

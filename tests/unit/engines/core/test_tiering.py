@@ -375,3 +375,24 @@ def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_comput
     assert {o.num_cached_tokens for o in outs if o.req_id == "a2"} == {12}
     assert core.stats().num_preemptions == 0
 
+
+
+def test_a_request_waiting_for_room_to_load_is_not_computed_while_a_loaded_request_is_about_to_run():
+    clock = Clock()
+    spec = TierSpec(num_host_blocks=64, block_bytes=BLOCK_BYTES)
+    core = EngineCore(CoreConfig(max_num_seqs=8, max_num_batched_tokens=8), TierRunner(clock, 8, spec), clock)
+    d = list(range(300, 317))  # 4 full blocks and a token
+    for name, prompt in (("a", A), ("d", d), ("b", B)):  # B pushes A and D out of the 8-block device pool
+        core.add(request(name, prompt))
+        run_until_idle(core, clock)
+    core.runner.started.clear()
+    core.runner.steps.clear()
+    core.add(request("x", A + [1, 2, 3]))  # loads A's 3 blocks
+    core.add(request("c", d + [9]))  # its 5 blocks do not fit beside x's
+    core.step()
+    clock.now += 3.0
+    core.poll_loads()  # x holds its loaded blocks, nothing runs, nothing loads: x runs next, then c loads
+    outs = run_until_idle(core, clock, max_iters=100)
+    assert [l.req_id for l in core.runner.started] == ["x", "c"]
+    assert not any(name == "c" and start == 0 for step in core.runner.steps for name, start, _ in step)
+    assert {o.req_id: o.num_cached_tokens for o in outs} == {"x": 12, "c": 16}
