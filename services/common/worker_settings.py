@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from services.common.roles import WorkerRole
 from engines.native.config import check_tier_sizes
+from engines.transfer.nixl_link import NixlSettings
 from services.common.settings import SettingsError, env
 
 ENGINES = ("native", "zero", "sim", "trtllm")
@@ -70,6 +71,10 @@ class WorkerSettings:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise SettingsError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        try:  # NOTE: the engine process reads it; checked here so a bad value stops the worker before it starts
+            NixlSettings.from_env()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if min(self.kv_staging_mb, self.sim_kv_bytes_per_token) < 1 or self.sim_kv_cache_mb < 0:
             raise SettingsError("kv_staging_mb and sim_kv_bytes_per_token must be >= 1, sim_kv_cache_mb >= 0")
         if self.kv_lease_s <= 0:
