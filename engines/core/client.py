@@ -112,10 +112,6 @@ class EngineClient:
         """Write a held request's KV into a staging file (the engine process copies it); its number of blocks."""
         return await self._call("export_kv_to", (req_id, path, offset))
 
-    async def renew_kv(self, req_id: str) -> float:
-        """Keep a held request's blocks for another lease (RequestNotFoundError when they are gone)."""
-        return await self._call("renew_kv", req_id)
-
     async def release_kv(self, req_id: str) -> None:
         await self._call("release_kv", req_id)
 

@@ -113,25 +113,18 @@ class EngineCore:
         return self._output(seq)
 
     def export_kv(self, req_id: str) -> KvExport:
-        seq = self._held(req_id)
-        num_tokens = seq.num_computed_tokens
-        block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
-        return self.runner.export_kv(block_ids, tuple(seq.token_ids[:num_tokens]))
+        return self.runner.export_kv(*self._computed_kv(self._held(req_id)))
 
     def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
         """Write a held request's KV into a staging file at `offset`; returns its number of blocks."""
-        seq = self._held(req_id)
-        num_tokens = seq.num_computed_tokens
-        block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
-        self.runner.export_kv_to(block_ids, tuple(seq.token_ids[:num_tokens]), path, offset)
+        block_ids, token_ids = self._computed_kv(self._held(req_id))
+        self.runner.export_kv_to(block_ids, token_ids, path, offset)
         return len(block_ids)
 
-    def renew_kv(self, req_id: str) -> float:
-        """Keep a held request's blocks for another TTL (a decode engine is about to read them); the new expiry."""
-        seq = self._held(req_id)
-        seq.held_until = self.clock() + self.config.held_kv_ttl_s
-        self.held.move_to_end(req_id)
-        return seq.held_until
+    def _computed_kv(self, seq: Sequence) -> tuple[list[int], tuple[int, ...]]:
+        """The blocks holding `seq`'s computed tokens, and those tokens."""
+        num_tokens = seq.num_computed_tokens
+        return seq.block_table[: self.block_manager.num_blocks_for(num_tokens)], tuple(seq.token_ids[:num_tokens])
 
     def release_kv(self, req_id: str) -> None:
         self._held(req_id)
@@ -307,9 +300,7 @@ class EngineCore:
         if seq.status is SequenceStatus.HELD:
             seq.held_until = self.clock() + self.config.held_kv_ttl_s
             self.held[seq.req_id] = seq
-            num_tokens = seq.num_computed_tokens
-            block_ids = seq.block_table[: self.block_manager.num_blocks_for(num_tokens)]
-            return self._output(seq, kv_params=self.runner.describe_kv(block_ids, tuple(seq.token_ids[:num_tokens])))
+            return self._output(seq, kv_params=self.runner.describe_kv(*self._computed_kv(seq)))
         if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)

@@ -13,7 +13,7 @@ from engines.core.block_manager import BlockManager
 from engines.core.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
 from engines.core.loads import LoadDone
 from engines.core.scheduler import SchedulerOutput
-from engines.core.sequence import Sequence, SequenceStatus
+from engines.core.sequence import Sequence
 
 if TYPE_CHECKING:
     from engines.core.engine_core import EngineCore

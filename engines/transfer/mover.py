@@ -15,7 +15,7 @@ from engines.core.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
 from engines.transfer import descriptor
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
-from engines.transfer.paged import Geometry, staging_view
+from engines.transfer.paged import Geometry, staging_nbytes, staging_view
 from engines.transfer.staging import SHM_DIR, StagingReader
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,9 @@ class KvMover:
             self.link = NixlLink(cache.geometry)
         self.reader = StagingReader()
         self._copies = ThreadPoolExecutor(1, thread_name_prefix="kv-load")  # NOTE: off the step loop
-        self._inflight: dict[str, tuple[KvLoad, object, float]] = {}  # req_id -> (load, handle | Future, start)
+        self._inflight: dict[str, tuple[KvLoad, object]] = {}  # req_id -> (load, NIXL transfer | copy Future)
         self._done: list[LoadDone] = []
         self.num_bytes_loaded = 0
-        self.seconds_loading = 0.0
 
     # -- the prefill side --------------------------------------------------------------------
     def describe(self, block_ids, token_ids: tuple[int, ...]) -> bytes:
@@ -71,38 +70,33 @@ class KvMover:
             raise DescriptorError("this engine has no NIXL agent (TANDEM_KV_TRANSPORT=grpc): it reads no NIXL descriptor")
         if desc.kind == STAGING:
             size = self.reader.array(_staging_path(desc.path)).size
-            if desc.base + desc.num_blocks * self.cache.geometry.num_planes * self.cache.geometry.block_bytes > size:
+            if desc.base + staging_nbytes(self.layout, desc.num_blocks) > size:
                 raise DescriptorError(f"staging region at {desc.base} runs past the end of {desc.path!r}")
         return desc
 
     def start_load(self, load: KvLoad) -> None:
         desc: KvDescriptor = load.source
-        start = time.perf_counter()
         if desc.kind == NIXL:
             if _lapsed(desc):
                 self._done.append(LoadDone(load.req_id, False, "the source's lease on its blocks ended before the READ"))
                 return
-            try:
-                handle = self.link.read(desc, load.block_ids)
-            except ConnectionError as exc:
-                self._done.append(LoadDone(load.req_id, False, str(exc)))
-                return
+            handle = self.link.read(desc, load.block_ids)  # NOTE: a READ NIXL refuses ends as that load's ERR
         else:
             view = staging_view(self.reader.array(desc.path), self.layout, desc.base, len(load.block_ids))
             handle = self._copies.submit(self.cache.write_blocks, load.block_ids, view)
-        self._inflight[load.req_id] = (load, handle, start)
+        self._inflight[load.req_id] = (load, handle)
 
     def poll_loads(self) -> list[LoadDone]:
-        for req_id, (load, handle, start) in list(self._inflight.items()):
+        for req_id, (load, handle) in list(self._inflight.items()):
             state = _future_state(handle) if isinstance(handle, Future) else self.link.state(handle)
             if state == "PROC":
                 continue
             del self._inflight[req_id]
-            self._done.append(self._finished(load, state, time.perf_counter() - start))
+            self._done.append(self._finished(load, state))
         done, self._done = self._done, []
         return done
 
-    def _finished(self, load: KvLoad, state: str, seconds: float) -> LoadDone:
+    def _finished(self, load: KvLoad, state: str) -> LoadDone:
         if state != "DONE":
             return LoadDone(load.req_id, False, f"{load.source.kind} transfer failed")
         if load.source.kind == NIXL and _lapsed(load.source):
@@ -110,8 +104,7 @@ class KvMover:
         error = self.verify(load) if self.verify is not None else ""
         if error:
             return LoadDone(load.req_id, False, error)
-        self.num_bytes_loaded += len(load.block_ids) * self.cache.geometry.num_planes * self.cache.geometry.block_bytes
-        self.seconds_loading += seconds
+        self.num_bytes_loaded += staging_nbytes(self.layout, len(load.block_ids))
         return LoadDone(load.req_id, True)
 
 

@@ -1,5 +1,5 @@
 """The paged KV cache as bytes: a [num_layers * 2 planes, num_blocks, block_bytes] array at one address, the
-NIXL region table of its (plane, block) pieces, pieces merged into runs contiguous on both sides of a transfer,
+NIXL pieces of its (plane, block) pairs, pieces merged into runs contiguous on both sides of a transfer,
 and block copies in and out of a staging view. Numpy only."""
 from dataclasses import dataclass
 
@@ -31,25 +31,15 @@ class Geometry:
     def nbytes(self) -> int:
         return self.num_planes * self.num_blocks * self.block_bytes
 
-    def region_table(self) -> np.ndarray:
-        """[num_planes * num_blocks, 3] uint64 (address, length, device): every (plane, block) piece, plane-major."""
-        return self.pieces(range(self.num_blocks))
-
     def pieces(self, block_ids) -> np.ndarray:
-        """[num_planes * len(block_ids), 3] uint64 rows of `block_ids` in every plane, plane-major (the staging
-        order): the same rows as `region_table()[indices(block_ids)]`, without building the whole table."""
+        """[num_planes * len(block_ids), 3] uint64 (address, length, device) rows: the (plane, block) piece of
+        each of `block_ids` in every plane, plane-major (the staging order)."""
         blocks = np.asarray(block_ids, dtype=np.uint64).reshape(-1)
         planes = np.arange(self.num_planes, dtype=np.uint64)[:, None] * np.uint64(self.num_blocks)
         starts = np.uint64(self.base) + (planes + blocks[None, :]).reshape(-1) * np.uint64(self.block_bytes)
         table = np.empty((len(starts), 3), dtype=np.uint64)
         table[:, 0], table[:, 1], table[:, 2] = starts, self.block_bytes, self.device_id
         return table
-
-    def indices(self, block_ids) -> np.ndarray:
-        """Rows of `region_table` for `block_ids` in every plane, plane-major (the staging order)."""
-        blocks = np.asarray(block_ids, dtype=np.int64)
-        planes = np.arange(self.num_planes, dtype=np.int64)[:, None] * self.num_blocks
-        return (planes + blocks[None, :]).reshape(-1).astype(np.int32)
 
 
 def merge_runs(local: np.ndarray, remote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -54,16 +54,8 @@ def make_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
-def make_blocking_channel(address: str) -> grpc.Channel:
-    """A blocking channel (for a thread that must keep its timing whatever the event loop does), as make_channel."""
-    tls = process_tls()
-    if tls.is_enabled:
-        return grpc.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-
-
 def make_sync_channel(address: str) -> grpc.Channel:
-    """The same, blocking (the launcher's probes, health checks, tests)."""
+    """The same, blocking (the registrar's heartbeat thread, the launcher's probes, health checks, tests)."""
     tls = process_tls()
     if tls.is_enabled:
         return grpc.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from services.common.grpc_server import make_blocking_channel
+from services.common.grpc_server import make_sync_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ class Registrar:
     def __init__(self, router_address: str, info: router_pb2.WorkerInfo,
                  load: Callable[[], common_pb2.WorkerLoad]):
         self.info, self.load = info, load  # NOTE: `load` is called on the registrar's thread
-        self.channel = make_blocking_channel(router_address)
+        self.channel = make_sync_channel(router_address)
         self.stub = router_pb2_grpc.RouterStub(self.channel)
         self.interval_s = 1.0
         self.registered = threading.Event()

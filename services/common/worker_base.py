@@ -68,6 +68,14 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
     def close(self) -> None:
         """Free what the service holds outside the engine (staging files); after the server stopped."""
 
+    def kv_moved(self, direction: str, num_bytes: int, seconds: float, transport: str) -> None:
+        """One request's KV sent ("export") or received ("import"): the worker's counter and its metrics."""
+        if direction == "export":
+            self.kv_bytes_exported += num_bytes
+        else:
+            self.kv_bytes_imported += num_bytes
+        self.metrics.kv_transfer(direction, num_bytes, seconds, transport)
+
     async def Abort(self, request, context):
         await self.engine.abort(request.req_id)
         return worker_pb2.AbortResponse()

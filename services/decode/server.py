@@ -104,8 +104,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
             return b"", None
         num_bytes = staging_nbytes(layout, handle.num_blocks)
-        self.kv_bytes_imported += num_bytes
-        self.metrics.kv_transfer("import", num_bytes, time.monotonic() - begin, "grpc")
+        self.kv_moved("import", num_bytes, time.monotonic() - begin, "grpc")
         return kv_params, functools.partial(self.staging.release, offset)
 
     def _landed(self, request, landed, seconds: float) -> None:
@@ -117,8 +116,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         if self.transport == "nixl" and request.kv_params:  # NOTE: a staged pull counted itself
             layout = layout_from_pb(request.kv.layout)
             num_bytes = staging_nbytes(layout, request.kv.num_blocks)
-            self.kv_bytes_imported += num_bytes
-            self.metrics.kv_transfer("import", num_bytes, seconds, "nixl")
+            self.kv_moved("import", num_bytes, seconds, "nixl")
             timed_span("kv.transfer", *map(wall_clock(), (time.monotonic() - seconds, time.monotonic())),
                        **{"tandem.kv.source": request.kv.worker_id, "tandem.kv.blocks": request.kv.num_blocks,
                           "tandem.kv.transport": "nixl"})
@@ -143,8 +141,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         except (grpc.aio.AioRpcError, ValueError) as exc:
             log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
             return None
-        self.kv_bytes_imported += len(kv.data)
-        self.metrics.kv_transfer("import", len(kv.data), time.monotonic() - start, "bytes")
+        self.kv_moved("import", len(kv.data), time.monotonic() - start, "bytes")
         tokens = tuple(request.token_ids) + tuple(request.output_token_ids)
         if kv.token_ids != tokens[: kv.num_tokens]:
             log.warning("KV for %s covers other tokens; prefilling locally", request.req_id)

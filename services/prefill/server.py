@@ -80,8 +80,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
                 num_blocks=n, total_blocks=kv.num_blocks,
                 data=_block_slice(kv.data, kv.num_blocks, first, n, kv.layout.num_layers),
             )
-        self.kv_bytes_exported += len(kv.data)
-        self.metrics.kv_transfer("export", len(kv.data), time.monotonic() - start, "bytes")
+        self.kv_moved("export", len(kv.data), time.monotonic() - start, "bytes")
         await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
 
     async def _pull_staged(self, request, context):
@@ -107,8 +106,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
                                          total_blocks=num_blocks, data=await self.staging.read_chunk(view, first, n))
         finally:
             self.staging.release(offset)
-        self.kv_bytes_exported += view.nbytes
-        self.metrics.kv_transfer("export", view.nbytes, time.monotonic() - start, "grpc")
+        self.kv_moved("export", view.nbytes, time.monotonic() - start, "grpc")
         await self.engine.abort(request.req_id)  # NOTE: a completed pull ends the lease (if it did not lapse)
 
     def close(self) -> None:

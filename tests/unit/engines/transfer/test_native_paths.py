@@ -13,7 +13,7 @@ from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.nixl_link import is_available
 from engines.transfer.paged import staging_nbytes
 from engines.transfer.staging import StagingFile
-from tests.unit.engines.transfer.test_kv_paths import decode, prefill, run
+from tests.unit.engines.transfer.test_kv_paths import decode, prefill
 
 PROMPT = tuple((j * 31) % 200 + 5 for j in range(45))  # 3 blocks of 16, the last one partial
 MAX_TOKENS = 6

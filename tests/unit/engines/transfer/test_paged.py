@@ -11,10 +11,17 @@ def rows(*triples) -> np.ndarray:
     return np.array(triples, dtype=np.uint64).reshape(-1, 3)
 
 
+def region_table(g: Geometry) -> np.ndarray:
+    """Every (plane, block) piece of the pool, plane-major, built row by row: the reference `pieces` must match."""
+    return rows(*[(g.base + (p * g.num_blocks + b) * g.block_bytes, g.block_bytes, g.device_id)
+                  for p in range(g.num_planes) for b in range(g.num_blocks)])
+
+
 def test_pieces_are_the_region_table_rows_of_the_blocks_plane_major():
     assert G.pieces([2, 0]).tolist() == [[1200, 100, 3], [1000, 100, 3], [1600, 100, 3], [1400, 100, 3]]
-    assert np.array_equal(G.pieces([3, 1, 2]), G.region_table()[G.indices([3, 1, 2])])
-    assert G.region_table().tolist() == [[1000 + 100 * i, 100, 3] for i in range(8)]
+    table = region_table(G)
+    assert np.array_equal(G.pieces([3, 1, 2]), table[[p * G.num_blocks + b for p in range(2) for b in (3, 1, 2)]])
+    assert G.pieces(range(G.num_blocks)).tolist() == table.tolist() == [[1000 + 100 * i, 100, 3] for i in range(8)]
 
 
 def test_consecutive_blocks_on_both_sides_become_one_piece_per_plane():
