@@ -92,6 +92,7 @@ class ApproximateIndex:
 @dataclass(frozen=True, slots=True)
 class KvPolicyConfig:
     overlap_weight: float = 1.0  # blocks of prefill saved per cached block; 0 = ignore the cache
+    inflight_weight: float = 1.0  # what a block held by an in-flight request costs against one to prefill
     temperature: float = 0.0  # 0 = argmin; > 0 = softmax over min-max-normalised costs
     block_size: int = 16  # when a worker's layout does not say
     use_events: bool = True  # False: the approximate index alone (engines without KV events)
@@ -102,8 +103,8 @@ class KvPolicyConfig:
     disk_weight: float | None = None
 
     def __post_init__(self) -> None:
-        if self.overlap_weight < 0 or self.temperature < 0:
-            raise ValueError("overlap_weight and temperature must be >= 0")
+        if self.overlap_weight < 0 or self.inflight_weight < 0 or self.temperature < 0:
+            raise ValueError("overlap_weight, inflight_weight and temperature must be >= 0")
         if any(w is not None and not 0 <= w <= 1 for w in (self.host_weight, self.disk_weight)):
             raise ValueError("host_weight and disk_weight must be in [0, 1]")
         if self.block_size < 1:
@@ -134,7 +135,7 @@ class KvScore:
 
 class KvAwarePolicy:
     """`prefill = max(queued + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
-    `cost = prefill + inflight`, in blocks (a host or disk block's tier weight is what it saves against recomputing
+    `cost = prefill + inflight_weight * inflight`, in blocks (a host or disk block's tier weight is what it saves against recomputing
 on that worker, `tier_credit`, unless the config fixes it): `queued` is the uncached blocks of the worker's routes it has likely
     not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the prompt blocks of all its routes
     not yet completed (`WorkerView.num_inflight_tokens`). Dynamo's cost, with the router's own load account:
@@ -174,7 +175,7 @@ on that worker, `tier_credit`, unless the config fixes it): `queued` is the unca
         num_tokens = len(request.token_ids)
         weights = self.tier_weights
         w_device, w_host, w_disk = weights[KvTier.DEVICE], weights[KvTier.HOST], weights[KvTier.DISK]
-        overlap_weight = self.config.overlap_weight
+        overlap_weight, inflight_weight = self.config.overlap_weight, self.config.inflight_weight
         scores = []
         for view in candidates:  # NOTE: the hot loop of a Route among many workers: locals, no calls per worker
             block_size = self._block_size(view)
@@ -192,7 +193,7 @@ on that worker, `tier_credit`, unless the config fixes it): `queued` is the unca
                 cached += num_predicted - num_blocks
             num_prompt = -(-num_tokens // block_size)
             prefill = view.num_queued_prefill_tokens / block_size + num_prompt - overlap_weight * cached
-            cost = (prefill if prefill > 0.0 else 0.0) + view.num_inflight_tokens / block_size
+            cost = (prefill if prefill > 0.0 else 0.0) + inflight_weight * view.num_inflight_tokens / block_size
             overlap = num_blocks if num_blocks > num_predicted else num_predicted
             scores.append(KvScore(view, overlap, num_prompt, cost))
         scores.sort(key=KvScore.key)

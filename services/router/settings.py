@@ -26,6 +26,7 @@ class RouterSettings:
     inflight_ttl_s: float = 600.0  # a routed request never completed stops counting as load after this
     sweep_interval_s: float = 1.0  # how often lapsed leases and stale in-flight entries are removed
     kv_overlap_weight: float = 1.0  # policy kv: blocks of prefill saved per cached block
+    kv_inflight_weight: float = 1.0  # policy kv: what a block held by an in-flight request costs (1: Dynamo's)
     kv_temperature: float = 0.0  # policy kv: 0 = argmin, > 0 = softmax draw over costs
     kv_use_events: bool = True  # policy kv: subscribe to workers' KV events (False: own decisions only)
     kv_predict_ttl_s: float = 120.0  # policy kv: how long the router trusts its own decisions
@@ -57,9 +58,9 @@ class RouterSettings:
             raise SettingsError(f"need disagg_min_tokens >= 0 and prefill_max_waiting >= 1, got "
                                 f"{self.disagg_min_tokens} and {self.prefill_max_waiting}")
 
-        if self.kv_overlap_weight < 0 or self.kv_temperature < 0:
-            raise SettingsError(f"need kv_overlap_weight >= 0 and kv_temperature >= 0, got "
-                                f"{self.kv_overlap_weight} and {self.kv_temperature}")
+        if self.kv_overlap_weight < 0 or self.kv_inflight_weight < 0 or self.kv_temperature < 0:
+            raise SettingsError(f"need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0, got "
+                                f"{self.kv_overlap_weight}, {self.kv_inflight_weight} and {self.kv_temperature}")
         if self.kv_host_weight > 1 or self.kv_disk_weight > 1:
             raise SettingsError(f"kv_host_weight and kv_disk_weight must be <= 1 (< 0: derived), got "
                                 f"{self.kv_host_weight} and {self.kv_disk_weight}")
@@ -77,7 +78,8 @@ class RouterSettings:
 
     @property
     def kv_config(self) -> KvPolicyConfig:
-        return KvPolicyConfig(overlap_weight=self.kv_overlap_weight, temperature=self.kv_temperature,
+        return KvPolicyConfig(overlap_weight=self.kv_overlap_weight, inflight_weight=self.kv_inflight_weight,
+                              temperature=self.kv_temperature,
                               use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s,
                               host_weight=self.kv_host_weight if self.kv_host_weight >= 0 else None,
                               disk_weight=self.kv_disk_weight if self.kv_disk_weight >= 0 else None)

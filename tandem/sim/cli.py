@@ -40,6 +40,8 @@ def add_sim_command(commands) -> None:
     p.add_argument("--slo-itl-s", type=float, default=DEFAULT_SLO_ITL_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-overlap-weight", type=float, default=1.0, help="the kv policy's overlap_weight")
+    p.add_argument("--kv-inflight-weight", type=float, default=1.0,
+                   help="the kv policy's inflight_weight: what a block held by an in-flight request costs")
     p.add_argument("--kv-host-gb", type=float, default=0.0,
                    help="per worker: a host KV tier of this size (loads at the profile's kv_host_gb_per_s)")
     p.add_argument("--kv-disk-gb", type=float, default=0.0,
@@ -79,6 +81,7 @@ def run_sim(args: argparse.Namespace) -> int:
     if args.kv_host_gb < 0 or args.kv_disk_gb < 0 or (args.kv_disk_gb > 0 and args.kv_host_gb <= 0):
         raise SystemExit("tandem sim: --kv-host-gb and --kv-disk-gb must be >= 0, and a disk tier needs a host tier")
     config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight,
+                       kv_inflight_weight=args.kv_inflight_weight,
                        kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb)
     slo = Slo(args.slo_ttft_s, args.slo_itl_s)
     policies = {name: simulate(profile, config, name, rows, slo) for name in names}
@@ -131,5 +134,6 @@ def _header(args: argparse.Namespace, profile, num_rows: int) -> dict:
         "num_workers": args.workers, "num_prefill_workers": args.prefill_workers,
         "profile": profile.to_dict(), "slo": {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s},
         "admission_rejection": False, "seed": args.seed, "kv_overlap_weight": args.kv_overlap_weight,
+        "kv_inflight_weight": args.kv_inflight_weight,
         "kv_host_gb": args.kv_host_gb, "kv_disk_gb": args.kv_disk_gb,
     }

@@ -38,6 +38,7 @@ class SimConfig:
     disagg_min_tokens: int = 512
     enable_prefix_caching: bool = True
     kv_overlap_weight: float = 1.0  # KvPolicyConfig.overlap_weight (the router's default is 1.0)
+    kv_inflight_weight: float = 1.0  # KvPolicyConfig.inflight_weight (the router's default is 1.0)
     heartbeat_interval_s: float = 2.0  # as services/router/settings.py tells workers; 0 = after every change
     kv_host_gb: float = 0.0  # per worker: a host KV tier (and a disk tier under it), loading at the profile's
     kv_disk_gb: float = 0.0  # copy bandwidths
@@ -89,7 +90,7 @@ class ClusterSim:
         self.registry = Registry(lambda: self.now, lease_ttl_s=_FOREVER, inflight_ttl_s=_FOREVER)
         layout = KvLayout(32, 8, 128, "bfloat16", profile.block_size)  # NOTE: routing reads only block_size
         self.policy, self.index = make_sim_policy(policy_name, lambda: self.now, layout, config.seed,
-                                                    config.kv_overlap_weight)
+                                                    config.kv_overlap_weight, config.kv_inflight_weight)
         self.core = RouterCore(self.registry, self.policy, DisaggregationPolicy(config.disagg_min_tokens))
         self.workers: dict[str, SimNode] = {}
         for role, count, prefix in ((WorkerRole.DECODE, config.num_workers, "decode"),

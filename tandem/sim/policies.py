@@ -24,11 +24,14 @@ class RandomPolicy:
 
 
 def make_sim_policy(name: str, clock, layout: KvLayout, seed: int = 0,
-                    kv_overlap_weight: float = 1.0) -> tuple[RoutingPolicy, PrefixIndex | None]:
+                    kv_overlap_weight: float = 1.0,
+                    kv_inflight_weight: float = 1.0) -> tuple[RoutingPolicy, PrefixIndex | None]:
     """The policy and, for "kv", the prefix index the simulator must feed with KV events."""
     if name == "kv":
         index = PrefixIndex()
-        return KvAwarePolicy(index, clock, config=KvPolicyConfig(overlap_weight=kv_overlap_weight, block_size=layout.block_size)), index
+        config = KvPolicyConfig(overlap_weight=kv_overlap_weight, inflight_weight=kv_inflight_weight,
+                                block_size=layout.block_size)
+        return KvAwarePolicy(index, clock, config=config), index
     if name == "random":
         return RandomPolicy(seed), None
     if name in POLICIES:

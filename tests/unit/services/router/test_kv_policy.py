@@ -70,6 +70,25 @@ def test_overlap_beats_load_up_to_the_configured_trade_off(overlap_weight, chose
     assert policy.choose(req(), candidates).worker_id == chosen
 
 
+@pytest.mark.parametrize("inflight_weight, chosen", [(1.0, "w2"), (0.25, "w1"), (0.0, "w1")])
+def test_inflight_blocks_weigh_as_configured_against_blocks_to_prefill(inflight_weight, chosen):
+    # w1: 6 of 10 blocks cached, 12 blocks held by requests decoding there; w2: nothing cached, 2 held
+    policy = kv_policy(index_with(w1=6), inflight_weight=inflight_weight)
+    candidates = [busy("w1", 12), busy("w2", 2)]
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
+    assert costs == {"w1": 4 + 12 * inflight_weight, "w2": 10 + 2 * inflight_weight}  # 16 / 7 / 4 against 12 / 10.5 / 10
+    assert policy.choose(req(), candidates).worker_id == chosen
+
+
+def test_without_inflight_weight_queued_prefill_still_spreads_a_burst():
+    # inflight_weight 0 drops what requests hold while decoding, not the prefill still queued at a worker
+    policy = kv_policy(PrefixIndex(), inflight_weight=0.0)
+    candidates = [busy("w1", inflight_blocks=40, queued_blocks=0), busy("w2", inflight_blocks=10, queued_blocks=10)]
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
+    assert costs == {"w1": 10.0, "w2": 20.0}
+    assert policy.choose(req(), candidates).worker_id == "w1"
+
+
 @pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
 def test_equal_costs_break_on_fewest_inflight_tokens_then_worker_id(order):
     # all cost 10: wa (2 cached + 2 in-flight blocks); wd, wc, wb (nothing cached, idle; heartbeats stale)
@@ -213,6 +232,8 @@ def test_decision_reports_cached_tokens_and_expired_workers_are_never_chosen():
 def test_bad_config_raises():
     with pytest.raises(ValueError, match="must be >= 0"):
         KvPolicyConfig(overlap_weight=-1.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        KvPolicyConfig(inflight_weight=-0.5)
     with pytest.raises(ValueError, match="temperature > 0 needs an rng"):
         kv_policy(PrefixIndex(), temperature=0.5)
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):

@@ -31,7 +31,7 @@ def test_settings_are_frozen():
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"policy": "nope"}, "policy must be one of kv, least_loaded, round_robin, got 'nope'"),
-    ({"kv_temperature": -1.0}, "need kv_overlap_weight >= 0 and kv_temperature >= 0"),
+    ({"kv_temperature": -1.0}, "need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0"),
     ({"kv_index_max_entries": 0}, "kv_index_max_entries >= 1"),
     ({"port": 70000}, r"port must be in \[0, 65535\]"),
     ({"lease_ttl_s": 0.0}, "lease_ttl_s must be > 0"),
