@@ -18,17 +18,23 @@ class StopMatcher:
             return text
         buffer = self._held + text
         cut = self._earliest_match(buffer)
-        if cut is not None:
+        keep = self._partial_suffix(buffer)
+        if cut is not None and len(buffer) - keep >= cut:  # NOTE: no longer stop could still begin before it
             self.is_stopped, self._held = True, ""
             return buffer[:cut]
-        keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep:] if keep else ""
         return buffer[:len(buffer) - keep]
 
     def flush(self) -> str:
-        """At a finish that was not a stop string: the held text was not a stop after all."""
+        """At a finish that was not (yet) a stop string: the held text is decided with nothing more to come."""
         held, self._held = self._held, ""
-        return "" if self.is_stopped else held
+        if self.is_stopped:
+            return ""
+        cut = self._earliest_match(held)
+        if cut is not None:
+            self.is_stopped = True
+            return held[:cut]
+        return held
 
     def _earliest_match(self, buffer: str) -> int | None:
         hits = [i for i in (buffer.find(s) for s in self._stops) if i >= 0]

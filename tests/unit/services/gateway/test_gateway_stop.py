@@ -42,3 +42,11 @@ def test_no_stops_passes_through():
 def test_overlapping_prefixes_hold_the_longest_candidate():
     # "aab" ends with "aa", a prefix of "aaa": hold back "aa" (not only "a")
     assert run(["aaa", "b!"], ["xaa", "ab"]) == (["x", "", ""], True)
+
+
+def test_a_longer_stop_that_began_earlier_wins_over_a_shorter_one_already_complete():
+    # "\n" is complete in "aa\n", but "a\na" may have begun at "a": hold until the next delta decides
+    assert run(["\n", "a\na"], ["aa\n", "a"]) == (["a", "", ""], True)
+    assert run(["\n", "a\na"], ["aa\n", "b"]) == (["a", "a", ""], True)  # it did not: "\n" cuts
+    # the stream ends while it is undecided: the held text is cut at the earliest complete stop
+    assert run(["\n", "a\nbc"], ["aa\nb"]) == (["a", "a"], True)
