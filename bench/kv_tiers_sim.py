@@ -43,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-host-gb", type=float, default=256.0)
     p.add_argument("--kv-disk-gb", type=float, default=0.0)
     p.add_argument("--policy", default="kv")
+    p.add_argument("--kv-overlap-weight", type=float, default=1.0, help="the kv policy's overlap_weight")
+    p.add_argument("--kv-inflight-weight", type=float, default=0.1, help="the kv policy's inflight_weight")
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     profile = replace(load_profile(), num_blocks=args.num_blocks)
     rows = load_trace(args.trace, args.max_requests, args.time_scale)
     slo = Slo(DEFAULT_SLO_TTFT_S, DEFAULT_SLO_ITL_S)
-    base = SimConfig(args.workers)
+    base = SimConfig(args.workers, kv_overlap_weight=args.kv_overlap_weight, kv_inflight_weight=args.kv_inflight_weight)
     runs = {"device only": simulate(profile, base, args.policy, rows, slo),
             f"+ host {args.kv_host_gb:g} GB": simulate(profile, replace(base, kv_host_gb=args.kv_host_gb,
                                                                          kv_disk_gb=args.kv_disk_gb),
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                   "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
                   "command": " ".join(sys.argv), "trace": str(args.trace), "num_requests": len(rows),
                   "time_scale": args.time_scale, "num_workers": args.workers, "policy": args.policy,
+                  "kv_overlap_weight": args.kv_overlap_weight, "kv_inflight_weight": args.kv_inflight_weight,
                   "profile": profile.to_dict(), "ttft_mean_ratio": ratio}
         body = {n: {k: v for k, v in r.items() if k != "ttft_values_s"} for n, r in runs.items()}
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,9 @@ class ApproximateIndex:
 @dataclass(frozen=True, slots=True)
 class KvPolicyConfig:
     overlap_weight: float = 1.0  # blocks of prefill saved per cached block; 0 = ignore the cache
-    inflight_weight: float = 1.0  # what a block held by an in-flight request costs against one to prefill
+    # what a block held by an in-flight request costs against one to prefill (Dynamo's cost: 1.0): a decode step
+    # reads it, but over a waiting request's few steps it costs far less than prefilling a block (bench/RESULTS.md)
+    inflight_weight: float = 0.1
     temperature: float = 0.0  # 0 = argmin; > 0 = softmax over min-max-normalised costs
     block_size: int = 16  # when a worker's layout does not say
     use_events: bool = True  # False: the approximate index alone (engines without KV events)

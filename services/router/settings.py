@@ -26,7 +26,7 @@ class RouterSettings:
     inflight_ttl_s: float = 600.0  # a routed request never completed stops counting as load after this
     sweep_interval_s: float = 1.0  # how often lapsed leases and stale in-flight entries are removed
     kv_overlap_weight: float = 1.0  # policy kv: blocks of prefill saved per cached block
-    kv_inflight_weight: float = 1.0  # policy kv: what a block held by an in-flight request costs (1: Dynamo's)
+    kv_inflight_weight: float = 0.1  # policy kv: what a block held by an in-flight request costs (1: Dynamo's)
     kv_temperature: float = 0.0  # policy kv: 0 = argmin, > 0 = softmax draw over costs
     kv_use_events: bool = True  # policy kv: subscribe to workers' KV events (False: own decisions only)
     kv_predict_ttl_s: float = 120.0  # policy kv: how long the router trusts its own decisions

@@ -40,7 +40,7 @@ def add_sim_command(commands) -> None:
     p.add_argument("--slo-itl-s", type=float, default=DEFAULT_SLO_ITL_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-overlap-weight", type=float, default=1.0, help="the kv policy's overlap_weight")
-    p.add_argument("--kv-inflight-weight", type=float, default=1.0,
+    p.add_argument("--kv-inflight-weight", type=float, default=0.1,
                    help="the kv policy's inflight_weight: what a block held by an in-flight request costs")
     p.add_argument("--kv-host-gb", type=float, default=0.0,
                    help="per worker: a host KV tier of this size (loads at the profile's kv_host_gb_per_s)")
@@ -78,6 +78,8 @@ def run_sim(args: argparse.Namespace) -> int:
         raise SystemExit(f"tandem sim: {args.trace} has no requests")
     if args.planner:
         return run_planner_sim(args, profile, rows, _header(args, profile, len(rows)))
+    if args.kv_overlap_weight < 0 or args.kv_inflight_weight < 0:
+        raise SystemExit("tandem sim: --kv-overlap-weight and --kv-inflight-weight must be >= 0")
     if args.kv_host_gb < 0 or args.kv_disk_gb < 0 or (args.kv_disk_gb > 0 and args.kv_host_gb <= 0):
         raise SystemExit("tandem sim: --kv-host-gb and --kv-disk-gb must be >= 0, and a disk tier needs a host tier")
     config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight,

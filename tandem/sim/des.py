@@ -38,7 +38,7 @@ class SimConfig:
     disagg_min_tokens: int = 512
     enable_prefix_caching: bool = True
     kv_overlap_weight: float = 1.0  # KvPolicyConfig.overlap_weight (the router's default is 1.0)
-    kv_inflight_weight: float = 1.0  # KvPolicyConfig.inflight_weight (the router's default is 1.0)
+    kv_inflight_weight: float = 0.1  # KvPolicyConfig.inflight_weight (the router's default is 0.1)
     heartbeat_interval_s: float = 2.0  # as services/router/settings.py tells workers; 0 = after every change
     kv_host_gb: float = 0.0  # per worker: a host KV tier (and a disk tier under it), loading at the profile's
     kv_disk_gb: float = 0.0  # copy bandwidths

@@ -25,7 +25,7 @@ class RandomPolicy:
 
 def make_sim_policy(name: str, clock, layout: KvLayout, seed: int = 0,
                     kv_overlap_weight: float = 1.0,
-                    kv_inflight_weight: float = 1.0) -> tuple[RoutingPolicy, PrefixIndex | None]:
+                    kv_inflight_weight: float = 0.1) -> tuple[RoutingPolicy, PrefixIndex | None]:
     """The policy and, for "kv", the prefix index the simulator must feed with KV events."""
     if name == "kv":
         index = PrefixIndex()

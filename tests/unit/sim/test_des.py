@@ -51,6 +51,15 @@ def test_kv_finds_more_prefix_hits_than_round_robin():
     assert kv["ttft_mean_s"] < rr["ttft_mean_s"]
 
 
+def test_the_kv_policys_weights_reach_the_simulated_router(tmp_path):
+    sim = ClusterSim(PROFILE, SimConfig(2, kv_overlap_weight=2.0, kv_inflight_weight=0.1), "kv")
+    assert (sim.policy.config.overlap_weight, sim.policy.config.inflight_weight) == (2.0, 0.1)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}) + "\n")
+    with pytest.raises(SystemExit, match="--kv-inflight-weight must be >= 0"):
+        main(["sim", "--trace", str(trace), "--kv-inflight-weight", "-1"])
+
+
 def test_disaggregated_prefill_hands_off_to_decode():
     sim = ClusterSim(PROFILE, SimConfig(2, num_prefill_workers=1), "least_loaded")
     records = sim.run(conversations(10, 2))
@@ -67,6 +76,7 @@ def test_cli_writes_the_json_and_plots(tmp_path):
     assert main(["sim", "--trace", str(trace), "--workers", "2", "--policies", "kv,round_robin",
                  "--time-scale", "0.5", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert (report["kv_overlap_weight"], report["kv_inflight_weight"]) == (1.0, 0.1)
     assert report["time_scale"] == 0.5 and set(report["policies"]) == {"kv", "round_robin"}
     for entry in report["policies"].values():
         assert {"ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "prefix_hit_rate", "goodput_rps"} <= set(entry)

@@ -35,6 +35,8 @@ def index_with(**cached_blocks: int) -> PrefixIndex:
 
 
 def kv_policy(index: PrefixIndex, clock=None, rng=None, **config) -> KvAwarePolicy:
+    """Dynamo's cost (an in-flight block weighs as much as one to prefill) unless `config` says otherwise."""
+    config.setdefault("inflight_weight", 1.0)
     return KvAwarePolicy(index, clock or FakeClock(), rng, KvPolicyConfig(block_size=BS, **config))
 
 
@@ -78,6 +80,12 @@ def test_inflight_blocks_weigh_as_configured_against_blocks_to_prefill(inflight_
     costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
     assert costs == {"w1": 4 + 12 * inflight_weight, "w2": 10 + 2 * inflight_weight}  # 16 / 7 / 4 against 12 / 10.5 / 10
     assert policy.choose(req(), candidates).worker_id == chosen
+
+
+def test_by_default_an_inflight_block_weighs_a_tenth_of_one_to_prefill():
+    policy = KvAwarePolicy(index_with(w1=6), FakeClock(), config=KvPolicyConfig(block_size=BS))
+    costs = {s.view.worker_id: s.cost for s in policy.scores(req(), [busy("w1", 12), busy("w2", 2)])}
+    assert costs == pytest.approx({"w1": 4 + 1.2, "w2": 10 + 0.2})
 
 
 def test_without_inflight_weight_queued_prefill_still_spreads_a_burst():
