@@ -1,6 +1,7 @@
 """KV-aware routing: each worker's cost is the blocks it would still have to prefill (its queue plus this
-prompt after its cached prefix) plus the blocks its in-flight requests hold; the lowest cost wins (or a softmax
-draw over costs). Both loads are the router's own account of its routes, so they are never a heartbeat stale.
+prompt after its cached prefix) plus a weight times the blocks its in-flight requests hold; the lowest cost wins
+(or a softmax draw over costs). Both loads are the router's own account of its routes, so they are never a
+heartbeat stale.
 
 Pure: no I/O, no transport; time and randomness are injected. Hashes come from engines/base/block_hash.py.
 """
@@ -137,12 +138,12 @@ class KvScore:
 
 class KvAwarePolicy:
     """`prefill = max(queued + prompt_blocks - overlap_weight * Σ tier_weight(cached block), 0)`,
-    `cost = prefill + inflight_weight * inflight`, in blocks (a host or disk block's tier weight is what it saves against recomputing
-on that worker, `tier_credit`, unless the config fixes it): `queued` is the uncached blocks of the worker's routes it has likely
-    not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the prompt blocks of all its routes
-    not yet completed (`WorkerView.num_inflight_tokens`). Dynamo's cost, with the router's own load account:
-    a burst of siblings spreads before any event or heartbeat arrives, and a finished request stops counting
-    at once."""
+    `cost = prefill + inflight_weight * inflight`, in blocks. A host or disk block's tier weight is what it saves
+    against recomputing on that worker (`tier_credit`), unless the config fixes it. `queued` is the uncached blocks
+    of the worker's routes it has likely not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the
+    prompt blocks of all its routes not yet completed (`WorkerView.num_inflight_tokens`). With inflight_weight 1
+    this is Dynamo's cost; either way the loads are the router's own account, so a burst of siblings spreads before
+    any event or heartbeat arrives, and a finished request stops counting at once."""
 
     name = "kv"
 
