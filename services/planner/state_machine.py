@@ -132,7 +132,8 @@ class PlannerCore:
         if self._is_warm:
             for role, count in self.model.replicas(predicted, WorkerRole.PREFILL in self.roles).items():
                 if role in self.state:
-                    self._rebase(self.state[role], count)
+                    bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
+                    self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
         self._is_warm = True
         return predicted, self._coverage_warning(predicted.isl)
 

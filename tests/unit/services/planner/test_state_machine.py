@@ -145,3 +145,15 @@ def test_a_profile_that_does_not_cover_the_isl_warns_once():
     warned = [w for r in results for w in r.warnings]
     assert len(warned) == 1 and "past the profile's longest measured prompt (2000 tokens)" in warned[0]
     assert results[4].targets[P] > 1  # it still sizes, extrapolating
+
+
+def test_a_model_count_below_the_minimum_does_not_eat_the_fast_loops_correction():
+    # an SLO violation added a decode replica; then an interval with hardly any arrivals sizes the model at 0
+    # workers: the floor is the minimum, so the added replica stays (it went 2 -> 1 -> 2 live, restarting a worker)
+    core = PlannerCore(CONFIG, MODEL)
+    up = run(core, [itl(0.06)] * 2)
+    assert up[1].targets[D] == 2
+    steady = itl(0.045, rate=0.0, decode=2)  # within the SLO, not under budget: the fast loop holds
+    results = run(core, [steady] * 3, start=10.0)
+    assert results[2].predicted is not None and results[2].predicted.request_rate == 0.0  # the model re-sized
+    assert [r.targets[D] for r in results] == [2, 2, 2]
