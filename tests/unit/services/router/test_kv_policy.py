@@ -78,7 +78,8 @@ def test_inflight_blocks_weigh_as_configured_against_blocks_to_prefill(inflight_
     policy = kv_policy(index_with(w1=6), inflight_weight=inflight_weight)
     candidates = [busy("w1", 12), busy("w2", 2)]
     costs = {s.view.worker_id: s.cost for s in policy.scores(req(), candidates)}
-    assert costs == {"w1": 4 + 12 * inflight_weight, "w2": 10 + 2 * inflight_weight}  # 16 / 7 / 4 against 12 / 10.5 / 10
+    # w1 16 / 7 / 4 against w2 12 / 10.5 / 10
+    assert costs == {"w1": 4 + 12 * inflight_weight, "w2": 10 + 2 * inflight_weight}
     assert policy.choose(req(), candidates).worker_id == chosen
 
 
