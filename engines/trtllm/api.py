@@ -50,3 +50,18 @@ def load_api() -> TrtllmApi:
         CacheTransceiverConfig=llmapi.CacheTransceiverConfig, QuantConfig=llmapi.QuantConfig,
         QuantAlgo=llmapi.QuantAlgo, gpu_memory=torch.cuda.mem_get_info,
     )
+
+
+def executor_failure(llm: Any) -> str | None:
+    """Why TensorRT-LLM's LLM object can serve no more (its executor gone or shut down), or None while it can.
+    LLM._executor is private, but it is what LLM.generate_async itself checks before taking a request; the
+    snapshot test (api_surface.json) fails the day either name moves."""
+    executor = getattr(llm, "_executor", None)
+    if executor is None:
+        return "TensorRT-LLM's executor is gone"
+    try:
+        if executor.is_shutdown():
+            return "TensorRT-LLM's executor has shut down (a background error ended it)"
+    except Exception as exc:  # NOTE: an executor that cannot even answer this is as good as dead
+        return f"TensorRT-LLM's executor does not answer: {exc}"
+    return None

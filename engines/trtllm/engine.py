@@ -4,7 +4,8 @@ One LLM object per worker. Each request is one generate_async(streaming=True) ca
 turns into tandem's deltas (outputs.py); hold_kv runs a context-only request and ends in PREFILLED with
 TensorRT-LLM's disaggregated params as kv_params, and a request with kv_params runs generation-only: the KV
 crosses between workers through TensorRT-LLM's own cache transceiver, never through tandem. Two pollers drain
-TensorRT-LLM's iteration stats and KV events. tensorrt_llm is imported in start() only (api.load_api)."""
+TensorRT-LLM's iteration stats and KV events, and a death watch (executor_failure) ends every stream with ABORT, so
+the gateway moves them, once TensorRT-LLM's executor has shut down. tensorrt_llm is imported in start() only."""
 import asyncio
 import json
 import logging
@@ -14,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base.engine import EngineCapabilities
-from engines.base.errors import EngineError, EngineUnavailableError, InvalidRequestError, RequestNotFoundError
+from engines.base.errors import (EngineDiedError, EngineError, EngineUnavailableError, InvalidRequestError,
+                                 RequestNotFoundError)
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.requests import queue_stream, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
 from engines.trtllm import build
-from engines.trtllm.api import TrtllmApi, load_api, require_package
+from engines.trtllm.api import TrtllmApi, executor_failure, load_api, require_package
 from engines.trtllm.checkpoint import read_checkpoint
 from engines.trtllm.config import TrtllmConfig
 from engines.trtllm.events import TrtllmKvEvents
@@ -29,6 +31,7 @@ from engines.trtllm.stats import Counts, engine_stats
 
 log = logging.getLogger(__name__)
 POLL_TIMEOUT_S = 0.05  # how long a drain of stats or KV events waits for the next one
+HEALTH_POLL_S = 0.5  # how often wait_failed asks TensorRT-LLM whether its executor is still up
 
 
 @dataclass(slots=True)
@@ -66,6 +69,9 @@ class TrtllmEngine:
         self._kv = TrtllmKvEvents(config.block_size)
         self._kv_changed = asyncio.Event()
         self._pollers: list[asyncio.Task] = []
+        self._failure: str | None = None  # why the executor is gone; then nothing more is served
+        self._dead = asyncio.Event()
+        self._stopping = False
 
     # ---- lifecycle ----
 
@@ -83,6 +89,7 @@ class TrtllmEngine:
                          asyncio.ensure_future(self._poll(self._llm.get_kv_cache_events_async, self._on_kv_events))]
 
     async def shutdown(self) -> None:
+        self._stopping = True  # NOTE: our own shutdown stops the executor too; that is no failure
         lives = list(self._live.values())
         for live in lives:
             await self.abort(live.stream.req_id)
@@ -99,6 +106,8 @@ class TrtllmEngine:
     def add_request(self, request: EngineRequest):
         if self._llm is None:
             raise EngineError("engine is not started")
+        if self._failure is not None or self._executor_gone():
+            raise EngineDiedError(f"the engine cannot serve: {self._failure}")
         self._expire_held()
         validate_request(request, self.max_model_len, self._live)
         tokens = request.prompt_token_ids + request.output_token_ids
@@ -136,6 +145,10 @@ class TrtllmEngine:
                                             disaggregated_params=disagg)
         except (TypeError, ValueError) as exc:  # what TensorRT-LLM's own validation refuses, e.g. a newer kv_params
             raise InvalidRequestError(f"TensorRT-LLM refused the request: {exc}") from None
+        except RuntimeError as exc:  # "LLM is shutting down": its executor died since the last look
+            if self._executor_gone():
+                raise EngineDiedError(f"the engine cannot serve: {self._failure}") from None
+            raise EngineError(f"TensorRT-LLM failed to take the request: {exc}") from None
 
     async def _pump(self, req_id: str, live: _Live) -> None:
         last: RequestOutput | None = None
@@ -146,11 +159,12 @@ class TrtllmEngine:
                     self._deliver(live, last)
                 if live.closed or live.stream.finished:
                     break
-            if not live.closed and not live.stream.finished:
+            if not live.closed and not live.stream.finished and not self._executor_gone():
                 self._deliver(live, self._failed(live, "TensorRT-LLM's stream ended without a finish reason"))
-        except Exception as exc:  # a request error, or the executor died: the client hears it, the worker lives
-            log.warning("request %s failed in TensorRT-LLM: %s", req_id, exc)
-            self._deliver(live, self._failed(live, str(exc)))
+        except Exception as exc:  # a request error, or the executor died (then _die has ended it with ABORT)
+            if not self._executor_gone():
+                log.warning("request %s failed in TensorRT-LLM: %s", req_id, exc)
+                self._deliver(live, self._failed(live, str(exc)))
         if last is not None and last.finish_reason is FinishReason.PREFILLED:
             self._held[req_id] = (time.monotonic() + self.config.held_kv_ttl_s, live.result)
         elif live.stream.plan.holds_kv:
@@ -191,9 +205,34 @@ class TrtllmEngine:
         raise EngineError("the trtllm engine cannot reset its prefix cache")
 
     async def wait_failed(self) -> str:
-        """TensorRT-LLM's executor failing shows in its requests' results, one by one; this never returns."""
-        await asyncio.Event().wait()
-        return ""
+        """Return once TensorRT-LLM's executor is gone: a failed request may have seen it first, or this look
+        every HEALTH_POLL_S (an executor that died quietly leaves its requests waiting, not failing)."""
+        while not self._executor_gone():
+            try:
+                await asyncio.wait_for(self._dead.wait(), HEALTH_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+        return self._failure or "TensorRT-LLM's executor failed"
+
+    def _executor_gone(self) -> bool:
+        """Whether the executor is gone; the first time it is seen gone, every request this engine holds ends.
+        TensorRT-LLM shuts its executor down on a background error (GenerationExecutor._handle_background_error)
+        and refuses new requests from then on; the LLM object stays (api_surface.json holds both names)."""
+        if self._failure is None and not self._stopping and self._llm is not None:
+            reason = executor_failure(self._llm)
+            if reason is not None:
+                self._die(reason)
+        return self._failure is not None
+
+    def _die(self, reason: str) -> None:
+        self._failure = reason
+        lives = [live for live in self._live.values() if not live.closed]
+        log.error("%s: handing %d live requests back, dropping %d held", reason, len(lives), len(self._held))
+        for live in lives:  # NOTE: ABORT, not ERROR: the gateway continues an aborted request on another worker
+            self._deliver(live, RequestOutput(live.stream.req_id, (), finish_reason=FinishReason.ABORT,
+                                              num_prompt_tokens=live.stream.num_prompt_tokens))
+        self._held.clear()
+        self._dead.set()
 
     async def export_kv(self, req_id: str) -> KvExport:
         raise EngineError("the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "

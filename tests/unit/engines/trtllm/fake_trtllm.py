@@ -6,7 +6,9 @@ streamed cumulative results, stop/end/min_tokens/ignore_eos as TensorRT-LLM appl
 prefix cache that publishes KV events in TensorRT-LLM's dict format (its own block hashes, the tokens of each
 block, cache levels, partial blocks), per-iteration stats dicts, and context-only / generation-only requests
 whose KV moves through a fake cache transceiver (a registry shared by every LLM in the process).
-`REAL_SOURCES` says where each faked name lives in the real package (test_fake_matches_real checks it)."""
+Its executor can die as TensorRT-LLM's does (LLM.fail). The tables at the end of the fake objects say which
+names of the real package the adapter uses; test_trtllm_fake_matches_real holds them, and every field the fake
+offers, to the snapshot of the release's source (engines/trtllm/api_surface.json)."""
 import asyncio
 import dataclasses
 import datetime
@@ -115,31 +117,44 @@ class RequestError(RuntimeError):
     """tensorrt_llm.executor.utils.RequestError: a request the executor failed."""
 
 
-REAL_SOURCES = {  # faked name -> (file in the real package, class there)
-    "SamplingParams": ("sampling_params.py", "SamplingParams"),
-    "DisaggregatedParams": ("disaggregated_params.py", "DisaggregatedParams"),
-    "KvCacheConfig": ("llmapi/llm_args.py", "KvCacheConfig"),
-    "CacheTransceiverConfig": ("llmapi/llm_args.py", "CacheTransceiverConfig"),
-    "QuantConfig": ("models/modeling_utils.py", "QuantConfig"),
-    "QuantAlgo": ("quantization/mode.py", "QuantAlgo"),
-    "Logprob": ("executor/result.py", "Logprob"),
-    "CompletionOutput": ("executor/result.py", "CompletionOutput"),
-    "RequestError": ("executor/utils.py", "RequestError"),
-}
+# ---- tensorrt_llm.executor.executor ----
+class GenerationExecutor:
+    """What the adapter sees of the executor: TensorRT-LLM shuts it down when a background thread or worker
+    process fails, and LLM.generate_async refuses requests from then on."""
+
+    def __init__(self):
+        self.doing_shutdown = False
+
+    def is_shutdown(self) -> bool:
+        return self.doing_shutdown
+
+    def shutdown(self) -> None:
+        self.doing_shutdown = True
+
+
+FAKED = ("SamplingParams", "DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
+         "QuantAlgo", "Logprob", "CompletionOutput", "RequestError", "GenerationExecutor")  # classes, as named there
 EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's __init__ files)
     "__init__.py": ("LLM", "SamplingParams"),
     "llmapi/__init__.py": ("DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
                            "QuantAlgo"),
     "_tensorrt_engine/__init__.py": ("LLM",),
 }
-LLM_METHODS = {  # LLM method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
+LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
     "generate_async": ("inputs", "sampling_params", "streaming", "disaggregated_params"),
     "get_stats_async": ("timeout",), "get_kv_cache_events_async": ("timeout",), "shutdown": (),
 }
 LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
             "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config")
+LLM_ATTRIBUTES = ("_executor",)  # what api.executor_failure reads
+EXECUTOR_METHODS = {"is_shutdown": ()}
 KV_EVENT_KEYS = ("event_id", "data", "window_size", "type", "parent_hash", "blocks", "block_hash", "tokens",
                  "token_id", "cache_level", "block_hashes", "new_value", "old_value")  # tensorrt_llm/_utils.py
+KV_EVENT_TYPES = ("created", "stored", "stored_block", "removed", "updated", "event_diff", "unique_token")
+
+
+class _Silence(Exception):
+    """A failure after which the fake's requests hang instead of raising."""
 
 
 def next_token(last: int) -> int:
@@ -246,6 +261,10 @@ class GenerationResult:
             timing_metrics=SimpleNamespace(arrival_time=arrival, first_scheduled_time=arrival + llm.queue_delay))
         while True:
             await asyncio.sleep(llm.step_delay)
+            if isinstance(llm.failure, _Silence):
+                await asyncio.Event().wait()
+            if llm.failure is not None:
+                raise llm.failure
             llm.iteration(self)
             if self.aborted:
                 out.finish_reason, self.finished = "cancelled", True
@@ -306,11 +325,15 @@ class LLM:
         self.stats: list[dict] = []
         self.submitted: list[tuple[list[int], SamplingParams, Optional[DisaggregatedParams]]] = []
         self.is_shut_down = False
+        self._executor: Optional[GenerationExecutor] = GenerationExecutor()
+        self.failure: Optional[BaseException] = None  # fail(): what live requests raise at their next step
         self._ids = 0
         LLM.instances.append(self)
 
     def generate_async(self, inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
                        streaming=False, kv_cache_retention_config=None, disaggregated_params=None):
+        if self._executor is None or self._executor.is_shutdown():
+            raise RuntimeError("LLM is shutting down")  # as the real generate_async does
         if not isinstance(inputs, list) or not inputs:
             raise TypeError("the fake takes token ids")
         self._ids += 1
@@ -339,6 +362,15 @@ class LLM:
 
     def shutdown(self) -> None:
         self.is_shut_down = True
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def fail(self, error: Optional[BaseException] = None) -> None:
+        """The executor dies as on a background error: it shuts down; live requests raise `error` at their next
+        step, or (None) are never answered again, as when the worker process is gone."""
+        self._executor.shutdown()
+        self.failure = error if error is not None else _Silence()
 
 
 def fake_api(total_gpu_bytes: int = 80 << 30) -> TrtllmApi:

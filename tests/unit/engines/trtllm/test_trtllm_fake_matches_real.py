@@ -1,110 +1,63 @@
-"""The fake tensorrt_llm (fake_trtllm.py) against the real package's source: every class, field, method
-parameter, LLM argument and KV event key the fake offers must exist in the release. Runs where the source is
-on this machine (tensorrt_llm installed, or TANDEM_TRTLLM_SOURCE naming a checkout or a wheel); otherwise it
-skips, saying so. The checker itself is tested on a tiny stand-in package, so it can fail."""
-import dataclasses
-import enum
-from pathlib import Path
+"""The fake tensorrt_llm against the snapshot of the release's source (engines/trtllm/api_surface.json, written by
+engines/trtllm/surface.py): runs everywhere, no TensorRT-LLM needed. A drift between the fake and the real API
+fails it (shown on perturbed copies of the snapshot), and the extraction itself is tested on a tiny package."""
+import copy
 
 import pytest
 
-from tests.unit.engines.trtllm import fake_trtllm
-from tests.unit.engines.trtllm.trtllm_source import TrtllmSource, bound_names, class_names, classes, methods, \
-    parameters, string_constants
+from engines.trtllm import surface
+from tests.unit.engines.trtllm.fake_surface import literal_values, mismatches
 
 
-def fake_names(obj) -> set[str]:
-    if isinstance(obj, type) and issubclass(obj, enum.Enum):
-        return set(obj.__members__)
-    return {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+@pytest.fixture(scope="module")
+def snapshot() -> dict:
+    return surface.load()
 
 
-def mismatches(src: TrtllmSource) -> list[str]:
-    """What the fake offers that the real source does not have (empty: they agree)."""
-    problems = []
-    for name, (rel, real_name) in fake_trtllm.REAL_SOURCES.items():
-        real = classes(src.tree(rel)).get(real_name)
-        if real is None:
-            problems.append(f"{rel}: no class {real_name}")
-            continue
-        problems += [f"{rel}: {real_name} has no {field}"
-                     for field in sorted(fake_names(getattr(fake_trtllm, name)) - class_names(real))]
-    for rel, names in fake_trtllm.EXPORTS.items():
-        bound = bound_names(src.tree(rel))
-        problems += [f"{rel} does not export {n}" for n in names if n not in bound]
-    llm = src.tree("llmapi/llm.py")
-    for method, params in fake_trtllm.LLM_METHODS.items():
-        defined = methods(llm, method)
-        if not defined:
-            problems.append(f"llmapi/llm.py: no method {method}")
-        problems += [f"llmapi/llm.py: {method} takes no {p}" for p in params
-                     if defined and not any(p in parameters(fn) for fn in defined)]
-    args_tree = src.tree("llmapi/llm_args.py")
-    accepted = set().union(*(class_names(c) for n, c in classes(args_tree).items() if n.endswith("LlmArgs")))
-    accepted |= set().union(*(parameters(fn) for fn in methods(llm, "__init__")))
-    problems += [f"LLM(...) takes no {arg}" for arg in fake_trtllm.LLM_ARGS if arg not in accepted]
-    serializer = classes(src.tree("_utils.py")).get("KVCacheEventSerializer")
-    keys = string_constants(serializer) if serializer else set()
-    problems += [f"_utils.py: KV events have no key {k!r}" for k in fake_trtllm.KV_EVENT_KEYS if k not in keys]
-    return problems
+def test_the_fake_and_the_adapter_match_the_snapshot(snapshot):
+    assert mismatches(snapshot) == []
 
 
-def test_the_fake_matches_the_real_release():
-    src = TrtllmSource.find()
-    if src is None:
-        pytest.skip("tensorrt_llm's source is not on this machine (the package is not installed and "
-                    "TANDEM_TRTLLM_SOURCE is unset); the fake was written from 1.2.1's public API")
-    version = src.version()
-    if not version.startswith("1.2"):
-        pytest.skip(f"the tensorrt_llm here is {version}; the fake is written from 1.2.1")
-    assert mismatches(src) == []
+def test_the_snapshot_holds_the_executor_failure_signal(snapshot):
+    """What api.executor_failure reads exists in the release: LLM._executor and GenerationExecutor.is_shutdown."""
+    assert "_executor" in snapshot["classes"]["BaseLLM"]["attributes"]
+    assert snapshot["classes"]["GenerationExecutor"]["methods"]["is_shutdown"]["params"] == []
 
 
-STAND_IN = {  # a tiny tensorrt_llm that has what the fake offers, minus what each case removes
-    "version.py": '__version__ = "1.2.1"\n',
-    "sampling_params.py": "class SamplingParams:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.SamplingParams)),
-    "disaggregated_params.py": "class DisaggregatedParams:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.DisaggregatedParams)),
-    "llmapi/llm_args.py": "class KvCacheConfig:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.KvCacheConfig)) + "class CacheTransceiverConfig:\n"
-        "    backend: str = None\n    max_tokens_in_buffer: int = None\nclass TorchLlmArgs:\n" + "".join(
-        f"    {a}: int = 0\n" for a in fake_trtllm.LLM_ARGS),
-    "models/modeling_utils.py": "class QuantConfig:\n    quant_algo: int = 0\n    kv_cache_quant_algo: int = 0\n",
-    "quantization/mode.py": "class QuantAlgo:\n    FP8 = 'FP8'\n    NVFP4 = 'NVFP4'\n",
-    "executor/result.py": "class Logprob:\n    logprob: float\n    rank: int = None\nclass CompletionOutput:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.CompletionOutput)),
-    "executor/utils.py": "class RequestError(RuntimeError):\n    pass\n",
-    "llmapi/llm.py": "class BaseLLM:\n    def __init__(self, model, dtype='auto', tensor_parallel_size=1):\n        pass\n"
-        "    def generate_async(self, inputs, sampling_params=None, streaming=False, disaggregated_params=None):\n"
-        "        pass\n    async def get_stats_async(self, timeout=2):\n        pass\n"
-        "    def get_kv_cache_events_async(self, timeout=2):\n        pass\n    def shutdown(self):\n        pass\n",
-    "_utils.py": "class KVCacheEventSerializer:\n    KEYS = " + repr(list(fake_trtllm.KV_EVENT_KEYS)) + "\n",
-    "__init__.py": "from .llmapi import LLM, SamplingParams\n",
-    "llmapi/__init__.py": "from ..disaggregated_params import DisaggregatedParams\n"
-                          "from .llm_args import CacheTransceiverConfig, KvCacheConfig, QuantAlgo, QuantConfig\n",
-    "_tensorrt_engine/__init__.py": "from .llm import LLM\n",
-}
+def perturbed(snapshot: dict, change) -> list[str]:
+    broken = copy.deepcopy(snapshot)
+    change(broken["classes"], broken)
+    return mismatches(broken)
 
 
-def stand_in(root: Path, **replace: str) -> TrtllmSource:
-    for rel, text in {**STAND_IN, **replace}.items():
-        (root / "tensorrt_llm" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / "tensorrt_llm" / rel).write_text(text)
-    return TrtllmSource.at(root)
+@pytest.mark.parametrize("change, named", [
+    (lambda c, s: c["SamplingParams"]["fields"].pop("min_tokens"), "SamplingParams has no field min_tokens"),
+    (lambda c, s: c["KvCacheConfig"]["fields"]["tokens_per_block"].update(default=False),
+     "KvCacheConfig.tokens_per_block has no default in the release"),
+    (lambda c, s: c["QuantAlgo"]["members"].remove("NVFP4"), "QuantAlgo has no member NVFP4"),
+    (lambda c, s: c["BaseLLM"]["methods"]["generate_async"]["params"].remove("streaming"),
+     "LLM.generate_async takes no streaming"),
+    (lambda c, s: c["BaseLLM"]["methods"]["generate_async"]["optional"].remove("lora_request"),
+     "LLM.generate_async needs lora_request, which the adapter does not pass"),
+    (lambda c, s: c["BaseLLM"]["attributes"].remove("_executor"), "LLM has no attribute _executor"),
+    (lambda c, s: c["GenerationExecutor"]["methods"].pop("is_shutdown"),
+     "GenerationExecutor has no method is_shutdown"),
+    (lambda c, s: c["TorchLlmArgs"]["fields"].pop("enable_iter_perf_stats"),
+     "LLM(...) takes no enable_iter_perf_stats"),
+    (lambda c, s: c["RequestError"].update(bases=["Exception"]), "RequestError is not a RuntimeError"),
+    (lambda c, s: c.pop("DisaggregatedParams"), "no class DisaggregatedParams"),
+    (lambda c, s: s["exports"]["llmapi/__init__.py"].remove("QuantConfig"),
+     "llmapi/__init__.py does not export QuantConfig"),
+    (lambda c, s: s["kv_events"]["keys"].remove("block_hashes"), "KV events have no key 'block_hashes'"),
+    (lambda c, s: s["kv_events"]["types"].remove("removed"), "KV events have no type 'removed'"),
+    (lambda c, s: c["CacheTransceiverConfig"]["fields"]["backend"].update(
+        annotation="Optional[Literal['DEFAULT', 'NIXL', 'MPI']]"), "CacheTransceiverConfig.backend takes no 'UCX'"),
+])
+def test_a_drift_from_the_release_is_named(snapshot, change, named):
+    assert named in perturbed(snapshot, change)
 
 
-def test_the_checker_passes_a_matching_package_and_names_each_difference(tmp_path, monkeypatch):
-    assert mismatches(stand_in(tmp_path / "ok")) == []
-    monkeypatch.setenv("TANDEM_TRTLLM_SOURCE", str(tmp_path / "ok"))
-    assert TrtllmSource.find().version() == "1.2.1"
-    broken = stand_in(tmp_path / "broken",
-                      **{"quantization/mode.py": "class QuantAlgo:\n    FP8 = 'FP8'\n",
-                         "llmapi/llm.py": STAND_IN["llmapi/llm.py"].replace("streaming=False, ", ""),
-                         "_utils.py": "class KVCacheEventSerializer:\n    KEYS = ['event_id']\n",
-                         "llmapi/__init__.py": "from .llm_args import KvCacheConfig\n"})
-    problems = mismatches(broken)
-    assert "quantization/mode.py: QuantAlgo has no NVFP4" in problems
-    assert "llmapi/llm.py: generate_async takes no streaming" in problems
-    assert "_utils.py: KV events have no key 'block_hashes'" in problems
-    assert "llmapi/__init__.py does not export QuantConfig" in problems
+def test_literal_values_reads_nested_literals():
+    assert literal_values("Optional[Literal['a', \"b\"]]") == {"a", "b"}
+    assert literal_values("typing.Literal['x'] | None") == {"x"}
+    assert literal_values("Optional[str]") == set()
