@@ -25,13 +25,15 @@ STAND_IN = {
     "quantization/mode.py": "class QuantAlgo(StrEnum):\n    FP8 = auto()\n    NVFP4 = auto()\n",
     "executor/result.py": "class Logprob:\n    logprob: float\nclass CompletionOutput:\n    index: int\n",
     "executor/utils.py": "class RequestError(RuntimeError):\n    pass\n",
-    "executor/executor.py": "class GenerationExecutor(ABC):\n    def __init__(self):\n        self.doing_shutdown = False\n"
+    "executor/executor.py": "class GenerationExecutor(ABC):\n    def __init__(self):\n"
+                            "        self.doing_shutdown = False\n"
                             "    def is_shutdown(self) -> bool:\n        return self.doing_shutdown\n",
     "llmapi/llm.py": "class BaseLLM:\n    def __init__(self, model, dtype='auto', **kwargs):\n"
                      "        self._executor: Optional[GenerationExecutor] = None\n        self.args = kwargs\n"
                      "    def generate_async(self, inputs, sampling_params=None, *, streaming=False):\n        pass\n"
                      "    async def get_stats_async(self, timeout=2):\n        pass\n",
-    "_utils.py": "class KVCacheEventSerializer:\n    def to_json(self, e):\n        out = {'event_id': e.id, 'type': 'stored'}\n"
+    "_utils.py": "class KVCacheEventSerializer:\n    def to_json(self, e):\n"
+                 "        out = {'event_id': e.id, 'type': 'stored'}\n"
                  "        out['attention_dp_rank'] = 0\n        return {'type': 'removed', 'block_hashes': []}\n",
 }
 
