@@ -53,15 +53,20 @@ def load_api() -> TrtllmApi:
 
 
 def executor_failure(llm: Any) -> str | None:
-    """Why TensorRT-LLM's LLM object can serve no more (its executor gone or shut down), or None while it can.
-    LLM._executor is private, but it is what LLM.generate_async itself checks before taking a request; the
-    snapshot test (api_surface.json) fails the day either name moves."""
+    """Why TensorRT-LLM's LLM object can serve no more, or None while it can. LLM._executor is private, but it is
+    what LLM.generate_async itself checks before taking a request; the snapshot test (api_surface.json) fails the
+    day one of the names read here moves."""
     executor = getattr(llm, "_executor", None)
     if executor is None:
         return "TensorRT-LLM's executor is gone"
     try:
         if executor.is_shutdown():
             return "TensorRT-LLM's executor has shut down (a background error ended it)"
+        # NOTE: a worker process that died only queues its error here; the executor shuts down when something
+        # next calls its _handle_background_error (a new request), so a quiet death shows here first
+        pending = getattr(executor, "_error_queue", None)
+        if pending is not None and not pending.empty():
+            return "TensorRT-LLM's executor has a background error queued (a worker process or thread failed)"
     except Exception as exc:  # NOTE: an executor that cannot even answer this is as good as dead
         return f"TensorRT-LLM's executor does not answer: {exc}"
     return None

@@ -1,9 +1,10 @@
 """The part of TensorRT-LLM's Python API the adapter relies on, read from the package's source with `ast` and
 written as a JSON snapshot (api_surface.json) that the tests hold the fake tensorrt_llm to. Re-run it against a
-new release: `python -m engines.trtllm.surface SOURCE [--out FILE] [--note TEXT] [--check]`, SOURCE being a
-checkout, the installed package directory or a wheel. Must not import tensorrt_llm (that needs a GPU driver)."""
+new release: `python -m engines.trtllm.surface [SOURCE] [--out FILE] [--note TEXT] [--check]`, SOURCE being a
+checkout, the package directory or a wheel (default: the installed package, found without importing it). Must not import tensorrt_llm (that needs a GPU driver)."""
 import argparse
 import ast
+import importlib.util
 import json
 import sys
 import zipfile
@@ -158,6 +159,12 @@ def _names(targets: list[ast.expr]) -> list[str]:
     return [t.id for t in targets if isinstance(t, ast.Name)]
 
 
+def installed() -> Path | None:
+    """The installed tensorrt_llm's directory; find_spec locates a top-level package without running it."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+
+
 def load(path: Path = SNAPSHOT) -> dict:
     return json.loads(path.read_text())
 
@@ -168,13 +175,17 @@ def dump(snapshot: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engines.trtllm.surface", description=__doc__)
-    parser.add_argument("source", type=Path, help="a TensorRT-LLM checkout, the tensorrt_llm directory, or a wheel")
+    parser.add_argument("source", type=Path, nargs="?", help="a TensorRT-LLM checkout, the tensorrt_llm directory, "
+                        "or a wheel (default: the installed package)")
     parser.add_argument("--out", type=Path, default=SNAPSHOT, help="where the snapshot goes (default: %(default)s)")
     parser.add_argument("--note", default="", help="where the source came from (release tag, commit), kept in it")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs")
     args = parser.parse_args(argv)
+    source = args.source or installed()
+    if source is None:
+        parser.error("tensorrt_llm is not installed here: name a checkout, its directory or a wheel")
     try:
-        snapshot = extract(Source.at(args.source), args.note)
+        snapshot = extract(Source.at(source), args.note)
     except SourceError as exc:
         print(f"surface: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,8 @@ def mismatches(snapshot: dict) -> list[str]:
     problems += [f"LLM has no attribute {a}" for a in fake.LLM_ATTRIBUTES if a not in llm["attributes"]]
     executor = classes.get("GenerationExecutor", {"methods": {}})
     problems += _method_problems("GenerationExecutor", fake.EXECUTOR_METHODS, executor["methods"])
+    problems += [f"GenerationExecutor has no attribute {a}" for a in fake.EXECUTOR_ATTRIBUTES
+                 if a not in executor.get("attributes", [])]
     problems += [f"LLM(...) takes no {arg}" for arg in fake.LLM_ARGS if arg not in llm_arguments(classes)]
     for rel, names in fake.EXPORTS.items():
         bound = snapshot["exports"].get(rel, [])

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import enum
 import hashlib
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -123,6 +124,7 @@ class GenerationExecutor:
     process fails, and LLM.generate_async refuses requests from then on."""
 
     def __init__(self):
+        self._error_queue: queue.Queue = queue.Queue()  # what failed threads and worker processes leave
         self.doing_shutdown = False
 
     def is_shutdown(self) -> bool:
@@ -148,6 +150,7 @@ LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num
             "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config")
 LLM_ATTRIBUTES = ("_executor",)  # what api.executor_failure reads
 EXECUTOR_METHODS = {"is_shutdown": ()}
+EXECUTOR_ATTRIBUTES = ("_error_queue",)
 KV_EVENT_KEYS = ("event_id", "data", "window_size", "type", "parent_hash", "blocks", "block_hash", "tokens",
                  "token_id", "cache_level", "block_hashes", "new_value", "old_value")  # tensorrt_llm/_utils.py
 KV_EVENT_TYPES = ("created", "stored", "stored_block", "removed", "updated", "event_diff", "unique_token")
@@ -366,10 +369,14 @@ class LLM:
             self._executor.shutdown()
             self._executor = None
 
-    def fail(self, error: Optional[BaseException] = None) -> None:
-        """The executor dies as on a background error: it shuts down; live requests raise `error` at their next
-        step, or (None) are never answered again, as when the worker process is gone."""
-        self._executor.shutdown()
+    def fail(self, error: Optional[BaseException] = None, queued: bool = False) -> None:
+        """The executor dies as on a background error: it shuts down (or, `queued`, its worker process's error
+        only waits in its error queue, as TensorRT-LLM leaves it until the next request); live requests raise
+        `error` at their next step, or (None) are never answered again, as when the worker process is gone."""
+        if queued:
+            self._executor._error_queue.put_nowait(error or RuntimeError("worker process died"))
+        else:
+            self._executor.shutdown()
         self.failure = error if error is not None else _Silence()
 
 

@@ -60,6 +60,18 @@ async def test_an_executor_that_dies_quietly_is_seen_and_its_requests_are_handed
     await engine.shutdown()
 
 
+async def test_a_worker_process_error_only_queued_is_a_death_too(tiny_llama):
+    """TensorRT-LLM's proxy queues a dead worker process's error; it shuts down only when the next request comes."""
+    engine, llm = await make(tiny_llama)
+    stream = engine.add_request(endless("a"))
+    await stream.__anext__()
+    llm.fail(queued=True)
+    assert not llm._executor.is_shutdown()
+    assert "background error queued" in await asyncio.wait_for(engine.wait_failed(), 2)
+    assert (await rest_of(stream))[-1].finish_reason is FinishReason.ABORT
+    await engine.shutdown()
+
+
 async def test_a_request_failing_on_the_dead_executor_ends_the_watch_at_once(tiny_llama, monkeypatch):
     monkeypatch.setattr(trtllm_engine, "HEALTH_POLL_S", 3600.0)  # NOTE: no poll comes: the failed await tells it
     engine, llm = await make(tiny_llama)

@@ -19,9 +19,11 @@ def test_the_fake_and_the_adapter_match_the_snapshot(snapshot):
 
 
 def test_the_snapshot_holds_the_executor_failure_signal(snapshot):
-    """What api.executor_failure reads exists in the release: LLM._executor and GenerationExecutor.is_shutdown."""
+    """What api.executor_failure reads exists in the release: LLM._executor, GenerationExecutor.is_shutdown and
+    its _error_queue."""
     assert "_executor" in snapshot["classes"]["BaseLLM"]["attributes"]
-    assert snapshot["classes"]["GenerationExecutor"]["methods"]["is_shutdown"]["params"] == []
+    executor = snapshot["classes"]["GenerationExecutor"]
+    assert executor["methods"]["is_shutdown"]["params"] == [] and "_error_queue" in executor["attributes"]
 
 
 def perturbed(snapshot: dict, change) -> list[str]:
@@ -42,6 +44,8 @@ def perturbed(snapshot: dict, change) -> list[str]:
     (lambda c, s: c["BaseLLM"]["attributes"].remove("_executor"), "LLM has no attribute _executor"),
     (lambda c, s: c["GenerationExecutor"]["methods"].pop("is_shutdown"),
      "GenerationExecutor has no method is_shutdown"),
+    (lambda c, s: c["GenerationExecutor"]["attributes"].remove("_error_queue"),
+     "GenerationExecutor has no attribute _error_queue"),
     (lambda c, s: c["TorchLlmArgs"]["fields"].pop("enable_iter_perf_stats"),
      "LLM(...) takes no enable_iter_perf_stats"),
     (lambda c, s: c["RequestError"].update(bases=["Exception"]), "RequestError is not a RuntimeError"),

@@ -1,6 +1,7 @@
 """engines/trtllm/surface.py on a tiny stand-in tensorrt_llm (written here, as a directory and as a wheel): what
 it extracts from the source, and its command line (write, --check, a source without a file it needs)."""
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -93,6 +94,18 @@ def test_the_command_writes_checks_and_names_what_is_missing(tmp_path, capsys):
     (root / "tensorrt_llm/executor/utils.py").unlink()
     assert surface.main([str(root), "--out", str(out)]) == 2
     assert "no tensorrt_llm/executor/utils.py" in capsys.readouterr().err
+
+
+def test_without_a_source_it_reads_the_installed_package_or_says_it_is_missing(tmp_path, monkeypatch, capsys):
+    root, out = write_stand_in(tmp_path / "site"), tmp_path / "surface.json"
+    monkeypatch.syspath_prepend(str(root))  # a stand-in tensorrt_llm, found (never imported) as if installed
+    assert surface.installed() == root / "tensorrt_llm"
+    assert surface.main(["--out", str(out)]) == 0 and json.loads(out.read_text())["tensorrt_llm_version"] == "9.9.9"
+    assert "tensorrt_llm" not in sys.modules
+    monkeypatch.setattr(surface, "installed", lambda: None)
+    with pytest.raises(SystemExit):
+        surface.main(["--out", str(out)])
+    assert "tensorrt_llm is not installed here" in capsys.readouterr().err
 
 
 def test_a_source_without_a_class_fails_clearly(tmp_path):
