@@ -25,6 +25,8 @@ CLASSES = {  # the names the snapshot keeps -> (file in the package, class there
     "QuantAlgo": ("quantization/mode.py", "QuantAlgo"),
     "Logprob": ("executor/result.py", "Logprob"),
     "CompletionOutput": ("executor/result.py", "CompletionOutput"),
+    "GenerationResultBase": ("executor/result.py", "GenerationResultBase"),
+    "GenerationResult": ("executor/result.py", "GenerationResult"),  # what generate_async returns (as RequestOutput)
     "RequestError": ("executor/utils.py", "RequestError"),
     "BaseLLM": ("llmapi/llm.py", "BaseLLM"),
     "GenerationExecutor": ("executor/executor.py", "GenerationExecutor"),

@@ -25,6 +25,8 @@ def mismatches(snapshot: dict) -> list[str]:
     problems += [f"GenerationExecutor has no attribute {a}" for a in fake.EXECUTOR_ATTRIBUTES
                  if a not in executor.get("attributes", [])]
     problems += [f"LLM(...) takes no {arg}" for arg in fake.LLM_ARGS if arg not in llm_arguments(classes)]
+    results = result_names(classes)
+    problems += [f"GenerationResult has no {n}" for n in fake.RESULT_NAMES if n not in results]
     for rel, names in fake.EXPORTS.items():
         bound = snapshot["exports"].get(rel, [])
         problems += [f"{rel} does not export {n}" for n in names if n not in bound]
@@ -51,6 +53,15 @@ def llm_arguments(classes: dict) -> set[str]:
     for name in ("BaseLlmArgs", "TorchLlmArgs", "TrtLlmArgs"):
         args |= set(classes.get(name, {}).get("fields", {}))
     return args
+
+
+def result_names(classes: dict) -> set[str]:
+    """Methods, properties and instance attributes of a GenerationResult, its base's included."""
+    names: set[str] = set()
+    for name in ("GenerationResultBase", "GenerationResult"):
+        cls = classes.get(name, {"methods": {}, "attributes": [], "fields": {}})
+        names |= set(cls["methods"]) | set(cls["attributes"]) | set(cls["fields"])
+    return names
 
 
 def literal_values(annotation: str) -> set[str]:

@@ -149,6 +149,7 @@ LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (te
 LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
             "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config")
 LLM_ATTRIBUTES = ("_executor",)  # what api.executor_failure reads
+RESULT_NAMES = ("outputs", "finished", "disaggregated_params", "abort", "__aiter__")  # read off a GenerationResult
 EXECUTOR_METHODS = {"is_shutdown": ()}
 EXECUTOR_ATTRIBUTES = ("_error_queue",)
 KV_EVENT_KEYS = ("event_id", "data", "window_size", "type", "parent_hash", "blocks", "block_hash", "tokens",

@@ -44,6 +44,8 @@ def perturbed(snapshot: dict, change) -> list[str]:
     (lambda c, s: c["BaseLLM"]["attributes"].remove("_executor"), "LLM has no attribute _executor"),
     (lambda c, s: c["GenerationExecutor"]["methods"].pop("is_shutdown"),
      "GenerationExecutor has no method is_shutdown"),
+    (lambda c, s: c["GenerationResult"]["methods"].pop("finished"), "GenerationResult has no finished"),
+    (lambda c, s: c["GenerationResultBase"]["methods"].pop("outputs"), "GenerationResult has no outputs"),
     (lambda c, s: c["GenerationExecutor"]["attributes"].remove("_error_queue"),
      "GenerationExecutor has no attribute _error_queue"),
     (lambda c, s: c["TorchLlmArgs"]["fields"].pop("enable_iter_perf_stats"),

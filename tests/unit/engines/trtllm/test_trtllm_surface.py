@@ -24,7 +24,9 @@ STAND_IN = {
                           "class TrtLlmArgs(BaseLlmArgs):\n    quant_config: QuantConfig = None\n",
     "models/modeling_utils.py": "class QuantConfig:\n    quant_algo: Optional[QuantAlgo] = None\n",
     "quantization/mode.py": "class QuantAlgo(StrEnum):\n    FP8 = auto()\n    NVFP4 = auto()\n",
-    "executor/result.py": "class Logprob:\n    logprob: float\nclass CompletionOutput:\n    index: int\n",
+    "executor/result.py": "class Logprob:\n    logprob: float\nclass CompletionOutput:\n    index: int\n"
+                          "class GenerationResultBase:\n    @property\n    def outputs(self):\n        pass\n"
+                          "class GenerationResult(GenerationResultBase):\n    def abort(self):\n        pass\n",
     "executor/utils.py": "class RequestError(RuntimeError):\n    pass\n",
     "executor/executor.py": "class GenerationExecutor(ABC):\n    def __init__(self):\n"
                             "        self.doing_shutdown = False\n"
@@ -55,6 +57,8 @@ def test_extract_reads_fields_members_signatures_attributes_exports_and_event_ke
                                                    "end_id": {"annotation": "Optional[int]", "default": False}}
     assert classes["QuantAlgo"]["members"] == ["FP8", "NVFP4"]
     assert classes["RequestError"]["bases"] == ["RuntimeError"]
+    assert list(classes["GenerationResultBase"]["methods"]) == ["outputs"]
+    assert classes["GenerationResult"]["bases"] == ["GenerationResultBase"]
     assert classes["BaseLLM"]["attributes"] == ["_executor", "args"]
     assert classes["BaseLLM"]["methods"]["generate_async"] == {
         "params": ["inputs", "sampling_params", "streaming"], "optional": ["sampling_params", "streaming"],
