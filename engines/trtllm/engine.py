@@ -231,6 +231,8 @@ class TrtllmEngine:
         for live in lives:  # NOTE: ABORT, not ERROR: the gateway continues an aborted request on another worker
             self._deliver(live, RequestOutput(live.stream.req_id, (), finish_reason=FinishReason.ABORT,
                                               num_prompt_tokens=live.stream.num_prompt_tokens))
+            if live.pump is not None and live.pump is not asyncio.current_task():
+                live.pump.cancel()  # NOTE: a dead executor may never answer it again
         self._held.clear()
         self._dead.set()
 

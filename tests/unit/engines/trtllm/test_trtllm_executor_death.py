@@ -49,9 +49,12 @@ async def test_an_executor_that_dies_quietly_is_seen_and_its_requests_are_handed
     firsts = [await s.__anext__() for s in streams]
     await asyncio.sleep(0.05)
     assert not watcher.done() and all(f.finish_reason is None for f in firsts)
+    pumps = [live.pump for live in engine._live.values()]
     llm.fail()  # its requests hang from now on: only the watch can see it
     reason = await asyncio.wait_for(watcher, 2)
     assert "shut down" in reason
+    await asyncio.sleep(0)
+    assert all(pump.done() for pump in pumps)  # nothing left waiting on the dead executor
     for stream in streams:
         last = (await asyncio.wait_for(rest_of(stream), 2))[-1]
         assert last.finish_reason is FinishReason.ABORT and last.error is None and last.num_prompt_tokens == 40
