@@ -13,6 +13,8 @@ from engines.trtllm import engine as trtllm_engine
 from services.common.convert import finish_from_pb
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from services.decode.server import DecodeService
+from services.gateway import errors as gateway_errors
+from services.gateway import pipeline as gateway_pipeline
 from tests.unit.engines.trtllm import fake_trtllm
 from tests.unit.engines.trtllm.fake_trtllm import RequestError, fake_api
 
@@ -125,8 +127,8 @@ async def test_our_own_shutdown_is_no_failure(tiny_llama):
 
 
 async def test_the_decode_servicer_hands_the_stream_back_and_refuses_new_ones(tiny_llama):
-    """ABORT is the finish reason the gateway migrates on (errors.from_worker_finish); UNAVAILABLE it routes
-    again on."""
+    """ABORT is the finish reason the gateway migrates on (its pipeline raises WorkerFailedError); UNAVAILABLE it
+    routes again on."""
     engine, llm = await make(tiny_llama)
     service = DecodeService(None, engine)
     server = grpc.aio.server()
@@ -145,6 +147,8 @@ async def test_the_decode_servicer_hands_the_stream_back_and_refuses_new_ones(ti
         while not last.finish_reason:
             last = await call.read()
         assert finish_from_pb(last.finish_reason) is FinishReason.ABORT
+        with pytest.raises(gateway_errors.WorkerFailedError):  # what the gateway's pipeline migrates on
+            gateway_pipeline._delta_from(last)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Generate(worker_pb2.GenerateRequest(req_id="b", token_ids=PROMPT, params=params)).read()
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
