@@ -106,7 +106,7 @@ class TrtllmEngine:
     def add_request(self, request: EngineRequest):
         if self._llm is None:
             raise EngineError("engine is not started")
-        if self._failure is not None or self._executor_gone():
+        if self._executor_gone():
             raise EngineDiedError(f"the engine cannot serve: {self._failure}")
         self._expire_held()
         validate_request(request, self.max_model_len, self._live)
