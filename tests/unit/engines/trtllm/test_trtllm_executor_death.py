@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from engines.base import EngineDiedError, EngineRequest, FinishReason, SamplingParams
+from engines.base import EngineDiedError, EngineError, EngineRequest, FinishReason, SamplingParams
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from engines.trtllm import engine as trtllm_engine
 from services.common.convert import finish_from_pb
@@ -86,6 +86,37 @@ async def test_a_request_failing_on_the_dead_executor_ends_the_watch_at_once(tin
     llm.fail(RuntimeError("Executor worker died"))
     assert "shut down" in await asyncio.wait_for(watcher, 2)
     assert (await rest_of(stream))[-1].finish_reason is FinishReason.ABORT
+    await engine.shutdown()
+
+
+async def test_a_death_between_the_look_and_the_submission_is_still_a_death(tiny_llama, monkeypatch):
+    engine, llm = await make(tiny_llama)
+    looks = []
+    real = trtllm_engine.executor_failure
+
+    def late(llm_):  # NOTE: the first look (add_request's own) still sees it up; then it dies
+        looks.append(1)
+        return None if len(looks) == 1 else real(llm_)
+
+    monkeypatch.setattr(trtllm_engine, "executor_failure", late)
+    llm.fail()
+    with pytest.raises(EngineDiedError):  # generate_async said "LLM is shutting down"
+        engine.add_request(endless("a"))
+    await engine.shutdown()
+
+
+async def test_any_other_runtime_error_on_submission_is_an_engine_error(tiny_llama, monkeypatch):
+    engine, llm = await make(tiny_llama)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(llm, "generate_async", broken)
+    with pytest.raises(EngineError, match="something else") as refused:
+        engine.add_request(endless("a"))
+    assert not isinstance(refused.value, EngineDiedError)
+    with pytest.raises(asyncio.TimeoutError):  # and the executor is still up
+        await asyncio.wait_for(engine.wait_failed(), 0.05)
     await engine.shutdown()
 
 
