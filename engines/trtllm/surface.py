@@ -1,7 +1,6 @@
-"""The part of TensorRT-LLM's Python API the adapter relies on, read from the package's source with `ast` and
-written as a JSON snapshot (api_surface.json) that the tests hold the fake tensorrt_llm to. Re-run it against a
-new release: `python -m engines.trtllm.surface [SOURCE] [--out FILE] [--note TEXT] [--check]`, SOURCE being a
-checkout, the package directory or a wheel (default: the installed package, found without importing it). Must not import tensorrt_llm (that needs a GPU driver)."""
+"""Reads the part of TensorRT-LLM's Python API the adapter relies on from the package's source with `ast` into
+api_surface.json, which the tests hold the fake to; re-run it on a new release (`--help`, docs/trtllm.md).
+Must not import tensorrt_llm (that needs a GPU driver)."""
 import argparse
 import ast
 import importlib.util
@@ -176,7 +175,9 @@ def dump(snapshot: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engines.trtllm.surface", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m engines.trtllm.surface", description=(
+        "Write (or --check) the snapshot of TensorRT-LLM's API that tandem's fake is held to, from its source; "
+        "tensorrt_llm is parsed, never imported."))
     parser.add_argument("source", type=Path, nargs="?", help="a TensorRT-LLM checkout, the tensorrt_llm directory, "
                         "or a wheel (default: the installed package)")
     parser.add_argument("--out", type=Path, default=SNAPSHOT, help="where the snapshot goes (default: %(default)s)")
