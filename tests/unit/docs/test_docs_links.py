@@ -1,0 +1,82 @@
+"""The repository documents itself: README.md stays short, and every relative link in README.md and docs/*.md
+names a file inside the checkout. Reads files only; it never follows a link over the network."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+README_MAX_BYTES = 10 * 1024
+# a fenced block or an inline code span shows text, never a link
+_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+_INLINE = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+_EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.I)  # http:, https:, mailto:, protocol-relative
+_OUTSIDE_TEXT = ("../shared", "/work/shared")
+
+
+def link_targets(text: str) -> list[str]:
+    prose = _CODE.sub("", text)
+    return _INLINE.findall(prose) + _REFERENCE.findall(prose)
+
+
+def link_problems(doc: Path, repo: Path) -> list[str]:
+    """Why each link of `doc` fails: it leaves `repo`, or names a file that is not there."""
+    problems = []
+    text = doc.read_text(encoding="utf-8")
+    for hint in _OUTSIDE_TEXT:
+        if hint in text:
+            problems.append(f"{doc.name}: mentions {hint!r}, which a clone of the repository does not have")
+    for target in link_targets(text):
+        if _EXTERNAL.match(target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0].split("?", 1)[0]
+        resolved = (repo / path.lstrip("/")) if path.startswith("/") else (doc.parent / path)
+        resolved = resolved.resolve()
+        if not resolved.is_relative_to(repo):
+            problems.append(f"{doc.name}: link {target!r} leaves the repository")
+        elif not resolved.exists():
+            problems.append(f"{doc.name}: link {target!r} names a missing file")
+    return problems
+
+
+def documents(repo: Path) -> list[Path]:
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+def test_readme_is_at_most_10_kb():
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move detail into docs/ (limit {README_MAX_BYTES})"
+
+
+@pytest.mark.parametrize("doc", documents(REPO), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_stays_in_the_repository_and_resolves(doc):
+    assert link_problems(doc, REPO) == []
+
+
+def test_results_never_point_outside_the_repository():
+    problems = link_problems(REPO / "bench" / "RESULTS.md", REPO)
+    assert [p for p in problems if "missing" not in p] == []
+
+
+def test_readme_links_the_docs_and_keeps_the_two_commands():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "make up" in readme and "make test" in readme
+    linked = {Path(t.split("#", 1)[0]).as_posix() for t in link_targets(readme)}
+    assert {"docs/architecture.md", "docs/configuration.md"} <= linked
+
+
+def test_the_checker_catches_what_it_is_for(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "there.md").write_text("x")
+    doc = repo / "README.md"
+    doc.write_text("[ok](docs/there.md#a) [web](https://example.com) [top](#x) `[code](nowhere.md)`\n"
+                   "```\n[fenced](nowhere.md)\n```\n"
+                   "[gone](docs/missing.md) [up](../outside.md)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n")
+    problems = link_problems(doc, repo)
+    assert len(problems) == 4, problems
+    assert any("missing.md" in p and "missing file" in p for p in problems)
+    assert any("../outside.md" in p and "leaves" in p for p in problems)
+    assert any("passwd" in p and "leaves" in p for p in problems)
+    assert any("../shared" in p for p in problems)
