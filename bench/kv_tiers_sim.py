@@ -29,7 +29,7 @@ from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
 from tandem.sim.tokens import prompt_tokens
 
-TRACE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
+TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_conversation_trace.jsonl"  # vendored in bench/traces/
 UNLIMITED_BLOCKS = 400_000  # 25.6M tokens a worker: more than the trace sends any one
 _KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "prefix_hit_rate", "goodput_rps", "sim_wall_s")
 
