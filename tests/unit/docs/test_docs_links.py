@@ -1,5 +1,5 @@
 """The repository documents itself: README.md stays short, and every relative link in README.md and docs/*.md
-names a file inside the checkout. Reads files only; it never follows a link over the network."""
+names a file (and heading) inside the checkout. Reads files only; it never follows a link over the network."""
 import re
 from pathlib import Path
 
@@ -13,6 +13,21 @@ _INLINE = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
 _EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.I)  # http:, https:, mailto:, protocol-relative
 _OUTSIDE_TEXT = ("../shared", "/work/shared")
+_FENCE = re.compile(r"```.*?```", re.S)
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+
+
+def anchors(text: str) -> set[str]:
+    """The fragment ids GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading numbered -1, -2, ..."""
+    found, counts = set(), {}
+    for heading in _HEADING.findall(_FENCE.sub("", text)):
+        plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+        slug = re.sub(r"[^\w\- ]", "", plain.lower()).replace(" ", "-")
+        count = counts.get(slug, 0)
+        counts[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
 
 
 def link_targets(text: str) -> list[str]:
@@ -21,22 +36,26 @@ def link_targets(text: str) -> list[str]:
 
 
 def link_problems(doc: Path, repo: Path) -> list[str]:
-    """Why each link of `doc` fails: it leaves `repo`, or names a file that is not there."""
+    """Why each link of `doc` fails: it leaves `repo`, or names a file or a heading that is not there."""
     problems = []
     text = doc.read_text(encoding="utf-8")
     for hint in _OUTSIDE_TEXT:
         if hint in text:
             problems.append(f"{doc.name}: mentions {hint!r}, which a clone of the repository does not have")
     for target in link_targets(text):
-        if _EXTERNAL.match(target) or target.startswith("#"):
+        if _EXTERNAL.match(target):
             continue
-        path = target.split("#", 1)[0].split("?", 1)[0]
+        if target.startswith("#"):
+            target = doc.name + target  # a heading of this page
+        path, _, fragment = target.split("?", 1)[0].partition("#")
         resolved = (repo / path.lstrip("/")) if path.startswith("/") else (doc.parent / path)
         resolved = resolved.resolve()
         if not resolved.is_relative_to(repo):
             problems.append(f"{doc.name}: link {target!r} leaves the repository")
         elif not resolved.exists():
             problems.append(f"{doc.name}: link {target!r} names a missing file")
+        elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved.read_text(encoding="utf-8")):
+            problems.append(f"{doc.name}: link {target!r} names a heading {resolved.name} does not have")
     return problems
 
 
@@ -69,14 +88,23 @@ def test_readme_links_the_docs_and_keeps_the_two_commands():
 def test_the_checker_catches_what_it_is_for(tmp_path):
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
-    (repo / "docs" / "there.md").write_text("x")
+    (repo / "docs" / "there.md").write_text("# A `tidy` heading (here)\n## Twice\n## Twice\n```\n# not a heading\n```\n")
     doc = repo / "README.md"
-    doc.write_text("[ok](docs/there.md#a) [web](https://example.com) [top](#x) `[code](nowhere.md)`\n"
-                   "```\n[fenced](nowhere.md)\n```\n"
-                   "[gone](docs/missing.md) [up](../outside.md)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n")
+    doc.write_text("# Top\n[ok](docs/there.md#a-tidy-heading-here) [again](docs/there.md#twice-1) [web](https://x.org)\n"
+                   "[top](#top) `[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
+                   "[gone](docs/missing.md) [up](../outside.md) [no heading](docs/there.md#not-a-heading)\n"
+                   "[self](#nowhere)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n")
     problems = link_problems(doc, repo)
-    assert len(problems) == 4, problems
+    assert len(problems) == 6, problems
     assert any("missing.md" in p and "missing file" in p for p in problems)
     assert any("../outside.md" in p and "leaves" in p for p in problems)
     assert any("passwd" in p and "leaves" in p for p in problems)
     assert any("../shared" in p for p in problems)
+    assert any("#not-a-heading" in p and "heading" in p for p in problems)
+    assert any("#nowhere" in p for p in problems)
+
+
+def test_anchors_follow_githubs_rule():
+    text = "# KV transfer: prefill -> decode\n## The TensorRT-LLM engine (engines/trtllm)\n## Notes\n## Notes\n"
+    assert anchors(text) == {"kv-transfer-prefill---decode", "the-tensorrt-llm-engine-enginestrtllm", "notes",
+                             "notes-1"}
