@@ -36,6 +36,7 @@ def launched_kernels() -> set[str]:
     return names
 
 
+@pytest.mark.timeout(1000)  # the module's one build: ~70 s of CPU, minutes of wall time on a loaded machine
 def test_every_kernel_compiles_for_sm90_without_spills_and_with_tensor_cores(built):
     proc, data = built
     print(proc.stdout)

@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import gpu_all_report
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.timeout(1600)  # five sections of real processes; minutes on a shared 2-core machine
 def test_dry_run_runs_every_section_and_writes_one_json_and_the_table(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # each section sets up its own
     env |= {"OUT": str(tmp_path), "PYTHON": sys.executable, "TANDEM_GPU_DRY_RUN": "1"}
