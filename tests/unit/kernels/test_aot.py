@@ -19,9 +19,11 @@ KERNELS = Path(aot.__file__).parent
 def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("aot")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env |= {"TRITON_CACHE_DIR": str(tmp / "triton-cache"), "TRITON_DEFAULT_FP_FUSION": "1"}
+    root = str(KERNELS.parents[2])
+    env |= {"TRITON_CACHE_DIR": str(tmp / "triton-cache"), "TRITON_DEFAULT_FP_FUSION": "1",
+            "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, "-m", "engines.native.kernels.aot", "--json", str(tmp / "aot.json")],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
     data = json.loads((tmp / "aot.json").read_text()) if (tmp / "aot.json").exists() else None
     return proc, data
 
