@@ -36,6 +36,11 @@ else
   FLAG=
 fi
 
+for name in "${!LIMIT[@]}"; do  # TANDEM_GPU_LIMIT_ENGINE=300 etc. move one section's limit
+  var=TANDEM_GPU_LIMIT_${name^^}
+  [[ -n ${!var:-} ]] && LIMIT[$name]=${!var}
+done
+
 section() {  # name, then the command: runs it under its limit, logs it, records exit code and seconds
   local name=$1 start rc
   shift
