@@ -12,8 +12,8 @@ def interpreting() -> bool:
 
 def upcast_dots() -> bool:
     """NOTE: the interpreter's tl.dot gives wrong results on bf16 operands; kernels take this as a
-    constexpr and dot in fp32 there (the loads and stores keep their dtype, so rounding is still tested).
-    Its fp32 -> bf16 casts also truncate where a GPU rounds to nearest: bf16 checks allow for one step."""
+    constexpr and dot in fp32 there, on operands rounded as the GPU rounds them (operands.dot_operand).
+    Its other fp32 -> bf16 casts (stores) truncate where a GPU rounds to nearest: checks allow one step."""
     return interpreting()
 
 

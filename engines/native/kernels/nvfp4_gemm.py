@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from engines.native.kernels.launch import finish_split_k, num_sms, split_k_for, upcast_dots
+from engines.native.kernels.operands import dot_operand
 from engines.native.kernels.tiles import split_k_tile
 
 BLOCK = tl.constexpr(16)  # inputs per E4M3 block scale (constexpr: read inside the kernel)
@@ -58,11 +59,11 @@ def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, strid
         x_mask = (rm < M)[:, None] & in_k[None, :]
         x_even = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte)[None, :], mask=x_mask, other=0.0)
         x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + (2 * byte + 1)[None, :], mask=x_mask, other=0.0)
-        w_lo = (_e2m1(packed & 15) * scale).to(x_even.dtype)  # [BLOCK_N, BLOCK_K // 2]
-        w_hi = (_e2m1(packed >> 4) * scale).to(x_even.dtype)
+        # [BLOCK_N, BLOCK_K // 2] each, rounded once to the activations' dtype, as on a GPU
+        w_lo = dot_operand(_e2m1(packed & 15) * scale, x_ptr.dtype.element_ty, UPCAST)
+        w_hi = dot_operand(_e2m1(packed >> 4) * scale, x_ptr.dtype.element_ty, UPCAST)
         if UPCAST:
             x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
-            w_lo, w_hi = w_lo.to(tl.float32), w_hi.to(tl.float32)
         acc += tl.dot(x_even, tl.trans(w_lo))
         acc += tl.dot(x_odd, tl.trans(w_hi))
     acc = acc * tl.load(g_ptr)

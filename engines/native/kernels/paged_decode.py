@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from engines.native.kernels.launch import num_sms, upcast_dots
+from engines.native.kernels.operands import dot_operand
 
 DEFAULT_BLOCK_N = 64  # keys per iteration: several 16-token cache blocks at once
 MAX_SPLITS = 32
@@ -39,9 +40,8 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_l
     q_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     # k_scale and log2(e) fold into q, v_scale into the output: stored values feed the dots as they are
-    q = (q.to(tl.float32) * (sm_scale * k_scale * _LOG2E)).to(q_ptr.dtype.element_ty)
-    if UPCAST:
-        q = q.to(tl.float32)
+    dtype = q_ptr.dtype.element_ty
+    q = dot_operand(q.to(tl.float32) * (sm_scale * k_scale * _LOG2E), dtype, UPCAST)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
@@ -61,7 +61,7 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_l
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(dot_operand(p, dtype, UPCAST), v)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]

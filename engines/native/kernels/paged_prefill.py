@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from engines.native.kernels.launch import upcast_dots
+from engines.native.kernels.operands import dot_operand
 
 DEFAULT_BLOCK_M = 16
 DEFAULT_BLOCK_N = 16
@@ -20,8 +21,9 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row_ptr, q_pos, lo, hi, ctx_len, qk_scale, kv_head,
             d, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Online softmax over key positions [lo, hi), BLOCK_N at a time; scores in log2 units."""
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax over key positions [lo, hi), BLOCK_N at a time; scores in log2 units. P enters
+    the second dot rounded to DTYPE (the model's), as on a GPU, under the interpreter too."""
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < ctx_len
@@ -38,7 +40,7 @@ def _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row_ptr, q_pos, lo
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(dot_operand(p, DTYPE, UPCAST), v)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     return acc, l_i, m_i
@@ -64,6 +66,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, q
         q_pos = ctx_len - q_len + rows  # each query's absolute position
         q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], mask=row_mask,
                     other=0.0)
+        dtype = q_ptr.dtype.element_ty
         if UPCAST:
             q = q.to(tl.float32)
         qk_scale = sm_scale * k_scale * _LOG2E
@@ -75,10 +78,12 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, q
         first = ctx_len - q_len + tile * BLOCK_M
         full = (first // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row, q_pos, 0, full, ctx_len,
-                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False)
+                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, dtype,
+                                UPCAST)
         hi = tl.minimum(ctx_len, first + BLOCK_M)  # the tile's last query sees keys up to its own position
         acc, l_i, m_i = _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row, q_pos, full, hi, ctx_len,
-                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True)
+                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, dtype,
+                                UPCAST)
         out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_mask)
