@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from engines.base.block_hash import chain_block_hashes
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.grpc_server import make_channel
@@ -43,6 +44,7 @@ class Pipeline:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task] = set()
         self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
+        self._block_size = 0  # the decode workers' one KV block size (0: unknown or mixed): the router's hashes
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
         """One request, start to finish, across as many workers as it takes; Router.Complete follows whatever
@@ -121,6 +123,10 @@ class Pipeline:
                    if w.worker.model == self._model and w.lease_expires_in_s > 0 and w.worker.max_model_len]
         if lengths:  # NOTE: none listed says nothing new: the last known context stands
             self._max_model_len = min(lengths)
+        sizes = {w.worker.layout.block_size for w in listing.workers if w.worker.model == self._model
+                 and w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0}
+        if sizes:
+            self._block_size = sizes.pop() if len(sizes) == 1 else 0
         self._listed_at = time.monotonic()
         return listing
 
@@ -132,8 +138,11 @@ class Pipeline:
         self._channels.clear()
 
     async def _route(self, req_id: str, prompt: list[int], excluded: list[str]) -> router_pb2.RouteResponse:
+        # NOTE: the prompt's block hashes go along once the workers' block size is known: the router skips hashing
+        hashes = chain_block_hashes(prompt, self._block_size) if self._block_size else []
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
-                                          exclude_worker_ids=excluded)
+                                          exclude_worker_ids=excluded, block_hashes=hashes,
+                                          hash_block_size=self._block_size if hashes else 0)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
             try:  # NOTE: wait_for_ready: a router restarting is waited for (up to the timeout), not failed at once
                 reply = await self._router.Route(request, timeout=self._route_timeout_s, wait_for_ready=True)
