@@ -5,6 +5,7 @@ array-scored one, in the same run and checked to decide alike; p50/p99 against t
 Builds its own index and registry (no services, no I/O besides the report)."""
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -94,7 +95,7 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool) -> dic
     start = time.perf_counter()
     core, index, prompt = build(cfg, arrays=arrays)
     build_s = time.perf_counter() - start
-    samples_us, hash_us, picks = [], [], []
+    samples_us, cpu_us, hash_us, picks = [], [], [], []
     for i in range(cfg.num_iterations):
         tokens = tuple(prompt[:-1]) + (i,)
         t0 = time.perf_counter()
@@ -102,14 +103,15 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool) -> dic
         t1 = time.perf_counter()
         request = RouteInput(f"r{i}", "m", tokens, block_hashes=hashes,
                              hash_block_size=cfg.block_size if gateway_hashes else 0)
-        t2 = time.perf_counter()
+        c2, t2 = time.thread_time_ns(), time.perf_counter()
         decision = core.route(request)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.thread_time_ns()
         core.registry.complete(f"r{i}")
         samples_us.append((t3 - t2) * 1e6)
+        cpu_us.append((c3 - c2) / 1e3)
         hash_us.append((t1 - t0) * 1e6)
         picks.append((decision.decode.worker_id, decision.num_cached_tokens))
-    return {"decision_us": _dist(samples_us), "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
+    return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us), "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
             "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
 
 
@@ -128,10 +130,22 @@ def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0]
     return {
         "benchmark": "router", "config": asdict(cfg), "machine": f"{platform.node()} python {platform.python_version()}",
         "measures": "RouterCore.route in-process (policy + index + registry), gRPC and proto parsing excluded",
+        "load_average": os.getloadavg(), "cpu_flags": _cpu_flags(),
         "num_indexed_blocks": final["num_indexed_blocks"], "steps": found, "final_step": FINAL_STEP,
         "decision_us": d, "target_p50_us": TARGET_P50_US, "target_p99_us": TARGET_P99_US,
         "meets_target": d["p50"] <= TARGET_P50_US and d["p99"] <= TARGET_P99_US,
     }
+
+
+def _cpu_flags() -> str:
+    """The host CPU's model name and SIMD flags, for the results table (Linux only; empty elsewhere)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    return f"{model}; {' '.join(f for f in flags if f.startswith(('avx', 'sse4')))}"
 
 
 def _dist(values: list[float]) -> dict[str, float]:
@@ -147,11 +161,13 @@ def format_router_report(report: dict) -> str:
         f"router decision: {cfg['num_prompt_tokens']}-token prompt (blocks of {cfg['block_size']}), "
         f"{cfg['num_workers']} workers, {report['num_indexed_blocks']:,} indexed blocks, "
         f"{cfg['num_iterations']} decisions per step ({report['measures']})",
-        f"{'step':22}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}{'same picks':>12}  what",
+        f"load average {report['load_average'][0]:.1f}; wall-clock µs, and the CPU time of the deciding thread "
+        "(what it costs without being descheduled)",
+        f"{'step':22}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}{'cpu p50':>10}{'cpu p99':>10}{'same picks':>12}  what",
     ]
     for name, step in report["steps"].items():
-        s = step["decision_us"]
-        lines.append(f"{name:22}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['mean']:>10.1f}"
+        s, c = step["decision_us"], step["decision_cpu_us"]
+        lines.append(f"{name:22}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['mean']:>10.1f}{c['p50']:>10.1f}{c['p99']:>10.1f}"
                      f"{'yes' if step['same_decisions'] else 'NO':>12}  {step['what']}")
         if step["gateway_hash_us"]:
             lines.append(f"{'  (gateway hashing)':22}{step['gateway_hash_us']['p50']:>10.1f}"
