@@ -112,6 +112,16 @@ class Registry:
         self._dirty.add(worker_id)
         return True
 
+    def report_load(self, worker_id: str, load: WorkerLoad) -> bool:
+        """A load the worker streamed between heartbeats: recorded as a heartbeat's is (routes before it count as
+        reflected), but it renews no lease. False for a worker not held."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return False
+        worker.load, worker.load_seq = load, self._seq
+        self._dirty.add(worker_id)
+        return True
+
     def deregister(self, worker_id: str) -> bool:
         return self._remove(worker_id)
 
