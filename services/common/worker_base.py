@@ -21,7 +21,7 @@ from services.common.kv_events import kv_event_batches, load_changes
 from services.common.logs import request_id
 from services.common.metrics import MetricsEndpoint, WorkerMetrics
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
-from services.common.registration import Registrar
+from services.common.registration import Registrars
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError
 from services.common.tls import process_tls
@@ -192,7 +192,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
     service.metrics.start_at_zero(*_ZERO_SERIES[settings.role], _transport_label(settings.role, engine))
-    registrar = Registrar(settings.router_address, service.info(service.address), service.load)
+    registrar = Registrars(settings.router_address, service.info(service.address), service.load)
     endpoint: MetricsEndpoint | None = None
     watcher: asyncio.Task | None = None
 
