@@ -20,8 +20,9 @@ COMMON = Shape()  # 1 prefill, 3 decode (decode-2 behind the proxy): every scena
 OVERLOAD = Shape(num_prefill=0, num_decode=2, proxied=(), max_num_seqs=32, max_inflight=192)
 # tokens at once and a short context: many cases in little time
 FUZZ = Shape(engine="zero", num_prefill=0, num_decode=1, proxied=(), max_model_len=1024)
+REPLICAS = Shape(num_routers=2)  # COMMON's workers behind two router replicas
 PROBES = 8  # requests sent the moment a fault (or the restart it waits for) happens, beside the closed loop
-MAX_RECOVERY_S = {"kill-decode": 1.0, "kill-router": 5.0}  # the issue's targets
+MAX_RECOVERY_S = {"kill-decode": 1.0, "kill-router": 5.0, "kill-router-replica": 1.0}  # the issue's targets
 
 
 def all_completed(result: ScenarioResult) -> Check:
@@ -132,6 +133,19 @@ async def judge_kill_router(run: Run, result: ScenarioResult) -> list[Check]:
     checks.append(Check("KV index rebuilt from the workers' snapshots", all(indexed.get(f"decode-{i}", 0) > 0
                                                                             for i in range(3)), f"{indexed}"))
     return checks
+
+
+def kill_replica(name: str, at_s: float):
+    async def fault(run: Run) -> None:
+        await run.at(at_s)
+        run.since_s = run.note(f"SIGKILL {name} (one of the router replicas)")
+        run.stack.signal(name, signal.SIGKILL)
+        run.load.burst(PROBES, NORMAL)  # new requests at once: the gateway must fail over, not wait
+    return fault
+
+
+async def judge_kill_replica(run: Run, result: ScenarioResult) -> list[Check]:
+    return [all_completed(result), first_token_within(result, MAX_RECOVERY_S["kill-router-replica"])]
 
 
 def stop_and_continue(name: str, at_s: float, stop_s: float):
@@ -306,6 +320,9 @@ def build(short: bool, fuzz_cases: int | None = None) -> list[Scenario]:
                  "completes", COMMON, base, storm(at, storm_n), judge_storm),
         Scenario("kill-router", "SIGKILL the router, then it restarts: 0 lost, routing back within 5 s of its "
                  "restart", COMMON, base, kill_router(at), judge_kill_router),
+        Scenario("kill-router-replica", "SIGKILL one of two router replicas mid-load: 0 lost, a request sent after "
+                 "the kill has its first token within 1 s", REPLICAS, base, kill_replica("router-1", at),
+                 judge_kill_replica),
         Scenario("overload", f"2x overload for {overload_s:.0f} s: only 429/503 with Retry-After, admitted "
                  "requests complete, RSS growth <= 10%", OVERLOAD, Load(concurrency=2 * OVERLOAD.max_inflight,
                                                                          duration_s=overload_s),

@@ -65,6 +65,12 @@ async def test_kill_router_fails_when_routing_is_slow_to_come_back_or_the_index_
     assert not await verdict(sc.judge_kill_router, run_with(empty), result())
 
 
+async def test_kill_router_replica_fails_when_a_request_is_lost_or_failover_is_slow():
+    assert await verdict(sc.judge_kill_replica, run_with(), result(first_token_after_s=0.2))
+    assert not await verdict(sc.judge_kill_replica, run_with(), result({COMPLETED: 99, LOST: 1}))
+    assert not await verdict(sc.judge_kill_replica, run_with(), result(first_token_after_s=2.5))
+
+
 @pytest.mark.parametrize("judge", [sc.judge_kill_prefill, sc.judge_stop, sc.judge_slow, sc.judge_all_completed])
 async def test_a_lost_request_fails_the_plain_judges(judge):
     assert await verdict(judge, run_with(), result())
