@@ -1,6 +1,7 @@
-"""Keeps a worker registered with the router (with each router replica: `Registrars`): register, heartbeat with load, re-register when the lease was lost,
-retry with backoff while the router is away, deregister on stop. It runs on its own thread with a blocking gRPC
-channel, so that heartbeats keep their timing however busy the worker's event loop is (streams, KV transfers)."""
+"""Keeps a worker registered with the router (with each replica: `Registrars`): register, heartbeat with load,
+re-register when the lease was lost, retry with backoff while the router is away, deregister on stop. It runs on its
+own thread with a blocking gRPC channel, so that heartbeats keep their timing however busy the worker's event loop
+is (streams, KV transfers)."""
 import asyncio
 import logging
 import threading

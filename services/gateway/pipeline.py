@@ -36,7 +36,8 @@ class TokenDelta:
 
 
 class Pipeline:
-    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel], *, model: str, request_timeout_s: float,
+    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel], *, model: str,
+                 request_timeout_s: float,
                  route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None):
         self._routers = RouterPool(router_channel if isinstance(router_channel, list) else [router_channel])
         self._model = model

@@ -55,7 +55,8 @@ class RouterBenchConfig:
             raise ValueError(f"indexed blocks and in-flight requests must be >= 0: {self}")
 
 
-def build(cfg: RouterBenchConfig, clock=time.monotonic, arrays: bool = False) -> tuple[RouterCore, PrefixIndex, list[int]]:
+def build(cfg: RouterBenchConfig, clock=time.monotonic,
+          arrays: bool = False) -> tuple[RouterCore, PrefixIndex, list[int]]:
     """A router core over `num_workers` decode workers whose index holds `num_indexed_blocks` hashes: other
     prompts' chains spread over the workers, plus, per worker, a prefix of random length of the timed prompt.
     `arrays`: the array-scored kv policy (what the router runs), else today's per-view one; the same state."""
@@ -111,7 +112,8 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool) -> dic
         cpu_us.append((c3 - c2) / 1e3)
         hash_us.append((t1 - t0) * 1e6)
         picks.append((decision.decode.worker_id, decision.num_cached_tokens))
-    return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us), "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
+    return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us),
+            "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
             "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
 
 
@@ -128,7 +130,8 @@ def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0]
     final = found.get(FINAL_STEP) or next(iter(found.values()))
     d = final["decision_us"]
     return {
-        "benchmark": "router", "config": asdict(cfg), "machine": f"{platform.node()} python {platform.python_version()}",
+        "benchmark": "router", "config": asdict(cfg),
+        "machine": f"{platform.node()} python {platform.python_version()}",
         "measures": "RouterCore.route in-process (policy + index + registry), gRPC and proto parsing excluded",
         "load_average": os.getloadavg(), "cpu_flags": _cpu_flags(),
         "num_indexed_blocks": final["num_indexed_blocks"], "steps": found, "final_step": FINAL_STEP,
@@ -163,7 +166,8 @@ def format_router_report(report: dict) -> str:
         f"{cfg['num_iterations']} decisions per step ({report['measures']})",
         f"load average {report['load_average'][0]:.1f}; wall-clock µs, and the CPU time of the deciding thread "
         "(what it costs without being descheduled)",
-        f"{'step':22}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}{'cpu p50':>10}{'cpu p99':>10}{'same picks':>12}  what",
+        f"{'step':22}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}{'cpu p50':>10}{'cpu p99':>10}"
+        f"{'same picks':>12}  what",
     ]
     for name, step in report["steps"].items():
         s, c = step["decision_us"], step["decision_cpu_us"]

@@ -42,7 +42,8 @@ async def send_at_rate(url: str, model: str) -> list[int]:
     async def one(client: httpx.AsyncClient, i: int) -> int:
         await asyncio.sleep(i / RATE)
         prompt = [rng.randrange(3, 500) for _ in range(PROMPT_TOKENS)]  # distinct: nothing cached
-        reply = await client.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS})
+        body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS}
+        reply = await client.post(f"{url}/v1/completions", json=body)
         return reply.status_code
 
     async with httpx.AsyncClient(timeout=60) as client:
