@@ -4,6 +4,7 @@ per block and per worker. Pure: no I/O, no transport; hashes come only from engi
 """
 from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -25,6 +26,7 @@ class SlotIndex(PrefixIndex):
         self.width = _INITIAL_WIDTH
         self.epoch = 0
         self._zeros = np.zeros(self.capacity + 1, np.int64)
+        self._empty = bytes(self.width)  # what `depths` reads for a hash nobody holds
 
     @property
     def capacity(self) -> int:
@@ -37,18 +39,16 @@ class SlotIndex(PrefixIndex):
 
     def depths(self, block_hashes: Sequence[int]) -> np.ndarray | None:
         """Per slot (and a final 0 for `capacity`): how many leading blocks of the prompt it holds; touches them as
-        `match` does. None when the cached prefix reaches a block held in a host or disk tier somewhere: `match`
+        `match` does. None when one of the prompt's blocks is held in a host or disk tier somewhere: `match`
         then counts tiers (the rare, slower path)."""
-        masks = list(map(self._masks.get, block_hashes))
-        try:
-            depth = masks.index(None)
-        except ValueError:
-            depth = len(masks)
-        if depth == 0:
+        # NOTE: an unknown hash reads as an empty mask, so the running AND ends every prefix there: no Python
+        # search for the first miss
+        masks = list(map(self._masks.get, block_hashes, repeat(self._empty, len(block_hashes))))
+        if not masks or masks[0] is self._empty:
             return self._zeros
-        if self._offloaded and not self._offloaded.isdisjoint(block_hashes[:depth]):
-            return None
-        words = np.frombuffer(b"".join(masks[:depth]), "<u8").reshape(depth, self.width // 8)
+        if self._offloaded and not self._offloaded.isdisjoint(block_hashes):
+            return None  # NOTE: also where the offloaded block lies past every prefix: the per-view path decides
+        words = np.frombuffer(b"".join(masks), "<u8").reshape(len(masks), self.width // 8)
         # NOTE: a running AND, so a worker that dropped out of the chain never counts deeper blocks (as `walk`)
         held = np.unpackbits(np.bitwise_and.accumulate(words, axis=0).view(np.uint8), axis=1, bitorder="little")
         out = np.zeros(self.capacity + 1, np.int64)
@@ -113,6 +113,7 @@ class SlotIndex(PrefixIndex):
             self._masks = {h: m + extra for h, m in self._masks.items()}
         self._free = list(range(self.capacity - 1, (old if self._slot else 0) - 1, -1))
         self._zeros = np.zeros(self.capacity + 1, np.int64)
+        self._empty = bytes(self.width)  # what `depths` reads for a hash nobody holds
         self.epoch += 1
 
     def _set_bit(self, block_hash: int, slot: int, on: bool) -> None:
