@@ -39,7 +39,12 @@ docker_cli() {
   have tandem/docker-cli:host && return
   local dir plugin
   dir=$(mktemp -d)
-  plugin=$(docker info --format '{{range .ClientInfo.Plugins}}{{if eq .Name "compose"}}{{.Path}}{{end}}{{end}}')
+  # the docker CLI's own plugin directories, in its search order
+  for plugin in ~/.docker/cli-plugins/docker-compose /usr/local/lib/docker/cli-plugins/docker-compose \
+                /usr/local/libexec/docker/cli-plugins/docker-compose /usr/lib/docker/cli-plugins/docker-compose \
+                /usr/libexec/docker/cli-plugins/docker-compose; do
+    test -x "$plugin" && break
+  done
   mkdir -p "$dir/usr/local/bin" "$dir/usr/local/libexec/docker/cli-plugins"
   cp "$(command -v docker)" "$dir/usr/local/bin/docker"
   cp "$(readlink -f "$plugin")" "$dir/usr/local/libexec/docker/cli-plugins/docker-compose"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
 from tandem.launcher import free_ports
 from tests.integration.compose_cli import Compose, ComposeFailed, address, describe, docker, engine_problem, inspect
 
@@ -118,7 +118,7 @@ def decode_workers(compose: Compose) -> list[str]:
     router = next(c for c in compose.containers("router") if c["State"] == "running")
     with grpc.insecure_channel(f"{address(router['ID'])}:50051") as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
-    return sorted(w.worker.address for w in reply.workers if w.worker.role == router_pb2.WORKER_ROLE_DECODE)
+    return sorted(w.worker.address for w in reply.workers if w.worker.role == common_pb2.WORKER_ROLE_DECODE)
 
 
 def metrics(container: str, port: int = 9464) -> dict[str, float]:
@@ -197,7 +197,8 @@ def test_the_planner_scales_decode_through_the_docker_socket_under_a_spike_and_b
 def test_scaled_by_hand_the_router_lists_three_decode_workers_and_routes_to_each(stack):
     compose = stack["compose"]
     compose.run("stop", "planner")  # from here on decode is scaled by hand; the planner would undo it
-    compose.run("up", "--detach", "--wait", "--no-recreate", "--scale", "decode=3", timeout_s=UP_TIMEOUT_S)
+    compose.run("up", "--detach", "--wait", "--no-recreate", "--no-deps", "--scale", "decode=3", "decode",
+                timeout_s=UP_TIMEOUT_S)
     poll(lambda: len(decode_workers(compose)), lambda n: n == 3, 10, "3 decode workers at the router", 0.5)
     ids = [c["ID"] for c in running(compose, "decode")]
     assert len(ids) == 3
@@ -227,7 +228,8 @@ def test_decode_containers_killed_under_load_lose_no_request_and_come_back(stack
          lambda s: int(s.split()[0]) >= 1 and s.endswith("healthy") and not s.endswith("unhealthy"),
          UP_TIMEOUT_S, "the crashed decode container restarted by its restart policy and healthy again")
     assert inspect(killed, "{{.State.Status}}") == "exited"
-    compose.run("up", "--detach", "--wait", "--no-recreate", "--scale", "decode=3", timeout_s=UP_TIMEOUT_S)
+    compose.run("up", "--detach", "--wait", "--no-recreate", "--no-deps", "--scale", "decode=3", "decode",
+                timeout_s=UP_TIMEOUT_S)
     poll(lambda: len(decode_workers(compose)), lambda n: n == 3, 60, "3 decode workers again")
 
 
