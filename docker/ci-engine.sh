@@ -40,7 +40,11 @@ eval "$vars"
 export TANDEM_COMPOSE_FILES=compose.yaml:compose.offline.yaml
 files=(-f compose.yaml -f compose.offline.yaml)
 start=$(date +%s)
+# one worker image first: the control-plane image shares its torch and dependency layers, and services that
+# share an image would otherwise build the same layers side by side on the CI machine's 2 cores
+nice -n 5 docker compose "${files[@]}" build --quiet model-fetch >&2
 nice -n 5 docker compose "${files[@]}" build --quiet >&2
+docker image prune --force >/dev/null  # each build leaves the image it replaced untagged; its layers are shared
 log "tandem images built in $(( $(date +%s) - start )) s"
 echo "$vars"
 echo "export TANDEM_COMPOSE_FILES=$TANDEM_COMPOSE_FILES"
