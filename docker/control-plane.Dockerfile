@@ -1,38 +1,53 @@
-# syntax=docker/dockerfile:1
 # tandem control plane: gateway, router and planner. No model weights run here, but the gateway's tokenizer
 # stack and the `tandem` CLI import torch, so it carries the CPU build of torch. The planner's compose connector
-# runs `docker compose` against the host's Docker socket: the CLI and its compose plugin come from Docker's image.
+# runs `docker compose` against the host's Docker socket: the CLI and its compose plugin come from
+# DOCKER_CLI_IMAGE (Docker's own image by default; offline, any image with the two at the same paths).
 # Build from the repository root: docker build -f docker/control-plane.Dockerfile .
-ARG PYTHON_VERSION=3.11
-ARG DOCKER_CLI_TAG=28.5.1-cli
-FROM docker:${DOCKER_CLI_TAG} AS docker-cli
+# Offline builds: as in worker-cpu.Dockerfile (BASE_IMAGE, TORCH_WHEELS, the `ca_bundle` secret).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+# an image whose /wheels pip takes torch from before TORCH_INDEX (its name, or the empty stage below)
+ARG TORCH_WHEELS=no-wheels
+ARG DOCKER_CLI_IMAGE=docker:28.5.1-cli
+FROM ${DOCKER_CLI_IMAGE} AS docker-cli
 
-FROM python:${PYTHON_VERSION}-slim-bookworm
-COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
-COPY --from=docker-cli /usr/local/libexec/docker/cli-plugins/docker-compose /usr/local/libexec/docker/cli-plugins/docker-compose
+FROM ${BASE_IMAGE} AS no-wheels
+RUN mkdir -p /wheels
+FROM ${TORCH_WHEELS} AS wheels
 
+FROM ${BASE_IMAGE}
+# the same steps as worker-cpu.Dockerfile up to the project's dependencies, so both images share those layers
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
     TANDEM_CACHE_DIR=/cache \
     HF_HUB_OFFLINE=1
 WORKDIR /opt/tandem
+RUN python3 -m venv /opt/venv
 
-# torch first, from the CPU index and at constraints.txt's version, so nothing later pulls another build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 COPY constraints.txt pyproject.toml ./
-RUN pip install -c constraints.txt --index-url ${TORCH_INDEX} torch
+RUN --mount=type=secret,id=ca_bundle --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && pip install -c constraints.txt --find-links /wheels --index-url ${TORCH_INDEX} torch
 
-# the project's dependencies in their own layer: rebuilt when pyproject.toml changes, not on every edit
 COPY docker/pyproject_deps.py docker/healthcheck.py docker/
-RUN python docker/pyproject_deps.py pyproject.toml > /tmp/requirements.txt \
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && python docker/pyproject_deps.py pyproject.toml > /tmp/requirements.txt \
  && pip install -c constraints.txt -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 
+COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
+COPY --from=docker-cli /usr/local/libexec/docker/cli-plugins/docker-compose /usr/local/libexec/docker/cli-plugins/docker-compose
+
 # the project, editable: the generated protobuf modules (tandem/v1) and engine data files live in the tree
 COPY . .
-RUN pip install --no-deps -e . \
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && pip install --no-deps -e . \
  && python -m services.common.protos --force \
  && python -c "import services.gateway.server, services.router.server, services.planner.server"
 

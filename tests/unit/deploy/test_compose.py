@@ -142,6 +142,12 @@ def test_every_long_running_service_has_a_healthcheck():
         assert service.get("restart") == "unless-stopped", name
 
 
+def test_healthchecks_run_on_docker_engines_before_25():
+    """start_interval needs Engine 25; Debian bookworm's docker.io (20.10) refuses to create the container."""
+    for name, service in SERVICES.items():
+        assert "start_interval" not in service.get("healthcheck", {}), name
+
+
 def test_healthchecks_run_the_script_the_images_carry():
     for name in TANDEM_SERVICES:
         test = SERVICES[name].get("healthcheck", {}).get("test")
@@ -337,12 +343,30 @@ def test_docker_compose_config_accepts_the_file_in_every_profile():
         out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), *flags, "config", "--format", "json"],
                              capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
         assert out.returncode == 0, out.stderr
-        resolved = json.loads(out.stdout)["services"]
+        config = json.loads(out.stdout)
+        resolved = config["services"]
         expected = {n for n, s in SERVICES.items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
         assert set(resolved) == expected, profiles
         for name, service in resolved.items():  # compose's own reading agrees with the YAML read here
             assert service.get("command") == SERVICES[name].get("command"), name
-            assert service.get("environment", {}) == {k: v for k, v in environment(SERVICES[name]).items()}, name
+            assert service.get("environment", {}) == _with_project(environment(SERVICES[name]), config["name"]), name
+
+
+def _with_project(env: dict[str, str], project: str) -> dict[str, str]:
+    """compose sets COMPOSE_PROJECT_NAME itself (-p, else the folder's name): the planner scales that project."""
+    return {k: project if k == "TANDEM_PLANNER_COMPOSE_PROJECT" else v for k, v in env.items()}
+
+
+def test_the_planner_scales_the_project_compose_runs_whatever_the_folder(tmp_path):
+    cli = _compose_cli()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "COMPOSE_"))}
+    for args, project in ((["-p", "newcomer"], "newcomer"), ([], tmp_path.name.lower())):
+        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), *args, "config",
+                              "--format", "json"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+        config = json.loads(out.stdout)
+        assert config["name"] == project
+        assert config["services"]["planner"]["environment"]["TANDEM_PLANNER_COMPOSE_PROJECT"] == project
 
 
 def test_workers_get_time_to_drain_before_docker_kills_them():
