@@ -40,6 +40,8 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--down-stabilization", type=int, default=PlannerConfig().down_stabilization,
                    help="the model's count is the highest of its last N adjustments")
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
+    g.add_argument("--no-baseline", action="store_true",
+                   help="skip the search for the cheapest static pair (e.g. for the oscillation check)")
 
 
 def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
@@ -58,7 +60,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
                             Sizing(args.itl_headroom, args.prefill_max_utilization), args.tick_s,
                             args.start_delay_s, policy=policy, seed=args.seed,
                             heartbeat_interval_s=args.heartbeat_s, disagg_min_tokens=args.disagg_min_tokens,
-                            initial=initial)
+                            initial=initial, search_baseline=not args.no_baseline)
 
 
 def _check_bounds(args: argparse.Namespace, prefill: RoleBounds, decode: RoleBounds) -> None:

@@ -37,6 +37,7 @@ class PlannerSimConfig:
     disagg_min_tokens: int = 0
     initial: tuple[int, int] | None = None  # (prefill, decode) at start; None: each role's minimum
     target_attainment: float = 0.95  # what the static baseline must meet
+    search_baseline: bool = True  # False: planner runs only (the oscillation check needs no baseline)
 
     @property
     def has_prefill(self) -> bool:
@@ -72,9 +73,10 @@ def run_all(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
             models: dict[str, TimingProfile]) -> dict[str, dict]:
     """One planner run per model (keyed "planner_<name>") and the searched static baseline. GPU-hours of all are
     counted over the same window: until the last of them has finished its last request."""
-    best, search = search_static(truth, rows, cfg)
     runs = {f"planner_{name}": run_planned(truth, rows, cfg, model) for name, model in models.items()}
-    runs[BASELINE] = {**best, "search": search.report()}
+    if cfg.search_baseline:
+        best, search = search_static(truth, rows, cfg)
+        runs[BASELINE] = {**best, "search": search.report()}
     window = max(run["end_s"] for run in runs.values())
     for run in runs.values():
         run["gpu_hours_own_end"] = run["gpu_hours"](run["end_s"])
