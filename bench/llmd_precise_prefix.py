@@ -8,9 +8,11 @@ import argparse
 import datetime
 import json
 import math
+import multiprocessing
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +35,22 @@ def main(argv: list[str] | None = None) -> int:
                         output_tokens=args.output_tokens)
     rows = precise_prefix(args.seed, shape)
     profile = sized_profile(load_profile(args.profile), shape, args.workers, args.kv_demand)
-    results = {}
-    for policy in args.policies:
-        start = time.perf_counter()
-        records = ClusterSim(profile, SimConfig(args.workers, 0, args.seed), policy).run(rows)
-        results[policy] = summarize(records, shape, time.perf_counter() - start)
-        print(f"{policy}: simulated in {results[policy]['sim_wall_s']:.0f} s", flush=True)
+    with ProcessPoolExecutor(max(args.jobs, 1), multiprocessing.get_context("fork")) as pool:
+        futures = {p: pool.submit(replay, profile, rows, shape, args.workers, args.seed, p) for p in args.policies}
+        results = {policy: future.result() for policy, future in futures.items()}
+    for policy, res in results.items():
+        print(f"{policy}: simulated in {res['sim_wall_s']:.0f} s", flush=True)
     ratios = compare(results)
     print(format_table(results, shape, ratios))
     if args.json:
         write(args, shape, profile, len(rows), results, ratios)
     return 0
+
+
+def replay(profile: TimingProfile, rows, shape: PrefixShape, workers: int, seed: int, policy: str) -> dict:
+    start = time.perf_counter()
+    records = ClusterSim(profile, SimConfig(workers, 0, seed), policy).run(rows)
+    return summarize(records, shape, time.perf_counter() - start)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="h100-native-llama3.1-8b-bf16")
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="replay the policies in this many processes")
     p.add_argument("--json", type=Path, default=None, help="also write the report and a PNG beside it")
     return p.parse_args(argv)
 

@@ -40,6 +40,7 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--down-stabilization", type=int, default=PlannerConfig().down_stabilization,
                    help="the model's count is the highest of its last N adjustments")
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
+    g.add_argument("--jobs", type=int, default=1, help="run the planner runs and the search in this many processes")
     g.add_argument("--no-baseline", action="store_true",
                    help="skip the search for the cheapest static pair (e.g. for the oscillation check)")
 
@@ -79,7 +80,7 @@ def run_planner_sim(args: argparse.Namespace, profile: TimingProfile, rows, head
     cfg = planner_config(args)
     try:
         models = planner_profiles(profile, args.planner_profile, parse_scales(args.planner_profile_scale))
-        runs = run_all(profile, rows, cfg, models)
+        runs = run_all(profile, rows, cfg, models, args.jobs)
     except (ProfileError, SearchError) as exc:
         raise SystemExit(f"tandem sim: {exc}") from None
     five_minutes_s = 300.0 * args.time_scale  # NOTE: 5 minutes of the trace, in simulated seconds

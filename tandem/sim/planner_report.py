@@ -23,9 +23,14 @@ def planner_names(runs: dict[str, dict]) -> list[str]:
     return [name for name in runs if name.startswith("planner_")]
 
 
+def has_baseline(runs: dict[str, dict]) -> bool:
+    """A static pair met the target (the search may have found none within the bounds)."""
+    return BASELINE in runs and not runs[BASELINE].get("not_found")
+
+
 def verdict(runs: dict[str, dict], five_minutes_s: float) -> dict[str, dict]:
     """The issue's targets, checked for each planner run on this run's numbers."""
-    base = runs[BASELINE]["gpu_hours"] if BASELINE in runs else 0.0
+    base = runs[BASELINE]["gpu_hours"] if has_baseline(runs) else 0.0
     out = {}
     for name in planner_names(runs):
         run = runs[name]
@@ -39,14 +44,17 @@ def verdict(runs: dict[str, dict], five_minutes_s: float) -> dict[str, dict]:
 
 
 def format_table(runs: dict[str, dict], five_minutes_s: float) -> str:
-    names = [n for n in (*planner_names(runs), BASELINE) if n in runs]
+    names = [*planner_names(runs), *([BASELINE] if has_baseline(runs) else [])]
     lines = [f"{'':<18}" + "".join(f"{name:>16}" for name in names)]
     for label, key, fmt in _ROWS:
         values = [runs[n]["itl_mean_s"] * 1e3 if key == "itl_mean_ms" else runs[n][key] for n in names]
         lines.append(f"{label:<18}" + "".join(f"{fmt.format(v):>16}" for v in values))
     lines.append(f"{'decisions':<18}" + "".join(f"{len(runs[n]['decisions']):>16}" for n in names))
     lines.append(f"{'start replicas':<18}" + "".join(f"{_counts(runs[n]['replicas']):>16}" for n in names))
-    if BASELINE in runs:
+    if BASELINE in runs and not has_baseline(runs):
+        lines.append(f"{BASELINE}: NO static pair within the bounds met {TARGET_ATTAINMENT:.0%} attainment "
+                     f"({len(runs[BASELINE]['search'])} pairs replayed)")
+    if has_baseline(runs):
         lines.append(f"{BASELINE}: the cheapest static pair meeting {TARGET_ATTAINMENT:.0%} attainment, of "
                      f"{len(runs[BASELINE]['search'])} pairs replayed against the engine's truth")
     lines.append(f"GPU-hours over the same {runs[names[0]]['window_s']:.1f} s for every run (to the last request "
@@ -82,11 +90,11 @@ def write_plot(prefix: Path, runs: dict[str, dict], slo_ttft_s: float) -> Path:
     for name in names:
         tl = runs[name]["timeline"]
         replicas.step([p["t_s"] for p in tl], [sum(p["replicas"].values()) for p in tl], where="post", label=name)
-    if BASELINE in runs:
+    if has_baseline(runs):
         replicas.axhline(sum(runs[BASELINE]["replicas"].values()), ls="--", color="grey", label=BASELINE)
     replicas.set(ylabel="replicas (prefill + decode)")
     replicas.legend(fontsize=8, ncol=2)
-    for name in [n for n in (*names, BASELINE) if n in runs]:
+    for name in [*names, *([BASELINE] if has_baseline(runs) else [])]:
         points = [(p["t_s"], p["ttft_s"]) for p in runs[name]["timeline"] if p["ttft_s"] is not None]
         ttft.plot([x for x, _ in points], [y for _, y in points], label=name, lw=1)
     ttft.axhline(slo_ttft_s, ls=":", color="black", label="TTFT SLO")

@@ -25,6 +25,9 @@ class StaticSearch:
     decode: tuple[int, int]
     target: float = 0.95
     tried: dict[Pair, float] = field(default_factory=dict)
+    # NOTE: when given, every decode count a prefill count may need is replayed at once (in parallel): more
+    # replays, fewer rounds; the answer is the same
+    evaluate_many: Callable[[list[Pair]], list[float]] | None = None
 
     def meets(self, pair: Pair) -> bool:
         if pair not in self.tried:
@@ -38,7 +41,10 @@ class StaticSearch:
             if best is not None and p + d_min >= sum(best):
                 break
             d_top = min(best[1], sum(best) - p - 1) if best is not None else d_max  # only cheaper counts
-            if d_top < d_min or not self.meets((p, d_top)):
+            if d_top < d_min:
+                break
+            self._prefetch([(p, d) for d in range(d_min, d_top + 1)])
+            if not self.meets((p, d_top)):
                 continue
             d = self._fewest_decode(p, d_min, d_top)
             if best is None or p + d < sum(best):
@@ -47,6 +53,11 @@ class StaticSearch:
             raise SearchError(f"no static pair with prefill in {self.prefill} and decode in {self.decode} "
                               f"meets {self.target:.0%} attainment")
         return best
+
+    def _prefetch(self, pairs: list[Pair]) -> None:
+        todo = [pair for pair in pairs if pair not in self.tried]
+        if self.evaluate_many is not None and todo:
+            self.tried.update(zip(todo, self.evaluate_many(todo)))
 
     def _fewest_decode(self, p: int, lo: int, hi: int) -> int:
         """The fewest decode workers in [lo, hi] meeting the target with `p` prefill; (p, hi) is known to."""

@@ -2,8 +2,10 @@
 the virtual connector (new replicas serve after a start delay), once per planner model (the engine's truth, or
 a perturbed one), beside the cheapest static pair that meets the SLA, found by replaying pairs against the truth.
 Orchestration only: every decision is the core's, and the baseline never consults the planner's model."""
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from engines.sim.profile import TimingProfile
@@ -15,7 +17,7 @@ from tandem.bench.traces import TraceRow
 from tandem.sim import metrics
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.observe import SimObserver
-from tandem.sim.planner_search import StaticSearch
+from tandem.sim.planner_search import SearchError, StaticSearch
 
 BASELINE = "static_best"
 
@@ -55,32 +57,50 @@ class PlannerSimConfig:
         return counts
 
 
-def search_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig) -> tuple[dict, StaticSearch]:
-    """The cheapest static pair meeting the target, searched by replaying pairs against the engine's truth."""
+def search_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
+                  pool: ProcessPoolExecutor | None = None) -> tuple[dict | None, list[dict]]:
+    """The cheapest static pair meeting the target, searched by replaying pairs against the engine's truth (with
+    a pool, each prefill count's candidate decode counts at once)."""
     runs: dict[tuple[int, int], dict] = {}
 
+    def counts(pair: tuple[int, int]) -> dict:
+        return {WorkerRole.PREFILL: pair[0], WorkerRole.DECODE: pair[1]}
+
     def evaluate(pair: tuple[int, int]) -> float:
-        runs[pair] = run_static(truth, rows, cfg, {WorkerRole.PREFILL: pair[0], WorkerRole.DECODE: pair[1]})
+        runs[pair] = run_static(truth, rows, cfg, counts(pair))
         return runs[pair]["sla_attainment"]
+
+    def evaluate_many(pairs: list[tuple[int, int]]) -> list[float]:
+        futures = [pool.submit(run_static, truth, rows, cfg, counts(pair)) for pair in pairs]
+        runs.update(zip(pairs, (f.result() for f in futures)))
+        return [runs[pair]["sla_attainment"] for pair in pairs]
 
     p, d = cfg.planner.prefill, cfg.planner.decode
     prefill = (max(p.min_replicas, 1), p.max_replicas) if cfg.has_prefill else (0, 0)
-    search = StaticSearch(evaluate, prefill, (max(d.min_replicas, 1), d.max_replicas), cfg.target_attainment)
-    return runs[search.cheapest()], search
+    search = StaticSearch(evaluate, prefill, (max(d.min_replicas, 1), d.max_replicas), cfg.target_attainment,
+                          evaluate_many=evaluate_many if pool is not None else None)
+    try:
+        return runs[search.cheapest()], search.report()
+    except SearchError:
+        return None, search.report()  # NOTE: reported as such; the planner runs still stand
 
 
 def run_all(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
-            models: dict[str, TimingProfile]) -> dict[str, dict]:
-    """One planner run per model (keyed "planner_<name>") and the searched static baseline. GPU-hours of all are
-    counted over the same window: until the last of them has finished its last request."""
-    runs = {f"planner_{name}": run_planned(truth, rows, cfg, model) for name, model in models.items()}
-    if cfg.search_baseline:
-        best, search = search_static(truth, rows, cfg)
-        runs[BASELINE] = {**best, "search": search.report()}
-    window = max(run["end_s"] for run in runs.values())
-    for run in runs.values():
-        run["gpu_hours_own_end"] = run["gpu_hours"](run["end_s"])
-        run["gpu_hours"], run["window_s"] = run["gpu_hours"](window), window
+            models: dict[str, TimingProfile], jobs: int = 1) -> dict[str, dict]:
+    """One planner run per model (keyed "planner_<name>") and the searched static baseline, in up to `jobs`
+    processes. GPU-hours of all are counted over the same window: until the last of them has finished."""
+    with ProcessPoolExecutor(max(jobs, 1), multiprocessing.get_context("fork")) as pool:
+        planned = {name: pool.submit(run_planned, truth, rows, cfg, model) for name, model in models.items()}
+        best = search_static(truth, rows, cfg, pool if jobs > 1 else None) if cfg.search_baseline else None
+        runs = {f"planner_{name}": future.result() for name, future in planned.items()}
+    if best is not None:
+        run, tried = best
+        runs[BASELINE] = {**run, "search": tried} if run else {"search": tried, "not_found": True}
+    timed = [run for run in runs.values() if "end_s" in run]
+    window = max(run["end_s"] for run in timed)
+    for run in timed:
+        run["gpu_hours"] = run["gpu_hours_own_end"] + run["gpu_hours_per_s_after"] * (window - run["end_s"])
+        run["window_s"] = window
     return runs
 
 
@@ -132,7 +152,9 @@ def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replic
     records = sim.run(rows)
     end = max([r.finish_s for r in records] + [rows[-1].arrival_s])
     summary = metrics.summarize(sim, records, metrics.Slo(cfg.slo.ttft_s, cfg.slo.itl_s), time.perf_counter() - wall)
-    return {"sla_attainment": summary["slo_attainment"], "gpu_hours": gpu_hours,  # a function of the window's end
+    own = gpu_hours(end)
+    return {"sla_attainment": summary["slo_attainment"], "gpu_hours_own_end": own,
+            "gpu_hours_per_s_after": gpu_hours(end + 1.0) - own,  # what the fleet left at the end costs on
             "replicas": {role.value: count for role, count in start.items()},
             "peak_replicas": max((sum(t["replicas"].values()) for t in timeline), default=0),
             "decisions": decisions, "num_requests": summary["num_requests"], "num_finished": summary["num_finished"],

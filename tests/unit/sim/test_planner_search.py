@@ -48,3 +48,16 @@ def test_most_in_window():
     assert most_in_window([], 5.0) == 0
     assert most_in_window([0, 1, 2, 10, 11], 5.0) == 3
     assert most_in_window([0, 5, 10], 5.0) == 1
+
+
+def test_replaying_each_prefill_counts_candidates_at_once_finds_the_same_pair_in_fewer_rounds():
+    evaluate = surface(3, 5, 0.5)
+    rounds: list[list] = []
+
+    def many(pairs):
+        rounds.append(pairs)
+        return [evaluate(p) for p in pairs]
+
+    serial, wide = StaticSearch(evaluate, (1, 8), (1, 8)), StaticSearch(evaluate, (1, 8), (1, 8), evaluate_many=many)
+    assert wide.cheapest() == serial.cheapest()
+    assert len(rounds) < len(serial.tried) and all(len({p for p, _ in r}) == 1 for r in rounds)
