@@ -29,7 +29,8 @@ class StackConfig:
     port: int = 8000
     host: str = "127.0.0.1"
     engine: str = "native"
-    router_port: int = 0  # 0: a free port
+    router_port: int = 0  # 0: a free port (the first router's; further replicas always get free ports)
+    num_routers: int = 1  # router replicas: "router", "router-1", ...; every worker registers with each
     dtype: str = "float32"
     num_threads: int = 0  # per worker; 0: the cores divided among workers
     log_dir: Path = Path(".cache/logs")
@@ -62,10 +63,14 @@ class Stack:
         # a child's "any free port" could otherwise take a port chosen for another one before that one binds it
         # router gRPC and metrics, per worker gRPC and metrics; never the ports the caller chose (picked earlier,
         # and already released, so the kernel may offer them again)
-        ports = iter(free_ports(2 + 2 * len(workers), exclude={cfg.port, cfg.router_port}))
+        if cfg.num_routers < 1:
+            raise ValueError(f"need at least one router, got {cfg.num_routers}")
+        routers = ["router"] + [f"router-{i}" for i in range(1, cfg.num_routers)]
+        ports = iter(free_ports(2 * len(routers) + 2 * len(workers), exclude={cfg.port, cfg.router_port}))
         self.router_port = cfg.router_port or next(ports)
+        self.router_ports = {"router": self.router_port, **{name: next(ports) for name in routers[1:]}}
         self.worker_ports = {name: next(ports) for name in workers}  # gRPC
-        self.metrics_ports: dict[str, int] = {name: next(ports) for name in ["router", *workers]}
+        self.metrics_ports: dict[str, int] = {name: next(ports) for name in [*routers, *workers]}
         self.metrics_ports["gateway"] = cfg.port  # the gateway serves /metrics on its API port
         self.retired: list[Child] = []  # workers the planner removed: draining, then gone
         self.control = None  # the planner's control endpoint, with cfg.planner
@@ -76,9 +81,9 @@ class Stack:
 
     def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        router = f"127.0.0.1:{self.router_port}"
-        self._spawn("router", ["router", "--port", str(self.router_port), *self._metrics_args("router"),
-                               *self.cfg.router_args])
+        router = ",".join(f"127.0.0.1:{port}" for port in self.router_ports.values())  # every replica
+        for name, port in self.router_ports.items():
+            self._spawn(name, ["router", "--port", str(port), *self._metrics_args(name), *self.cfg.router_args])
         threads = str(self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode)))
         common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
                   "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]
@@ -217,12 +222,15 @@ class Stack:
         from services.common.grpc_server import make_sync_channel
         from services.common.protos import router_pb2, router_pb2_grpc  # (generated on first import)
 
-        try:
-            with make_sync_channel(f"127.0.0.1:{self.router_port}") as channel:
-                reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=1)
-                return len(reply.workers)
-        except grpc.RpcError:
-            return 0
+        counts = []  # NOTE: the stack is ready once every replica sees every worker: the fewest any replica has
+        for port in self.router_ports.values():
+            try:
+                with make_sync_channel(f"127.0.0.1:{port}") as channel:
+                    reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=1)
+                    counts.append(len(reply.workers))
+            except grpc.RpcError:
+                counts.append(0)
+        return min(counts)
 
 
 def make_stack(cfg: StackConfig) -> Stack:
@@ -312,7 +320,7 @@ def print_banner(stack: Stack, prometheus: str | None = None) -> None:
     metrics = "\n".join(f"metrics: {name} {url}" for name, url in stack.metrics_urls.items())
     prometheus_line = f"\n  prometheus: {prometheus}" if prometheus else ""
     print(f"""tandem is up: {stack.url}
-  router 127.0.0.1:{stack.router_port} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
+  router {", ".join(f"127.0.0.1:{p}" for p in stack.router_ports.values())} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
   logs: {cfg.log_dir}/
 {metrics}
   Prometheus targets (file_sd): {stack.targets_path}{prometheus_line}

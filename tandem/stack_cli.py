@@ -25,6 +25,8 @@ def add_stack_commands(commands) -> None:
                     help="checkpoint directory (default: `tandem model fetch`'s SmolLM2)")
     up.add_argument("--prefill", type=int, default=1, help="prefill workers (0: aggregated serving)")
     up.add_argument("--decode", type=int, default=1, help="decode workers")
+    up.add_argument("--routers", type=int, default=1,
+                    help="router replicas: every worker registers with each, gateways spread Route calls over them")
     up.add_argument("--port", type=int, default=8000, help="gateway port")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--engine", default="native", choices=["native", "zero", "sim", "trtllm"])
@@ -60,12 +62,13 @@ def _serve(args) -> int:
 def _up(args) -> int:
     from tandem.launcher import StackConfig, run_stack
 
-    if args.prefill < 0 or args.decode < 1:
-        raise SystemExit("tandem up: need --decode >= 1 and --prefill >= 0")
+    if args.prefill < 0 or args.decode < 1 or args.routers < 1:
+        raise SystemExit("tandem up: need --decode >= 1, --prefill >= 0 and --routers >= 1")
     model = args.model or str(_default_model())
     tiers = [f"--{name.replace('_', '-')}={value}" for name in ("kv_host_gb", "kv_disk_gb")
              if (value := getattr(args, name)) is not None]
-    cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, port=args.port,
+    cfg = StackConfig(model=model, num_prefill=args.prefill, num_decode=args.decode, num_routers=args.routers,
+                      port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
                       log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers,
                       planner=args.planner, worker_args=(*tiers, *_device_args(args)), kv_disk_dir=args.kv_disk_dir)

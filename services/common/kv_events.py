@@ -1,11 +1,12 @@
 """A worker's KV events as a stream of KvEventBatch protos: the replay (or a snapshot when the engine's ring
-no longer reaches back), then each new batch as the engine records it. No decision logic, no gRPC context."""
+no longer reaches back), then each new batch as the engine records it; and its load each time it changes.
+No decision logic, no gRPC context."""
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from engines.base.engine import Engine
 from services.common.convert import kv_events_to_pb, kv_snapshot_to_pb
-from services.common.protos import worker_pb2
+from services.common.protos import common_pb2, worker_pb2
 
 
 async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
@@ -21,6 +22,19 @@ async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
             yield kv_events_to_pb(worker_id, events)
             after_seq = events[-1].seq
         await _first_of(engine.wait_kv_events(after_seq), stopped.wait())
+
+
+async def load_changes(load: Callable[[], common_pb2.WorkerLoad], interval_s: float,
+                       stopped: asyncio.Event) -> AsyncIterator[common_pb2.WorkerLoad]:
+    """The load now, then each time its queue, batch or held requests differ from the last one sent."""
+    last = None
+    while not stopped.is_set():
+        now = load()
+        key = (now.num_waiting, now.num_running, now.num_held)
+        if key != last:
+            last = key
+            yield now
+        await _first_of(asyncio.sleep(interval_s), stopped.wait())
 
 
 async def _first_of(*coros) -> None:

@@ -1,6 +1,7 @@
-"""Keeps a worker registered with the router: register, heartbeat with load, re-register when the lease was lost,
-retry with backoff while the router is away, deregister on stop. It runs on its own thread with a blocking gRPC
-channel, so that heartbeats keep their timing however busy the worker's event loop is (streams, KV transfers)."""
+"""Keeps a worker registered with the router (with each replica: `Registrars`): register, heartbeat with load,
+re-register when the lease was lost, retry with backoff while the router is away, deregister on stop. It runs on its
+own thread with a blocking gRPC channel, so that heartbeats keep their timing however busy the worker's event loop
+is (streams, KV transfers)."""
 import asyncio
 import logging
 import threading
@@ -10,6 +11,7 @@ import grpc
 
 from services.common.grpc_server import make_sync_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
+from services.common.router_addresses import router_addresses
 
 log = logging.getLogger(__name__)
 # NOTE: a restarted router must see every worker again within a second or two: its KV index and its pool are
@@ -76,3 +78,18 @@ class Registrar:
     def _heartbeat(self) -> bool:
         request = router_pb2.HeartbeatRequest(worker_id=self.info.worker_id, load=self.load())
         return self.stub.Heartbeat(request, timeout=RPC_TIMEOUT_S).known
+
+
+class Registrars:
+    """One Registrar per router replica (`router_address` a comma list, or dns:NAME:PORT): every replica follows
+    every worker, so each decides on its own full view."""
+
+    def __init__(self, router_address: str, info: router_pb2.WorkerInfo, load: Callable[[], common_pb2.WorkerLoad]):
+        self.members = [Registrar(a, info, load) for a in router_addresses(router_address)]
+
+    def start(self) -> None:
+        for member in self.members:
+            member.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(member.stop() for member in self.members))

@@ -17,11 +17,11 @@ from services.common.drain import Drain
 from services.common.engine_factory import make_engine
 from services.common.errors import abort_with
 from services.common.grpc_server import GrpcServer, run_until_signal
-from services.common.kv_events import kv_event_batches
+from services.common.kv_events import kv_event_batches, load_changes
 from services.common.logs import request_id
 from services.common.metrics import MetricsEndpoint, WorkerMetrics
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
-from services.common.registration import Registrar
+from services.common.registration import Registrars
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError
 from services.common.tls import process_tls
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 CONTROL_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name
 SETTLE_S = 1.0  # after deregistering: longer than a route's way to the worker (not a long remote prefill)
 HAND_BACK_GRACE_S = 2.0  # for the streams handed back to say so before the server closes
+LOAD_STREAM_INTERVAL_S = 0.01  # StreamLoad: how often the load is compared with the last one sent
 # per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
 _ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), WorkerRole.DECODE: (("Generate",), ("import",))}
 
@@ -105,6 +106,11 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine publishes no KV events")
         async for batch in kv_event_batches(self.engine, self.worker_id, request.after_seq, self.stopping):
             yield batch
+
+    async def StreamLoad(self, request, context):
+        interval_s = request.interval_s if request.interval_s > 0 else LOAD_STREAM_INTERVAL_S
+        async for load in load_changes(self.load, interval_s, self.stopping):
+            yield load
 
     def load(self) -> common_pb2.WorkerLoad:
         return load_to_pb(self.engine.stats(), self.settings.max_num_seqs)
@@ -186,7 +192,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     service.worker_id = settings.resolved_worker_id(server.port)
     service.address = settings.advertised_address(server.port)
     service.metrics.start_at_zero(*_ZERO_SERIES[settings.role], _transport_label(settings.role, engine))
-    registrar = Registrar(settings.router_address, service.info(service.address), service.load)
+    registrar = Registrars(settings.router_address, service.info(service.address), service.load)
     endpoint: MetricsEndpoint | None = None
     watcher: asyncio.Task | None = None
 

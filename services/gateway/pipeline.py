@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 import grpc
 
+from engines.base.block_hash import chain_block_hashes
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.grpc_server import make_channel
-from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.tracing import span
 from services.gateway import errors
 from services.gateway.journey import Journey
+from services.gateway.router_pool import RouterPool
 
 log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
@@ -34,15 +36,17 @@ class TokenDelta:
 
 
 class Pipeline:
-    def __init__(self, router_channel: grpc.aio.Channel, *, model: str, request_timeout_s: float,
+    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel], *, model: str,
+                 request_timeout_s: float,
                  route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None):
-        self._router = router_pb2_grpc.RouterStub(router_channel)
+        self._routers = RouterPool(router_channel if isinstance(router_channel, list) else [router_channel])
         self._model = model
         self._max_migrations, self._on_migration = max_migrations, on_migration
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task] = set()
         self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
+        self._block_size = 0  # the decode workers' one KV block size (0: unknown or mixed): the router's hashes
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
         """One request, start to finish, across as many workers as it takes; Router.Complete follows whatever
@@ -116,11 +120,16 @@ class Pipeline:
         return self._max_model_len
 
     async def _list_workers(self) -> router_pb2.ListWorkersResponse:
-        listing = await self._router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
+        listing = await self._routers.any(
+            lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s))
         lengths = [w.worker.max_model_len for w in listing.workers
                    if w.worker.model == self._model and w.lease_expires_in_s > 0 and w.worker.max_model_len]
         if lengths:  # NOTE: none listed says nothing new: the last known context stands
             self._max_model_len = min(lengths)
+        sizes = {w.worker.layout.block_size for w in listing.workers if w.worker.model == self._model
+                 and w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0}
+        if sizes:
+            self._block_size = sizes.pop() if len(sizes) == 1 else 0
         self._listed_at = time.monotonic()
         return listing
 
@@ -132,11 +141,14 @@ class Pipeline:
         self._channels.clear()
 
     async def _route(self, req_id: str, prompt: list[int], excluded: list[str]) -> router_pb2.RouteResponse:
+        # NOTE: the prompt's block hashes go along once the workers' block size is known: the router skips hashing
+        hashes = chain_block_hashes(prompt, self._block_size) if self._block_size else []
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
-                                          exclude_worker_ids=excluded)
+                                          exclude_worker_ids=excluded, block_hashes=hashes,
+                                          hash_block_size=self._block_size if hashes else 0)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
-            try:  # NOTE: wait_for_ready: a router restarting is waited for (up to the timeout), not failed at once
-                reply = await self._router.Route(request, timeout=self._route_timeout_s, wait_for_ready=True)
+            try:  # NOTE: the pool fails over between replicas, and waits for a restarting one (up to the timeout)
+                reply = await self._routers.route(request, self._route_timeout_s)
             except grpc.aio.AioRpcError as exc:
                 raise errors.from_rpc_error(exc, "route") from None
             current.set_attribute("tandem.decode_worker", reply.decode.worker_id)
@@ -270,11 +282,12 @@ class Pipeline:
     async def _report(self, worker_id: str, req_id: str, reason: str) -> None:
         """Tell the router at once, so that it stops routing there before the worker's lease runs out."""
         request = router_pb2.ReportFailureRequest(worker_id=worker_id, req_id=req_id, reason=reason)
-        await self._quietly(self._router.ReportFailure(request, timeout=self._route_timeout_s), "report", req_id)
+        await self._quietly(self._routers.of(req_id).ReportFailure(request, timeout=self._route_timeout_s), "report",
+                            req_id)
 
     async def _complete(self, req_id: str) -> None:
-        await self._quietly(self._router.Complete(router_pb2.CompleteRequest(req_id=req_id),
-                                                  timeout=self._route_timeout_s), "complete", req_id)
+        await self._quietly(self._routers.done(req_id).Complete(router_pb2.CompleteRequest(req_id=req_id),
+                                                                timeout=self._route_timeout_s), "complete", req_id)
 
     @staticmethod
     async def _quietly(call, what: str, req_id: str) -> None:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.common.grpc_server import make_channel
 from services.common.logs import setup_logging
+from services.common.router_addresses import router_addresses
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
 from services.common.tls import process_tls
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 OPENAPI_VERSION = "1.0.0"  # of the HTTP API this document describes
 
 
-def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | None = None,
+def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | None = None,
                inflight: Inflight | None = None) -> FastAPI:
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
     is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
@@ -39,7 +40,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     metrics.start_at_zero(model.name)
     serving = Serving(settings, model, admission, metrics)
 
-    def attach(channel: grpc.aio.Channel) -> Pipeline:
+    def attach(channel: grpc.aio.Channel | list[grpc.aio.Channel]) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
                                     request_timeout_s=settings.request_timeout_s,
                                     route_timeout_s=settings.route_timeout_s, max_migrations=settings.max_migrations,
@@ -51,14 +52,15 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        owned = make_channel(settings.router_address) if router_channel is None else None
-        if owned is not None:
+        # NOTE: several router replicas (a comma list, or dns:NAME:PORT for all of a name's records): one channel each
+        owned = [make_channel(a) for a in router_addresses(settings.router_address)] if router_channel is None else []
+        if owned:
             attach(owned)
         log.info("gateway for %s, router at %s", model.name, settings.router_address)
         yield
         await serving.close()
-        if owned is not None:
-            await owned.close()
+        for channel in owned:
+            await channel.close()
 
     app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")

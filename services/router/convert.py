@@ -38,7 +38,8 @@ def load_to_pb(load: WorkerLoad) -> common_pb2.WorkerLoad:
 
 
 def route_input_from_pb(msg: router_pb2.RouteRequest) -> RouteInput:
-    return RouteInput(msg.req_id, msg.model, tuple(msg.token_ids), frozenset(msg.exclude_worker_ids))
+    return RouteInput(msg.req_id, msg.model, tuple(msg.token_ids), frozenset(msg.exclude_worker_ids),
+                      tuple(msg.block_hashes), msg.hash_block_size)
 
 
 def worker_ref(view: WorkerView) -> router_pb2.WorkerRef:

@@ -1,11 +1,13 @@
 """One routing decision: candidates from the registry (quarantined workers only when nothing else is left), a
 decode worker from the policy, a prefill worker from the disaggregation policy, in-flight load recorded; when
-every decode candidate is past the busy threshold, load is shed instead. Pure: no I/O, no transport."""
+every decode candidate is past the busy threshold, load is shed instead. The array-scored kv policy decides without
+a view per worker where it can. Pure: no I/O, no transport."""
 from dataclasses import dataclass
 
+from services.router.array_policy import ArrayKvPolicy
 from services.router.policy import DisaggregationPolicy, RoutingPolicy, load_of
 from services.router.registry import Registry
-from services.router.types import (NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
+from services.router.types import (Choice, NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
                                    WorkerRole, WorkersBusyError, WorkerView)
 
 
@@ -33,13 +35,25 @@ class RouterCore:
     def route(self, request: RouteInput) -> RouteDecision:
         """Choose workers for `request` and count it against them; raises when none can take it."""
         request.validate()
-        choice = self.policy.choose(request, self._decode_candidates(request))
+        choice = self._choose_arrays(request) or self.policy.choose(request, self._decode_candidates(request))
         decode, num_cached = choice.view, choice.num_cached_tokens
         split = self.disagg.decide(request, self.candidates(request, WorkerRole.PREFILL), num_cached)
         chosen = [decode.worker_id] + ([split.prefill.worker_id] if split.prefill else [])
         num_tokens = len(request.token_ids)
         self.registry.add_inflight(request.req_id, chosen, num_tokens, max(num_tokens - num_cached, 0))
         return RouteDecision(decode, split.prefill, self.policy.name, num_cached, split.reason)
+
+    def _choose_arrays(self, request: RouteInput) -> Choice | None:
+        """The array-scored kv path, where nothing needs a per-worker look: no exclusions, no quarantine, no busy
+        thresholds. None: the per-view path decides (and raises what it must)."""
+        if (not isinstance(self.policy, ArrayKvPolicy) or request.exclude_worker_ids or self.busy.load
+                or self.busy.kv or self.registry.has_quarantine()):
+            return None
+        picked = self.policy.choose_arrays(request, self.registry.arrays(request.model, WorkerRole.DECODE))
+        if picked is None:
+            return None
+        view = self.registry.view(picked[0])
+        return Choice(view, picked[1]) if view is not None else None
 
     def candidates(self, request: RouteInput, role: WorkerRole) -> list[WorkerView]:
         views = [v for v in self.registry.views(request.model, role) if v.worker_id not in request.exclude_worker_ids]

@@ -184,7 +184,7 @@ class KvAwarePolicy:
             block_size = self._block_size(view)
             match = matches.get(block_size)
             if match is None:
-                match = matches[block_size] = self._match(request.token_ids, block_size)
+                match = matches[block_size] = self._match(request, block_size)
             worker_id = view.info.worker_id
             prefix = match[1].get(worker_id, _NOTHING)
             num_predicted = match[2].get(worker_id, 0)
@@ -213,8 +213,12 @@ class KvAwarePolicy:
         return (host if host is not None else tier_credit(load, KvTier.HOST, self.tier_weights[KvTier.HOST]),
                 disk if disk is not None else tier_credit(load, KvTier.DISK, self.tier_weights[KvTier.DISK]))
 
-    def _match(self, token_ids: Sequence[int], block_size: int) -> tuple[list[int], dict, dict]:
-        hashes = chain_block_hashes(token_ids, block_size)
+    def _match(self, request: RouteInput, block_size: int) -> tuple[Sequence[int], dict, dict]:
+        # NOTE: the gateway's hashes when it sent them for this block size (it tokenized the prompt already)
+        if request.block_hashes and request.hash_block_size == block_size:
+            hashes = request.block_hashes
+        else:
+            hashes = chain_block_hashes(request.token_ids, block_size)
         tiers = self.index.match(hashes) if self.config.use_events else {}
         return hashes, tiers, self.predicted.overlap(hashes)
 

@@ -8,6 +8,7 @@ Pure: no I/O, no logging, no transport; time comes from an injected clock.
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from services.router.load_arrays import GroupArrays, common_block_size
 from services.router.types import WorkerInfo, WorkerLoad, WorkerRole, WorkerView
 
 Clock = Callable[[], float]
@@ -72,6 +73,8 @@ class Registry:
         self._inflight: dict[str, _InFlight] = {}
         self._models: set[str] = set()  # every model ever registered: its absence later is UNAVAILABLE
         self._groups: dict[tuple[str, WorkerRole], list[_Worker]] | None = None  # by worker_id; None: stale
+        self._arrays: dict[tuple[str, WorkerRole], GroupArrays] = {}  # the groups as arrays (built on demand)
+        self._dirty: set[str] = set()  # workers whose rows in `_arrays` are out of date
         self._seq = 0  # counts routes, so "routed after the last load report" is exact under any clock
         self._quarantined: dict[str, float] = {}  # worker_id -> until
         self._evicted: dict[str, dict[str, _Route]] = {}  # worker_id -> its in-flight routes when it was evicted
@@ -95,7 +98,7 @@ class Registry:
         self._workers[info.worker_id] = rec
         self._quarantined.pop(info.worker_id, None)
         self._models.add(info.model)
-        self._groups = None
+        self._groups, self._arrays = None, {}
         return old is None
 
     def heartbeat(self, worker_id: str, load: WorkerLoad) -> bool:
@@ -106,6 +109,17 @@ class Registry:
             return False
         worker.load, worker.load_seq, worker.num_extensions = load, self._seq, 0
         worker.expires_at = self._clock() + self.lease_ttl_s
+        self._dirty.add(worker_id)
+        return True
+
+    def report_load(self, worker_id: str, load: WorkerLoad) -> bool:
+        """A load the worker streamed between heartbeats: recorded as a heartbeat's is (routes before it count as
+        reflected), but it renews no lease. False for a worker not held."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return False
+        worker.load, worker.load_seq = load, self._seq
+        self._dirty.add(worker_id)
         return True
 
     def deregister(self, worker_id: str) -> bool:
@@ -133,6 +147,7 @@ class Registry:
             return False
         rec.num_extensions += 1
         rec.expires_at = self._clock() + self.lease_ttl_s
+        self._dirty.add(worker_id)
         return True
 
     def evict(self, worker_id: str) -> bool:
@@ -180,6 +195,7 @@ class Registry:
         route = _Route(self._seq, num_tokens, num_uncached)
         for worker_id in live:
             self._workers[worker_id].add(req_id, route)
+        self._dirty.update(live)
         self._inflight[req_id] = _InFlight(live, self._clock())
 
     def complete(self, req_id: str) -> bool:
@@ -189,6 +205,7 @@ class Registry:
         for worker_id in entry.worker_ids:
             if worker_id in self._workers:
                 self._workers[worker_id].pop(req_id)
+                self._dirty.add(worker_id)
             elif worker_id in self._evicted:
                 self._evicted[worker_id].pop(req_id, None)
                 if not self._evicted[worker_id]:
@@ -223,7 +240,39 @@ class Registry:
             for _, rec in sorted(self._workers.items()):
                 groups.setdefault((rec.info.model, rec.info.role), []).append(rec)
             self._groups = groups
+            self._arrays = {}
         return self._groups.get((model, role), [])
+
+    def arrays(self, model: str, role: WorkerRole) -> GroupArrays:
+        """The group's workers (lapsed ones too: compare `expires_at` with the clock) as arrays, rows by worker_id."""
+        key = (model, role)
+        group = self._arrays.get(key)
+        if group is None:
+            recs = self._group(model, role)
+            group = self._arrays[key] = GroupArrays.empty(
+                [rec.info.worker_id for rec in recs],
+                common_block_size([rec.info.layout.block_size if rec.info.layout else 0 for rec in recs]))
+            for row, rec in enumerate(recs):
+                self._fill(group, row, rec)
+        for worker_id in self._dirty:
+            rec = self._workers.get(worker_id)
+            if rec is not None and (arrays := self._arrays.get((rec.info.model, rec.info.role))) is not None:
+                self._fill(arrays, arrays.row_of[worker_id], rec)
+        self._dirty.clear()
+        return group
+
+    def view(self, worker_id: str) -> WorkerView | None:
+        """One held worker's view (what `views` would say of it)."""
+        rec = self._workers.get(worker_id)
+        return self._view(rec, self._clock()) if rec is not None else None
+
+    def has_quarantine(self) -> bool:
+        """Some worker may be quarantined (an entry past its time is dropped when next asked about)."""
+        return bool(self._quarantined)
+
+    @staticmethod
+    def _fill(group: GroupArrays, row: int, rec: _Worker) -> None:
+        group.set_row(row, rec.expires_at, rec.num_inflight_tokens, rec.queued_prefill()[1])
 
     def has_model(self, model: str) -> bool:
         """True when some worker has ever served `model`, live or not."""
@@ -245,7 +294,7 @@ class Registry:
         rec = self._workers.pop(worker_id, None)
         if rec is None:
             return False
-        self._groups = None
+        self._groups, self._arrays = None, {}
         self._quarantined.pop(worker_id, None)
         if forget_inflight:
             for req_id in rec.inflight:

@@ -21,6 +21,7 @@ from services.router.convert import (decision_to_pb, load_from_pb, route_input_f
                                      worker_status_to_pb)
 from services.router.core import RouterCore
 from services.router.kv_subscriber import KvSubscriber
+from services.router.load_subscriber import LoadSubscriber
 from services.router.metrics import RouterMetrics
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.probe import LeaseProber
@@ -61,13 +62,14 @@ def make_subscriber(core: RouterCore) -> KvSubscriber | None:
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None,
-                 metrics: RouterMetrics | None = None):
+                 metrics: RouterMetrics | None = None, loads: LoadSubscriber | None = None):
         self.traffic = router_pb2.Traffic()  # cumulative; GetTraffic stamps uptime_s
         self._started = time.monotonic()
         self.core = core
         self.registry = core.registry
         self.settings = settings
         self.kv = kv
+        self.loads = loads
         self.metrics = metrics or RouterMetrics(self.registry.views)
 
     @_maps_errors
@@ -78,6 +80,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                  info.role.value, info.worker_id, info.address, info.model)
         if self.kv is not None and info.role is WorkerRole.DECODE:
             self.kv.follow(info.worker_id, info.address)
+        if self.loads is not None and info.role is WorkerRole.PREFILL:
+            self.loads.follow(info.worker_id, info.address)
         return router_pb2.RegisterResponse(lease_ttl_s=self.settings.lease_ttl_s,
                                            heartbeat_interval_s=self.settings.heartbeat_interval_s)
 
@@ -92,6 +96,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             log.info("deregistered worker %s", request.worker_id)
         if self.kv is not None:
             self.kv.forget([request.worker_id], (v.worker_id for v in self.registry.views()))
+        if self.loads is not None:
+            self.loads.forget([request.worker_id])
         return router_pb2.DeregisterResponse()
 
     @_maps_errors
@@ -162,11 +168,14 @@ class RouterService:
         self.core = build_core(settings, clock)
         self.registry = self.core.registry
         self.kv = make_subscriber(self.core)
+        interval_s = settings.load_stream_interval_s
+        self.loads = LoadSubscriber(self.registry, interval_s) if interval_s > 0 else None
         index = self.core.policy.event_index
         self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
         self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME])
-        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics),
+        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics,
+                                                                    self.loads),
                                                      self.server.server)
         self.prober = LeaseProber(self.registry, settings.probe_timeout_s, settings.max_lease_extensions)
         self._sweeper: asyncio.Task | None = None
@@ -193,6 +202,8 @@ class RouterService:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.kv is not None:
             await self.kv.close()
+        if self.loads is not None:
+            await self.loads.close()
         await self.server.stop(grace_s)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
@@ -203,6 +214,8 @@ class RouterService:
             log.info("lease expired: worker %s left the pool", worker_id)
         if expired and self.kv is not None:
             self.kv.forget(expired, (v.worker_id for v in self.registry.views()))
+        if expired and self.loads is not None:
+            self.loads.forget(expired)
         stale = self.registry.expire_inflight()
         if stale:
             log.info("dropped %d in-flight requests never completed within %.0f s", len(stale),

@@ -41,6 +41,8 @@ class RouterSettings:
     probe_timeout_s: float = 2.0  # a lapsed lease: how long the health probe may take before eviction
     max_lease_extensions: int = 3  # leases a probe may grant in a row before a silent worker is evicted anyway
     busy_load_threshold: float = 2.0  # shed load (503) when every decode worker has this many sequences per slot
+    # prefill workers' load streamed as it changes (StreamLoad), checked this often; 0: heartbeats only
+    load_stream_interval_s: float = 0.01
     busy_kv_threshold: float = 0.0  # ... or this share of its KV blocks in use (0: off, as the load one)
 
     def __post_init__(self) -> None:
@@ -67,8 +69,9 @@ class RouterSettings:
         if self.quarantine_s < 0 or not self.probe_timeout_s > 0 or self.max_lease_extensions < 0:
             raise SettingsError(f"need quarantine_s >= 0, probe_timeout_s > 0 and max_lease_extensions >= 0, got "
                                 f"{self.quarantine_s}, {self.probe_timeout_s} and {self.max_lease_extensions}")
-        if self.startup_grace_s < 0:
-            raise SettingsError(f"startup_grace_s must be >= 0, got {self.startup_grace_s}")
+        if self.startup_grace_s < 0 or self.load_stream_interval_s < 0:
+            raise SettingsError(f"startup_grace_s and load_stream_interval_s must be >= 0, got "
+                                f"{self.startup_grace_s} and {self.load_stream_interval_s}")
         if self.busy_load_threshold < 0 or not 0 <= self.busy_kv_threshold <= 1:
             raise SettingsError(f"need busy_load_threshold >= 0 and busy_kv_threshold in [0, 1], got "
                                 f"{self.busy_load_threshold} and {self.busy_kv_threshold}")

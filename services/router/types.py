@@ -78,12 +78,20 @@ class RouteInput:
     model: str
     token_ids: tuple[int, ...] = ()
     exclude_worker_ids: frozenset[str] = frozenset()
+    # the prompt's chained block hashes as the gateway computed them (engines/base/block_hash.py), for blocks of
+    # `hash_block_size` tokens; empty: the router hashes the prompt itself
+    block_hashes: tuple[int, ...] = ()
+    hash_block_size: int = 0
 
     def validate(self) -> None:
         if not self.req_id:
             raise InvalidArgumentError("req_id is required")
         if not self.model:
             raise InvalidArgumentError("model is required")
+        if self.block_hashes and (self.hash_block_size < 1
+                                  or len(self.block_hashes) != len(self.token_ids) // self.hash_block_size):
+            raise InvalidArgumentError(f"{len(self.block_hashes)} block hashes do not fit {len(self.token_ids)} "
+                                       f"tokens in blocks of {self.hash_block_size}")
 
 
 @dataclass(frozen=True, slots=True)

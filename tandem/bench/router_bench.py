@@ -1,9 +1,11 @@
 """`tandem bench router`: the in-process cost of one KV-aware routing decision (RouterCore.route with the kv
-policy) for a long prompt, many workers and a full prefix index; p50/p99 against a target, table and JSON.
+policy) for a long prompt, many workers and a full prefix index, step by step from today's per-view path to the
+array-scored one, in the same run and checked to decide alike; p50/p99 against the targets, table and JSON.
 
 Builds its own index and registry (no services, no I/O besides the report)."""
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -14,15 +16,26 @@ from pathlib import Path
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEvent, KvEventKind
 from engines.base.types import KvLayout
+from services.router.array_policy import ArrayKvPolicy
 from services.router.core import RouterCore
 from services.router.kv_policy import KvAwarePolicy, KvPolicyConfig
 from services.router.policy import DisaggregationPolicy
 from services.router.prefix_index import PrefixIndex
 from services.router.registry import Registry
+from services.router.slot_index import SlotIndex
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
 
-TARGET_P50_US = 100.0
+TARGET_P50_US, TARGET_P99_US = 50.0, 100.0
 _CHAIN = 256  # blocks per synthetic STORED event filling the index
+# the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, gateway hashes?)
+STEPS = (
+    ("today", "per-view kv policy, the router hashes the prompt", False, False),
+    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True),
+    ("arrays", "+ worker state in arrays, scored at once with numpy (bitmask index, per-worker recent routes)",
+     True, True),
+    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False),
+)
+FINAL_STEP = "arrays"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +55,15 @@ class RouterBenchConfig:
             raise ValueError(f"indexed blocks and in-flight requests must be >= 0: {self}")
 
 
-def build(cfg: RouterBenchConfig, clock=time.monotonic) -> tuple[RouterCore, PrefixIndex, list[int]]:
+def build(cfg: RouterBenchConfig, clock=time.monotonic,
+          arrays: bool = False) -> tuple[RouterCore, PrefixIndex, list[int]]:
     """A router core over `num_workers` decode workers whose index holds `num_indexed_blocks` hashes: other
-    prompts' chains spread over the workers, plus, per worker, a prefix of random length of the timed prompt."""
+    prompts' chains spread over the workers, plus, per worker, a prefix of random length of the timed prompt.
+    `arrays`: the array-scored kv policy (what the router runs), else today's per-view one; the same state."""
     rng = random.Random(cfg.seed)
     prompt = [rng.randrange(32000) for _ in range(cfg.num_prompt_tokens)]
     prompt_hashes = chain_block_hashes(prompt, cfg.block_size)
-    index = PrefixIndex(max(cfg.num_indexed_blocks, 1))
+    index = SlotIndex(max(cfg.num_indexed_blocks, 1)) if arrays else PrefixIndex(max(cfg.num_indexed_blocks, 1))
     registry = Registry(clock, lease_ttl_s=1e9, inflight_ttl_s=1e9)
     layout = KvLayout(32, 8, 128, "bfloat16", cfg.block_size)
     worker_ids = [f"decode-{i:03d}" for i in range(cfg.num_workers)]
@@ -65,7 +80,8 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic) -> tuple[RouterCore, Pre
         depth = rng.randrange(len(prompt_hashes) + 1)
         seqs[worker_id] += 1
         index.apply(worker_id, [KvEvent(seqs[worker_id], KvEventKind.STORED, NONE_HASH, tuple(prompt_hashes[:depth]))])
-    policy = KvAwarePolicy(index, clock, config=KvPolicyConfig(block_size=cfg.block_size))
+    config = KvPolicyConfig(block_size=cfg.block_size)
+    policy = ArrayKvPolicy(index, clock, config=config) if arrays else KvAwarePolicy(index, clock, config=config)
     core = RouterCore(registry, policy, DisaggregationPolicy())
     for worker_id in worker_ids:
         for k in range(cfg.num_inflight):
@@ -73,30 +89,66 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic) -> tuple[RouterCore, Pre
     return core, index, prompt
 
 
-def run_router_bench(cfg: RouterBenchConfig) -> dict:
+def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool) -> dict:
     """Times `num_iterations` decisions, each for a fresh prompt object that differs from the last in its
-    final token (so nothing is memoised across decisions); each request completes, untimed, after its route."""
+    final token (so nothing is memoised across decisions); each request completes, untimed, after its route.
+    With `gateway_hashes` the request carries its block hashes, computed untimed (the gateway's work)."""
     start = time.perf_counter()
-    core, index, prompt = build(cfg)
+    core, index, prompt = build(cfg, arrays=arrays)
     build_s = time.perf_counter() - start
-    samples_us, hash_us = [], []
+    samples_us, cpu_us, hash_us, picks = [], [], [], []
     for i in range(cfg.num_iterations):
         tokens = tuple(prompt[:-1]) + (i,)
         t0 = time.perf_counter()
-        decision = core.route(RouteInput(f"r{i}", "m", tokens))
+        hashes = tuple(chain_block_hashes(tokens, cfg.block_size)) if gateway_hashes else ()
         t1 = time.perf_counter()
-        chain_block_hashes(tokens, cfg.block_size)
-        t2 = time.perf_counter()
+        request = RouteInput(f"r{i}", "m", tokens, block_hashes=hashes,
+                             hash_block_size=cfg.block_size if gateway_hashes else 0)
+        c2, t2 = time.thread_time_ns(), time.perf_counter()
+        decision = core.route(request)
+        t3, c3 = time.perf_counter(), time.thread_time_ns()
         core.registry.complete(f"r{i}")
-        samples_us.append((t1 - t0) * 1e6)
-        hash_us.append((t2 - t1) * 1e6)
-    p50 = statistics.median(samples_us)
+        samples_us.append((t3 - t2) * 1e6)
+        cpu_us.append((c3 - c2) / 1e3)
+        hash_us.append((t1 - t0) * 1e6)
+        picks.append((decision.decode.worker_id, decision.num_cached_tokens))
+    return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us),
+            "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
+            "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
+
+
+def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0] for s in STEPS)) -> dict:
+    """Every step of `steps` over the same state; the decisions of each step must be the same (checked)."""
+    found, reference = {}, None
+    for name, what, arrays, gateway_hashes in STEPS:
+        if name not in steps:
+            continue
+        step = time_step(cfg, arrays, gateway_hashes)
+        picks = step.pop("picks")
+        reference = reference or picks
+        found[name] = {"what": what, **step, "same_decisions": picks == reference}
+    final = found.get(FINAL_STEP) or next(iter(found.values()))
+    d = final["decision_us"]
     return {
-        "benchmark": "router", "config": asdict(cfg), "machine": f"{platform.node()} python {platform.python_version()}",
-        "num_indexed_blocks": len(index), "build_s": build_s, "decision_us": _dist(samples_us),
-        "hash_prompt_us": _dist(hash_us), "num_cached_tokens_last": decision.num_cached_tokens,
-        "target_p50_us": TARGET_P50_US, "meets_target": p50 <= TARGET_P50_US,
+        "benchmark": "router", "config": asdict(cfg),
+        "machine": f"{platform.node()} python {platform.python_version()}",
+        "measures": "RouterCore.route in-process (policy + index + registry), gRPC and proto parsing excluded",
+        "load_average": os.getloadavg(), "cpu_flags": _cpu_flags(),
+        "num_indexed_blocks": final["num_indexed_blocks"], "steps": found, "final_step": FINAL_STEP,
+        "decision_us": d, "target_p50_us": TARGET_P50_US, "target_p99_us": TARGET_P99_US,
+        "meets_target": d["p50"] <= TARGET_P50_US and d["p99"] <= TARGET_P99_US,
     }
+
+
+def _cpu_flags() -> str:
+    """The host CPU's model name and SIMD flags, for the results table (Linux only; empty elsewhere)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    return f"{model}; {' '.join(f for f in flags if f.startswith(('avx', 'sse4')))}"
 
 
 def _dist(values: list[float]) -> dict[str, float]:
@@ -106,17 +158,27 @@ def _dist(values: list[float]) -> dict[str, float]:
 
 
 def format_router_report(report: dict) -> str:
-    cfg, d, h = report["config"], report["decision_us"], report["hash_prompt_us"]
-    verdict = "met" if report["meets_target"] else f"missed by {d['p50'] - report['target_p50_us']:.0f} µs"
-    return "\n".join([
+    cfg, d = report["config"], report["decision_us"]
+    verdict = "met" if report["meets_target"] else "missed"
+    lines = [
         f"router decision: {cfg['num_prompt_tokens']}-token prompt (blocks of {cfg['block_size']}), "
         f"{cfg['num_workers']} workers, {report['num_indexed_blocks']:,} indexed blocks, "
-        f"{cfg['num_iterations']} decisions (index built in {report['build_s']:.1f} s)",
-        f"{'':24}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}",
-        f"{'one Route decision':24}{d['p50']:>10.1f}{d['p99']:>10.1f}{d['mean']:>10.1f}",
-        f"{'  of which: hash prompt':24}{h['p50']:>10.1f}{h['p99']:>10.1f}{h['mean']:>10.1f}",
-        f"target p50 <= {report['target_p50_us']:.0f} µs: {verdict}",
-    ])
+        f"{cfg['num_iterations']} decisions per step ({report['measures']})",
+        f"load average {report['load_average'][0]:.1f}; wall-clock µs, and the CPU time of the deciding thread "
+        "(what it costs without being descheduled)",
+        f"{'step':22}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}{'cpu p50':>10}{'cpu p99':>10}"
+        f"{'same picks':>12}  what",
+    ]
+    for name, step in report["steps"].items():
+        s, c = step["decision_us"], step["decision_cpu_us"]
+        lines.append(f"{name:22}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['mean']:>10.1f}{c['p50']:>10.1f}{c['p99']:>10.1f}"
+                     f"{'yes' if step['same_decisions'] else 'NO':>12}  {step['what']}")
+        if step["gateway_hash_us"]:
+            lines.append(f"{'  (gateway hashing)':22}{step['gateway_hash_us']['p50']:>10.1f}"
+                         f"{step['gateway_hash_us']['p99']:>10.1f}{'':>10}{'':>12}  moved off the router")
+    lines.append(f"target p50 <= {report['target_p50_us']:.0f} µs and p99 <= {report['target_p99_us']:.0f} µs "
+                 f"({report['final_step']}): {verdict}")
+    return "\n".join(lines)
 
 
 # -- CLI ---------------------------------------------------------------------------------------
@@ -131,6 +193,8 @@ def add_router_command(bench_commands) -> None:
     p.add_argument("--iterations", type=int, default=defaults.num_iterations)
     p.add_argument("--inflight", type=int, default=defaults.num_inflight, help="in-flight requests per worker")
     p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--step", action="append", choices=[s[0] for s in STEPS], default=None,
+                   help="time only these steps (repeatable; default: all, today's path first)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_router)
 
@@ -141,7 +205,7 @@ def cmd_bench_router(args: argparse.Namespace) -> int:
                                 args.iterations, args.inflight, args.seed)
     except ValueError as exc:
         raise SystemExit(f"tandem bench router: error: {exc}") from None
-    report = run_router_bench(cfg)
+    report = run_router_bench(cfg, tuple(args.step) if args.step else tuple(s[0] for s in STEPS))
     print(format_router_report(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ class Shape:
     lease_ttl_s: float = 4.0
     disagg_min_tokens: int = 512
     max_model_len: int = 0  # the workers' context (0: the model's); bounds how long one fuzzed request runs
+    num_routers: int = 1  # router replicas ("router", "router-1", ...)
 
 
 class ChaosStack(Stack):
@@ -80,7 +81,8 @@ class LiveStack:
         s = self.shape
         profile = self._profile()
         return StackConfig(
-            model=self.model, num_prefill=s.num_prefill, num_decode=s.num_decode, port=port, engine=s.engine,
+            model=self.model, num_prefill=s.num_prefill, num_decode=s.num_decode, num_routers=s.num_routers,
+            port=port, engine=s.engine,
             num_threads=1, log_dir=self.log_dir, ready_timeout_s=180,
             worker_args=("--sim-profile", str(profile), "--sim-time-factor", str(SIM_TIME_FACTOR),
                          "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len)),

@@ -14,6 +14,7 @@ from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
 from tandem.sim.planner_cli import add_planner_arguments, run_planner_sim
 from tandem.sim.policies import POLICY_NAMES
+from tandem.sim.replicas import format_verdicts, replica_verdicts, run_key
 from tandem.sim.report import format_table, write_json, write_plots
 
 
@@ -46,6 +47,9 @@ def add_sim_command(commands) -> None:
                    help="per worker: a host KV tier of this size (loads at the profile's kv_host_gb_per_s)")
     p.add_argument("--kv-disk-gb", type=float, default=0.0,
                    help="per worker: a disk KV tier under the host tier (loads at the profile's kv_disk_gb_per_s)")
+    p.add_argument("--routers", default="1", metavar="N[,N...]",
+                   help="router replicas deciding on their own views; several counts: each policy once per count, "
+                        "with replicas judged against the first count (hit rate, herding)")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     p.add_argument("--plots", type=Path, default=None,
                    help="PNG path prefix (default: the --json path without .json)")
@@ -82,20 +86,36 @@ def run_sim(args: argparse.Namespace) -> int:
         raise SystemExit("tandem sim: --kv-overlap-weight and --kv-inflight-weight must be >= 0")
     if args.kv_host_gb < 0 or args.kv_disk_gb < 0 or (args.kv_disk_gb > 0 and args.kv_host_gb <= 0):
         raise SystemExit("tandem sim: --kv-host-gb and --kv-disk-gb must be >= 0, and a disk tier needs a host tier")
-    config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight,
-                       kv_inflight_weight=args.kv_inflight_weight,
-                       kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb)
-    slo = Slo(args.slo_ttft_s, args.slo_itl_s)
-    policies = {name: simulate(profile, config, name, rows, slo) for name in names}
+    counts = _router_counts(args.routers)
+    slo, policies = Slo(args.slo_ttft_s, args.slo_itl_s), {}
+    for n in counts:
+        config = SimConfig(args.workers, args.prefill_workers, args.seed, kv_overlap_weight=args.kv_overlap_weight,
+                           kv_inflight_weight=args.kv_inflight_weight, kv_host_gb=args.kv_host_gb,
+                           kv_disk_gb=args.kv_disk_gb, num_routers=n)
+        policies.update({run_key(name, n, counts): simulate(profile, config, name, rows, slo) for name in names})
     print(format_table(policies))
+    header = _header(args, profile, len(rows))
+    if len(counts) > 1:
+        header["replicas"] = replica_verdicts(policies, names, counts)
+        print(format_verdicts(header["replicas"]))
     if args.json:
-        write_json(args.json, _header(args, profile, len(rows)), policies)
+        write_json(args.json, header, policies)
         print(f"wrote {args.json}")
     prefix = args.plots or (args.json.with_suffix("") if args.json else None)
     if prefix:
         for path in write_plots(prefix, policies):
             print(f"wrote {path}")
     return 0
+
+
+def _router_counts(raw: str) -> list[int]:
+    try:
+        counts = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"tandem sim: --routers wants counts >= 1 such as 1,2,4, got {raw!r}")
+    return counts
 
 
 def build_profile(args: argparse.Namespace) -> TimingProfile:
@@ -137,5 +157,5 @@ def _header(args: argparse.Namespace, profile, num_rows: int) -> dict:
         "profile": profile.to_dict(), "slo": {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s},
         "admission_rejection": False, "seed": args.seed, "kv_overlap_weight": args.kv_overlap_weight,
         "kv_inflight_weight": args.kv_inflight_weight,
-        "kv_host_gb": args.kv_host_gb, "kv_disk_gb": args.kv_disk_gb,
+        "kv_host_gb": args.kv_host_gb, "kv_disk_gb": args.kv_disk_gb, "routers": args.routers,
     }

@@ -14,16 +14,12 @@ from engines.core.runner import zero_kv_export
 from engines.core.scheduler import SchedulerOutput
 from engines.sim.profile import TimingProfile
 from engines.sim.runner import sim_core
-from services.router.core import RouterCore
-from services.router.policy import DisaggregationPolicy
-from services.router.registry import Registry
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole, tier_load
 from tandem.bench.traces import TraceRow
-from tandem.sim.policies import make_sim_policy
+from tandem.sim.routers import SimRouters
 from tandem.sim.tokens import prompt_tokens
 
 MODEL = "sim"
-_FOREVER = 1e18  # leases and in-flight entries never lapse in a simulation
 
 
 class SimStuckError(RuntimeError):
@@ -40,6 +36,9 @@ class SimConfig:
     kv_overlap_weight: float = 1.0  # KvPolicyConfig.overlap_weight (the router's default is 1.0)
     kv_inflight_weight: float = 0.1  # KvPolicyConfig.inflight_weight (the router's default is 0.1)
     heartbeat_interval_s: float = 2.0  # as services/router/settings.py tells workers; 0 = after every change
+    # prefill workers' load after every change, heartbeats or not (the live workers' load stream)
+    prefill_load_stream: bool = True
+    num_routers: int = 1  # router replicas, each deciding on its own view (tandem/sim/routers.py)
     kv_host_gb: float = 0.0  # per worker: a host KV tier (and a disk tier under it), loading at the profile's
     kv_disk_gb: float = 0.0  # copy bandwidths
 
@@ -87,12 +86,14 @@ class ClusterSim:
     def __init__(self, profile: TimingProfile, config: SimConfig, policy_name: str):
         self.profile, self.config = profile, config
         self.now = 0.0
-        self.registry = Registry(lambda: self.now, lease_ttl_s=_FOREVER, inflight_ttl_s=_FOREVER)
         layout = KvLayout(32, 8, 128, "bfloat16", profile.block_size)  # NOTE: routing reads only block_size
-        self.policy, self.index = make_sim_policy(policy_name, lambda: self.now, layout, config.seed,
-                                                    config.kv_overlap_weight, config.kv_inflight_weight)
-        self.core = RouterCore(self.registry, self.policy, DisaggregationPolicy(config.disagg_min_tokens))
+        self.routers = SimRouters(config.num_routers, policy_name, lambda: self.now, layout, config.seed,
+                                  config.kv_overlap_weight, config.kv_inflight_weight, config.disagg_min_tokens)
+        # the first replica: what one router sees (the planner and the observers read it)
+        self.registry, self.index, self.core = self.routers.first
+        self.policy = self.core.policy
         self.workers: dict[str, SimNode] = {}
+        self._prefill_ids: set[str] = set()
         for role, count, prefix in ((WorkerRole.DECODE, config.num_workers, "decode"),
                                     (WorkerRole.PREFILL, config.num_prefill_workers, "prefill")):
             for i in range(count):
@@ -117,7 +118,7 @@ class ClusterSim:
 
     def remove_worker(self, worker_id: str) -> None:
         """Stop routing to `worker_id`; it keeps what it holds and finishes it (see `is_drained`)."""
-        self.registry.deregister(worker_id)
+        self.routers.deregister(worker_id)
 
     def is_drained(self, worker_id: str) -> bool:
         """True once the worker holds no request (held KV included) and none is on its way to it (a KV hand-off,
@@ -138,8 +139,10 @@ class ClusterSim:
                         clock=lambda: self.now, kv_host_gb=self.config.kv_host_gb, kv_disk_gb=self.config.kv_disk_gb,
                         load_time_factor=1.0)
         self.workers[worker_id] = SimNode(core)
+        if role is WorkerRole.PREFILL:
+            self._prefill_ids.add(worker_id)
         info = WorkerInfo(worker_id, role, f"sim://{worker_id}", MODEL, layout, self.profile.max_num_seqs)
-        self.registry.register(info, self._load(worker_id))
+        self.routers.register(info, self._load(worker_id))
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, rows: list[TraceRow]) -> list[RequestRecord]:
@@ -176,7 +179,7 @@ class ClusterSim:
     def _arrive(self, row: TraceRow, index: int) -> None:
         req_id = f"req-{index:06d}"
         tokens = prompt_tokens(row, index)
-        decision = self.core.route(RouteInput(req_id, MODEL, tuple(tokens)))
+        decision = self.routers.route(RouteInput(req_id, MODEL, tuple(tokens)))
         record = RequestRecord(req_id, row.arrival_s, len(tokens), row.osl, decision.decode.worker_id)
         self.records[req_id] = record
         self.num_routed[record.worker_id] += 1
@@ -220,9 +223,7 @@ class ClusterSim:
                 record.num_cached_tokens = output.num_cached_tokens
             if output.finished:
                 self._finish(worker_id, output)
-        events = worker.core.drain_kv_events()
-        if self.index is not None and events:
-            self.index.apply(worker_id, events)
+        self.routers.apply_events(worker_id, worker.core.drain_kv_events())
         self._report(worker_id)
         self._maybe_start(worker_id)
 
@@ -237,9 +238,7 @@ class ClusterSim:
         self._load_wakeups.discard((worker_id, due))
         worker = self.workers[worker_id]
         worker.core.poll_loads()
-        events = worker.core.drain_kv_events()
-        if self.index is not None and events:
-            self.index.apply(worker_id, events)
+        self.routers.apply_events(worker_id, worker.core.drain_kv_events())
         self._wake_at_load_end(worker_id)
         self._report(worker_id)
         self._maybe_start(worker_id)
@@ -251,7 +250,7 @@ class ClusterSim:
             self._push(arrive, "handoff", (worker_id, record.worker_id, output.req_id, output.new_token_ids[-1]))
             return
         record.finish_s = self.now
-        self.registry.complete(output.req_id)
+        self.routers.complete(output.req_id)
 
     def _hand_off(self, prefill_id: str, decode_id: str, req_id: str, first_token: int) -> None:
         prefill = self.workers[prefill_id]
@@ -270,9 +269,11 @@ class ClusterSim:
                           max_num_seqs=self.profile.max_num_seqs, **tier_load(stats))
 
     def _report(self, worker_id: str) -> None:
-        """With no heartbeat interval, the router sees each worker's load after every change."""
-        if self.config.heartbeat_interval_s <= 0:
-            self.registry.heartbeat(worker_id, self._load(worker_id))
+        """With no heartbeat interval, the router sees each worker's load after every change; a prefill worker's
+        too with the load stream on (live: `StreamLoad`), so the disaggregation check reads its real queue."""
+        if self.config.heartbeat_interval_s <= 0 or (
+                self.config.prefill_load_stream and worker_id in self._prefill_ids):
+            self.routers.heartbeat(worker_id, self._load(worker_id))
 
     def _has_work(self) -> bool:
         """Events other than the periodic ones are pending (each periodic event must not keep the other alive)."""
@@ -286,6 +287,6 @@ class ClusterSim:
     def _beat(self, more: bool) -> None:
         """Every worker reports its load, as live workers do each heartbeat interval."""
         for worker_id in self.workers:
-            self.registry.heartbeat(worker_id, self._load(worker_id))
+            self.routers.heartbeat(worker_id, self._load(worker_id))
         if more:
             self._push(self.now + self.config.heartbeat_interval_s, "beat", ())

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 SCENARIOS = ["proxy-delay", "proxy-drop", "kill-decode", "kill-prefill", "drain-decode", "stop-worker", "slow-client",
-             "disconnect-storm", "kill-router", "overload", "fuzz"]
+             "disconnect-storm", "kill-router", "kill-router-replica", "overload", "fuzz"]
 
 
 @pytest.mark.timeout(1200)

@@ -26,15 +26,30 @@ def test_build_fills_the_index_and_every_worker_holds_a_prefix_of_the_prompt():
     assert core.route(RouteInput("x", "m", tokens)).decode.worker_id == best.view.worker_id
 
 
-def test_report_counts_every_decision_and_compares_with_the_target():
+def test_report_times_every_step_over_the_same_state_and_they_decide_alike():
     report = run_router_bench(TINY)
-    d = report["decision_us"]
-    assert 0 < d["min"] <= d["p50"] <= d["p99"]
-    assert report["meets_target"] == (d["p50"] <= report["target_p50_us"] == 100.0)
+    assert list(report["steps"]) == ["today", "gateway_hashes", "arrays", "arrays_router_hashes"]
+    for step in report["steps"].values():
+        d = step["decision_us"]
+        assert 0 < d["min"] <= d["p50"] <= d["p99"] and step["same_decisions"] is True
+    d = report["steps"]["arrays"]["decision_us"]
+    assert report["decision_us"] == d and report["final_step"] == "arrays"
+    assert report["meets_target"] == (d["p50"] <= 50.0 and d["p99"] <= 100.0)
+    assert report["steps"]["today"]["gateway_hash_us"] is None and report["steps"]["arrays"]["gateway_hash_us"]
     assert report["num_indexed_blocks"] == 1000
     text = format_router_report(report)
-    assert "256-token prompt (blocks of 16), 4 workers, 1,000 indexed blocks, 5 decisions" in text
-    assert ("met" if report["meets_target"] else "missed by") in text.splitlines()[-1]
+    assert "256-token prompt (blocks of 16), 4 workers, 1,000 indexed blocks, 5 decisions per step" in text
+    assert text.splitlines()[-1].endswith("met" if report["meets_target"] else "missed")
+
+
+def test_the_array_build_holds_the_same_state():
+    today, _, prompt = build(TINY)
+    arrays, index, _ = build(TINY, arrays=True)
+    hashes = chain_block_hashes(prompt, 16)
+    depths = index.depths(hashes)
+    worker_ids = [f"decode-{i:03d}" for i in range(4)]
+    assert {w: int(d) for w, d in zip(worker_ids, depths[index.slots_for(worker_ids)]) if d} == \
+        today.policy.index.overlap(hashes)
 
 
 def test_cli_writes_json(tmp_path, capsys):
@@ -43,7 +58,7 @@ def test_cli_writes_json(tmp_path, capsys):
                  "--block-size", "16", "--iterations", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["config"]["num_workers"] == 2 and report["benchmark"] == "router"
-    assert "one Route decision" in capsys.readouterr().out
+    assert "gateway_hashes" in capsys.readouterr().out
 
 
 def test_bad_config_is_refused():

@@ -21,8 +21,10 @@ WORKER_SERVICES = {"cpu": {"prefill": "prefill", "decode": "decode"},
 MODEL_PATH = "a pod links the checkpoint `tandem model fetch $(TANDEM_MODEL_ID)` made at /cache/model, so one id " \
              "changes the model; compose names the offline conversion's directory"
 # setting -> why the manifests differ from compose.yaml there; any other difference fails
+REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:PORT: every record); compose one "
+            "router until it scales them too")
 DIFFERENCES = {
-    "gateway": {"model_dir": MODEL_PATH},
+    "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS},
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
@@ -36,6 +38,7 @@ DIFFERENCES = {
         "model": MODEL_PATH,
         "advertise_host": "a pod advertises its IP (downward API); a container the address its hostname resolves to",
         "worker_id": "a pod is its pod's name (what `tandem worker drain` asks the router about)",
+        "router_address": REPLICAS,
         "num_threads": "a pod sees every core of its node: threads = its CPU request; a container its own cpuset",
         "drain_s": "compose keeps the default (its stop_grace_period bounds it); a pod drains longer, inside its grace",
     },

@@ -176,7 +176,7 @@ def test_named_ports_are_the_ones_the_service_listens_on(overlay, role, monkeypa
     service = of_kind(overlay, "Service")[f"tandem-{role}"]
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
         name: (port, name) for name, port in expected.items()}
-    if role in WORKER_ROLES:  # headless: the router hands out each pod's own address
+    if role in (*WORKER_ROLES, "router"):  # headless: each pod's own address (the router replicas: all of them)
         assert service["spec"]["clusterIP"] == "None"
     else:
         assert service["spec"]["type"] == "ClusterIP" and "clusterIP" not in service["spec"]
@@ -270,9 +270,11 @@ def test_replica_counts_and_no_autoscaler_beside_the_planner(overlay):
     for role in WORKER_ROLES:  # the planner's: `kubectl apply` must not reset its count
         assert "replicas" not in deployment(overlay, role)["spec"], role
     assert deployment(overlay, "gateway")["spec"]["replicas"] >= 2
-    for role in ("router", "planner"):
-        assert deployment(overlay, role)["spec"]["replicas"] == 1
-        assert deployment(overlay, role)["spec"]["strategy"] == {"type": "Recreate"}, role
+    assert deployment(overlay, "planner")["spec"]["replicas"] == 1
+    assert deployment(overlay, "planner")["spec"]["strategy"] == {"type": "Recreate"}
+    router = deployment(overlay, "router")["spec"]  # replicas that each follow every worker
+    assert router["replicas"] == 2 and router["strategy"] == {"type": "RollingUpdate",
+                                                              "rollingUpdate": {"maxUnavailable": 0}}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -26,6 +26,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.live_decode_workers = 1
         self.model = ""  # as the gateway routes it: set by the stack
         self.max_model_len = 512  # what the fake's workers report (the tiny test model's context)
+        self.block_size = 0  # the KV block size the fake's workers report (0: no layout)
         self.routes: list[router_pb2.RouteRequest] = []
         self.completed: list[str] = []
         self.reported: list[tuple[str, str]] = []  # (worker_id, req_id) of ReportFailure calls
@@ -57,6 +58,8 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
     async def ListWorkers(self, request, context):
         info = router_pb2.WorkerInfo(worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, address=self.decode_address,
                                      model=self.model, max_model_len=self.max_model_len)
+        if self.block_size:
+            info.layout.CopyFrom(common_pb2.KvLayout(block_size=self.block_size))
         workers = [router_pb2.WorkerStatus(worker=info, lease_expires_in_s=5.0)] * self.live_decode_workers
         return router_pb2.ListWorkersResponse(workers=workers)
 

@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from engines.base.block_hash import chain_block_hashes
 from services.common.grpc_server import make_channel
 from services.gateway.server import create_app
 from services.gateway.settings import GatewaySettings
@@ -40,6 +41,15 @@ async def test_chat_completion(stack, tokenizer, reply_ids):
     assert list(stack.router.routes[0].token_ids) == prompt
     assert stack.router.routes[0].model == stack.model_dir  # as the workers registered it
     await stack.wait_for(lambda: stack.router.completed == [request.req_id])
+
+
+async def test_route_carries_the_prompts_block_hashes_once_the_block_size_is_known(stack, tokenizer):
+    stack.router.block_size = 4
+    await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    route = stack.router.routes[0]
+    prompt = chat_prompt(tokenizer)
+    assert route.hash_block_size == 4 and list(route.block_hashes) == chain_block_hashes(prompt, 4)
+    assert len(route.block_hashes) == len(prompt) // 4 > 0
 
 
 async def test_chat_stream_with_usage(stack, tokenizer, reply_ids):

@@ -4,6 +4,7 @@ import asyncio
 import grpc
 import pytest
 
+from engines.base.block_hash import chain_block_hashes
 from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc
 from services.router.server import RouterService
@@ -122,6 +123,17 @@ async def test_bad_registration_is_invalid_argument(stub):
                        grpc.StatusCode.INVALID_ARGUMENT, "worker role must be PREFILL or DECODE, got 0")
     await expect_error(stub.Register(router_pb2.RegisterRequest(worker=worker(""))),
                        grpc.StatusCode.INVALID_ARGUMENT, "worker worker_id is required")
+
+
+async def test_block_hashes_that_do_not_fit_the_prompt_are_invalid_argument(stub):
+    await register_pool(stub)
+    bad = router_pb2.RouteRequest(req_id="r1", model="m", token_ids=range(32), block_hashes=[1, 2],
+                                  hash_block_size=4)
+    await expect_error(stub.Route(bad), grpc.StatusCode.INVALID_ARGUMENT,
+                       "2 block hashes do not fit 32 tokens in blocks of 4")
+    good = router_pb2.RouteRequest(req_id="r2", model="m", token_ids=range(32), hash_block_size=4,
+                                   block_hashes=chain_block_hashes(range(32), 4))
+    assert (await stub.Route(good)).decode.worker_id == "d1"
 
 
 async def test_report_failure_quarantines_the_worker_at_once(stub, clock):

@@ -1,0 +1,35 @@
+"""One (model, role) group of the registry's workers as arrays, row i the i-th worker by worker_id: lease expiry,
+prompt tokens in flight, uncached tokens likely still queued. What the array-scored kv policy reads instead of a
+`WorkerView` per worker. Pure: no I/O; the registry owns it and marks rows dirty as they change.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class GroupArrays:
+    worker_ids: list[str]
+    block_size: int  # the group's one KV block size; 0: none says; -1: they differ
+    expires_at: np.ndarray  # [rows] float64, the registry's clock
+    inflight_tokens: np.ndarray  # [rows] float64: `WorkerView.num_inflight_tokens`
+    queued_tokens: np.ndarray  # [rows] float64: `WorkerView.num_queued_prefill_tokens`
+    row_of: dict[str, int] = field(default_factory=dict)
+    index_slots: np.ndarray | None = None  # each row's slot in a SlotIndex (cached by the policy)
+    index_epoch: int = -1  # the SlotIndex epoch `index_slots` was read at
+
+    @classmethod
+    def empty(cls, worker_ids: list[str], block_size: int) -> "GroupArrays":
+        n = len(worker_ids)
+        return cls(worker_ids, block_size, np.zeros(n), np.zeros(n), np.zeros(n),
+                   {w: i for i, w in enumerate(worker_ids)})
+
+    def set_row(self, row: int, expires_at: float, inflight_tokens: int, queued_tokens: int) -> None:
+        self.expires_at[row] = expires_at
+        self.inflight_tokens[row] = inflight_tokens
+        self.queued_tokens[row] = queued_tokens
+
+
+def common_block_size(sizes: list[int]) -> int:
+    """The one block size all of a group's layouts name (0: none names one), or -1 when they differ."""
+    return sizes[0] if all(s == sizes[0] for s in sizes) else -1

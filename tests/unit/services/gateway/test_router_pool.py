@@ -1,0 +1,67 @@
+"""Router replicas seen from the gateway: Route calls spread over them in turn, a dead replica is skipped, a
+router's refusal is not retried elsewhere, and Complete goes to the replica that routed the request; router
+addresses as a comma list or every record of a DNS name."""
+import socket
+
+import grpc
+import pytest
+
+from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.router_addresses import RouterAddressError, router_addresses
+from services.gateway.router_pool import RouterPool
+from tests.unit.services.gateway.fakes import FakeRouter, start_server
+
+
+async def replicas(n: int):
+    routers, servers, channels = [], [], []
+    for _ in range(n):
+        router = FakeRouter()
+        server, address = await start_server(router_pb2_grpc.add_RouterServicer_to_server, router)
+        routers.append(router), servers.append(server), channels.append(grpc.aio.insecure_channel(address))
+    return routers, servers, channels
+
+
+def route(req_id: str) -> router_pb2.RouteRequest:
+    return router_pb2.RouteRequest(req_id=req_id, model="m", token_ids=[1, 2, 3])
+
+
+async def test_routes_spread_and_complete_where_routed():
+    routers, servers, channels = await replicas(3)
+    pool = RouterPool(channels)
+    for i in range(6):
+        await pool.route(route(f"r{i}"), timeout_s=5)
+    assert [[r.req_id for r in router.routes] for router in routers] == [["r0", "r3"], ["r1", "r4"], ["r2", "r5"]]
+    await pool.done("r4").Complete(router_pb2.CompleteRequest(req_id="r4"))
+    assert [router.completed for router in routers] == [[], ["r4"], []]
+    for server in servers:
+        await server.stop(None)
+
+
+async def test_a_dead_replica_is_skipped_and_a_refusal_is_final():
+    routers, servers, channels = await replicas(2)
+    await servers[0].stop(None)  # killed: its calls fail UNAVAILABLE
+    pool = RouterPool(channels)
+    for i in range(4):
+        await pool.route(route(f"r{i}"), timeout_s=5)
+    assert [r.req_id for r in routers[1].routes] == ["r0", "r1", "r2", "r3"]
+    assert pool.of("r0") is pool.stubs[1]
+    routers[1].route_error = grpc.StatusCode.RESOURCE_EXHAUSTED  # busy: the other replica would say the same
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await pool.route(route("r9"), timeout_s=5)
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    await servers[1].stop(None)
+
+
+def test_addresses_from_a_list_and_from_dns():
+    assert router_addresses("a:1, b:2,a:1") == ["a:1", "b:2"]
+
+    def fake_dns(host, port, type):
+        assert (host, port, type) == ("routers.ns.svc", 50051, socket.SOCK_STREAM)
+        return [(0, 0, 0, "", ("10.0.0.9", port)), (0, 0, 0, "", ("10.0.0.2", port)), (0, 0, 0, "", ("fd00::1", port))]
+
+    assert router_addresses("dns:///routers.ns.svc:50051", fake_dns) == ["10.0.0.2:50051", "10.0.0.9:50051",
+                                                                         "[fd00::1]:50051"]
+    with pytest.raises(RouterAddressError, match="no router address"):
+        router_addresses(" , ")
+    with pytest.raises(RouterAddressError, match="expected dns:NAME:PORT"):
+        router_addresses("dns:routers")

@@ -1,0 +1,160 @@
+"""The array-scored kv path decides exactly as today's per-view one: the slot index's depths against the prefix
+index's match, recent routes against the approximate index, and whole routers fed the same random history."""
+import random
+
+import pytest
+
+from engines.base.block_hash import NONE_HASH, chain_block_hashes
+from engines.base.events import KvEvent, KvEventKind, KvTier
+from services.router.array_policy import ArrayKvPolicy
+from services.router.core import RouterCore
+from services.router.kv_policy import ApproximateIndex, KvAwarePolicy, KvPolicyConfig
+from services.router.policy import DisaggregationPolicy
+from services.router.prefix_index import PrefixIndex
+from services.router.recent_routes import RecentRoutes
+from services.router.registry import Registry
+from services.router.slot_index import SlotIndex
+from services.router.types import InvalidArgumentError, RouteInput, WorkerLoad
+from tests.unit.services.router.helpers import FakeClock, info
+
+BS = 4
+
+
+def chains(rng: random.Random, num_roots: int = 3, length: int = 12) -> list[list[int]]:
+    """Prompts sharing a few roots, so workers hold overlapping prefixes of different lengths."""
+    roots = [[rng.randrange(50) for _ in range(BS * length)] for _ in range(num_roots)]
+    return [r[: BS * rng.randrange(1, length + 1)] + [rng.randrange(50) for _ in range(BS * rng.randrange(3))]
+            for r in roots for _ in range(4)]
+
+
+def feed(indexes, rng: random.Random, worker_ids: list[str], prompts: list[list[int]], steps: int) -> None:
+    """The same random STORED / REMOVED / CLEARED history applied to every index."""
+    seq = dict.fromkeys(worker_ids, 0)
+    for _ in range(steps):
+        worker_id = rng.choice(worker_ids)
+        hashes = tuple(chain_block_hashes(rng.choice(prompts), BS))
+        roll = rng.random()
+        if roll < 0.75:
+            event = KvEvent(seq[worker_id] + 1, KvEventKind.STORED, NONE_HASH, hashes[: rng.randrange(len(hashes) + 1)])
+        elif roll < 0.95:
+            event = KvEvent(seq[worker_id] + 1, KvEventKind.REMOVED, NONE_HASH, hashes[rng.randrange(len(hashes) + 1):])
+        else:
+            event = KvEvent(seq[worker_id] + 1, KvEventKind.CLEARED)
+        seq[worker_id] += 1
+        for index in indexes:
+            index.apply(worker_id, [event])
+
+
+@pytest.mark.parametrize("num_workers", [3, 70])  # 70: past the first mask width, so the masks widen
+def test_slot_depths_equal_the_prefix_index_match(num_workers):
+    rng = random.Random(num_workers)
+    worker_ids = [f"w{i:02d}" for i in range(num_workers)]
+    prompts = chains(rng)
+    plain, slots = PrefixIndex(max_entries=60), SlotIndex(max_entries=60)  # small: eviction happens too
+    for round_ in range(20):
+        feed([plain, slots], rng, worker_ids, prompts, 40)
+        if round_ % 5 == 4:
+            gone = rng.choice(worker_ids)
+            assert plain.remove_worker(gone) == slots.remove_worker(gone)
+        for prompt in prompts:
+            hashes = chain_block_hashes(prompt, BS)
+            depths = slots.depths(hashes)
+            got = {w: int(d) for w, d in zip(worker_ids, depths[slots.slots_for(worker_ids)]) if d}
+            assert got == plain.overlap(hashes)
+    assert len(plain) == len(slots) and set(slots._masks) == set(plain._holders)
+
+
+def test_slot_depths_decline_an_offloaded_prefix_and_free_slots():
+    index = SlotIndex()
+    hashes = tuple(chain_block_hashes(list(range(12)), BS))
+    index.apply("a", [KvEvent(1, KvEventKind.STORED, NONE_HASH, hashes)])
+    index.apply("b", [KvEvent(1, KvEventKind.STORED, NONE_HASH, hashes[:1], KvTier.HOST)])
+    assert index.depths(hashes) is None  # tiers must be counted: the per-view path does it
+    assert list(index.depths((12345,) + hashes)) == [0] * (index.capacity + 1)  # an unknown first block
+    epoch = index.epoch
+    index.remove_worker("b")
+    assert index.epoch > epoch and list(index.slots_for(["a", "b"])) == [0, index.capacity]
+    assert index.depths(hashes)[0] == 3
+
+
+def test_recent_routes_answer_as_the_approximate_index():
+    rng, clock = random.Random(3), FakeClock()
+    prompts = chains(rng)
+    old, new = ApproximateIndex(clock, ttl_s=10.0), RecentRoutes(clock, ttl_s=10.0)
+    for _ in range(300):
+        hashes = chain_block_hashes(rng.choice(prompts), BS)
+        worker_id = rng.choice("abcd")
+        old.record(hashes, worker_id)
+        new.record(hashes, worker_id)
+        clock.advance(rng.random())
+        probe = chain_block_hashes(rng.choice(prompts), BS)
+        assert new.overlap(probe) == old.overlap(probe)
+    new.remove_worker("a")
+    assert "a" not in new.overlap(chain_block_hashes(prompts[0], BS))
+
+
+def test_recent_routes_keep_the_newest_half_with_their_ancestors():
+    clock = FakeClock()
+    recent = RecentRoutes(clock, ttl_s=10.0, max_entries=8)
+    first, second = list(range(100, 106)), list(range(200, 206))
+    recent.record(first, "a")
+    clock.advance(1.0)
+    recent.record(second, "a")  # 12 > 8: the older prompt goes whole, the newer stays whole
+    assert recent.overlap(second) == {"a": 6} and recent.overlap(first) == {} and len(recent) == 6
+    clock.advance(10.0)
+    recent.expire()
+    assert len(recent) == 0
+
+
+def make_core(policy, clock: FakeClock, worker_ids: list[str]) -> RouterCore:
+    registry = Registry(clock, lease_ttl_s=1e6)
+    for worker_id in worker_ids:
+        registry.register(info(worker_id, max_num_seqs=8), WorkerLoad())
+    return RouterCore(registry, policy, DisaggregationPolicy(1_000_000, 4))
+
+
+@pytest.mark.parametrize("gateway_hashes", [False, True])
+def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes):
+    rng, clock = random.Random(7), FakeClock()
+    worker_ids = [f"w{i}" for i in range(6)]
+    prompts = chains(rng)
+    config = KvPolicyConfig(block_size=BS, inflight_weight=0.5)
+    today = make_core(KvAwarePolicy(PrefixIndex(), clock, config=config), clock, worker_ids)
+    arrays = make_core(ArrayKvPolicy(SlotIndex(), clock, config=config), clock, worker_ids)
+    taken = []
+    arrays.policy.choose = lambda *a: taken.append(a) or ArrayKvPolicy.choose(arrays.policy, *a)
+    live = []
+    for i in range(300):
+        feed([today.policy.index, arrays.policy.index], rng, worker_ids, prompts, 1)
+        tokens = tuple(rng.choice(prompts))
+        hashes = tuple(chain_block_hashes(tokens, BS)) if gateway_hashes else ()
+        request = RouteInput(f"r{i}", "m", tokens, block_hashes=hashes, hash_block_size=BS if hashes else 0)
+        a, b = today.route(request), arrays.route(request)
+        assert (a.decode.worker_id, a.num_cached_tokens) == (b.decode.worker_id, b.num_cached_tokens), i
+        live.append(request.req_id)
+        if rng.random() < 0.4:
+            done = live.pop(rng.randrange(len(live)))
+            today.registry.complete(done), arrays.registry.complete(done)
+        if rng.random() < 0.1:  # a heartbeat: the worker's own queue replaces the router's guess
+            worker_id, load = rng.choice(worker_ids), WorkerLoad(num_waiting=rng.randrange(3))
+            today.registry.heartbeat(worker_id, load), arrays.registry.heartbeat(worker_id, load)
+        clock.advance(rng.random() * 0.5)
+    assert not taken  # every decision was array-scored
+
+
+def test_exclusions_take_the_per_view_path_with_the_same_state():
+    clock = FakeClock()
+    core = make_core(ArrayKvPolicy(SlotIndex(), clock, config=KvPolicyConfig(block_size=BS)), clock, ["w1", "w2"])
+    tokens = tuple(range(16))
+    first = core.route(RouteInput("r1", "m", tokens))
+    again = core.route(RouteInput("r2", "m", tokens, exclude_worker_ids=frozenset({first.decode.worker_id})))
+    assert again.decode.worker_id != first.decode.worker_id and again.num_cached_tokens == 0
+    third = core.route(RouteInput("r3", "m", tokens))  # the recent routes of both paths count
+    assert third.num_cached_tokens == 16
+
+
+def test_hashes_that_do_not_fit_the_prompt_are_refused():
+    with pytest.raises(InvalidArgumentError, match="3 block hashes do not fit 8 tokens in blocks of 4"):
+        RouteInput("r", "m", tuple(range(8)), block_hashes=(1, 2, 3), hash_block_size=4).validate()
+    with pytest.raises(InvalidArgumentError):
+        RouteInput("r", "m", tuple(range(8)), block_hashes=(1, 2), hash_block_size=0).validate()
