@@ -39,7 +39,8 @@ def verdict(runs: dict[str, dict], five_minutes_s: float) -> dict[str, dict]:
         out[name] = {"gpu_share_of_static_best": share, **steady,
                      "attainment_at_least_95pct": run["sla_attainment"] >= TARGET_ATTAINMENT,
                      "gpu_hours_at_most_85pct_of_static_best": share <= TARGET_GPU_SHARE if base else None,
-                     "at_most_one_direction_change_per_5_min": steady["max_changes_per_window"] <= MAX_CHANGES_PER_5_MIN}
+                     "at_most_one_direction_change_per_5_min":
+                         steady["max_changes_per_window"] <= MAX_CHANGES_PER_5_MIN}
     return out
 
 
