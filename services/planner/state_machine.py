@@ -207,13 +207,23 @@ class PlannerCore:
         return not any(w.num_waiting or w.num_running for w in obs.workers if w.role is WorkerRole.PREFILL)
 
     def _under(self, obs: Observation, budgets: dict[WorkerRole, float]) -> dict[WorkerRole, bool]:
+        """Per role: would every worker stay well under its SLO with one worker fewer? Each latency and budget is
+        scaled by n/(n-1), the share each remaining worker would carry: judged at today's load alone, a pool that
+        is calm because it has one worker too many gives it back and is short again a minute later (the 2 <-> 1
+        oscillation Dynamo's users report under constant load)."""
         slo, limit = self.model.slo, self.config.under_budget
-        ttft_ok = obs.ttft_s is None or obs.ttft_s < limit * slo.ttft_s
-        itl_ok = obs.itl_s is None or obs.itl_s < limit * slo.itl_s
         seen = {w.role for w in obs.workers}
-        out = {role: role in seen and budgets.get(role, 0.0) < limit for role in ROLES}
-        out[WorkerRole.PREFILL] = out[WorkerRole.PREFILL] and ttft_ok
-        out[WorkerRole.DECODE] = out[WorkerRole.DECODE] and itl_ok and (ttft_ok or WorkerRole.PREFILL in self.state)
+        out = {}
+        for role in ROLES:
+            n = obs.replicas[role].desired if role in obs.replicas else 0
+            grow = n / (n - 1) if n > 1 else 1.0
+            ttft_ok = obs.ttft_s is None or obs.ttft_s * grow < limit * slo.ttft_s
+            itl_ok = obs.itl_s is None or obs.itl_s * grow < limit * slo.itl_s
+            calm = role in seen and budgets.get(role, 0.0) * grow < limit
+            if role is WorkerRole.PREFILL:
+                out[role] = calm and ttft_ok
+            else:
+                out[role] = calm and itl_ok and (ttft_ok or WorkerRole.PREFILL in self.state)
         return out
 
     def _decisions(self, obs: Observation) -> tuple[Decision, ...]:

@@ -8,6 +8,7 @@ from tandem.bench.kv_bench import add_kv_command
 from tandem.bench.profile_bench import add_profile_command
 from tandem.bench.router_bench import add_router_command
 from tandem.bench.serve_bench import add_serving_commands
+from tandem.bench.traces_cli import add_traces_command
 
 ENGINE_NAMES = ("native", "transformers")
 
@@ -23,6 +24,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     add_router_command(sub)  # router
     add_profile_command(sub)  # profile: the step times the planner and the sim engine use
     add_kv_command(sub)  # kv: KV transfer between two worker processes, NIXL vs the gRPC fallback
+    add_traces_command(sub)  # traces: synthetic traces (diurnal, constant, llm-d's precise-prefix shape)
     return bench
 
 

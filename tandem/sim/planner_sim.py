@@ -1,21 +1,25 @@
 """The simulator drives the real planner: a trace replayed against a ClusterSim that PlannerCore scales through
-the virtual connector (new replicas serve after a start delay), and the same trace against static provisioning
-at its peak and at its mean, in the same run. Orchestration only: every decision is the core's."""
+the virtual connector (new replicas serve after a start delay), once per planner model (the engine's truth, or
+a perturbed one), beside the cheapest static pair that meets the SLA, found by replaying pairs against the truth.
+Orchestration only: every decision is the core's, and the baseline never consults the planner's model."""
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from engines.sim.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore
-from services.planner.types import ROLES, Load, Replicas, WorkerRole
+from services.planner.types import ROLES, Replicas, WorkerRole
 from tandem.bench.traces import TraceRow
 from tandem.sim import metrics
 from tandem.sim.des import ClusterSim, SimConfig
 from tandem.sim.observe import SimObserver
+from tandem.sim.planner_search import SearchError, StaticSearch
 
-RUNS = ("planner", "static_peak", "static_mean")
+BASELINE = "static_best"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,72 +28,90 @@ class PlannerSimConfig:
     slo: Slo = Slo()
     sizing: Sizing = Sizing()
     tick_s: float = 5.0  # the fast loop's period (and the observation window)
-    peak_window_s: float = 60.0  # static provisioning sizes for the busiest window of this length
     start_delay_s: float = 30.0  # a new replica serves this long after it is asked for (model load)
     policy: str = "least_loaded"
     seed: int = 0
-    # NOTE: 0 = the router sees every load change at once. With a periodic heartbeat its prefill-saturation check
-    # counts every route since the last report as queued, and sends most long prompts to decode workers
-    heartbeat_interval_s: float = 0.0
+    # NOTE: the router hears each worker's load every heartbeat, as live (services/router/settings.py: 2 s);
+    # 0 = after every change, which no live router sees
+    heartbeat_interval_s: float = 2.0
     # NOTE: 0 = every prompt goes to a prefill worker when one can take it, as the perf model assumes; with a
     # threshold, decode workers also prefill short prompts, which the model does not charge them for
     disagg_min_tokens: int = 0
+    initial: tuple[int, int] | None = None  # (prefill, decode) at start; None: each role's minimum
+    target_attainment: float = 0.95  # what the static baseline must meet
+    search_baseline: bool = True  # False: planner runs only (the oscillation check needs no baseline)
 
     @property
     def has_prefill(self) -> bool:
         return self.planner.prefill.max_replicas > 0
 
-
-def static_counts(rows: list[TraceRow], model: PerfModel, cfg: PlannerSimConfig) -> dict[str, dict]:
-    """Replicas the perf model gives for the trace's busiest window, and for its mean load."""
-    window = cfg.peak_window_s
-    buckets: dict[int, list[TraceRow]] = {}
-    for row in rows:
-        buckets.setdefault(int(row.arrival_s // window), []).append(row)
-    peak = {role: 1 for role in _roles(cfg)}
-    for group in buckets.values():
-        for role, count in model.replicas(_load(group, window), cfg.has_prefill).items():
-            peak[role] = max(peak[role], count)
-    span = max(rows[-1].arrival_s - rows[0].arrival_s, window)
-    mean = {role: max(count, 1) for role, count in model.replicas(_load(rows, span), cfg.has_prefill).items()}
-    return {"static_peak": peak, "static_mean": mean}
+    def start_counts(self) -> dict[WorkerRole, int]:
+        """The planner's first fleet: the count the user gave, else each role's minimum (never the trace's load)."""
+        if self.initial is not None:
+            counts = dict(zip(ROLES, self.initial))
+        else:
+            counts = {role: self.planner.bounds(role).min_replicas for role in ROLES}
+        counts[WorkerRole.DECODE] = max(counts[WorkerRole.DECODE], 1)
+        if not self.has_prefill:
+            counts[WorkerRole.PREFILL] = 0
+        return counts
 
 
-def perfect_foresight_share(rows: list[TraceRow], model: PerfModel, cfg: PlannerSimConfig) -> float:
-    """A bound, not a run: the replicas the perf model gives each window's actual load (no prediction error, no
-    start delay, no hysteresis), averaged over the trace, as a share of static peak's."""
-    window = cfg.peak_window_s
-    counts: dict[int, int] = {}
-    for k in range(int(rows[-1].arrival_s // window) + 1):
-        group = [r for r in rows if int(r.arrival_s // window) == k]
-        load = _load(group, window) if group else Load(0.0, 1.0, 1.0)
-        counts[k] = sum(max(n, 1) for n in model.replicas(load, cfg.has_prefill).values())
-    peak = sum(static_counts(rows, model, cfg)["static_peak"].values())
-    return sum(counts.values()) / len(counts) / peak
+def search_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
+                  pool: ProcessPoolExecutor | None = None) -> tuple[dict | None, list[dict]]:
+    """The cheapest static pair meeting the target, searched by replaying pairs against the engine's truth (with
+    a pool, each prefill count's candidate decode counts at once)."""
+    runs: dict[tuple[int, int], dict] = {}
+
+    def counts(pair: tuple[int, int]) -> dict:
+        return {WorkerRole.PREFILL: pair[0], WorkerRole.DECODE: pair[1]}
+
+    def evaluate(pair: tuple[int, int]) -> float:
+        runs[pair] = run_static(truth, rows, cfg, counts(pair))
+        return runs[pair]["sla_attainment"]
+
+    def evaluate_many(pairs: list[tuple[int, int]]) -> list[float]:
+        futures = [pool.submit(run_static, truth, rows, cfg, counts(pair)) for pair in pairs]
+        runs.update(zip(pairs, (f.result() for f in futures)))
+        return [runs[pair]["sla_attainment"] for pair in pairs]
+
+    p, d = cfg.planner.prefill, cfg.planner.decode
+    prefill = (max(p.min_replicas, 1), p.max_replicas) if cfg.has_prefill else (0, 0)
+    search = StaticSearch(evaluate, prefill, (max(d.min_replicas, 1), d.max_replicas), cfg.target_attainment,
+                          evaluate_many=evaluate_many if pool is not None else None)
+    try:
+        return runs[search.cheapest()], search.report()
+    except SearchError:
+        return None, search.report()  # NOTE: reported as such; the planner runs still stand
 
 
-def run_all(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig) -> dict[str, dict]:
-    """The planner run and both static runs: each one's summary, replicas over time and TTFT samples. GPU-hours
-    of all three are counted over the same window: until the last of them has finished its last request."""
-    model = PerfModel(profile, cfg.slo, cfg.sizing)
-    counts = static_counts(rows, model, cfg)
-    runs = {"planner": run_planned(profile, rows, cfg, counts["static_mean"])}
-    for name, fixed in counts.items():
-        runs[name] = run_static(profile, rows, cfg, fixed)
-    window = max(run["end_s"] for run in runs.values())
-    for run in runs.values():
-        run["gpu_hours_own_end"] = run["gpu_hours"](run["end_s"])
-        run["gpu_hours"], run["window_s"] = run["gpu_hours"](window), window
-    runs["planner"]["perfect_foresight_share"] = perfect_foresight_share(rows, model, cfg)
+def run_all(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
+            models: dict[str, TimingProfile], jobs: int = 1) -> dict[str, dict]:
+    """One planner run per model (keyed "planner_<name>") and the searched static baseline, in up to `jobs`
+    processes. GPU-hours of all are counted over the same window: until the last of them has finished."""
+    with ProcessPoolExecutor(max(jobs, 1), multiprocessing.get_context("fork")) as pool:
+        planned = {name: pool.submit(run_planned, truth, rows, cfg, model) for name, model in models.items()}
+        best = search_static(truth, rows, cfg, pool if jobs > 1 else None) if cfg.search_baseline else None
+        runs = {f"planner_{name}": future.result() for name, future in planned.items()}
+    if best is not None:
+        run, tried = best
+        runs[BASELINE] = {**run, "search": tried} if run else {"search": tried, "not_found": True}
+    timed = [run for run in runs.values() if "end_s" in run]
+    window = max(run["end_s"] for run in timed)
+    for run in timed:
+        run["gpu_hours"] = run["gpu_hours_own_end"] + run["gpu_hours_per_s_after"] * (window - run["end_s"])
+        run["window_s"] = window
     return runs
 
 
-def run_planned(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, initial: dict) -> dict:
-    sim = _cluster(profile, cfg, initial)
+def run_planned(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, model: TimingProfile) -> dict:
+    """The engines run `truth`; the planner sizes with `model`, which may be wrong."""
+    initial = cfg.start_counts()
+    sim = _cluster(truth, cfg, initial)
     connector = VirtualConnector(sim, lambda: sim.now, cfg.start_delay_s)
     for view in sim.registry.views():
         connector.adopt(view.info.role, view.worker_id)
-    core = PlannerCore(cfg.planner, PerfModel(profile, cfg.slo, cfg.sizing))
+    core = PlannerCore(cfg.planner, PerfModel(model, cfg.slo, cfg.sizing))
     decisions: list[dict] = []
 
     def act(now: float, replicas: dict, obs) -> dict:
@@ -100,11 +122,12 @@ def run_planned(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimCon
                               "reason": d.reason})
         return connector.replicas()
 
-    return _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
+    run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
+    return {**run, "model": model.name}
 
 
-def run_static(profile: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, counts: dict) -> dict:
-    sim = _cluster(profile, cfg, counts)
+def run_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, counts: dict) -> dict:
+    sim = _cluster(truth, cfg, counts)
     fixed = {role: Replicas(counts.get(role, 0)) for role in ROLES}
     total = sum(counts.values())
     return _replay(sim, rows, cfg, lambda: fixed, lambda now, replicas, obs: replicas,
@@ -121,31 +144,32 @@ def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replic
         obs = observer.observe(now, current)
         after = act(now, current, obs)
         timeline.append({"t_s": now, "request_rate": obs.num_requests / obs.window_s,
-                         "replicas": {r.value: after[r].desired for r in ROLES}, "ttft_s": obs.ttft_s})
+                         "replicas": {r.value: after[r].desired for r in ROLES}, "ttft_s": obs.ttft_s,
+                         "itl_s": obs.itl_s})
 
     wall = time.perf_counter()
     sim.every(cfg.tick_s, tick)
     records = sim.run(rows)
     end = max([r.finish_s for r in records] + [rows[-1].arrival_s])
     summary = metrics.summarize(sim, records, metrics.Slo(cfg.slo.ttft_s, cfg.slo.itl_s), time.perf_counter() - wall)
-    return {"sla_attainment": summary["slo_attainment"], "gpu_hours": gpu_hours,  # a function of the window's end
+    own = gpu_hours(end)
+    return {"sla_attainment": summary["slo_attainment"], "gpu_hours_own_end": own,
+            "gpu_hours_per_s_after": gpu_hours(end + 1.0) - own,  # what the fleet left at the end costs on
             "replicas": {role.value: count for role, count in start.items()},
             "peak_replicas": max((sum(t["replicas"].values()) for t in timeline), default=0),
             "decisions": decisions, "num_requests": summary["num_requests"], "num_finished": summary["num_finished"],
             **{k: summary[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_mean_s", "itl_p99_s",
                                        "sim_wall_s")},
+            "disaggregated_share": _disaggregated_share(records),
             "end_s": end, "timeline": timeline, "ttft_values_s": summary["ttft_values_s"]}
+
+
+def _disaggregated_share(records) -> float:
+    """Requests prefilled on a prefill worker, of all: shows whether the router's disaggregation check held."""
+    return sum(1 for r in records if r.prefill_worker_id) / len(records) if records else 0.0
 
 
 def _cluster(profile: TimingProfile, cfg: PlannerSimConfig, counts: dict) -> ClusterSim:
     config = SimConfig(counts[WorkerRole.DECODE], counts.get(WorkerRole.PREFILL, 0), cfg.seed,
                        disagg_min_tokens=cfg.disagg_min_tokens, heartbeat_interval_s=cfg.heartbeat_interval_s)
     return ClusterSim(profile, config, cfg.policy)
-
-
-def _roles(cfg: PlannerSimConfig) -> tuple[WorkerRole, ...]:
-    return ROLES if cfg.has_prefill else (WorkerRole.DECODE,)
-
-
-def _load(rows: list[TraceRow], seconds: float) -> Load:
-    return Load(len(rows) / seconds, sum(r.isl for r in rows) / len(rows), sum(r.osl for r in rows) / len(rows))

@@ -157,3 +157,13 @@ def test_a_model_count_below_the_minimum_does_not_eat_the_fast_loops_correction(
     results = run(core, [steady] * 3, start=10.0)
     assert results[2].predicted is not None and results[2].predicted.request_rate == 0.0  # the model re-sized
     assert [r.targets[D] for r in results] == [2, 2, 2]
+
+
+def test_a_pool_calm_only_because_it_has_one_worker_too_many_keeps_it():
+    """Under constant load, giving back a worker that the pool needs makes it violate a minute later and take it
+    back (Dynamo's 2 <-> 1 oscillation): the fast loop judges each pool at the load one fewer worker would carry."""
+    for observed_itl, expected in ((0.025, [2] * 5), (0.015, [2, 2, 1, 1, 1])):
+        core = PlannerCore(CONFIG, MODEL)
+        run(core, [itl(0.06)] * 2)  # +1 decode: 2 serve
+        results = run(core, [itl(observed_itl, decode=2)] * 5, start=10.0)
+        assert [r.targets[D] for r in results] == expected  # 0.025 x 2/1 = 0.05 is over 0.8 x 50 ms; 0.015 x 2 is not
