@@ -39,29 +39,35 @@ def _add_bias(logits: torch.Tensor, rows: list[tuple[int, tuple[tuple[int, float
 
 def _penalize(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], histories: list[Sequence[int]],
               num_prompt_tokens: list[int]) -> None:
-    """Rows `rows` of `logits`, in place: repetition first (it scales the logit), then the subtractions."""
+    """Rows `rows` of `logits`, in place, touching only the (row, token) pairs seen: repetition first (it scales
+    the logit), then the subtractions. O(tokens seen), never O(vocab_size), per row."""
     device, vocab_size = logits.device, logits.shape[-1]
-    sub = logits[rows]  # [num_penalized, vocab_size] (a copy)
-    outputs = [h[n:] for h, n in zip(histories, num_prompt_tokens)]
-    counts = _token_counts(outputs, vocab_size, device)  # [num_penalized, vocab_size] generated-token counts
-    repetition = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
+    row_ids = torch.tensor(rows, device=device)
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = _token_counts(histories, vocab_size, device) > 0
-        scaled = torch.where(sub > 0, sub / repetition, sub * repetition)
-        sub = torch.where(seen, scaled, sub)
-    frequency = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
-    presence = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
-    sub = sub - frequency * counts - presence * (counts > 0).float()
-    logits[rows] = sub
+        repetition = torch.tensor([p.repetition_penalty for p in params], device=device)
+        local, token_ids = _unique_pairs(*_occurrences(histories, device), vocab_size)
+        index = (row_ids[local], token_ids)
+        seen = logits[index]
+        logits[index] = torch.where(seen > 0, seen / repetition[local], seen * repetition[local])
+    local, token_ids = _occurrences([h[n:] for h, n in zip(histories, num_prompt_tokens)], device)
+    if not len(token_ids):
+        return
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
+    logits.index_put_((row_ids[local], token_ids), -frequency[local], accumulate=True)  # once per occurrence
+    presence = torch.tensor([p.presence_penalty for p in params], device=device)
+    local, token_ids = _unique_pairs(local, token_ids, vocab_size)
+    logits.index_put_((row_ids[local], token_ids), -presence[local], accumulate=True)  # once per token
 
 
-def _token_counts(token_lists: list[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(token_lists), vocab_size] float32: how many times each token occurs in each list."""
-    row_ids = [i for i, tokens in enumerate(token_lists) for _ in range(len(tokens))]
+def _occurrences(token_lists: list[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(list index, token id) of every token of every list, flattened: two [num_tokens] long tensors."""
+    local = [i for i, tokens in enumerate(token_lists) for _ in range(len(tokens))]
     flat = [t for tokens in token_lists for t in tokens]
-    counts = torch.zeros(len(token_lists), vocab_size, device=device)
-    if flat:
-        ids = torch.tensor(flat, device=device).clamp_(max=vocab_size - 1)  # NOTE: ids were checked < vocab_size
-        counts.index_put_((torch.tensor(row_ids, device=device), ids), torch.ones(len(flat), device=device),
-                          accumulate=True)
-    return counts
+    return (torch.tensor(local, dtype=torch.long, device=device),
+            torch.tensor(flat, dtype=torch.long, device=device))
+
+
+def _unique_pairs(local: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # NOTE: token ids were checked < vocab_size at admission, so row * vocab_size + id is a unique key
+    keys = torch.unique(local * vocab_size + token_ids)
+    return keys // vocab_size, keys % vocab_size

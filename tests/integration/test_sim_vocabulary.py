@@ -42,3 +42,13 @@ def test_what_the_sim_engine_cannot_honour_is_a_clear_400(sim_stack, served):
     assert reply.status_code == 400, reply.text
     message = reply.json()["error"]["message"]
     assert "sim engine" in message and "frequency_penalty" in message
+
+
+def test_vllm_bench_serve_fields_at_their_off_values_are_served(sim_stack, served):
+    # what `vllm bench serve` sends with its defaults: off values are no shaping, so even the sim engine serves them
+    reply = httpx.post(f"{sim_stack.url}/v1/completions", timeout=60, json={
+        "model": served, "prompt": "hello", "max_tokens": 8, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True}, "repetition_penalty": 1.0, "top_k": -1, "min_p": 0.0,
+        "top_p": 1.0, "temperature": 0.0, "logit_bias": {}})
+    assert reply.status_code == 200, reply.text
+    assert reply.text.rstrip().endswith("data: [DONE]") and '"completion_tokens":8' in reply.text.replace(" ", "")
