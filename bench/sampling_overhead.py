@@ -33,6 +33,30 @@ async def one_round(engine, prompts: list[list[int]], params: SamplingParams, ta
     return num_tokens / (end - start)
 
 
+def sampler_ms(vocab_size: int, concurrency: int, history: int, repeats: int = 30) -> dict[str, float]:
+    """The sampler alone on [concurrency, vocab_size] logits, plain and shaped rows: median milliseconds per call
+    (a steadier figure than throughput on a busy machine)."""
+    import torch
+
+    from engines.native.sampler import SampleRow, sample
+
+    torch.set_num_threads(1)  # as the engine runs
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(concurrency, vocab_size, generator=gen)
+    histories = [[(7 * i + 13 * j) % vocab_size for j in range(history)] for i in range(concurrency)]
+    out = {}
+    for name, extra in (("plain", {}), ("shaped", SHAPED)):
+        params = SamplingParams(max_tokens=history, **extra)
+        rows = [SampleRow(params, history // 2, (), h, history // 2) for h in histories]
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            sample(logits, rows, gen).to_host()
+            times.append(1000 * (time.perf_counter() - began))
+        out[name] = statistics.median(times)
+    return out
+
+
 async def measure(model: Path, concurrency: int, isl: int, osl: int, rounds: int, threads: int) -> dict:
     engine = make_engine(model, "float32", threads, concurrency, isl + osl)
     await engine.start()
@@ -68,16 +92,21 @@ def main() -> None:
 
         model = fetch_model()
     runs = asyncio.run(measure(model, args.concurrency, args.isl, args.osl, args.rounds, args.threads))
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    sampler = sampler_ms(vocab_size, args.concurrency, args.isl + args.osl)
     plain, shaped = statistics.median(runs["plain"]), statistics.median(runs["shaped"])
     cost = 1 - shaped / plain
     print(f"{'mode':<8} {'decode tok/s (median)':>22} {'rounds':>40}")
     for name, value in (("plain", plain), ("shaped", shaped)):
         print(f"{name:<8} {value:>22.1f} {', '.join(f'{v:.1f}' for v in runs[name]):>40}")
     print(f"cost of penalties + logit_bias: {100 * cost:.2f}% of decode throughput (target <= 3%)")
+    print(f"sampler alone, {args.concurrency} rows x {vocab_size} vocab: plain {sampler['plain']:.2f} ms, shaped "
+          f"{sampler['shaped']:.2f} ms per step (a decode step here: {1000 * args.concurrency / plain:.0f} ms)")
     result = {"model": str(model), "concurrency": args.concurrency, "isl": args.isl, "osl": args.osl,
               "threads": args.threads, "shaping": {k: v for k, v in SHAPED.items() if k != "logit_bias"} |
               {"logit_bias_tokens": len(SHAPED["logit_bias"])}, "rounds": runs,
               "median_tok_s": {"plain": plain, "shaped": shaped}, "cost_fraction": cost,
+              "sampler_ms": sampler, "step_ms_plain": 1000 * args.concurrency / plain,
               "host": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                        time.gmtime())}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ frequency penalties (over the generated tokens), and vLLM/HF's repetition penalt
 Builds a few index tensors per step and touches only the rows that ask; no sampling, no host sync.
 """
 from collections.abc import Sequence
+from itertools import chain
 
 import torch
 
@@ -11,15 +12,15 @@ from engines.base.types import SamplingParams
 
 
 def shape_logits(logits: torch.Tensor, params: list[SamplingParams], histories: list[Sequence[int]],
-                 num_prompt_tokens: list[int]) -> torch.Tensor:
-    """`logits` [num_rows, vocab_size] float32 (left as it is); the shaped copy, or `logits` when no row asks.
-    `histories[i]` is row i's prompt + generated tokens so far, of which the first `num_prompt_tokens[i]` are
-    the prompt."""
+                 num_prompt_tokens: list[int], in_place: bool = False) -> torch.Tensor:
+    """`logits` [num_rows, vocab_size] float32, shaped in place when `in_place` (else a shaped copy); `logits` as it
+    is when no row asks. `histories[i]` is row i's prompt + generated tokens so far, of which the first
+    `num_prompt_tokens[i]` are the prompt."""
     biased = [i for i, p in enumerate(params) if p.logit_bias]
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
     if not (biased or penalized):
         return logits
-    out = logits.clone()
+    out = logits if in_place else logits.clone()  # NOTE: a fresh [rows, vocab] copy costs more than the shaping
     if biased:
         _add_bias(out, [(i, params[i].logit_bias) for i in biased])
     if penalized:
@@ -43,13 +44,14 @@ def _penalize(logits: torch.Tensor, rows: list[int], params: list[SamplingParams
     the logit), then the subtractions. O(tokens seen), never O(vocab_size), per row."""
     device, vocab_size = logits.device, logits.shape[-1]
     row_ids = torch.tensor(rows, device=device)
+    local, token_ids, is_output = _occurrences(histories, num_prompt_tokens, device)
     if any(p.repetition_penalty != 1.0 for p in params):
         repetition = torch.tensor([p.repetition_penalty for p in params], device=device)
-        local, token_ids = _unique_pairs(*_occurrences(histories, device), vocab_size)
-        index = (row_ids[local], token_ids)
+        seen_local, seen_ids = _unique_pairs(local, token_ids, vocab_size)
+        index = (row_ids[seen_local], seen_ids)
         seen = logits[index]
-        logits[index] = torch.where(seen > 0, seen / repetition[local], seen * repetition[local])
-    local, token_ids = _occurrences([h[n:] for h, n in zip(histories, num_prompt_tokens)], device)
+        logits[index] = torch.where(seen > 0, seen / repetition[seen_local], seen * repetition[seen_local])
+    local, token_ids = local[is_output], token_ids[is_output]
     if not len(token_ids):
         return
     frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
@@ -59,12 +61,14 @@ def _penalize(logits: torch.Tensor, rows: list[int], params: list[SamplingParams
     logits.index_put_((row_ids[local], token_ids), -presence[local], accumulate=True)  # once per token
 
 
-def _occurrences(token_lists: list[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(list index, token id) of every token of every list, flattened: two [num_tokens] long tensors."""
-    local = [i for i, tokens in enumerate(token_lists) for _ in range(len(tokens))]
-    flat = [t for tokens in token_lists for t in tokens]
-    return (torch.tensor(local, dtype=torch.long, device=device),
-            torch.tensor(flat, dtype=torch.long, device=device))
+def _occurrences(histories: list[Sequence[int]], num_prompt_tokens: list[int], device: torch.device):
+    """Every token of every history, flattened: (history index, token id, is it generated?), [num_tokens] each."""
+    lengths = torch.tensor([len(h) for h in histories], device=device)
+    token_ids = torch.tensor(list(chain.from_iterable(histories)), dtype=torch.long, device=device)
+    local = torch.repeat_interleave(torch.arange(len(histories), device=device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    positions = torch.arange(len(token_ids), device=device) - starts[local]
+    return local, token_ids, positions >= torch.tensor(num_prompt_tokens, device=device)[local]
 
 
 def _unique_pairs(local: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

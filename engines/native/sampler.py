@@ -46,9 +46,12 @@ class SampledTokens:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> SampledTokens:
-    """`logits` [num_rows, vocab_size] float32; `generator` draws for unseeded rows."""
-    masked = shape_logits(logits, [r.params for r in rows], [r.token_ids for r in rows],
-                          [r.num_prompt_tokens for r in rows])
+    """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties and bias shape it in place
+    unless a row asks for log-probabilities; `generator` draws for unseeded rows."""
+    params = [r.params for r in rows]
+    wants_logprobs = any(p.logprobs or p.top_logprobs for p in params)  # then the unmodified logits are kept
+    masked = shape_logits(logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows],
+                          in_place=not wants_logprobs)
     if any(r.banned for r in rows):
         masked = masked.clone() if masked is logits else masked
         for i, r in enumerate(rows):

@@ -40,6 +40,12 @@ def test_repetition_divides_positive_and_multiplies_negative_logits_of_every_see
     assert shaped(params, history=(0, 2, 2), num_prompt=2) == [2.0, 3.0, -4.0, 1.0, 0.5]
 
 
+def test_in_place_shaping_writes_into_the_given_tensor():
+    logits = LOGITS.clone()
+    assert shape_logits(logits, [SamplingParams(logit_bias=((0, 1.0),))], [()], [0], in_place=True) is logits
+    assert logits[0, 0] == 5.0 and LOGITS[0, 0] == 4.0
+
+
 def test_rows_are_shaped_independently():
     params = [SamplingParams(), SamplingParams(frequency_penalty=1.0), SamplingParams(logit_bias=((2, 1.0),))]
     out = shape_logits(LOGITS.expand(3, 5), params, [(0,), (0, 1, 1), (0,)], [1, 1, 1])
@@ -51,9 +57,9 @@ def test_rows_are_shaped_independently():
 def test_greedy_follows_the_bias_and_penalties():
     gen = torch.Generator().manual_seed(0)
     row = SampleRow(SamplingParams(logit_bias=((3, 10.0),)), 0)
-    assert sample(LOGITS, [row], gen).to_host()[0][0] == 3
+    assert sample(LOGITS.clone(), [row], gen).to_host()[0][0] == 3
     row = SampleRow(SamplingParams(presence_penalty=2.0), 2, token_ids=(0, 0, 0), num_prompt_tokens=1)
-    assert sample(LOGITS, [row], gen).to_host()[0][0] == 1  # 4 - 2 < 3
+    assert sample(LOGITS.clone(), [row], gen).to_host()[0][0] == 1  # 4 - 2 < 3
 
 
 def test_min_p_restricts_the_support():
@@ -65,7 +71,7 @@ def test_min_p_restricts_the_support():
 
 def test_logprobs_stay_those_of_the_model():
     row = SampleRow(SamplingParams(logprobs=True, logit_bias=((3, 10.0),)), 0)
-    token, lp = sample(LOGITS, [row], torch.Generator()).to_host()[0]
+    token, lp = sample(LOGITS.clone(), [row], torch.Generator()).to_host()[0]
     assert token == 3 and lp.logprob == pytest.approx(float(LOGITS[0].log_softmax(-1)[3]))
 
 
