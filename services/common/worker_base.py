@@ -61,7 +61,7 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         self.drain = Drain()  # the token streams running now, handed back if SIGTERM's drain runs out
         # NOTE: model_name is the directory's name, as the gateway serves it unless told another name
         self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value,
-                                     model_name=Path(self.settings.model).name)
+                                     model_name=Path(settings.model).name if settings is not None else "")
 
     @classmethod
     def add_to(cls, service, server: grpc.aio.Server) -> None:
