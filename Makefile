@@ -12,8 +12,11 @@ export TANDEM_CACHE_DIR ?= $(CURDIR)/.cache
 # aiperf (NVIDIA's benchmark client) lives in its own venv: its pins (pandas, pyarrow, transformers) are not ours
 AIPERF_VENV := .venv-aiperf
 AIPERF_VERSION ?= 0.13.0
+# guidellm (the vLLM project's benchmark client) too; it depends on torch, pinned here to ours (CPU) first
+GUIDELLM_VENV := .venv-guidellm
+GUIDELLM_VERSION ?= 0.8.1
 
-.PHONY: install protos model up test test-unit bench bench-overhead chaos aiperf k8s-golden clean
+.PHONY: install protos model up test test-unit bench bench-overhead chaos aiperf guidellm k8s-golden clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -38,7 +41,7 @@ model: install
 up: install model
 	$(TANDEM) up --prometheus $(ARGS)
 
-test: install model aiperf
+test: install model aiperf guidellm
 	$(PY) -m pytest -q tests
 
 test-unit: install
@@ -71,6 +74,15 @@ $(AIPERF_VENV)/.installed:
 	# aiperf $(AIPERF_VERSION) does not depend on torch (checked); if a later one does, install
 	# "torch==$(TORCH_VERSION)" here first, with -c constraints.txt, so it cannot pull a second build
 	$(AIPERF_VENV)/bin/pip install -q "aiperf==$(AIPERF_VERSION)"
+	touch $@
+
+guidellm: $(GUIDELLM_VENV)/.installed
+
+$(GUIDELLM_VENV)/.installed:
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q --upgrade pip
+	$(GUIDELLM_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(GUIDELLM_VENV)/bin/pip install -q -c constraints.txt "guidellm==$(GUIDELLM_VERSION)"
 	touch $@
 
 clean:

@@ -5,6 +5,8 @@ from enum import Enum
 
 from engines.base.errors import InvalidRequestError
 
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI documents no limit; this bounds the work per step)
+
 
 class FinishReason(str, Enum):
     STOP = "stop"  # a stop token (EOS or a requested one)
@@ -27,6 +29,13 @@ class SamplingParams:
     logprobs: bool = False  # log-probability of each chosen token
     top_logprobs: int = 0  # and of this many alternatives
     min_tokens: int = 0  # no stop (EOS or stop ids) before this many generated tokens
+    # NOTE: the logit-shaping fields below are applied before temperature: presence/frequency as OpenAI defines
+    # them (over the generated tokens), repetition as vLLM/HF do (over prompt + generated tokens)
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per time a token was generated
+    repetition_penalty: float = 1.0  # divides a positive logit (multiplies a negative one) of any seen token
+    min_p: float = 0.0  # drop tokens whose probability is below min_p x the most likely one's
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias) added to the logit, ids ascending
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -41,10 +50,41 @@ class SamplingParams:
             raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        self._validate_shaping()
+
+    def _validate_shaping(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InvalidRequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got "
+                                      f"{len(self.logit_bias)}")
+        ids = [token_id for token_id, _ in self.logit_bias]
+        if ids != sorted(set(ids)):
+            raise InvalidRequestError("logit_bias token ids must be unique and in ascending order")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+                raise InvalidRequestError(f"logit_bias maps token ids >= 0 to biases in [-100, 100], got "
+                                          f"{token_id}: {bias}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    def shaping_fields(self) -> tuple[str, ...]:
+        """The logit-shaping fields set away from "off": what an engine without logits must refuse."""
+        off = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
+               "logit_bias": ()}
+        return tuple(name for name, value in off.items() if getattr(self, name) != value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
-from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
+from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.runner import PendingStep, Runner, RunnerInfo
@@ -39,9 +39,21 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
     """Raise InvalidRequestError (or KvLayoutMismatchError) for anything an engine of `info` cannot serve."""
     validate_request(request, info.max_model_len)
     check_token_ids(request.all_token_ids, info.vocab_size)
+    check_shaping(request.params, info)
     if request.kv is not None:
         check_importable(info.kv_layout, request.kv)
         check_kv_prefix(request)
+
+
+def check_shaping(params: SamplingParams, info: RunnerInfo) -> None:
+    """Logit-shaping parameters need logits, and biased token ids must be in the vocabulary."""
+    refused = params.shaping_fields() if info.no_logits else ()
+    if refused:
+        raise InvalidRequestError(f"the {info.no_logits} engine draws tokens without logits and cannot honour "
+                                  f"{', '.join(refused)}; send {refused[0]} only to a native or trtllm engine")
+    if params.logit_bias and params.logit_bias[-1][0] >= info.vocab_size:
+        raise InvalidRequestError(f"logit_bias token ids must be in [0, {info.vocab_size}), got "
+                                  f"{params.logit_bias[-1][0]}")
 
 
 class EngineCore:

@@ -87,17 +87,17 @@ def _kv_from(t: tuple | None) -> KvExport | None:
     return None if t is None else KvExport(KvLayout(*t[0]), t[1], t[2], t[3], t[4])
 
 
+# NOTE: the dataclass's field order is the wire order: one definition, a new field travels without an edit here
+_PARAM_FIELDS = tuple(SamplingParams.__dataclass_fields__)
+
+
 def _request(r: EngineRequest) -> tuple:
-    p = r.params
-    params = (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.stop_token_ids, p.ignore_eos, p.min_tokens,
-              p.logprobs, p.top_logprobs)
+    params = tuple(getattr(r.params, f) for f in _PARAM_FIELDS)
     return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params)
 
 
 def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params) -> EngineRequest:
-    p = dict(zip(("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
-                  "min_tokens", "logprobs", "top_logprobs"), params))
-    return EngineRequest(req_id, prompt, SamplingParams(**p), hold_kv, _kv_from(kv), output_ids, kv_params)
+    return EngineRequest(req_id, prompt, SamplingParams(*params), hold_kv, _kv_from(kv), output_ids, kv_params)
 
 
 def _output(o: RequestOutput) -> tuple:
@@ -122,7 +122,8 @@ def _event_from(t: tuple) -> KvEvent:
 
 
 def _info(i: RunnerInfo) -> tuple:
-    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport)
+    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport,
+            i.no_logits)
 
 
 def _ext(value):

@@ -20,6 +20,7 @@ class RunnerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
+    no_logits: str = ""  # the engine's name when it draws tokens without logits (sim, zero): shaping is refused
 
 
 class PendingStep(Protocol):

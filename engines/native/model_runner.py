@@ -92,8 +92,8 @@ class ModelRunner:
             return None
         rows = torch.tensor([last_rows[id(s)] for s in samplers], device=self.device)
         logits = self.model.compute_logits(hidden[rows]).float()  # [num_samplers, vocab_size]
-        return sample(logits, [SampleRow(s.seq.params, s.seq.num_output_tokens, s.seq.banned_token_ids())
-                               for s in samplers], self.generator)
+        return sample(logits, [SampleRow(s.seq.params, s.seq.num_output_tokens, s.seq.banned_token_ids(),
+                                         s.seq.token_ids, s.seq.num_prompt_tokens) for s in samplers], self.generator)
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

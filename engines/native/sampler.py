@@ -1,14 +1,16 @@
-"""Token sampling: greedy, temperature, top-k, top-p, and log-probabilities (of the unmodified distribution) for
-the chosen token and top-N alternatives. A seeded row draws from a generator keyed on (seed, index of the token
-it generates), so a request continued on another engine samples what it would have sampled in one place.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p (after penalties.py's shaping), and log-probabilities
+(of the unmodified distribution) for the chosen token and top-N alternatives. A seeded row draws from a generator
+keyed on (seed, index of the token it generates), so a request continued elsewhere samples what it would have here.
 
 `sample` only enqueues device work; `SampledTokens.to_host` is where the host waits for the device.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engines.base.types import SamplingParams, TokenLogprob
+from engines.native.penalties import shape_logits
 
 _MASK64 = (1 << 64) - 1
 
@@ -18,6 +20,8 @@ class SampleRow:
     params: SamplingParams
     index: int  # of the token this row generates, counting the request's output from 0
     banned: tuple[int, ...] = ()  # token ids it must not produce (stop tokens before min_tokens)
+    token_ids: Sequence[int] = ()  # prompt + generated so far (read at `sample`, for penalties)
+    num_prompt_tokens: int = 0  # of token_ids
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -42,10 +46,14 @@ class SampledTokens:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> SampledTokens:
-    """`logits` [num_rows, vocab_size] float32; `generator` draws for unseeded rows."""
-    masked = logits
+    """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties and bias shape it in place
+    unless a row asks for log-probabilities; `generator` draws for unseeded rows."""
+    params = [r.params for r in rows]
+    wants_logprobs = any(p.logprobs or p.top_logprobs for p in params)  # then the unmodified logits are kept
+    masked = shape_logits(logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows],
+                          in_place=not wants_logprobs)
     if any(r.banned for r in rows):
-        masked = logits.clone()
+        masked = masked.clone() if masked is logits else masked
         for i, r in enumerate(rows):
             if r.banned:
                 masked[i, list(r.banned)] = float("-inf")
@@ -76,6 +84,8 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> t
         drop = (probs.cumsum(-1) - probs) >= p.top_p
         row = row.scatter(0, order[drop], float("-inf"))
     probs = row.softmax(-1)
+    if p.min_p > 0.0:
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)  # multinomial renormalizes
     return torch.multinomial(probs, 1, generator=gen)[0]
 
 

@@ -4,9 +4,11 @@ sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are
 payloads on (workers), it holds a real paged cache of GPU-sized bytes per token and moves it as a real runner
 does (NIXL or staging files); without (the cluster simulator), exports carry zero bytes. No torch."""
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -21,13 +23,22 @@ from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layou
 from engines.sim.profile import TimingProfile, load_profile
 from engines.transfer.mover import KvMover, MovedLoads
 
-VOCAB_SIZE = 32000
+# NOTE: without a model directory, as large as the common tokenizers (Llama 3: 128256, Qwen2.5: 151665 ids)
+VOCAB_SIZE = 152064
 DEFAULT_MAX_MODEL_LEN = 131072
 
 
-def next_token(seq: Sequence) -> int:
+def next_token(seq: Sequence, vocab_size: int = VOCAB_SIZE) -> int:
     """A deterministic token: depends only on the sequence's length (and skips what it may not produce)."""
-    return deterministic_token((seq.num_tokens * 7919 + 17) % VOCAB_SIZE, seq.banned_token_ids(), VOCAB_SIZE)
+    return deterministic_token((seq.num_tokens * 7919 + 17) % vocab_size, seq.banned_token_ids(), vocab_size)
+
+
+def model_vocab_size(model_dir: str) -> int:
+    """The vocabulary of the checkpoint directory the worker is given (config.json), or VOCAB_SIZE without one."""
+    path = Path(model_dir) / "config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return VOCAB_SIZE
+    return int(json.loads(path.read_text()).get("vocab_size") or VOCAB_SIZE)
 
 
 def is_decode(num_new_tokens: int, start: int, seq: Sequence) -> bool:
@@ -73,7 +84,7 @@ class SimRunner(MovedLoads):
     def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
                  kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 load_time_factor: float | None = None, payload: Payload | None = None):
+                 load_time_factor: float | None = None, payload: Payload | None = None, vocab_size: int = VOCAB_SIZE):
         """`load_time_factor` scales an onboarding load's modelled time on `clock` (default `time_factor`; the
         cluster simulator, stepping in virtual time with time_factor 0, gives 1). `payload`: a real KV cache."""
         if time_factor < 0:
@@ -84,7 +95,7 @@ class SimRunner(MovedLoads):
         self.cache = None
         if payload is None:
             layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
-            self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, VOCAB_SIZE)
+            self.info = RunnerInfo(layout, profile.num_blocks, max_model_len, vocab_size, no_logits="sim")
             return
         layout = payload_layout(payload.kv_bytes_per_token, profile.block_size)
         block_bytes = payload.kv_bytes_per_token * profile.block_size
@@ -92,7 +103,8 @@ class SimRunner(MovedLoads):
                       default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks))
         self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == "nixl")
         self.mover = KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
-        self.info = RunnerInfo(layout, num_blocks, max_model_len, VOCAB_SIZE, kv_transport=payload.kv_transport)
+        self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size, kv_transport=payload.kv_transport,
+                               no_logits="sim")
 
     def step_duration(self, out: SchedulerOutput) -> float:
         num_decodes = sum(1 for s in out.scheduled if is_decode(s.num_new_tokens, s.start, s.seq))
@@ -105,7 +117,7 @@ class SimRunner(MovedLoads):
             for s in out.scheduled:
                 end = s.start + s.num_new_tokens
                 self.cache.stamp(s.seq.block_table, s.start, s.seq.token_ids[s.start : end])
-        sampled = [(next_token(s.seq), None) for s in out.sampling]
+        sampled = [(next_token(s.seq, self.info.vocab_size), None) for s in out.sampling]
         until = time.perf_counter() + self.step_duration(out) * self.time_factor if self.time_factor else 0.0
         return _Timed(sampled, until, self.sleep)
 
@@ -139,6 +151,7 @@ class SimSpec:
     kv_disk_gb: float = 0.0
     payload: Payload | None = None  # a real KV cache (workers); None: timing only
     held_kv_ttl_s: float = 30.0
+    model: str = ""  # a checkpoint directory whose vocabulary the tokens come from ("": VOCAB_SIZE)
 
 
 def build_core(spec: SimSpec) -> EngineCore:
@@ -148,16 +161,17 @@ def build_core(spec: SimSpec) -> EngineCore:
         payload = dataclasses.replace(payload, kv_bytes_per_token=profile.kv_bytes_per_token)
     return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching,
                     kv_host_gb=spec.kv_host_gb, kv_disk_gb=spec.kv_disk_gb, payload=payload,
-                    held_kv_ttl_s=spec.held_kv_ttl_s)
+                    held_kv_ttl_s=spec.held_kv_ttl_s, vocab_size=model_vocab_size(spec.model))
 
 
 def sim_core(profile: TimingProfile, time_factor: float = 1.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
              enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic,
              kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, load_time_factor: float | None = None,
-             payload: Payload | None = None, held_kv_ttl_s: float = 30.0) -> EngineCore:
+             payload: Payload | None = None, held_kv_ttl_s: float = 30.0, vocab_size: int = VOCAB_SIZE
+             ) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
     config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching,
                         held_kv_ttl_s)
     runner = SimRunner(profile, time_factor, max_model_len, kv_host_gb=kv_host_gb, kv_disk_gb=kv_disk_gb,
-                       clock=clock, load_time_factor=load_time_factor, payload=payload)
+                       clock=clock, load_time_factor=load_time_factor, payload=payload, vocab_size=vocab_size)
     return EngineCore(config, runner, clock)

@@ -13,7 +13,12 @@ from engines.base.types import EngineRequest, SamplingParams
 
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
 MAPPED = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
-                    "logprobs", "top_logprobs", "min_tokens"})
+                    "logprobs", "top_logprobs", "min_tokens", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "min_p", "logit_bias"})
+# tandem's field -> TensorRT-LLM SamplingParams' (tensorrt_llm/sampling_params.py, read 2026-11): the same names.
+# NOTE (assumption, not checked on a GPU here): TensorRT-LLM's sampler may count the prompt in presence/frequency
+# penalties, where OpenAI (and tandem's native engine) count generated tokens only
+_SHAPING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 _KV_PARAMS_VERSION = 1
 # DisaggregatedParams fields that are not plain data (tensors, Logprob objects) do not travel; the prefill
 # worker's first-token logprobs reach the client through its own output instead
@@ -80,7 +85,23 @@ def sampling_kwargs(p: SamplingParams, max_tokens: int, min_tokens: int, eos_tok
         kwargs["min_tokens"] = min_tokens
     if p.logprobs or p.top_logprobs:
         kwargs["logprobs"] = max(1, p.top_logprobs)  # TensorRT-LLM returns the sampled token's with the top-k
+    kwargs.update({name: getattr(p, name) for name in _SHAPING if name in p.shaping_fields()})
+    if p.logit_bias:
+        kwargs["logits_processor"] = LogitBias(p.logit_bias)
     return kwargs
+
+
+class LogitBias:
+    """OpenAI's logit_bias as a TensorRT-LLM per-request logits processor (its PyTorch backend calls it with the
+    step's logits, [..., vocab_size], to modify in place). NOTE (assumption): duck-typed to LogitsProcessor's
+    __call__(req_id, logits, token_ids, stream_ptr, client_id); only exercised against a fake here."""
+
+    def __init__(self, bias: tuple[tuple[int, float], ...]):
+        self.token_ids = [t for t, _ in bias]
+        self.values = [b for _, b in bias]
+
+    def __call__(self, req_id, logits, token_ids, stream_ptr, client_id) -> None:
+        logits[..., self.token_ids] += logits.new_tensor(self.values)
 
 
 def _refuse_unmapped(p: SamplingParams) -> None:

@@ -24,7 +24,7 @@ class ZeroRunner(TieredLoads):
                  num_blocks: int = DEFAULT_NUM_BLOCKS, kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0):
         """With `kv_host_gb`, modelled tiers whose loads end at the next poll (the control plane's cost alone)."""
         layout = KvLayout(1, 1, 1, "float32", block_size)
-        self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size)
+        self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size, no_logits="zero")
         block_bytes = 2 * block_size * DTYPE_BYTES[layout.dtype]
         self.tiers = ModelledTiers(TierSpec(int(kv_host_gb * 1e9) // block_bytes, int(kv_disk_gb * 1e9) // block_bytes,
                                             block_bytes)) if kv_host_gb > 0 else None

@@ -47,10 +47,13 @@ def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(
         max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
         stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs, top_logprobs=p.top_logprobs,
+        logprobs=p.logprobs, top_logprobs=p.top_logprobs, presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty, min_p=p.min_p, logit_bias=dict(p.logit_bias),
     )
     if p.seed is not None:
         msg.seed = p.seed
+    if p.repetition_penalty != 1.0:
+        msg.repetition_penalty = p.repetition_penalty
     return msg
 
 
@@ -59,6 +62,9 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
         top_p=msg.top_p if msg.HasField("top_p") else 1.0, seed=msg.seed if msg.HasField("seed") else None, stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos, min_tokens=msg.min_tokens, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
+        presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0, min_p=msg.min_p,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
     )
 
 

@@ -40,8 +40,9 @@ class MetricsEndpoint:
 class EngineCollector(Collector):
     """The engine's own counters and gauges, read when Prometheus scrapes (never stale, no polling)."""
 
-    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str):
-        self._stats, self._worker_id, self._role = stats, worker_id, role
+    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str,
+                 model_name: str = ""):
+        self._stats, self._worker_id, self._role, self._model_name = stats, worker_id, role, model_name
 
     def collect(self):
         s = self._stats()
@@ -73,6 +74,22 @@ class EngineCollector(Collector):
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
+        yield from model_server_metrics(s, self._model_name)
+
+
+# NOTE: the names the Gateway API Inference Extension's endpoint picker (and llm-d's, KEDA, inference-perf) read from
+# a vLLM model server by default; the same meaning here, so those tools read a tandem worker unchanged
+MODEL_SERVER_METRICS = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+
+
+def model_server_metrics(s: EngineStats, model_name: str):
+    """Queue depth, running batch and KV usage (a fraction, 0-1, as vLLM's) under the model-server names."""
+    values = (s.num_waiting, s.num_running, s.num_blocks_used / s.num_blocks_total if s.num_blocks_total else 0.0)
+    docs = ("Requests waiting to be scheduled", "Requests in the running batch", "KV cache usage: 1 is full")
+    for name, doc, value in zip(MODEL_SERVER_METRICS, docs, values):
+        metric = GaugeMetricFamily(name, doc, labels=["model_name"])
+        metric.add_metric([model_name], value)
+        yield metric
 
 
 def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
@@ -116,11 +133,11 @@ def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
 
 class WorkerMetrics:
     def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, model_name: str = ""):
         self.registry = registry or CollectorRegistry()
         self.role = role
         self._worker_id = worker_id
-        self.registry.register(EngineCollector(stats, worker_id, role))
+        self.registry.register(EngineCollector(stats, worker_id, role, model_name))
         labels = ["worker_id", "role"]
         self.rpcs = Counter("tandem_worker_rpcs", "Requests served by RPC and gRPC status",
                             [*labels, "rpc", "code"], registry=self.registry)

@@ -8,6 +8,7 @@ import inspect
 import logging
 import sys
 import time
+from pathlib import Path
 
 import grpc
 
@@ -59,7 +60,9 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         self.kv_bytes_imported = 0
         self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
         self.drain = Drain()  # the token streams running now, handed back if SIGTERM's drain runs out
-        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value)
+        # NOTE: model_name is the directory's name, as the gateway serves it unless told another name
+        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value,
+                                     model_name=Path(settings.model).name if settings is not None else "")
 
     @classmethod
     def add_to(cls, service, server: grpc.aio.Server) -> None:

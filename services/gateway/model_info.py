@@ -49,9 +49,21 @@ class ModelInfo:
         if max(token_ids) >= self.vocab_size or min(token_ids) < 0:
             raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size})", param=param)
 
-    def max_new_tokens(self, num_prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
-        """The request's limit as asked; with none, what the context leaves (the engine stops there anyway)."""
-        return max_model_len - num_prompt_tokens if requested is None else requested
+    def check_logit_bias(self, pairs: tuple[tuple[int, float], ...]) -> None:
+        if pairs and pairs[-1][0] >= self.vocab_size:
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {self.vocab_size}), got {pairs[-1][0]}",
+                                      param="logit_bias")
+
+    def max_new_tokens(self, num_prompt_tokens: int, requested: int | None, max_model_len: int,
+                       param: str = "max_tokens") -> int:
+        """The request's limit as asked (a 400 naming `param` past what the context leaves); with none, what the
+        context leaves."""
+        left = max_model_len - num_prompt_tokens
+        if requested is not None and requested > left:
+            raise InvalidRequestError(  # NOTE: 400 as OpenAI and vLLM answer it (a too-long prompt stays 413)
+                f"This model's maximum context length is {max_model_len} tokens; the prompt has {num_prompt_tokens} "
+                f"tokens, so {param} may be at most {left}, got {requested}.", param=param)
+        return left if requested is None else requested
 
 
 def load_model_info(model_dir: str, name: str, created: int) -> ModelInfo:

@@ -4,12 +4,15 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engines.base.types import SamplingParams
+from engines.base.types import MAX_LOGIT_BIAS, SamplingParams
 from services.gateway.errors import InvalidRequestError, from_validation_errors
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_TOKENS_LIMIT = 2**32 - 1  # the wire's uint32; the context left after the prompt is checked once it is known
+MAX_TOP_K = 2**31 - 1
+MAX_REPETITION_PENALTY = 100.0
 
 
 class _Strict(BaseModel):
@@ -18,6 +21,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk too (guidellm sends it)
 
 
 class TextPart(_Strict):
@@ -40,7 +44,7 @@ class _Common(_Strict):
     """Fields both endpoints share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float | None = Field(None, ge=0.0, le=2.0)  # None: OpenAI's default, 1
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
@@ -51,11 +55,14 @@ class _Common(_Strict):
     user: str | None = None
     # vLLM's extensions that benchmark clients send (e.g. to make every request produce max_tokens tokens)
     ignore_eos: bool = Field(False, strict=True)
-    min_tokens: int = Field(0, ge=0, strict=True)
-    # accepted only at the values that mean "off"
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT, strict=True)
+    # logit shaping: OpenAI's three, then vLLM's (`vllm bench serve` sends repetition_penalty 1.0, top_k -1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    repetition_penalty: float | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, strict=True)  # -1 or 0: off
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -67,14 +74,35 @@ class _Common(_Strict):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def max_tokens_param(self) -> str:
+        return "max_tokens"
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         _check_min_tokens(self.min_tokens, max_tokens)
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=self.seed, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
-                              logprobs=self.num_top_logprobs() is not None,
-                              top_logprobs=self.num_top_logprobs() or 0)
+                              top_k=max(self.top_k or 0, 0), seed=self.seed, ignore_eos=self.ignore_eos,
+                              min_tokens=self.min_tokens, logprobs=self.num_top_logprobs() is not None,
+                              top_logprobs=self.num_top_logprobs() or 0, presence_penalty=self.presence_penalty or 0.0,
+                              frequency_penalty=self.frequency_penalty or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              min_p=self.min_p or 0.0, logit_bias=self.logit_bias_pairs())
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token_id, bias) pairs, ids ascending; a 400 naming logit_bias for a bad entry."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit() or not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(f"logit_bias maps token ids to biases in [-100, 100], got {key!r}: {bias}",
+                                          param="logit_bias")
+            pairs.append((int(key), float(bias)))
+        if len(pairs) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
+        return tuple(sorted(pairs))
+
+    def include_continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def num_top_logprobs(self) -> int | None:
         """None: no logprobs; else how many alternatives per token."""
@@ -83,7 +111,7 @@ class _Common(_Strict):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # known OpenAI fields this server does not implement (see _UNSUPPORTED)
@@ -105,6 +133,9 @@ class ChatCompletionRequest(_Common):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
     def num_top_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
@@ -114,7 +145,7 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # the legacy endpoint's default
+    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS_LIMIT)  # the legacy endpoint's default
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
@@ -145,9 +176,6 @@ def _off(value) -> bool:
 
 # field -> (accepts this value?, what to say); the first failing field is named in the 400
 _UNSUPPORTED: dict[str, tuple] = {
-    "presence_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
-    "frequency_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
-    "logit_bias": (_off, "logit_bias is not supported"),
     "tools": (_off, "tool calling is not supported"),
     "tool_choice": (lambda v: v in (None, "none"), "tool calling is not supported"),
     "functions": (_off, "function calling is not supported"),

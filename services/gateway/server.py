@@ -23,7 +23,7 @@ from services.gateway.model_info import load_model_info
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openapi import build_schema
 from services.gateway.pipeline import Pipeline
-from services.gateway.serving import Serving
+from services.gateway.serving import REQUEST_ID, Serving
 from services.gateway.settings import GatewaySettings, parse_args
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     app.openapi = lambda: schema  # could infer neither their bodies nor their error answers
     app.state.serving = serving
     errors.install_handlers(app)
+    app.add_middleware(EchoRequestId)
     _add_routes(app, serving)
     if setup_tracing("gateway"):  # a no-op unless OTEL_* says where traces go
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -112,6 +113,33 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
     async def metrics() -> Response:
         body, content_type = serving.metrics.render()
         return Response(body, media_type=content_type)
+
+
+class EchoRequestId:
+    """ASGI middleware: a client's x-request-id comes back on the response (whole, streamed or an error) when it
+    is one the gateway accepts as a request id."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        value = _header(scope, b"x-request-id") if scope["type"] == "http" else None
+        if value is None or not REQUEST_ID.fullmatch(value):
+            return await self.app(scope, receive, send)
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", value.encode())]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_id)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 async def _model_card(serving: Serving) -> dict:

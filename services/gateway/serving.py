@@ -3,10 +3,12 @@ answer whole or as SSE. Every exit path records metrics once, frees the in-fligh
 import asyncio
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -27,6 +29,8 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
+REQUEST_ID_HEADER = "x-request-id"
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 T = TypeVar("T")
 A = TypeVar("A")
 
@@ -64,14 +68,18 @@ class Serving:
             req = parse_request(kind, await read_body(request, self.settings.max_body_bytes))
             self.check_model(req.model)
             slot = self.admission.acquire()
-            job = await self._job(req)
-            timer.request_id = job.request_id
-            current_request_id.set(job.request_id)  # NOTE: this request's task only; tags its log records
+            header = request.headers.get(REQUEST_ID_HEADER)
+            response_id = _response_id(req, header)
+            timer.request_id = response_id
+            current_request_id.set(response_id)  # NOTE: this request's task only; tags its log records
+            # NOTE: two clients may send one x-request-id: the workers' ids get a random part so they never collide
+            job = await self._job(req, response_id if header is None else f"{response_id}-{uuid.uuid4().hex[:8]}")
             timer.num_prompt_tokens = len(job.prompt)
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
-                job.request_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
+                response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
             if req.stream:
-                return await self._stream(request, job, fmt, timer, slot, req.include_usage())
+                usage = _UsageIn(req.include_usage(), req.include_continuous_usage(), len(job.prompt))
+                return await self._stream(request, job, fmt, timer, slot, usage)
             response = await self._whole(request, job, fmt, timer)
             timer.finish(200)
             return response
@@ -82,18 +90,20 @@ class Serving:
             if slot is not None and timer.is_finished:
                 slot.release()
 
-    async def _job(self, req: ChatCompletionRequest | CompletionRequest) -> Job:
+    async def _job(self, req: ChatCompletionRequest | CompletionRequest, request_id: str) -> Job:
         with span("tokenize") as current:
             if isinstance(req, ChatCompletionRequest):
-                request_id, param = f"chatcmpl-{uuid.uuid4().hex}", "messages"
+                param = "messages"
                 prompt = await self._off_loop(self.model.chat_prompt, req.template_messages())
             else:
-                request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
+                param, text = "prompt", req.single_prompt()
                 prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
             current.set_attribute("tandem.prompt_tokens", len(prompt))
         limit = await self.max_model_len()
         self.model.check_prompt(prompt, param, limit)
-        params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens(), limit))
+        max_tokens = self.model.max_new_tokens(len(prompt), req.requested_max_tokens(), limit, req.max_tokens_param())
+        params = req.sampling_params(max_tokens)
+        self.model.check_logit_bias(params.logit_bias)
         log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)
         return Job(request_id, prompt, params, req.n, req.stop_strings())
 
@@ -118,7 +128,7 @@ class Serving:
         return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens, timer.num_cached_tokens))
 
     async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
-                      include_usage: bool) -> Response:
+                      usage: "_UsageIn") -> Response:
         """Wait for the first token before answering, so failures up to there keep their HTTP status."""
         deltas = self._deltas(job, timer)
         try:
@@ -126,7 +136,7 @@ class Serving:
         except BaseException:
             await deltas.aclose()
             raise
-        events = _events(first, deltas, fmt, len(job.prompt), timer, slot, include_usage)
+        events = _events(first, deltas, fmt, timer, slot, usage)
 
         async def on_close() -> None:
             await events.aclose()
@@ -137,21 +147,41 @@ class Serving:
         return SseResponse(events, on_close)
 
 
-async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, num_prompt_tokens: int,
-                  timer: RequestTimer, slot: Slot, include_usage: bool) -> AsyncIterator[bytes]:
+@dataclass(frozen=True, slots=True)
+class _UsageIn:
+    """Where a stream reports usage: a last chunk (include_usage) and/or every chunk (continuous_usage_stats)."""
+
+    at_end: bool
+    in_every_chunk: bool
+    num_prompt_tokens: int
+
+
+def _response_id(req: ChatCompletionRequest | CompletionRequest, header: str | None) -> str:
+    """The response's id (and the logs' request id): the client's x-request-id when it sent one."""
+    prefix = "chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl"
+    if header is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not REQUEST_ID.fullmatch(header):
+        raise errors.InvalidRequestError(f"the {REQUEST_ID_HEADER} header takes 1-128 characters of "
+                                         "[A-Za-z0-9._:-]", param=REQUEST_ID_HEADER)
+    return f"{prefix}-{header}"
+
+
+async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, timer: RequestTimer, slot: Slot,
+                  usage: _UsageIn) -> AsyncIterator[bytes]:
     """SSE `data:` payloads; a failure after the first byte becomes one error event, then the end."""
     status, started = 200, set()
     try:
         async with aclosing(deltas):
-            data = _chunk(fmt, first, started, timer)
+            data = _chunk(fmt, first, started, timer, usage)
             if data is not None:
                 yield data
             async for delta in deltas:
-                data = _chunk(fmt, delta, started, timer)
+                data = _chunk(fmt, delta, started, timer, usage)
                 if data is not None:
                     yield data
-        if include_usage:
-            yield json.dumps(fmt.usage_chunk(num_prompt_tokens, timer.num_completion_tokens,
+        if usage.at_end:
+            yield json.dumps(fmt.usage_chunk(usage.num_prompt_tokens, timer.num_completion_tokens,
                                              timer.num_cached_tokens)).encode()
         yield b"[DONE]"
     except (errors.GatewayError, errors.EngineError) as exc:
@@ -170,7 +200,7 @@ async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, n
         slot.release()
 
 
-def _chunk(fmt, delta: ChoiceDelta, started: set[int], timer: RequestTimer) -> bytes | None:
+def _chunk(fmt, delta: ChoiceDelta, started: set[int], timer: RequestTimer, usage: _UsageIn) -> bytes | None:
     """A delta's chunk; None for one that says nothing (no text, no logprobs, not a choice's first or last)."""
     is_first = delta.index not in started
     if is_first:
@@ -178,6 +208,9 @@ def _chunk(fmt, delta: ChoiceDelta, started: set[int], timer: RequestTimer) -> b
         timer.on_cached_tokens(delta.num_cached_tokens)
     elif not (delta.text or delta.logprobs or delta.finish_reason):
         return None
+    if usage.in_every_chunk:  # NOTE: vLLM's shape: the usage so far rides on each content chunk
+        totals = fmt.usage_chunk(usage.num_prompt_tokens, timer.num_completion_tokens, timer.num_cached_tokens)
+        return json.dumps(fmt.chunk(delta, is_first) | {"usage": totals["usage"]}).encode()
     return fmt.chunk_json(delta, is_first).encode()
 
 

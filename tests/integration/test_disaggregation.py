@@ -23,6 +23,8 @@ def _token_prompt(length: int, seed: int) -> list[int]:
     return [rng.randrange(3, 512) for _ in range(length)]  # the tiny vocabulary, special ids left out
 
 
+PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.3, "logit_bias": {"7": 2.0},
+             "ignore_eos": True}
 # name -> request body (without "model"); token-id prompts straddle the 16-token block boundaries
 CASES: dict[str, dict] = {
     **{f"tokens-{n}": {"prompt": _token_prompt(n, seed=n), "max_tokens": MAX_TOKENS, "logprobs": 2}
@@ -31,6 +33,10 @@ CASES: dict[str, dict] = {
     "chat": {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
              "max_tokens": MAX_TOKENS, "logprobs": True, "top_logprobs": 2},
     "one-token": {"prompt": _token_prompt(20, seed=99), "max_tokens": 1, "logprobs": 2},
+    # the prefill worker samples the first token under the penalties (repetition sees the prompt), the decode
+    # worker the rest (presence/frequency see the first token as generated): the same as one worker does
+    "tokens-47-penalized": {"prompt": _token_prompt(47, seed=47), "max_tokens": MAX_TOKENS, "logprobs": 2,
+                            **PENALTIES},
 }
 
 
@@ -122,6 +128,13 @@ def test_disaggregated_output_equals_aggregated(disaggregated, aggregated, name)
     assert len(split_tokens) == split["usage"]["completion_tokens"]
 
 
+def test_penalties_change_the_answer_in_both_modes(disaggregated, aggregated):
+    for runs in (disaggregated, aggregated):
+        plain, penalized = _tokens_and_logprobs(runs["tokens-47"].body), _tokens_and_logprobs(
+            runs["tokens-47-penalized"].body)
+        assert plain[0] != penalized[0]
+
+
 def test_cases_run_to_their_length(disaggregated):
     # a comparison of two empty answers would prove nothing: each case generated tokens until max_tokens
     for name, run in disaggregated.items():
@@ -129,7 +142,8 @@ def test_cases_run_to_their_length(disaggregated):
         assert run.body["choices"][0]["finish_reason"] == "length", name
 
 
-@pytest.mark.parametrize("name", sorted(set(CASES) - {"one-token"}))
+# NOTE: the penalized case repeats tokens-47's prompt, so its prefill finds those blocks cached
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"one-token", "tokens-47-penalized"}))
 def test_each_handoff_ships_the_prompts_blocks_once(disaggregated, tiny_stack_model, name):
     run = disaggregated[name]
     num_prompt = run.body["usage"]["prompt_tokens"]

@@ -93,8 +93,8 @@ BAD_CHAT = {
     "n-too-many": ({"n": 17}, "n"),
     "unknown-field": ({"frobnicate": True}, "frobnicate"),
     "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    "presence_penalty": ({"presence_penalty": 0.5}, "presence_penalty"),
-    "logit_bias": ({"logit_bias": {"5": 10}}, "logit_bias"),
+    "presence_penalty": ({"presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range is [-2, 2]
+    "logit_bias": ({"logit_bias": {"five": 10}}, "logit_bias"),
     "stream_options-without-stream": ({"stream_options": {"include_usage": True}}, "stream_options"),
     "top_logprobs-without-logprobs": ({"top_logprobs": 2}, "top_logprobs"),
     "empty-messages": ({"messages": []}, "messages"),
@@ -141,9 +141,12 @@ def test_long_chat_is_413(http, model):
 
 
 def test_prompt_one_short_of_the_context_gets_one_token(http, model):
-    """The boundary: a prompt that leaves room for exactly one token is served, capped to that token."""
+    """The boundary: a prompt that leaves room for exactly one token is served with max_tokens 1; a larger
+    max_tokens is a 400 naming it (as OpenAI and vLLM answer)."""
     prompt = [5] * (ENDLESS_CONTEXT - 1)
-    response = http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 50,
+    assert_error(http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 50}), 400,
+                 type="invalid_request_error", param="max_tokens")
+    response = http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1,
                                                   "temperature": 0})
     assert response.status_code == 200, response.text
     body = response.json()

@@ -42,6 +42,20 @@ def test_worker_metrics_read_the_engine_at_scrape_time():
     assert got[("tandem_worker_generated_tokens_total", labels)] == 120
 
 
+def test_worker_exports_the_model_server_names_the_inference_extension_reads():
+    current = {"stats": stats()}
+    m = WorkerMetrics(lambda: current["stats"], lambda: "decode-0", "decode", model_name="SmolLM2")
+    labels = (("model_name", "SmolLM2"),)
+    got = samples(m.registry)
+    assert got[("vllm:num_requests_waiting", labels)] == 3
+    assert got[("vllm:num_requests_running", labels)] == 5
+    assert got[("vllm:kv_cache_usage_perc", labels)] == 0.4  # a fraction, as vLLM's
+    current["stats"] = stats(num_blocks_used=100, num_waiting=0)
+    got = samples(m.registry)
+    assert got[("vllm:kv_cache_usage_perc", labels)] == 1.0 and got[("vllm:num_requests_waiting", labels)] == 0
+    assert got[("tandem_worker_requests_waiting", (("role", "decode"), ("worker_id", "decode-0")))] == 0
+
+
 def test_worker_rpcs_and_kv_transfers_are_counted():
     m = WorkerMetrics(stats, lambda: "prefill-0", "prefill")
     m.rpc_done("Prefill", "OK")

@@ -116,3 +116,18 @@ def test_kv_params_round_trip_and_reject_what_is_not_theirs():
     for bad in (b"", b"not json", b'{"v": 2, "trtllm": {}}', b'{"v": 1}', b"[1]"):
         with pytest.raises(InvalidRequestError, match="not a trtllm prefill worker's"):
             decode_kv_params(bad)
+
+
+def test_logit_shaping_is_passed_through_under_trtllm_names():
+    import torch
+
+    params = SamplingParams(max_tokens=8, presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
+                            min_p=0.05, logit_bias=((1, 2.0), (3, -1.0)))
+    sampling = plan(params).sampling
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"],
+            sampling["min_p"]) == (0.5, -0.25, 1.1, 0.05)
+    logits = torch.zeros(1, 5)
+    sampling["logits_processor"]("r", logits, [[1, 2]], None, None)
+    assert logits.tolist() == [[0.0, 2.0, 0.0, -1.0, 0.0]]
+    untouched = plan(SamplingParams(max_tokens=8)).sampling
+    assert not {"presence_penalty", "min_p", "logits_processor"} & set(untouched)

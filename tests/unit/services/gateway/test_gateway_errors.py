@@ -20,8 +20,8 @@ def error_of(response) -> dict:
 
 async def test_400_unknown_and_unsupported_fields_are_named(stack):
     with pytest.raises(openai.BadRequestError) as info:
-        await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"top_k": 5})
-    assert info.value.status_code == 400 and info.value.param == "top_k" and "top_k" in info.value.message
+        await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"typical_p": 0.5})
+    assert info.value.status_code == 400 and info.value.param == "typical_p" and "typical_p" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         await stack.client.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}])
@@ -91,9 +91,12 @@ async def test_413_prompt_longer_than_context(stack):
     with pytest.raises(openai.APIStatusError) as info:
         await stack.client.completions.create(model=MODEL, prompt=[5] * 512)  # 512 tokens: no room
     assert info.value.status_code == 413 and info.value.code == "context_length_exceeded"
-    await stack.client.completions.create(model=MODEL, prompt=[5] * 511, max_tokens=50)
-    # 511 + 1 fits; the user's max_tokens goes to the worker as asked: its engine stops at the context's end
-    assert stack.decode.generate_requests[0].params.max_tokens == 50
+    # 511 + 1 fits; a max_tokens past the context left is the user's error, a 400 naming it
+    with pytest.raises(openai.BadRequestError) as info:
+        await stack.client.completions.create(model=MODEL, prompt=[5] * 511, max_tokens=50)
+    assert info.value.param == "max_tokens" and "at most 1" in info.value.message
+    await stack.client.completions.create(model=MODEL, prompt=[5] * 511, max_tokens=1)
+    assert stack.decode.generate_requests[0].params.max_tokens == 1
 
 
 async def test_429_when_inflight_limit_is_hit(stack_with):

@@ -32,9 +32,8 @@ def rejected(parse, fields: dict) -> InvalidRequestError:
     ("function_call", "auto"),
     ("parallel_tool_calls", True),
     ("response_format", {"type": "json_object"}),
-    ("logit_bias", {"5": 10}),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -1),
+    ("presence_penalty", 2.5),  # out of OpenAI's [-2, 2]
+    ("frequency_penalty", -3),
     ("audio", {"voice": "alloy"}),
     ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
@@ -43,7 +42,8 @@ def rejected(parse, fields: dict) -> InvalidRequestError:
     ("reasoning_effort", "high"),
     ("service_tier", "flex"),
     ("web_search_options", {"search_context_size": "low"}),
-    ("top_k", 5),  # not an OpenAI field at all
+    ("typical_p", 0.5),  # not an OpenAI field, nor one tandem honours
+    ("top_k", -2),  # vLLM's field: -1 and 0 are off, below is nothing
     ("echo", True),  # a completions field
 ])
 def test_chat_rejects_by_name(name, value):
@@ -52,7 +52,7 @@ def test_chat_rejects_by_name(name, value):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("echo", True), ("best_of", 3), ("suffix", "tail"), ("logit_bias", {"1": 1}), ("presence_penalty", 1),
+    ("echo", True), ("best_of", 3), ("suffix", "tail"), ("repetition_penalty", 0), ("presence_penalty", 3),
     ("messages", []), ("tools", []),
 ])
 def test_completion_rejects_by_name(name, value):

@@ -3,7 +3,7 @@ from services.gateway.admission import Admission
 from services.gateway.choices import ChoiceDelta
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.responses import CompletionFormat
-from services.gateway.serving import _events
+from services.gateway.serving import _events, _UsageIn
 
 
 def events_of(admission: Admission, metrics: GatewayMetrics):
@@ -13,7 +13,7 @@ def events_of(admission: Admission, metrics: GatewayMetrics):
 
     timer = metrics.start("/v1/completions", "m")
     fmt = CompletionFormat("cmpl-1", "m", None, wants_logprobs=False)
-    return timer, _events(ChoiceDelta(0, "a", 1), rest(), fmt, 3, timer, admission.acquire(), False)
+    return timer, _events(ChoiceDelta(0, "a", 1), rest(), fmt, timer, admission.acquire(), _UsageIn(False, False, 3))
 
 
 def count(metrics: GatewayMetrics, status: str) -> float:
