@@ -43,8 +43,8 @@ class ChoiceSplitter:
     def feed(self, text: str) -> MessagePart:
         self.pending += text
         part = MessagePart()
-        if self.reasoning:
-            self._reason(part)
+        if self.reasoning and self._reason(part):
+            return part
         if not self.in_reasoning and not self.in_calls:
             self._content(part)
         return part
@@ -63,13 +63,14 @@ class ChoiceSplitter:
             finish_reason = "tool_calls"
         return part, finish_reason
 
-    def _reason(self, part: MessagePart) -> None:
+    def _reason(self, part: MessagePart) -> bool:
+        """Move reasoning text into `part`; True while the start may still open a <think> (hold everything)."""
         if not self.in_reasoning and not self.seen_text:
             stripped = self.pending.lstrip()
             if stripped.startswith(THINK_OPEN):
                 self.in_reasoning, self.pending = True, stripped[len(THINK_OPEN):]
             elif THINK_OPEN.startswith(stripped):
-                return  # NOTE: may still open a <think>: hold it
+                return True
         if self.in_reasoning:
             end = self.pending.find(THINK_CLOSE)
             if end >= 0:
@@ -79,6 +80,7 @@ class ChoiceSplitter:
                 keep = _held(self.pending, THINK_CLOSE)
                 part.reasoning += self.pending[:len(self.pending) - keep]
                 self.pending = self.pending[len(self.pending) - keep:]
+        return False
 
     def _content(self, part: MessagePart) -> None:
         if self.parser is None:

@@ -31,9 +31,12 @@ class ToolParser:
         """(content, calls) of a whole output; text that does not parse as calls stays content."""
         raise NotImplementedError
 
-    def call_schema(self, name: str, parameters: dict) -> dict:
+    def call_schema(self, name: str, parameters: dict | None) -> dict:
+        """A forced call's JSON. NOTE: arguments stay within the declared properties unless the schema says
+        otherwise (as OpenAI's strict mode requires): a small model would otherwise invent keys without end."""
+        args = {"type": "object", "additionalProperties": False} | (parameters or {})
         return {"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
-                "properties": {"name": {"const": name}, self.args_key: parameters or {"type": "object"}}}
+                "properties": {"name": {"const": name}, self.args_key: args}}
 
 
 def _json_body(schemas: list[str]) -> str:
