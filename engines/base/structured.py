@@ -30,8 +30,8 @@ class StructuredSpec:
             raise InvalidRequestError(f"an empty {self.kind} is not a grammar", param=self.field)
 
 
-def refuse_structured(spec: StructuredSpec | None, engine: str) -> None:
+def refuse_structured(spec: StructuredSpec | None) -> None:
     """For engines that cannot constrain their output: a structured request is refused, never run unconstrained."""
     if spec is not None:
-        raise InvalidRequestError(f"`{spec.field}` is not supported by the {engine} engine: it does not constrain "
-                                  "its output to a grammar (the native engine does)", param=spec.field)
+        raise InvalidRequestError(f"`{spec.field}` is not supported by this engine: it does not constrain its "
+                                  "output to a grammar (the native and trtllm engines do)", param=spec.field)

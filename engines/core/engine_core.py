@@ -41,7 +41,7 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
     validate_request(request, info.max_model_len)
     check_token_ids(request.all_token_ids, info.vocab_size)
     if not info.can_constrain:
-        refuse_structured(request.params.structured, "this")
+        refuse_structured(request.params.structured)
     if request.kv is not None:
         check_importable(info.kv_layout, request.kv)
         check_kv_prefix(request)

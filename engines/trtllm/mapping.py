@@ -5,15 +5,17 @@ Pure: no tensorrt_llm import; the adapter builds the real objects from these dic
 import base64
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engines.base.errors import InvalidRequestError
+from engines.base.structured import StructuredSpec
 from engines.base.types import EngineRequest, SamplingParams
 
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
 MAPPED = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
-                    "logprobs", "top_logprobs", "min_tokens"})
+                    "logprobs", "top_logprobs", "min_tokens", "structured"})
 _KV_PARAMS_VERSION = 1
 # DisaggregatedParams fields that are not plain data (tensors, Logprob objects) do not travel; the prefill
 # worker's first-token logprobs reach the client through its own output instead
@@ -80,7 +82,21 @@ def sampling_kwargs(p: SamplingParams, max_tokens: int, min_tokens: int, eos_tok
         kwargs["min_tokens"] = min_tokens
     if p.logprobs or p.top_logprobs:
         kwargs["logprobs"] = max(1, p.top_logprobs)  # TensorRT-LLM returns the sampled token's with the top-k
+    if p.structured is not None:
+        kwargs["guided_decoding"] = guided_decoding(p.structured)
     return kwargs
+
+
+def guided_decoding(spec: StructuredSpec) -> dict[str, Any]:
+    """GuidedDecodingParams(**this): TensorRT-LLM's own guided decoding, with its llguidance backend (the worker's
+    LLM is built with guided_decoding_backend="llguidance", so a Lark grammar means what it means here)."""
+    if spec.kind == "json_object":
+        return {"json_object": True}
+    if spec.kind == "json_schema":
+        return {"json": spec.value}
+    if spec.kind == "choice":
+        return {"regex": "|".join(re.escape(c) for c in json.loads(spec.value))}
+    return {spec.kind: spec.value}  # regex, grammar
 
 
 def _refuse_unmapped(p: SamplingParams) -> None:

@@ -136,7 +136,8 @@ def test_sim_engine_refuses_by_the_fields_name(tiny_stack_model, tmp_path):
         name = served_name(str(tiny_stack_model))
         with pytest.raises(openai.BadRequestError) as info:
             c.chat.completions.create(model=name, messages=ASK, response_format={"type": "json_object"})
-        assert info.value.param == "response_format" and "does not constrain" in info.value.message
+        # NOTE: the worker refuses it (only it knows its engine): its 400 names the field in the message
+        assert "`response_format`" in info.value.message and "does not constrain" in info.value.message
         with pytest.raises(openai.BadRequestError) as info:
             c.chat.completions.create(model=name, messages=ASK, tools=[WEATHER], tool_choice="required")
-        assert info.value.param == "tool_choice"
+        assert "`tool_choice`" in info.value.message

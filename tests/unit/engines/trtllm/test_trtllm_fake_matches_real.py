@@ -63,7 +63,8 @@ def test_the_fake_matches_the_real_release():
 STAND_IN = {  # a tiny tensorrt_llm that has what the fake offers, minus what each case removes
     "version.py": '__version__ = "1.2.1"\n',
     "sampling_params.py": "class SamplingParams:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.SamplingParams)),
+        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.SamplingParams)) + "class GuidedDecodingParams:\n" + "".join(
+        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.GuidedDecodingParams)),
     "disaggregated_params.py": "class DisaggregatedParams:\n" + "".join(
         f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.DisaggregatedParams)),
     "llmapi/llm_args.py": "class KvCacheConfig:\n" + "".join(
@@ -82,6 +83,7 @@ STAND_IN = {  # a tiny tensorrt_llm that has what the fake offers, minus what ea
     "_utils.py": "class KVCacheEventSerializer:\n    KEYS = " + repr(list(fake_trtllm.KV_EVENT_KEYS)) + "\n",
     "__init__.py": "from .llmapi import LLM, SamplingParams\n",
     "llmapi/__init__.py": "from ..disaggregated_params import DisaggregatedParams\n"
+                          "from ..sampling_params import GuidedDecodingParams\n"
                           "from .llm_args import CacheTransceiverConfig, KvCacheConfig, QuantAlgo, QuantConfig\n",
     "_tensorrt_engine/__init__.py": "from .llm import LLM\n",
 }

@@ -116,3 +116,17 @@ def test_kv_params_round_trip_and_reject_what_is_not_theirs():
     for bad in (b"", b"not json", b'{"v": 2, "trtllm": {}}', b'{"v": 1}', b"[1]"):
         with pytest.raises(InvalidRequestError, match="not a trtllm prefill worker's"):
             decode_kv_params(bad)
+
+
+def test_structured_outputs_pass_through_to_guided_decoding():
+    from engines.base.structured import StructuredSpec
+
+    def guided(kind: str, value: str = "") -> dict:
+        params = SamplingParams(max_tokens=8, structured=StructuredSpec(kind, value))
+        return mapping.sampling_kwargs(params, 8, 0, (2,), 0)["guided_decoding"]
+
+    assert guided("json_object") == {"json_object": True}
+    assert guided("json_schema", '{"type": "object"}') == {"json": '{"type": "object"}'}
+    assert guided("regex", "a+") == {"regex": "a+"}
+    assert guided("choice", '["a.b", "c"]') == {"regex": "a\\.b|c"}
+    assert guided("grammar", 'start: "x"') == {"grammar": 'start: "x"'}
