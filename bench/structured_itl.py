@@ -45,7 +45,8 @@ async def run_mode(url: str, model: str, osl: int, concurrency: int, num: int, s
         await asyncio.gather(*(task(i) for i in range(num)))
         elapsed = time.perf_counter() - start
     return {"structured": structured, "concurrency": concurrency, "num_requests": num, "num_gaps": len(gaps),
-            "itl_p50_ms": round(1e3 * statistics.median(gaps), 2), "itl_mean_ms": round(1e3 * statistics.fmean(gaps), 2),
+            "itl_p50_ms": round(1e3 * statistics.median(gaps), 2),
+            "itl_mean_ms": round(1e3 * statistics.fmean(gaps), 2),
             "elapsed_s": round(elapsed, 1)}
 
 

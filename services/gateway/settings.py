@@ -32,7 +32,7 @@ class GatewaySettings:
     num_workers: int = 1  # gateway processes sharing the port (> 1: a supervisor process starts them)
     drain_timeout_s: float = 30.0  # at SIGTERM: how long streams in flight may take to finish
     max_migrations: int = 3  # times one request may move to another worker when its own fails mid-stream; 0: never
-    tool_parser: str = "auto"  # the model's tool-call format: auto (from the chat template), hermes, llama3_json, mistral
+    tool_parser: str = "auto"  # the model's tool-call format: auto (from the template), hermes, llama3_json, mistral
     reasoning_parser: str = ""  # "": none; think: <think>...</think> goes to reasoning_content
 
     def __post_init__(self) -> None:

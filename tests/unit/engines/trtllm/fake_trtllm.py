@@ -140,8 +140,8 @@ REAL_SOURCES = {  # faked name -> (file in the real package, class there)
 }
 EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's __init__ files)
     "__init__.py": ("LLM", "SamplingParams"),
-    "llmapi/__init__.py": ("DisaggregatedParams", "GuidedDecodingParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
-                           "QuantAlgo"),
+    "llmapi/__init__.py": ("DisaggregatedParams", "GuidedDecodingParams", "KvCacheConfig", "CacheTransceiverConfig",
+                           "QuantConfig", "QuantAlgo"),
     "_tensorrt_engine/__init__.py": ("LLM",),
 }
 LLM_METHODS = {  # LLM method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)

@@ -63,7 +63,8 @@ def test_the_fake_matches_the_real_release():
 STAND_IN = {  # a tiny tensorrt_llm that has what the fake offers, minus what each case removes
     "version.py": '__version__ = "1.2.1"\n',
     "sampling_params.py": "class SamplingParams:\n" + "".join(
-        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.SamplingParams)) + "class GuidedDecodingParams:\n" + "".join(
+        f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.SamplingParams))
+    + "class GuidedDecodingParams:\n" + "".join(
         f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.GuidedDecodingParams)),
     "disaggregated_params.py": "class DisaggregatedParams:\n" + "".join(
         f"    {f}: int = 0\n" for f in fake_names(fake_trtllm.DisaggregatedParams)),
