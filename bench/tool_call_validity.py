@@ -34,10 +34,10 @@ PROMPTS = ["What's the weather in {c}?", "Book a table for {n} at {c} Bistro.", 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Austin", "Pune", "Perth"]
 
 
-def one_call(client: openai.OpenAI, model: str, i: int) -> dict:
+def one_call(client: openai.OpenAI, model: str, i: int, max_tokens: int) -> dict:
     prompt = PROMPTS[i % len(PROMPTS)].format(c=CITIES[i % len(CITIES)], n=2 + i % 7)
     reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
-                                           tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=max_tokens,
                                            temperature=1.0, seed=i)
     choice, error = reply.choices[0], ""
     try:
@@ -48,6 +48,7 @@ def one_call(client: openai.OpenAI, model: str, i: int) -> dict:
     except Exception as exc:  # any failure to produce a valid call counts against the target
         name, error = "", f"{type(exc).__name__}: {exc}"[:200]
     return {"i": i, "valid": not error, "tool": name, "finish_reason": choice.finish_reason, "error": error,
+            "text": "" if not error else (choice.message.content or "")[-200:],
             "completion_tokens": reply.usage.completion_tokens}
 
 
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--url", default="", help="a running stack's base URL; empty: start one here")
     ap.add_argument("--num-calls", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=120, help="each request's budget; a cut-off call is invalid")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     from tandem.launcher import served_name
@@ -66,13 +68,14 @@ def main() -> None:
         client = stack.enter_context(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300))
         start = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
-            rows = list(pool.map(lambda i: one_call(client, served_name(args.model), i), range(args.num_calls)))
+            rows = list(pool.map(lambda i: one_call(client, served_name(args.model), i, args.max_tokens),
+                                 range(args.num_calls)))
         elapsed = time.perf_counter() - start
     num_valid = sum(r["valid"] for r in rows)
     by_tool = {t["function"]["name"]: sum(r["tool"] == t["function"]["name"] for r in rows) for t in TOOLS}
     summary = {"num_calls": len(rows), "num_valid": num_valid, "valid_pct": round(100 * num_valid / len(rows), 2),
                "finish_tool_calls": sum(r["finish_reason"] == "tool_calls" for r in rows), "by_tool": by_tool,
-               "elapsed_s": round(elapsed, 1), "concurrency": args.concurrency}
+               "elapsed_s": round(elapsed, 1), "concurrency": args.concurrency, "max_tokens": args.max_tokens}
     print(f"{'calls':>6} {'valid':>6} {'valid %':>8} {'finish=tool_calls':>18} {'elapsed s':>10}  by tool")
     print(f"{summary['num_calls']:>6} {num_valid:>6} {summary['valid_pct']:>8} {summary['finish_tool_calls']:>18} "
           f"{summary['elapsed_s']:>10}  {by_tool}")
