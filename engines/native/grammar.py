@@ -43,6 +43,10 @@ class Grammars:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._live: dict[str, _Entry] = {}
         self._compile = lru_cache(maxsize=256)(grammar_text)
+        self._stop_only = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+        for eos in eos_token_ids:
+            self._stop_only[eos // 32] |= np.uint32(1 << (eos % 32))
+        self._stop_only = self._stop_only.view(np.int32)
         self.mask_seconds = 0.0  # summed time the masks took (reported by benchmarks)
         self.num_masks = 0
 
@@ -79,17 +83,16 @@ class Grammars:
         """On the grammar thread: feed each matcher its new tokens, then fill every row's bitmask in one call."""
         start = time.perf_counter()
         for entry, _, tokens in todo:
-            if tokens and not entry.matcher.consume_tokens(tokens):
+            # NOTE: a finished grammar takes no more tokens: what follows it (ignore_eos) is stop tokens alone
+            if tokens and not entry.matcher.is_stopped() and not entry.matcher.consume_tokens(tokens):
                 log.warning("request %s left its grammar: %s", entry.seq.req_id, entry.matcher.get_error())
             entry.num_consumed += len(tokens)
         bitmask = np.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=np.int32)
         self._executor.unsafe_compute_mask_ptr([(e.matcher, i) for e, i, _ in todo], bitmask.ctypes.data,
                                                bitmask.shape[1] * 4, num_rows)
         for entry, i, _ in todo:
-            if entry.matcher.is_error():  # NOTE: only a stop token left: the request ends rather than run free
-                bitmask[i] = 0
-                for eos in self.tokenizer.eos_tokens():
-                    bitmask[i, eos // 32] |= np.int32(np.uint32(1 << (eos % 32)).view(np.int32))
+            if entry.matcher.is_error() or entry.matcher.is_stopped():  # NOTE: stop tokens only, never run free
+                bitmask[i] = self._stop_only
         allowed = unpack_bitmask(bitmask, self.vocab_size)
         self.mask_seconds += time.perf_counter() - start
         self.num_masks += len(todo)

@@ -1,6 +1,7 @@
 """Grammar-constrained sampling in the native engine: outputs follow the grammar (even from random weights), a
 request continued after tokens generated elsewhere resumes the grammar where they left it, and engines that cannot
 constrain refuse a structured request by the field's name."""
+import asyncio
 import json
 
 import jsonschema
@@ -60,6 +61,25 @@ async def test_choice_holds_even_for_random_weights(tiny_llama):
     for tokens, last in outs:
         assert _text(tiny_llama, tokens) in {"alpha", "beta", "gamma"}
         assert last.finish_reason.value == "stop"
+
+
+async def test_a_finished_grammar_with_ignore_eos_only_repeats_stop_tokens_and_hurts_no_one(tiny_llama):
+    spec = StructuredSpec("choice", json.dumps(["yes", "no"]), "structured_outputs")
+    engine = await started(tiny_llama)
+    try:
+        free = EngineRequest("free", _prompt(tiny_llama, "b"), SamplingParams(max_tokens=12, ignore_eos=True))
+        both = await asyncio.gather(
+            collect(engine, EngineRequest("held", _prompt(tiny_llama, "a"),
+                                          SamplingParams(max_tokens=12, ignore_eos=True, structured=spec))),
+            collect(engine, free))
+    finally:
+        await engine.shutdown()
+    (held, held_last), (other, other_last) = both
+    assert held_last.error is None and other_last.error is None
+    assert len(held) == 12 and len(other) == 12
+    eos = set(engine.info.eos_token_ids)
+    answer = [t for t in held if t not in eos]
+    assert _text(tiny_llama, answer) in ("yes", "no") and set(held[len(answer):]) <= eos
 
 
 async def test_json_schema_from_smollm2_validates_and_resumes_after_a_first_token(smollm2_dir):
