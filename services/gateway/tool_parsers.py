@@ -2,7 +2,6 @@
 forces calls (tool_choice required or a named function), and how calls are read back from generated text. Pure
 string work: no tokenizer, no I/O. Chosen by name (--tool-parser) or from the chat template."""
 import json
-import re
 from dataclasses import dataclass
 
 from services.gateway.errors import InvalidRequestError
@@ -40,7 +39,9 @@ class ToolParser:
 
 
 def _json_body(schemas: list[str]) -> str:
-    return "%json " + json.dumps({"anyOf": [json.loads(s) for s in schemas]})
+    # NOTE: no free whitespace inside a forced call: a small model may otherwise emit blank lines until max_tokens
+    options = {"whitespace_flexible": False}
+    return "%json " + json.dumps({"x-guidance": options, "anyOf": [json.loads(s) for s in schemas]})
 
 
 def _calls_from(objects: list) -> list[ParsedCall] | None:
@@ -57,8 +58,6 @@ class HermesParser(ToolParser):
     """Hermes / Qwen 2.5+: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one block per call."""
 
     name, marker = "hermes", "<tool_call>"
-    _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
     def render_call(self, name: str, arguments: str) -> str:
         return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n</tool_call>'
 
@@ -70,10 +69,17 @@ class HermesParser(ToolParser):
         start = text.find(self.marker)
         if start < 0:
             return text, []
+        # NOTE: each call's JSON is decoded whole, so a string holding "</tool_call>" does not end it early
+        decoder, objects, pos = json.JSONDecoder(), [], start
         try:
-            calls = _calls_from([json.loads(m) for m in self._BLOCK.findall(text[start:])])
+            while (pos := text.find(self.marker, pos)) >= 0:
+                body = pos + len(self.marker)
+                body += len(text[body:]) - len(text[body:].lstrip())
+                obj, pos = decoder.raw_decode(text, body)
+                objects.append(obj)
         except json.JSONDecodeError:
-            calls = None
+            return text, []
+        calls = _calls_from(objects)
         return (text, []) if not calls else (text[:start].strip(), calls)
 
 

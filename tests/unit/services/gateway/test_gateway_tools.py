@@ -36,6 +36,8 @@ def test_hermes_keeps_content_before_calls_and_reads_several():
     text = "Let me check.\n" + p.render_call("a", "{}") + "\n" + p.render_call("b", '{"x": 1}')
     assert p.parse(text) == ("Let me check.", [ParsedCall("a", "{}"), ParsedCall("b", '{"x": 1}')])
     assert p.parse("<tool_call>\n{not json\n</tool_call>")[1] == []  # broken calls stay content
+    tricky = p.render_call("a", '{"s": "x}</tool_call>y"}')  # the closing tag inside a string
+    assert p.parse(tricky)[1] == [ParsedCall("a", '{"s": "x}</tool_call>y"}')]
 
 
 def test_llama3_reads_semicolon_separated_calls():
