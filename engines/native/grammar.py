@@ -38,7 +38,9 @@ class MaskJob:
 class Grammars:
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...], device: str = "cpu"):
         self.vocab_size, self.device = vocab_size, device
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        # NOTE: a model without EOS ids (config and generation_config) leaves llguidance the tokenizer's own
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
+                                                eos_token=list(eos_token_ids) or None)
         self._executor = llguidance.LLExecutor(num_threads=1)  # NOTE: the forward pass has the other cores
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._live: dict[str, _Entry] = {}
