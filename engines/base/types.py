@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engines.base.errors import InvalidRequestError
+from engines.base.structured import StructuredSpec
 
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI documents no limit; this bounds the work per step)
 
@@ -36,6 +37,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides a positive logit (multiplies a negative one) of any seen token
     min_p: float = 0.0  # drop tokens whose probability is below min_p x the most likely one's
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias) added to the logit, ids ascending
+    structured: StructuredSpec | None = None  # the grammar the output follows (structured outputs, tool calls)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -71,6 +73,8 @@ class SamplingParams:
             if token_id < 0 or not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
                 raise InvalidRequestError(f"logit_bias maps token ids >= 0 to biases in [-100, 100], got "
                                           f"{token_id}: {bias}")
+        if self.structured is not None:
+            self.structured.validate()
 
     @property
     def is_greedy(self) -> bool:

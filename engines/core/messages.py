@@ -10,6 +10,7 @@ import msgpack
 
 from engines.base import errors
 from engines.base.events import KvEvent, KvEventKind, KvTier
+from engines.base.structured import StructuredSpec
 from engines.base.types import (EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput,
                                 SamplingParams, TokenLogprob)
 from engines.core.runner import RunnerInfo
@@ -89,15 +90,27 @@ def _kv_from(t: tuple | None) -> KvExport | None:
 
 # NOTE: the dataclass's field order is the wire order: one definition, a new field travels without an edit here
 _PARAM_FIELDS = tuple(SamplingParams.__dataclass_fields__)
+assert _PARAM_FIELDS[-1] == "structured", "SamplingParams.structured must stay its last field"
 
 
 def _request(r: EngineRequest) -> tuple:
-    params = tuple(getattr(r.params, f) for f in _PARAM_FIELDS)
+    # structured travels as a plain tuple (msgpack knows no dataclass); the assert above keeps it last
+    params = tuple(getattr(r.params, f) for f in _PARAM_FIELDS[:-1]) + (_structured(r.params.structured),)
     return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params)
 
 
 def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params) -> EngineRequest:
-    return EngineRequest(req_id, prompt, SamplingParams(*params), hold_kv, _kv_from(kv), output_ids, kv_params)
+    *plain, structured = params
+    return EngineRequest(req_id, prompt, SamplingParams(*plain, _structured_from(structured)), hold_kv, _kv_from(kv),
+                         output_ids, kv_params)
+
+
+def _structured(spec: StructuredSpec | None) -> tuple | None:
+    return None if spec is None else (spec.kind, spec.value, spec.field)
+
+
+def _structured_from(t: tuple | None) -> StructuredSpec | None:
+    return None if t is None else StructuredSpec(*t)
 
 
 def _output(o: RequestOutput) -> tuple:
@@ -123,7 +136,7 @@ def _event_from(t: tuple) -> KvEvent:
 
 def _info(i: RunnerInfo) -> tuple:
     return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport,
-            i.no_logits)
+            i.no_logits, i.can_constrain)
 
 
 def _ext(value):

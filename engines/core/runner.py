@@ -21,6 +21,7 @@ class RunnerInfo:
     eos_token_ids: tuple[int, ...] = ()
     kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
     no_logits: str = ""  # the engine's name when it draws tokens without logits (sim, zero): shaping is refused
+    can_constrain: bool = False  # it masks sampling to a request's grammar (StructuredSpec); else it refuses one
 
 
 class PendingStep(Protocol):

@@ -45,13 +45,17 @@ class SampledTokens:
         return list(zip(token_list, _logprobs(self.logits, [r.params for r in self.rows], token_list)))
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> SampledTokens:
+def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator,
+           allowed: torch.Tensor | None = None) -> SampledTokens:
     """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties and bias shape it in place
-    unless a row asks for log-probabilities; `generator` draws for unseeded rows."""
+    unless a row asks for log-probabilities; `generator` draws for unseeded rows; `allowed` [num_rows, vocab_size]
+    bool, when given, is each row's grammar mask (False: never sampled), applied after the shaping."""
     params = [r.params for r in rows]
     wants_logprobs = any(p.logprobs or p.top_logprobs for p in params)  # then the unmodified logits are kept
     masked = shape_logits(logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows],
                           in_place=not wants_logprobs)
+    if allowed is not None:
+        masked = masked.masked_fill(~allowed, float("-inf"))  # a new tensor
     if any(r.banned for r in rows):
         masked = masked.clone() if masked is logits else masked
         for i, r in enumerate(rows):

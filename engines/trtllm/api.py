@@ -20,6 +20,7 @@ class TrtllmApi:
     TrtLLM: Any  # tensorrt_llm._tensorrt_engine.LLM (TensorRT engines)
     SamplingParams: Any
     DisaggregatedParams: Any
+    GuidedDecodingParams: Any
     KvCacheConfig: Any
     CacheTransceiverConfig: Any
     QuantConfig: Any
@@ -46,7 +47,8 @@ def load_api() -> TrtllmApi:
                                      f"{INSTALL_HINT}") from None
     return TrtllmApi(
         LLM=tensorrt_llm.LLM, TrtLLM=_tensorrt_engine.LLM, SamplingParams=tensorrt_llm.SamplingParams,
-        DisaggregatedParams=llmapi.DisaggregatedParams, KvCacheConfig=llmapi.KvCacheConfig,
+        DisaggregatedParams=llmapi.DisaggregatedParams, GuidedDecodingParams=llmapi.GuidedDecodingParams,
+        KvCacheConfig=llmapi.KvCacheConfig,
         CacheTransceiverConfig=llmapi.CacheTransceiverConfig, QuantConfig=llmapi.QuantConfig,
         QuantAlgo=llmapi.QuantAlgo, gpu_memory=torch.cuda.mem_get_info,
     )

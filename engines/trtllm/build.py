@@ -84,6 +84,7 @@ def llm_arguments(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str, api: Trtllm
     if backend == "pytorch":
         kv["dtype"] = "fp8" if cfg.kv_cache_dtype == "fp8" else "auto"  # auto: the checkpoint's
         kwargs["enable_iter_perf_stats"] = True  # the stats tandem's gauges read
+        kwargs["guided_decoding_backend"] = "llguidance"  # structured requests: the grammars tandem's gateway checks
     elif not ckpt.is_engine and (quant := quant_config(cfg, api)) is not None:
         kwargs["quant_config"] = quant
     kwargs["kv_cache_config"] = api.KvCacheConfig(**kv)

@@ -139,7 +139,9 @@ class TrtllmEngine:
 
     def _submit(self, plan) -> Any:
         try:
-            sampling = self._api.SamplingParams(**plan.sampling)
+            guided = plan.sampling.get("guided_decoding")
+            sampling = self._api.SamplingParams(**plan.sampling | (
+                {"guided_decoding": self._api.GuidedDecodingParams(**guided)} if guided else {}))
             disagg = self._api.DisaggregatedParams(**plan.disaggregated) if plan.disaggregated else None
             return self._llm.generate_async(list(plan.inputs), sampling_params=sampling, streaming=True,
                                             disaggregated_params=disagg)

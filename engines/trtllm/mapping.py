@@ -5,16 +5,18 @@ Pure: no tensorrt_llm import; the adapter builds the real objects from these dic
 import base64
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engines.base.errors import InvalidRequestError
+from engines.base.structured import StructuredSpec
 from engines.base.types import EngineRequest, SamplingParams
 
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
 MAPPED = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
                     "logprobs", "top_logprobs", "min_tokens", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "min_p", "logit_bias"})
+                    "repetition_penalty", "min_p", "logit_bias", "structured"})
 # tandem's field -> TensorRT-LLM SamplingParams' (tensorrt_llm/sampling_params.py, read 2026-11): the same names.
 # NOTE (assumption, not checked on a GPU here): TensorRT-LLM's sampler may count the prompt in presence/frequency
 # penalties, where OpenAI (and tandem's native engine) count generated tokens only
@@ -88,6 +90,8 @@ def sampling_kwargs(p: SamplingParams, max_tokens: int, min_tokens: int, eos_tok
     kwargs.update({name: getattr(p, name) for name in _SHAPING if name in p.shaping_fields()})
     if p.logit_bias:
         kwargs["logits_processor"] = LogitBias(p.logit_bias)
+    if p.structured is not None:
+        kwargs["guided_decoding"] = guided_decoding(p.structured)
     return kwargs
 
 
@@ -102,6 +106,18 @@ class LogitBias:
 
     def __call__(self, req_id, logits, token_ids, stream_ptr, client_id) -> None:
         logits[..., self.token_ids] += logits.new_tensor(self.values)
+
+
+def guided_decoding(spec: StructuredSpec) -> dict[str, Any]:
+    """GuidedDecodingParams(**this): TensorRT-LLM's own guided decoding, with its llguidance backend (the worker's
+    LLM is built with guided_decoding_backend="llguidance", so a Lark grammar means what it means here)."""
+    if spec.kind == "json_object":
+        return {"json_object": True}
+    if spec.kind == "json_schema":
+        return {"json": spec.value}
+    if spec.kind == "choice":
+        return {"regex": "|".join(re.escape(c) for c in json.loads(spec.value))}
+    return {spec.kind: spec.value}  # regex, grammar
 
 
 def _refuse_unmapped(p: SamplingParams) -> None:

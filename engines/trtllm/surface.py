@@ -14,6 +14,7 @@ SNAPSHOT = Path(__file__).with_name("api_surface.json")
 
 CLASSES = {  # the names the snapshot keeps -> (file in the package, class there)
     "SamplingParams": ("sampling_params.py", "SamplingParams"),
+    "GuidedDecodingParams": ("sampling_params.py", "GuidedDecodingParams"),
     "DisaggregatedParams": ("disaggregated_params.py", "DisaggregatedParams"),
     "KvCacheConfig": ("llmapi/llm_args.py", "KvCacheConfig"),
     "CacheTransceiverConfig": ("llmapi/llm_args.py", "CacheTransceiverConfig"),

@@ -92,9 +92,10 @@ BAD_CHAT = {
     "n-zero": ({"n": 0}, "n"),
     "n-too-many": ({"n": 17}, "n"),
     "unknown-field": ({"frobnicate": True}, "frobnicate"),
-    "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     "presence_penalty": ({"presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range is [-2, 2]
     "logit_bias": ({"logit_bias": {"five": 10}}, "logit_bias"),
+    "tool_choice-unknown-function": ({"tools": [{"type": "function", "function": {"name": "f"}}],
+                                      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     "stream_options-without-stream": ({"stream_options": {"include_usage": True}}, "stream_options"),
     "top_logprobs-without-logprobs": ({"top_logprobs": 2}, "top_logprobs"),
     "empty-messages": ({"messages": []}, "messages"),

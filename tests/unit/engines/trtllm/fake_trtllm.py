@@ -40,12 +40,23 @@ class SamplingParams:
     ignore_eos: bool = False
     detokenize: bool = True
     return_perf_metrics: bool = False
+    guided_decoding: Optional[Any] = None
 
     def __post_init__(self):
         if self.top_p is not None and not 0 <= self.top_p <= 1:
             raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
         if self.pad_id is None:
             self.pad_id = self.end_id
+
+
+# ---- tensorrt_llm.sampling_params ----
+@dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    json: Optional[Any] = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+    json_object: bool = False
+    structural_tag: Optional[str] = None
 
 
 # ---- tensorrt_llm.disaggregated_params ----
@@ -135,11 +146,12 @@ class GenerationExecutor:
 
 
 FAKED = ("SamplingParams", "DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
-         "QuantAlgo", "Logprob", "CompletionOutput", "RequestError", "GenerationExecutor")  # classes, as named there
+         "QuantAlgo", "Logprob", "CompletionOutput", "RequestError", "GenerationExecutor",
+         "GuidedDecodingParams")  # classes, as named there
 EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's __init__ files)
     "__init__.py": ("LLM", "SamplingParams"),
-    "llmapi/__init__.py": ("DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
-                           "QuantAlgo"),
+    "llmapi/__init__.py": ("DisaggregatedParams", "GuidedDecodingParams", "KvCacheConfig", "CacheTransceiverConfig",
+                           "QuantConfig", "QuantAlgo"),
     "_tensorrt_engine/__init__.py": ("LLM",),
 }
 LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
@@ -147,7 +159,8 @@ LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (te
     "get_stats_async": ("timeout",), "get_kv_cache_events_async": ("timeout",), "shutdown": (),
 }
 LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
-            "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config")
+            "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config",
+            "guided_decoding_backend")
 LLM_ATTRIBUTES = ("_executor",)  # what api.executor_failure reads
 RESULT_NAMES = ("outputs", "finished", "disaggregated_params", "abort", "__aiter__")  # read off a GenerationResult
 EXECUTOR_METHODS = {"is_shutdown": ()}
@@ -383,7 +396,7 @@ class LLM:
 
 def fake_api(total_gpu_bytes: int = 80 << 30) -> TrtllmApi:
     return TrtllmApi(LLM=LLM, TrtLLM=LLM, SamplingParams=SamplingParams, DisaggregatedParams=DisaggregatedParams,
-                     KvCacheConfig=KvCacheConfig, CacheTransceiverConfig=CacheTransceiverConfig,
+                     GuidedDecodingParams=GuidedDecodingParams, KvCacheConfig=KvCacheConfig, CacheTransceiverConfig=CacheTransceiverConfig,
                      QuantConfig=QuantConfig, QuantAlgo=QuantAlgo,
                      gpu_memory=lambda: (total_gpu_bytes // 2, total_gpu_bytes))
 

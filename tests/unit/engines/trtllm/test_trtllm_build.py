@@ -127,7 +127,7 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
         "model": str(tiny_llama), "tensor_parallel_size": 1, "dtype": "bfloat16", "max_batch_size": 8,
         "max_num_tokens": 1024, "max_seq_len": 512,
         "cache_transceiver_config": CacheTransceiverConfig(backend="UCX"),
-        "enable_iter_perf_stats": True,
+        "enable_iter_perf_stats": True, "guided_decoding_backend": "llguidance",
         "kv_cache_config": KvCacheConfig(enable_block_reuse=True, tokens_per_block=16, event_buffer_max_size=16384,
                                          max_tokens=1024, dtype="fp8")}
     options = tmp_path / "extra.json"

@@ -131,3 +131,17 @@ def test_logit_shaping_is_passed_through_under_trtllm_names():
     assert logits.tolist() == [[0.0, 2.0, 0.0, -1.0, 0.0]]
     untouched = plan(SamplingParams(max_tokens=8)).sampling
     assert not {"presence_penalty", "min_p", "logits_processor"} & set(untouched)
+
+
+def test_structured_outputs_pass_through_to_guided_decoding():
+    from engines.base.structured import StructuredSpec
+
+    def guided(kind: str, value: str = "") -> dict:
+        params = SamplingParams(max_tokens=8, structured=StructuredSpec(kind, value))
+        return mapping.sampling_kwargs(params, 8, 0, (2,), 0)["guided_decoding"]
+
+    assert guided("json_object") == {"json_object": True}
+    assert guided("json_schema", '{"type": "object"}') == {"json": '{"type": "object"}'}
+    assert guided("regex", "a+") == {"regex": "a+"}
+    assert guided("choice", '["a.b", "c"]') == {"regex": "a\\.b|c"}
+    assert guided("grammar", 'start: "x"') == {"grammar": 'start: "x"'}

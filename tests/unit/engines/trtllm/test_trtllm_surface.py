@@ -14,7 +14,8 @@ STAND_IN = {
     "__init__.py": "from .llmapi import LLM as LLM\nfrom .sampling_params import SamplingParams\nX = 1\n",
     "llmapi/__init__.py": "from .llm_args import KvCacheConfig, CacheTransceiverConfig\n",
     "_tensorrt_engine/__init__.py": "from tensorrt_llm.llmapi.llm import _TrtLLM as LLM\n",
-    "sampling_params.py": "@dataclass\nclass SamplingParams:\n    max_tokens: int = 32\n    end_id: Optional[int]\n",
+    "sampling_params.py": "@dataclass\nclass SamplingParams:\n    max_tokens: int = 32\n    end_id: Optional[int]\n"
+                          "class GuidedDecodingParams:\n    json: Optional[str] = None\n",
     "disaggregated_params.py": "class DisaggregatedParams:\n    request_type: Optional[str] = None\n",
     "llmapi/llm_args.py": "class KvCacheConfig(StrictBaseModel):\n    tokens_per_block: int = Field(default=32)\n"
                           "class CacheTransceiverConfig(StrictBaseModel):\n"
