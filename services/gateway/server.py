@@ -22,6 +22,8 @@ from services.gateway.model_info import load_model_info
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openapi import build_schema
 from services.gateway.pipeline import Pipeline
+from services.gateway.responses_api import add_routes as add_responses_routes
+from services.gateway.responses_api import make_api as make_responses_api
 from services.gateway.serving import Serving
 from services.gateway.settings import GatewaySettings, parse_args
 
@@ -38,6 +40,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
     metrics.start_at_zero(model.name)
     serving = Serving(settings, model, admission, metrics)
+    responses = make_responses_api(serving)
 
     def attach(channel: grpc.aio.Channel) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
@@ -57,6 +60,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
         log.info("gateway for %s, router at %s", model.name, settings.router_address)
         yield
         await serving.close()
+        await responses.close()
         if owned is not None:
             await owned.close()
 
@@ -67,6 +71,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     app.state.serving = serving
     errors.install_handlers(app)
     _add_routes(app, serving)
+    add_responses_routes(app, responses)
     if setup_tracing("gateway"):  # a no-op unless OTEL_* says where traces go
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 

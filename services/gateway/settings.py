@@ -3,12 +3,14 @@
 A bad value raises SettingsError at start-up; nothing changes the settings afterwards.
 """
 import argparse
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from services.common.settings import SettingsError, env
 
 MAX_WORKERS = 64
+RESPONSE_STORES = ("sqlite", "redis")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,10 @@ class GatewaySettings:
     num_workers: int = 1  # gateway processes sharing the port (> 1: a supervisor process starts them)
     drain_timeout_s: float = 30.0  # at SIGTERM: how long streams in flight may take to finish
     max_migrations: int = 3  # times one request may move to another worker when its own fails mid-stream; 0: never
+    response_store: str = "sqlite"  # where /v1/responses keeps stored responses: sqlite (one host) | redis (shared)
+    response_store_path: str = ""  # sqlite's file; "" = responses.sqlite3 under the cache directory
+    redis_url: str = ""  # the redis store's server, e.g. redis://host:6379/0
+    response_ttl_s: float = 30 * 24 * 3600.0  # how long a stored response may be read back (OpenAI keeps 30 days)
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -44,6 +50,7 @@ class GatewaySettings:
             raise SettingsError(f"max_migrations must be >= 0, got {self.max_migrations}")
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
+        _check_store(self)
 
     @property
     def model_name(self) -> str:
@@ -51,9 +58,27 @@ class GatewaySettings:
         return self.served_model_name or Path(self.model_dir).name
 
     @property
+    def response_store_file(self) -> Path:
+        """The SQLite store's file: the setting, else under TANDEM_CACHE_DIR (or ~/.cache/tandem)."""
+        if self.response_store_path:
+            return Path(self.response_store_path)
+        root = os.environ.get("TANDEM_CACHE_DIR")
+        return (Path(root) if root else Path.home() / ".cache" / "tandem") / "responses.sqlite3"
+
+    @property
     def router_model(self) -> str:
         """The model key of Route requests: workers register with their --model string."""
         return self.route_model or self.model_dir
+
+
+def _check_store(s: GatewaySettings) -> None:
+    if s.response_store not in RESPONSE_STORES:
+        raise SettingsError(f"response_store must be one of {', '.join(RESPONSE_STORES)}, got {s.response_store!r}")
+    if s.response_store == "redis" and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise SettingsError("the redis response store needs --redis-url (TANDEM_REDIS_URL) as redis://host:port/db, "
+                            f"rediss://... or unix://...; got {s.redis_url!r}")
+    if s.response_ttl_s <= 0:
+        raise SettingsError(f"response_ttl_s must be > 0, got {s.response_ttl_s}")
 
 
 def _keys(raw: str) -> tuple[str, ...]:
@@ -79,6 +104,10 @@ _ENV = {
     "num_workers": ("TANDEM_GATEWAY_WORKERS", int),
     "drain_timeout_s": ("TANDEM_GATEWAY_DRAIN_TIMEOUT_S", float),
     "max_migrations": ("TANDEM_GATEWAY_MAX_MIGRATIONS", int),
+    "response_store": ("TANDEM_RESPONSE_STORE", str),
+    "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
+    "redis_url": ("TANDEM_REDIS_URL", str),
+    "response_ttl_s": ("TANDEM_RESPONSE_TTL_S", float),
 }
 _FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
 

@@ -1,0 +1,77 @@
+"""Responses API items to and from chat messages: input items (and a stored conversation's output) become the chat
+messages the gateway templates; a chat completion's message becomes output items. Pure: no I/O."""
+import uuid
+
+from services.gateway.responses_protocol import FunctionCallItem, InputItem, MessageItem, parse_item
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def chat_messages(items: list[InputItem]) -> list[dict]:
+    """The chat messages `items` say, in order; function calls join the assistant message before them (one
+    assistant turn may call several tools), a function's output becomes a `tool` message."""
+    messages: list[dict] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            messages.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        else:
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+    return messages
+
+
+def output_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the chat messages a continuation (previous_response_id) replays."""
+    return chat_messages([parse_item(i, item) for i, item in enumerate(output)])
+
+
+def message_item(text: str, status: str, item_id: str | None = None) -> dict:
+    return {"id": item_id or new_id("msg"), "type": "message", "status": status, "role": "assistant",
+            "content": [text_part(text)]}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str, item_id: str | None = None) -> dict:
+    return {"id": item_id or new_id("fc"), "type": "function_call", "status": status, "call_id": call_id,
+            "name": name, "arguments": arguments}
+
+
+def output_items(message: dict, status: str) -> list[dict]:
+    """A whole chat completion's message as output items: its text (when it has any), then each tool call."""
+    items = []
+    if message.get("content"):
+        items.append(message_item(message["content"], status))
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        items.append(call_item(call.get("id") or new_id("call"), function["name"], function["arguments"],
+                               "completed"))
+    return items
+
+
+def usage(chat_usage: dict | None) -> dict | None:
+    if chat_usage is None:
+        return None
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": chat_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat_usage["total_tokens"]}
+
+
+def outcome(finish_reason: str | None) -> tuple[str, dict | None]:
+    """The response's status and incomplete_details for the chat choice's finish reason."""
+    if finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    return "completed", None

@@ -1,0 +1,147 @@
+"""/v1/responses against the gateway on fake workers, through the official `openai` client: whole and streamed
+answers in OpenAI's shapes and event order, previous_response_id replaying the stored conversation into the chat
+prompt, retrieve and delete, owners kept apart, and clear 400s/404s for what is wrong or absent."""
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from tests.integration.helpers import assert_error
+from tests.unit.services.gateway.conftest import MODEL, REPLY
+
+TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+               "response.content_part.added"]
+CLOSE_EVENTS = ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                "response.completed"]
+
+
+@pytest.fixture
+def responses_stack(stack_with, tmp_path):
+    return lambda **kw: stack_with(response_store_path=str(tmp_path / "responses.sqlite3"), **kw)
+
+
+def prompt_text(stack, tokenizer, n: int = -1) -> str:
+    return tokenizer.decode(stack.decode.generate_requests[n].token_ids)
+
+
+async def test_a_response_is_the_chat_answer_in_the_responses_shape(responses_stack, tokenizer):
+    async with responses_stack() as s:
+        response = await s.client.responses.create(model=MODEL, input="Say hello.", instructions="Be brief.")
+        assert response.status == "completed" and response.output_text == REPLY
+        assert response.id.startswith("resp_") and response.object == "response" and response.model == MODEL
+        [item] = response.output
+        assert item.type == "message" and item.role == "assistant" and item.status == "completed"
+        assert [p.type for p in item.content] == ["output_text"]
+        prompt = prompt_text(s, tokenizer)
+        assert prompt.index("Be brief.") < prompt.index("Say hello.")  # instructions: the system message
+        usage = response.usage
+        assert usage.input_tokens == len(s.decode.generate_requests[-1].token_ids)
+        assert usage.output_tokens == len(s.decode.tokens) and usage.total_tokens == usage.input_tokens + \
+            usage.output_tokens
+
+
+async def test_a_streamed_response_sends_openais_events_in_order(responses_stack):
+    async with responses_stack() as s:
+        stream = await s.client.responses.create(model=MODEL, input="Say hello.", stream=True)
+        events = [event async for event in stream]
+        kinds = [e.type for e in events]
+        num_deltas = kinds.count("response.output_text.delta")
+        assert kinds == TEXT_EVENTS + ["response.output_text.delta"] * num_deltas + CLOSE_EVENTS
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == REPLY and events[-4].text == REPLY
+        final = events[-1].response
+        assert final.status == "completed" and final.output_text == REPLY and final.usage.output_tokens > 0
+        assert (await s.client.responses.retrieve(final.id)).output_text == REPLY
+
+
+async def test_the_sdk_stream_helper_accumulates_the_final_response(responses_stack):
+    async with responses_stack() as s:
+        async with s.client.responses.stream(model=MODEL, input="Say hello.") as stream:
+            async for _ in stream:
+                pass
+            final = await stream.get_final_response()
+        assert final.output_text == REPLY and final.status == "completed"
+
+
+async def test_previous_response_id_continues_the_conversation(responses_stack, tokenizer):
+    async with responses_stack() as s:
+        first = await s.client.responses.create(model=MODEL, input="My name is Ada.", instructions="Be brief.")
+        second = await s.client.responses.create(model=MODEL, input="What is my name?",
+                                                 previous_response_id=first.id)
+        assert second.previous_response_id == first.id and second.instructions is None
+        prompt = prompt_text(s, tokenizer)
+        assert "Be brief." not in prompt  # NOTE: instructions are not carried over, as OpenAI's are not
+        assert prompt.index("My name is Ada.") < prompt.index(REPLY) < prompt.index("What is my name?")
+        third = await s.client.responses.create(model=MODEL, input="And again?", previous_response_id=second.id)
+        assert prompt_text(s, tokenizer).count(REPLY) == 2 and third.status == "completed"
+
+
+async def test_retrieve_and_delete(responses_stack):
+    async with responses_stack() as s:
+        response = await s.client.responses.create(model=MODEL, input="Hi")
+        assert (await s.client.responses.retrieve(response.id)).model_dump() == response.model_dump()
+        deleted = await s.http.delete(f"/v1/responses/{response.id}")
+        assert deleted.json() == {"id": response.id, "object": "response.deleted", "deleted": True}
+        assert_error(await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
+                     code="not_found")
+        assert_error(await s.http.delete(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
+                     code="not_found")
+        reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "x",
+                                                         "previous_response_id": response.id})
+        assert_error(reply, 404, type="invalid_request_error", code="not_found", param="previous_response_id")
+
+
+async def test_store_false_keeps_nothing(responses_stack):
+    async with responses_stack() as s:
+        response = await s.client.responses.create(model=MODEL, input="Hi", store=False)
+        assert response.output_text == REPLY and response.store is False
+        assert_error(await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
+                     code="not_found")
+
+
+async def test_another_keys_response_is_not_found(responses_stack):
+    async with responses_stack(api_keys=("key-a", "key-b")) as s:
+        response = await s.client.responses.create(model=MODEL, input="Hi")
+        other = {"authorization": "Bearer key-b"}
+        assert_error(await s.http.get(f"/v1/responses/{response.id}", headers=other), 404,
+                     type="invalid_request_error", code="not_found")
+        assert_error(await s.http.delete(f"/v1/responses/{response.id}", headers=other), 404,
+                     type="invalid_request_error", code="not_found")
+        body = {"model": MODEL, "input": "x", "previous_response_id": response.id}
+        assert_error(await s.http.post("/v1/responses", json=body, headers=other), 404,
+                     type="invalid_request_error", code="not_found", param="previous_response_id")
+        assert (await s.client.responses.retrieve(response.id)).id == response.id  # its own key still reads it
+        assert (await s.http.get(f"/v1/responses/{response.id}")).status_code == 401
+
+
+async def test_max_output_tokens_makes_an_incomplete_response(responses_stack):
+    async with responses_stack() as s:
+        response = await s.client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+        assert response.usage.output_tokens == 2 and response.output[0].status == "incomplete"
+        events = [e async for e in await s.client.responses.create(model=MODEL, input="Hi", max_output_tokens=2,
+                                                                    stream=True)]
+        assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
+    ({"frobnicate": 1}, "frobnicate", "Unrecognized"),
+    ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input", "image_generation_call"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input[0]"),
+    ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "no tools"),
+    ({"text": {"format": {"type": "json_schema"}}}, "text", "name and a schema"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
+    ({"tools": [{"type": "web_search"}]}, "tools", "tools"),
+])
+async def test_bad_requests_are_a_400_naming_the_field(responses_stack, body, param, words):
+    async with responses_stack() as s:
+        reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", **body})
+        err = assert_error(reply, 400, type="invalid_request_error", param=param)
+        assert words in err["message"]
+
+
+async def test_an_unknown_model_is_a_404(responses_stack):
+    async with responses_stack() as s:
+        with pytest.raises(openai.NotFoundError):
+            await s.client.responses.create(model="other", input="Hi")
