@@ -14,6 +14,7 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 REDIS_PREFIX = "tandem:response:"
+REDIS_TIMEOUT_S = 5.0  # an unreachable Redis is a 503 after this long, not a request hung forever
 SQLITE_BUSY_TIMEOUT_S = 10.0  # several gateway processes write one file: wait for the lock, do not fail
 
 
@@ -104,7 +105,8 @@ class RedisStore:
     def __init__(self, url: str, ttl_s: float):
         import redis.asyncio as redis  # NOTE: imported only when Redis is the configured store
 
-        self._redis = redis.Redis.from_url(url)
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S,
+                                           socket_timeout=REDIS_TIMEOUT_S)
         self._ttl_ms = int(ttl_s * 1000)
 
     async def put(self, stored: StoredResponse) -> None:
