@@ -145,3 +145,45 @@ async def test_an_unknown_model_is_a_404(responses_stack):
     async with responses_stack() as s:
         with pytest.raises(openai.NotFoundError):
             await s.client.responses.create(model="other", input="Hi")
+
+
+async def test_a_client_that_leaves_mid_stream_cancels_the_work(responses_stack):
+    async with responses_stack() as s:
+        s.decode.hang_after = 2  # two tokens, then the worker waits until it is cancelled
+        body = {"model": MODEL, "input": "Hi", "stream": True}
+        async with s.http.stream("POST", "/v1/responses", json=body) as reply:
+            assert reply.status_code == 200
+            lines = reply.aiter_lines()
+            seen = [line async for line in _until(lines, "response.output_text.delta")]
+            assert '"response.created"' in seen[0]
+        await s.wait_for(lambda: len(s.decode.cancelled) == 1)
+        await s.wait_until_idle()
+
+
+async def _until(lines, kind: str):
+    async for line in lines:
+        yield line
+        if kind in line:
+            return
+
+
+async def test_a_failure_before_the_first_token_keeps_its_http_status(responses_stack):
+    import grpc
+
+    async with responses_stack() as s:
+        s.router.route_error = grpc.StatusCode.RESOURCE_EXHAUSTED
+        reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "stream": True})
+        assert_error(reply, 503, type="service_unavailable_error", code="workers_busy", retry_after="1")
+        await s.wait_until_idle()
+
+
+async def test_a_worker_failing_mid_stream_fails_the_response(responses_stack):
+    async with responses_stack(max_migrations=0) as s:
+        s.decode.engine_error_after = 2
+        stream = await s.client.responses.create(model=MODEL, input="Hi", stream=True)
+        events = [event async for event in stream]
+        assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
+        assert events[-1].response.error.message and events[-2].type == "response.output_text.delta"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert_error(await s.http.get(f"/v1/responses/{events[0].response.id}"), 404,
+                     type="invalid_request_error", code="not_found")  # a failed response is not stored
