@@ -95,3 +95,23 @@ async def test_responses_through_redis_survive_a_second_gateway(stack_with, redi
         assert (await b.client.responses.retrieve(first.id)).output_text == first.output_text
         second = await b.client.responses.create(model=MODEL, input="Again", previous_response_id=first.id)
         assert second.status == "completed"
+
+
+def test_store_settings_from_env_and_flags(monkeypatch, tmp_path):
+    from services.common.settings import SettingsError
+    from services.gateway.settings import GatewaySettings, parse_args
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    assert GatewaySettings(model_dir="/m").response_store_file == tmp_path / "responses.sqlite3"
+    monkeypatch.setenv("TANDEM_RESPONSE_STORE", "redis")
+    monkeypatch.setenv("TANDEM_REDIS_URL", "redis://cache:6379/2")
+    settings = parse_args(["--model", "/m", "--response-ttl-s", "60"])
+    assert (settings.response_store, settings.redis_url, settings.response_ttl_s) == ("redis", "redis://cache:6379/2",
+                                                                                      60.0)
+    assert parse_args(["--model", "/m", "--response-store", "sqlite", "--response-store-path", "/x/r.db"]
+                      ).response_store_file.as_posix() == "/x/r.db"
+    for bad, words in (({"response_store": "mongo"}, "response_store"), ({"response_store": "redis"}, "redis-url"),
+                       ({"response_store": "redis", "redis_url": "cache:6379"}, "redis://"),
+                       ({"response_ttl_s": 0}, "response_ttl_s")):
+        with pytest.raises(SettingsError, match=words):
+            GatewaySettings(model_dir="/m", **bad)
