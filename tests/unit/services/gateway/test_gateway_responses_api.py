@@ -3,7 +3,6 @@ answers in OpenAI's shapes and event order, previous_response_id replaying the s
 prompt, retrieve and delete, owners kept apart, and clear 400s/404s for what is wrong or absent."""
 import openai
 import pytest
-from transformers import AutoTokenizer
 
 from tests.integration.helpers import assert_error
 from tests.unit.services.gateway.conftest import MODEL, REPLY
