@@ -17,7 +17,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.
                     max_leaves=10)
 ITEM = st.fixed_dictionaries({}, optional={
     "type": st.sampled_from(["message", "function_call", "function_call_output", "input_image"]) | st.text(max_size=4),
-    "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]), "content": st.text(max_size=5) | JSON,
+    "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]),
+    "content": st.text(max_size=5) | JSON,
     "call_id": st.text(max_size=3), "name": st.text(max_size=3), "arguments": st.text(max_size=3),
     "output": st.text(max_size=3) | JSON})
 BODIES = st.fixed_dictionaries({"model": st.text(max_size=3)}, optional={
