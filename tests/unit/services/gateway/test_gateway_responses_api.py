@@ -186,3 +186,20 @@ async def test_a_worker_failing_mid_stream_fails_the_response(responses_stack):
         assert [e.sequence_number for e in events] == list(range(len(events)))
         assert_error(await s.http.get(f"/v1/responses/{events[0].response.id}"), 404,
                      type="invalid_request_error", code="not_found")  # a failed response is not stored
+
+
+async def test_an_openai_agents_agent_streams_and_continues_a_conversation(responses_stack, tokenizer):
+    from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)  # NOTE: its tracing would export to api.openai.com
+    async with responses_stack() as s:
+        agent = Agent(name="a", instructions="Be brief.", model=OpenAIResponsesModel(model=MODEL,
+                                                                                     openai_client=s.client))
+        streamed = Runner.run_streamed(agent, "Hi there")
+        kinds = {event.type async for event in streamed.stream_events()}
+        assert streamed.final_output == REPLY and "raw_response_event" in kinds
+        first = await Runner.run(agent, "My name is Ada.")
+        second = await Runner.run(agent, "What is my name?", previous_response_id=first.last_response_id)
+        assert second.final_output == REPLY
+        prompt = prompt_text(s, tokenizer)
+        assert prompt.index("My name is Ada.") < prompt.index(REPLY) < prompt.index("What is my name?")
