@@ -2,7 +2,8 @@
 messages the gateway templates; a chat completion's message becomes output items. Pure: no I/O."""
 import uuid
 
-from services.gateway.responses_protocol import FunctionCallItem, InputItem, MessageItem, parse_item
+from services.gateway.responses_protocol import (FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem,
+                                                 parse_item)
 
 
 def new_id(prefix: str) -> str:
@@ -24,8 +25,9 @@ def chat_messages(items: list[InputItem]) -> list[dict]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        else:
+        elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        # NOTE: a reasoning item sent back is dropped, as chat templates drop earlier turns' reasoning
     return messages
 
 
@@ -39,6 +41,11 @@ def message_item(text: str, status: str, item_id: str | None = None) -> dict:
             "content": [text_part(text)]}
 
 
+def reasoning_item(text: str, status: str = "in_progress") -> dict:
+    return {"id": new_id("rs"), "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -49,8 +56,12 @@ def call_item(call_id: str, name: str, arguments: str, status: str, item_id: str
 
 
 def output_items(message: dict, status: str) -> list[dict]:
-    """A whole chat completion's message as output items: its text (when it has any), then each tool call."""
+    """A whole chat completion's message as output items: its reasoning and its text (when it has any), then each
+    tool call."""
     items = []
+    if message.get("reasoning_content"):  # NOTE: cut short only when nothing came after it, as a stream closes it
+        is_last = not (message.get("content") or message.get("tool_calls"))
+        items.append(reasoning_item(message["reasoning_content"], status if is_last else "completed"))
     if message.get("content"):
         items.append(message_item(message["content"], status))
     for call in message.get("tool_calls") or ():

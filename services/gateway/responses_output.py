@@ -32,8 +32,9 @@ def whole(start: dict, chat: dict) -> dict:
 
 
 class EventStream:
-    """Chat completion chunks in, Responses stream events out. Text opens one message item (and its output_text
-    part); each tool call its own function_call item, closed when the next item opens or the response ends."""
+    """Chat completion chunks in, Responses stream events out. Reasoning (`reasoning_content`) opens a reasoning
+    item, text a message item (each with its one part); each tool call its own function_call item. An item is
+    closed when the next one opens or the response ends."""
 
     def __init__(self, start: dict):
         self.response = start
@@ -60,8 +61,10 @@ class EventStream:
             self.response["usage"] = items.usage(chunk["usage"])
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events += self._text("reasoning", delta["reasoning_content"])
             if delta.get("content"):
-                events += self._text(delta["content"])
+                events += self._text("message", delta["content"])
             for call in delta.get("tool_calls") or ():
                 events += self._call(call)
             self._finish_reason = choice.get("finish_reason") or self._finish_reason
@@ -86,22 +89,24 @@ class EventStream:
         index = len(self.response["output"]) - 1
         return index, self._event("response.output_item.added", output_index=index, item=dict(item))
 
-    def _text(self, text: str) -> list[dict]:
+    def _text(self, kind: str, text: str) -> list[dict]:
+        """A piece of the answer (kind "message") or of the reasoning before it (kind "reasoning")."""
         events = []
-        if self._text_item is None:
-            events += self._close_calls()
-            item = items.message_item("", "in_progress")
-            item["content"] = []
+        if self._text_item is None or self._text_item["type"] != kind:
+            events += self._close_text("completed") + self._close_calls()
+            item = items.message_item("", "in_progress") if kind == "message" else items.reasoning_item("")
+            part = item["content"].pop()
             index, added = self._open(item)
             self._text_item = item
-            part = items.text_part("")
             events += [added, self._event("response.content_part.added", item_id=item["id"], output_index=index,
-                                          content_index=0, part=part)]
+                                          content_index=0, part=dict(part))]
             item["content"].append(part)
         item, index = self._text_item, self.response["output"].index(self._text_item)
         item["content"][0]["text"] += text
-        return events + [self._event("response.output_text.delta", item_id=item["id"], output_index=index,
-                                     content_index=0, delta=text, logprobs=[])]
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        if kind == "reasoning":
+            return events + [self._event("response.reasoning_text.delta", **where, delta=text)]
+        return events + [self._event("response.output_text.delta", **where, delta=text, logprobs=[])]
 
     def _close_text(self, status: str) -> list[dict]:
         item, self._text_item = self._text_item, None
@@ -110,8 +115,11 @@ class EventStream:
         index, part = self.response["output"].index(item), item["content"][0]
         item["status"] = status
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        return [self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
-                self._event("response.content_part.done", **where, part=dict(part)),
+        if item["type"] == "reasoning":
+            done = self._event("response.reasoning_text.done", **where, text=part["text"])
+        else:
+            done = self._event("response.output_text.done", **where, text=part["text"], logprobs=[])
+        return [done, self._event("response.content_part.done", **where, part=dict(part)),
                 self._event("response.output_item.done", output_index=index, item=dict(item))]
 
     def _call(self, call: dict) -> list[dict]:

@@ -54,9 +54,26 @@ class FunctionCallOutputItem(_Strict):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
-_ITEM_KINDS: dict[str, TypeAdapter] = {"message": TypeAdapter(MessageItem), "function_call": TypeAdapter(
-    FunctionCallItem), "function_call_output": TypeAdapter(FunctionCallOutputItem)}
+class ReasoningPart(_Strict):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    """An earlier turn's reasoning, as clients (openai-agents) send output items back."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningPart] = []
+    content: list[ReasoningPart] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+_ITEM_KINDS: dict[str, TypeAdapter] = {kind: TypeAdapter(model) for kind, model in (
+    ("message", MessageItem), ("function_call", FunctionCallItem), ("function_call_output", FunctionCallOutputItem),
+    ("reasoning", ReasoningItem))}
 
 
 class FunctionTool(_Strict):

@@ -130,3 +130,34 @@ def test_a_stream_that_breaks_fails_the_response():
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 5
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "worker_failed", "message": "worker died"}
+
+
+def test_reasoning_streams_as_a_reasoning_item_before_the_answer():
+    stream = EventStream(envelope(request(), "resp_1", 1.0))
+    events = stream.start()
+    for delta in ({"reasoning_content": "Think"}, {"reasoning_content": "ing."}, {"content": "Paris."}):
+        events += stream.on_chunk(_chunk(delta))
+    events += stream.on_chunk(_chunk({}, "stop")) + stream.finish()
+    assert [e["type"] for e in events[2:]] == [
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    assert events[3]["part"] == {"type": "reasoning_text", "text": ""}
+    reasoning, answer = events[-1]["response"]["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text",
+                                                                          "text": "Thinking."}]
+    assert answer["content"][0]["text"] == "Paris."
+    chat = {"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "Paris.",
+                                                              "reasoning_content": "Thinking."}}]}
+    assert [i["type"] for i in whole(envelope(request(), "r", 1.0), chat)["output"]] == ["reasoning", "message"]
+
+
+def test_a_reasoning_item_sent_back_is_accepted_and_left_out_of_the_prompt():
+    req = request(input=[{"role": "user", "content": "Capital of France?"},
+                         {"type": "reasoning", "id": "rs_1", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": "Hmm."}]},
+                         {"type": "message", "role": "assistant", "content": "Paris."}])
+    assert items.chat_messages(req.input_items()) == [{"role": "user", "content": "Capital of France?"},
+                                                      {"role": "assistant", "content": "Paris."}]

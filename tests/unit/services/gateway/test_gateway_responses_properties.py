@@ -1,7 +1,7 @@
-"""Properties of /v1/responses over generated inputs (hypothesis): any body parses to a request and a chat request
-or is a 400, never another exception; and however a chat stream cuts its text and tool calls into chunks, the
-Responses events number themselves 0, 1, 2 ..., open and close every item once, and end in the same output a
-whole chat completion of the same message gives."""
+"""Properties of /v1/responses over generated inputs (hypothesis): any body parses to a request and a chat
+request or is a 400, never another exception; and however a chat stream cuts its reasoning, text and tool calls
+into chunks, the Responses events number themselves 0, 1, 2 ..., open and close every item once, and end in the
+same output a whole chat completion of the same message gives."""
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -52,11 +52,12 @@ def _cuts(draw, text: str) -> list[str]:
 @st.composite
 def chat_streams(draw):
     """A chat message (text and/or tool calls) and the chunks a stream of it might arrive in."""
-    text = draw(st.text(min_size=0, max_size=12))
+    reasoning, text = draw(st.text(max_size=12)), draw(st.text(max_size=12))
     calls = draw(st.lists(st.tuples(st.sampled_from(["f", "g"]), st.text(max_size=10)), max_size=3))
     chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
-    chunks += [{"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-               for piece in _cuts(draw, text)]
+    for key, value in (("reasoning_content", reasoning), ("content", text)):
+        chunks += [{"choices": [{"index": 0, "delta": {key: piece}, "finish_reason": None}]}
+                   for piece in _cuts(draw, value)]
     for i, (name, arguments) in enumerate(calls):
         head = {"index": i, "id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": ""}}
         chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}]})
@@ -66,7 +67,9 @@ def chat_streams(draw):
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
     tool_calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
                   for i, (n, a) in enumerate(calls)]
-    return {"role": "assistant", "content": text or None, "tool_calls": tool_calls}, finish, chunks
+    message = {"role": "assistant", "content": text or None, "reasoning_content": reasoning or None,
+               "tool_calls": tool_calls}
+    return message, finish, chunks
 
 
 def _without_ids(output: list[dict]) -> list[dict]:
@@ -92,3 +95,5 @@ def test_a_stream_in_any_pieces_ends_as_the_whole_answer(case):
     assert events[-1]["response"]["status"] == expected["status"]
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == (message["content"] or "")
+    thought = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert thought == (message["reasoning_content"] or "")
