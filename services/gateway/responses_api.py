@@ -1,7 +1,7 @@
-"""`/v1/responses`: create (whole or streamed), retrieve and delete. A response runs as a chat completion through
-the gateway's own chat path (Serving.handle: admission, templates, tool calling, structured output, metrics), so it
-honours exactly what chat does; this module maps to and from it and keeps the store. It decides nothing about
-generation and builds no error body itself."""
+"""`/v1/responses`: create (whole or streamed), retrieve, list input items, delete. A response runs as a chat
+completion through the gateway's own chat path (Serving.handle: admission, templates, tool calling, structured
+output, metrics), so it honours exactly what chat does; this module maps to and from it and keeps the store. It
+decides nothing about generation and builds no error body itself."""
 import asyncio
 import hashlib
 import json
@@ -49,18 +49,26 @@ class ResponsesApi:
         req = parse_responses_request(await read_body(request, self.serving.settings.max_body_bytes))
         self.serving.check_model(req.model)
         history = await self._history(req.previous_response_id, owner)
-        conversation = history + items.chat_messages(req.input_items())
+        new_items = req.input_items()
+        conversation = history + items.chat_messages(new_items)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         chat = await self._run_chat(request, req.chat_body(system + conversation))
         start = output.envelope(req, items.new_id("resp"), time.time())
+        record = {"conversation": conversation, "input_items": items.input_records(new_items)}
         if not req.stream:
             response = output.whole(start, json.loads(chat.body))
-            await self._maybe_store(req, owner, response, conversation)
+            await self._maybe_store(req, owner, record | {"response": response})
             return JSONResponse(response)
-        return _relay(chat, output.EventStream(start), lambda r: self._maybe_store(req, owner, r, conversation))
+        return _relay(chat, output.EventStream(start),
+                      lambda response: self._maybe_store(req, owner, record | {"response": response}))
 
     async def retrieve(self, request: Request, response_id: str) -> dict:
         return (await self._load(response_id, self._owner(request))).record["response"]
+
+    async def input_items(self, request: Request, response_id: str) -> dict:
+        query = items.page_query(dict(request.query_params))
+        stored = await self._load(response_id, self._owner(request))
+        return items.page(stored.record["input_items"], **query)
 
     async def delete(self, request: Request, response_id: str) -> dict:
         await self._load(response_id, self._owner(request))
@@ -92,11 +100,10 @@ class ResponsesApi:
         record = stored.record
         return record["conversation"] + items.output_messages(record["response"]["output"])
 
-    async def _maybe_store(self, req: ResponsesRequest, owner: str, response: dict, conversation: list[dict]
-                           ) -> None:
+    async def _maybe_store(self, req: ResponsesRequest, owner: str, record: dict) -> None:
+        """`record`: the response, the conversation it continued (chat messages) and its own input items."""
         if req.store:
-            record = {"response": response, "conversation": conversation}
-            await self._store_call(self.store.put(StoredResponse(response["id"], owner, record)))
+            await self._store_call(self.store.put(StoredResponse(record["response"]["id"], owner, record)))
 
     async def _store_call(self, call):
         try:
@@ -129,6 +136,10 @@ def add_routes(app: FastAPI, api: ResponsesApi) -> None:
     @app.get(ROUTE + "/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:
         return await api.retrieve(request, response_id)
+
+    @app.get(ROUTE + "/{response_id}/input_items")
+    async def list_input_items(response_id: str, request: Request) -> dict:
+        return await api.input_items(request, response_id)
 
     @app.delete(ROUTE + "/{response_id}")
     async def delete_response(response_id: str, request: Request) -> dict:

@@ -2,6 +2,7 @@
 messages the gateway templates; a chat completion's message becomes output items. Pure: no I/O."""
 import uuid
 
+from services.gateway.errors import InvalidRequestError
 from services.gateway.responses_protocol import (FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem,
                                                  parse_item)
 
@@ -34,6 +35,50 @@ def chat_messages(items: list[InputItem]) -> list[dict]:
 def output_messages(output: list[dict]) -> list[dict]:
     """A response's output items as the chat messages a continuation (previous_response_id) replays."""
     return chat_messages([parse_item(i, item) for i, item in enumerate(output)])
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+MAX_PAGE = 100
+
+
+def input_records(items: list[InputItem]) -> list[dict]:
+    """`items` as `GET /v1/responses/{id}/input_items` lists them: each with an id, a message's text as a part."""
+    records = []
+    for item in items:
+        record = item.model_dump(exclude_none=True) | {"id": item.id or new_id(_ID_PREFIXES[item.type])}
+        if isinstance(item, MessageItem) and isinstance(item.content, str):
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            record["content"] = [{"type": kind, "text": item.content}]
+        records.append(record)
+    return records
+
+
+def page(records: list[dict], order: str = "desc", limit: int = 20, after: str | None = None) -> dict:
+    """One page of a list, as OpenAI pages them: newest first unless `order` is asc, from after the item `after`."""
+    ordered = records if order == "asc" else records[::-1]
+    start = 0
+    if after is not None:
+        ids = [r["id"] for r in ordered]
+        if after not in ids:
+            raise InvalidRequestError(f"no item `{after}` in this list", param="after")
+        start = ids.index(after) + 1
+    data = ordered[start:start + limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": start + limit < len(ordered)}
+
+
+def page_query(query: dict[str, str]) -> dict:
+    """The paging arguments of a query string, or a 400 naming the one that is wrong (or unknown)."""
+    for name in query:
+        if name not in ("order", "limit", "after"):
+            raise InvalidRequestError(f"Unrecognized query parameter: {name}", param=name)
+    out: dict = {"order": query.get("order", "desc"), "after": query.get("after")}
+    if out["order"] not in ("asc", "desc"):
+        raise InvalidRequestError("order must be asc or desc", param="order")
+    limit = query.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+        raise InvalidRequestError(f"limit must be an integer in [1, {MAX_PAGE}]", param="limit")
+    return out | {"limit": int(limit)}
 
 
 def message_item(text: str, status: str, item_id: str | None = None) -> dict:

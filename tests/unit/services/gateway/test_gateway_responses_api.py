@@ -203,3 +203,29 @@ async def test_an_openai_agents_agent_streams_and_continues_a_conversation(respo
         assert second.final_output == REPLY
         prompt = prompt_text(s, tokenizer)
         assert prompt.index("My name is Ada.") < prompt.index(REPLY) < prompt.index("What is my name?")
+
+
+async def test_input_items_list_what_the_response_was_given(responses_stack):
+    async with responses_stack() as s:
+        given = [{"role": "user", "content": "Weather?"},
+                 {"type": "message", "role": "assistant", "id": "msg_1",
+                  "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]},
+                 {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]}]
+        reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": given})
+        response_id = reply.json()["id"]
+        listed = await s.client.responses.input_items.list(response_id, order="asc")
+        assert [(item.type, item.role) for item in listed.data] == [("message", g["role"]) for g in given]
+        assert listed.data[0].content[0].text == "Weather?" and listed.data[0].content[0].type == "input_text"
+        assert listed.data[1].id == "msg_1" and listed.data[1].content[0].text == "Sunny."
+        assert all(item.id for item in listed.data)
+        newest = (await s.http.get(f"/v1/responses/{response_id}/input_items", params={"limit": 1})).json()
+        assert newest["data"][0]["id"] == listed.data[-1].id and newest["has_more"] is True
+        rest = (await s.http.get(f"/v1/responses/{response_id}/input_items",
+                                 params={"limit": 100, "after": newest["last_id"]})).json()
+        assert [i["id"] for i in rest["data"]] == [i.id for i in listed.data[-2::-1]] and rest["has_more"] is False
+        for params, param in (({"limit": 0}, "limit"), ({"order": "up"}, "order"), ({"after": "x"}, "after"),
+                              ({"page": 2}, "page")):
+            assert_error(await s.http.get(f"/v1/responses/{response_id}/input_items", params=params), 400,
+                         type="invalid_request_error", param=param)
+        assert_error(await s.http.get("/v1/responses/resp_none/input_items"), 404, type="invalid_request_error",
+                     code="not_found")

@@ -161,3 +161,17 @@ def test_a_reasoning_item_sent_back_is_accepted_and_left_out_of_the_prompt():
                          {"type": "message", "role": "assistant", "content": "Paris."}])
     assert items.chat_messages(req.input_items()) == [{"role": "user", "content": "Capital of France?"},
                                                       {"role": "assistant", "content": "Paris."}]
+
+
+def test_input_records_give_every_item_an_id_and_text_as_parts():
+    req = request(input=[{"role": "user", "content": "hi"},
+                         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": "fc_9"},
+                         {"type": "function_call_output", "call_id": "c", "output": "ok"}])
+    user, call, result = items.input_records(req.input_items())
+    assert user["id"].startswith("msg_") and user["content"] == [{"type": "input_text", "text": "hi"}]
+    assert call == {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": "fc_9"}
+    assert result["id"].startswith("fco_") and result["output"] == "ok"
+    records = [{"id": str(i)} for i in range(5)]
+    assert items.page(records, limit=2) == {"object": "list", "data": [{"id": "4"}, {"id": "3"}], "first_id": "4",
+                                            "last_id": "3", "has_more": True}
+    assert [r["id"] for r in items.page(records, "asc", 10, after="2")["data"]] == ["3", "4"]
