@@ -46,13 +46,18 @@ class ResponsesApi:
 
     async def create(self, request: Request) -> Response:
         owner = self._owner(request)
-        req = parse_responses_request(await read_body(request, self.serving.settings.max_body_bytes))
-        self.serving.check_model(req.model)
-        history = await self._history(req.previous_response_id, owner)
-        new_items = req.input_items()
-        conversation = history + items.chat_messages(new_items)
-        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-        chat = await self._run_chat(request, req.chat_body(system + conversation))
+        try:
+            req = parse_responses_request(await read_body(request, self.serving.settings.max_body_bytes))
+            self.serving.check_model(req.model)
+            history = await self._history(req.previous_response_id, owner)
+            new_items = req.input_items()
+            conversation = history + items.chat_messages(new_items)
+            system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+            body = req.chat_body(system + conversation)
+        except (errors.GatewayError, errors.EngineError) as exc:  # NOTE: counted here: chat never saw it
+            self.serving.metrics.start(ROUTE, self.serving.model.name).finish(errors.status_of(exc))
+            raise
+        chat = await self._run_chat(request, body)
         start = output.envelope(req, items.new_id("resp"), time.time())
         record = {"conversation": conversation, "input_items": items.input_records(new_items)}
         if not req.stream:

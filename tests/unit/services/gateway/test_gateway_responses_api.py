@@ -229,3 +229,15 @@ async def test_input_items_list_what_the_response_was_given(responses_stack):
                          type="invalid_request_error", param=param)
         assert_error(await s.http.get("/v1/responses/resp_none/input_items"), 404, type="invalid_request_error",
                      code="not_found")
+
+
+async def test_responses_are_counted_under_their_route_refused_or_not(responses_stack):
+    async with responses_stack() as s:
+        await s.client.responses.create(model=MODEL, input="Hi")
+        await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "reasoning": {"effort": "low"}})
+        await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "frobnicate": 1})
+        text = (await s.http.get("/metrics")).text
+        for status, count in (("200", 1), ("400", 2)):
+            line = f'tandem_gateway_requests_total{{model="{MODEL}",route="/v1/responses",status="{status}"}}'
+            assert f"{line} {count}.0" in text, text
+        await s.wait_until_idle()
