@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engines.base.errors import InvalidRequestError
+from engines.base.structured import StructuredSpec
 
 
 class FinishReason(str, Enum):
@@ -27,6 +28,7 @@ class SamplingParams:
     logprobs: bool = False  # log-probability of each chosen token
     top_logprobs: int = 0  # and of this many alternatives
     min_tokens: int = 0  # no stop (EOS or stop ids) before this many generated tokens
+    structured: StructuredSpec | None = None  # the grammar the output follows (structured outputs, tool calls)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -41,6 +43,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if self.structured is not None:
+            self.structured.validate()
 
     @property
     def is_greedy(self) -> bool:

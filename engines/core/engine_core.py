@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvEventLog, KvTier
+from engines.base.structured import refuse_structured
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput
 from engines.core.block_manager import BlockManager
@@ -39,6 +40,8 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
     """Raise InvalidRequestError (or KvLayoutMismatchError) for anything an engine of `info` cannot serve."""
     validate_request(request, info.max_model_len)
     check_token_ids(request.all_token_ids, info.vocab_size)
+    if not info.can_constrain:
+        refuse_structured(request.params.structured, "this")
     if request.kv is not None:
         check_importable(info.kv_layout, request.kv)
         check_kv_prefix(request)

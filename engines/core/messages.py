@@ -10,6 +10,7 @@ import msgpack
 
 from engines.base import errors
 from engines.base.events import KvEvent, KvEventKind, KvTier
+from engines.base.structured import StructuredSpec
 from engines.base.types import (EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput,
                                 SamplingParams, TokenLogprob)
 from engines.core.runner import RunnerInfo
@@ -91,13 +92,23 @@ def _request(r: EngineRequest) -> tuple:
     p = r.params
     params = (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.stop_token_ids, p.ignore_eos, p.min_tokens,
               p.logprobs, p.top_logprobs)
+    params += (_structured(p.structured),)
     return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params)
 
 
 def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params) -> EngineRequest:
     p = dict(zip(("max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
                   "min_tokens", "logprobs", "top_logprobs"), params))
+    p["structured"] = _structured_from(params[-1])
     return EngineRequest(req_id, prompt, SamplingParams(**p), hold_kv, _kv_from(kv), output_ids, kv_params)
+
+
+def _structured(spec: StructuredSpec | None) -> tuple | None:
+    return None if spec is None else (spec.kind, spec.value, spec.field)
+
+
+def _structured_from(t: tuple | None) -> StructuredSpec | None:
+    return None if t is None else StructuredSpec(*t)
 
 
 def _output(o: RequestOutput) -> tuple:
@@ -122,7 +133,8 @@ def _event_from(t: tuple) -> KvEvent:
 
 
 def _info(i: RunnerInfo) -> tuple:
-    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport)
+    return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport,
+            i.can_constrain)
 
 
 def _ext(value):

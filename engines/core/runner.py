@@ -20,6 +20,7 @@ class RunnerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
+    can_constrain: bool = False  # it masks sampling to a request's grammar (StructuredSpec); else it refuses one
 
 
 class PendingStep(Protocol):

@@ -11,6 +11,7 @@ from engines.native.layers.linear import Linear
 from engines.native.quant.swap import read_quant_config
 from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
+from engines.native.grammar import Grammars
 from engines.native.sampler import SampledTokens, SampleRow, sample
 from engines.core.scheduler import ScheduledSeq, SchedulerOutput
 
@@ -49,6 +50,9 @@ class ModelRunner:
         self.graphs = self._maybe_capture_graphs()
         self.generator = torch.Generator(device=self.device)  # unseeded sampling rows draw from it
         self.generator.seed()
+        # NOTE: a step's masks are computed on the grammar thread while its forward pass runs
+        self.grammars = Grammars.maybe_load(config.model, model_cfg.vocab_size, model_cfg.eos_token_ids,
+                                              str(self.device))
 
     @property
     def num_blocks(self) -> int:
@@ -81,6 +85,7 @@ class ModelRunner:
     def launch(self, out: SchedulerOutput) -> SampledTokens | None:
         """Enqueue one step (on a GPU the host does not wait); the sampled tokens of `out.sampling`, in order."""
         order = sorted(out.scheduled, key=lambda s: not _is_decode(s))  # decodes first
+        masks = self.grammars.start([s.seq for s in out.sampling]) if self.grammars is not None else None
         if self.graphs is not None and len(order) <= self.graphs.max_num_seqs and all(map(_is_decode, order)):
             hidden = self._graph_decode(order)  # [num_decodes, hidden_size]
             last_rows = {id(s): i for i, s in enumerate(order)}
@@ -93,7 +98,7 @@ class ModelRunner:
         rows = torch.tensor([last_rows[id(s)] for s in samplers], device=self.device)
         logits = self.model.compute_logits(hidden[rows]).float()  # [num_samplers, vocab_size]
         return sample(logits, [SampleRow(s.seq.params, s.seq.num_output_tokens, s.seq.banned_token_ids())
-                               for s in samplers], self.generator)
+                               for s in samplers], self.generator, masks.wait() if masks is not None else None)
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

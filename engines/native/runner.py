@@ -38,7 +38,8 @@ class NativeRunner(MovedLoads):
         self.mover = make_mover(self.model_runner.kv_cache, config.kv_transport)
         self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
                                self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids,
-                               kv_transport=config.kv_transport if self.mover else "")
+                               kv_transport=config.kv_transport if self.mover else "",
+                               can_constrain=self.model_runner.grammars is not None)
         self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 
     @property

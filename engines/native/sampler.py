@@ -41,11 +41,13 @@ class SampledTokens:
         return list(zip(token_list, _logprobs(self.logits, [r.params for r in self.rows], token_list)))
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator) -> SampledTokens:
-    """`logits` [num_rows, vocab_size] float32; `generator` draws for unseeded rows."""
-    masked = logits
+def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator,
+           allowed: torch.Tensor | None = None) -> SampledTokens:
+    """`logits` [num_rows, vocab_size] float32; `generator` draws for unseeded rows; `allowed` [num_rows,
+    vocab_size] bool, when given, is each row's grammar mask (False: never sampled)."""
+    masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     if any(r.banned for r in rows):
-        masked = logits.clone()
+        masked = masked.clone() if allowed is None else masked
         for i, r in enumerate(rows):
             if r.banned:
                 masked[i, list(r.banned)] = float("-inf")

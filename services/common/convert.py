@@ -1,6 +1,9 @@
 """Domain dataclasses <-> protobuf messages. The only module that knows both shapes."""
+import dataclasses
+
 from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 from engines.base.types import (EngineStats, FinishReason, KvLayout, SamplingParams, TokenLogprob)
+from engines.base.structured import StructuredSpec
 from services.common.protos import common_pb2 as pb
 from services.common.protos import worker_pb2
 from services.common.roles import WorkerRole
@@ -51,15 +54,22 @@ def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
     )
     if p.seed is not None:
         msg.seed = p.seed
+    if p.structured is not None:
+        msg.structured.CopyFrom(pb.StructuredSpec(kind=p.structured.kind, value=p.structured.value,
+                                                  field=p.structured.field))
     return msg
 
 
 def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
         top_p=msg.top_p if msg.HasField("top_p") else 1.0, seed=msg.seed if msg.HasField("seed") else None, stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos, min_tokens=msg.min_tokens, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
     )
+    if msg.HasField("structured"):
+        spec = StructuredSpec(msg.structured.kind, msg.structured.value, msg.structured.field)
+        params = dataclasses.replace(params, structured=spec)
+    return params
 
 
 def logprob_to_pb(lp: TokenLogprob) -> pb.TokenLogprob:

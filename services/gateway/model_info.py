@@ -24,12 +24,14 @@ class ModelInfo:
     vocab_size: int  # the embedding's rows: token ids a prompt may hold
     created: int  # unix time the gateway loaded it, for /v1/models
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """The chat template with the assistant's turn opened, as token ids."""
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The chat template with the assistant's turn opened, as token ids; `tools` for templates that render
+        them (tool_calls.template_renders_tools)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **({"tools": tools} if tools else {}))
         except TemplateError as exc:
             raise InvalidRequestError(f"messages do not fit the chat template: {exc}", param="messages") from None
         # NOTE: the template already wrote any BOS it wants; adding special tokens again would double it

@@ -1,10 +1,13 @@
 """OpenAI request shapes and their validation. Unknown fields, and known fields this server does not
 implement, are rejected by name with a 400; nothing is silently ignored. Responses live in responses.py."""
+import json
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engines.base.structured import StructuredSpec
 from engines.base.types import SamplingParams
+from services.gateway.tool_calls import Tool, ToolCall, ToolChoice
 from services.gateway.errors import InvalidRequestError, from_validation_errors
 
 MAX_N = 16
@@ -26,14 +29,54 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant turn that made tool calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns only
+    tool_call_id: str | None = None  # tool turns only
+    reasoning_content: str | None = None  # sent back by clients; templates do not render it
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only on an assistant turn with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def template_dict(self) -> dict:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role  # templates know "system"
-        return {"role": role, "content": text} | ({"name": self.name} if self.name else {})
+        out = {"role": role, "content": text} | ({"name": self.name} if self.name else {})
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's extension: exactly one of these."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class _Common(_Strict):
@@ -86,13 +129,14 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     # known OpenAI fields this server does not implement (see _UNSUPPORTED)
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -110,6 +154,37 @@ class ChatCompletionRequest(_Common):
 
     def template_messages(self) -> list[dict]:
         return [m.template_dict() for m in self.messages]
+
+    def format_spec(self) -> StructuredSpec | None:
+        """The grammar response_format or structured_outputs asks for (one of them at most)."""
+        specs = [s for s in (_format_spec(self.response_format), _outputs_spec(self.structured_outputs)) if s]
+        if len(specs) > 1:
+            raise InvalidRequestError("response_format and structured_outputs cannot both be set",
+                                      param="structured_outputs")
+        return specs[0] if specs else None
+
+
+def _format_spec(fmt: ResponseFormat | None) -> StructuredSpec | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredSpec("json_object", "", "response_format")
+    if fmt.json_schema is None:
+        raise InvalidRequestError("response_format json_schema needs its json_schema", param="response_format")
+    return StructuredSpec("json_schema", json.dumps(fmt.json_schema.schema_), "response_format")
+
+
+def _outputs_spec(so: StructuredOutputs | None) -> StructuredSpec | None:
+    if so is None:
+        return None
+    given = [(k, v) for k, v in (("json_schema", so.json_), ("regex", so.regex), ("choice", so.choice),
+                                 ("grammar", so.grammar)) if v is not None]
+    if len(given) != 1:
+        raise InvalidRequestError("structured_outputs takes exactly one of json, regex, choice, grammar",
+                                  param="structured_outputs")
+    kind, value = given[0]
+    text = value if isinstance(value, str) else json.dumps(value)
+    return StructuredSpec(kind, text, "structured_outputs")
 
 
 class CompletionRequest(_Common):
@@ -148,12 +223,8 @@ _UNSUPPORTED: dict[str, tuple] = {
     "presence_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
     "frequency_penalty": (lambda v: v in (None, 0), "only 0 is supported"),
     "logit_bias": (_off, "logit_bias is not supported"),
-    "tools": (_off, "tool calling is not supported"),
-    "tool_choice": (lambda v: v in (None, "none"), "tool calling is not supported"),
     "functions": (_off, "function calling is not supported"),
     "function_call": (lambda v: v in (None, "none"), "function calling is not supported"),
-    "parallel_tool_calls": (lambda v: v is None, "tool calling is not supported"),
-    "response_format": (lambda v: v in (None, {"type": "text"}), "only response_format {\"type\": \"text\"}"),
     "audio": (_off, "audio output is not supported"),
     "modalities": (lambda v: v in (None, ["text"]), "only the text modality is supported"),
     "prediction": (_off, "predicted outputs are not supported"),

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from engines.base.types import TokenLogprob
+from services.gateway.chat_output import split_delta, split_message
 from services.gateway.choices import ChoiceDelta
 from services.gateway.detokenizer import TokenBytes
 
@@ -21,8 +22,11 @@ class ChoiceTotal:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    parts: list = field(default_factory=list)  # chat_output.MessagePart of a split choice (tools, reasoning)
 
     def add(self, delta: ChoiceDelta) -> None:
+        if hasattr(delta, "part"):
+            self.parts.append(delta.part)
         self.text += delta.text
         self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
@@ -67,7 +71,7 @@ class _Format:
     def chunk_json(self, delta: ChoiceDelta, is_first: bool) -> str:
         """`chunk` as JSON. Without logprobs (the streaming hot path) only the text is encoded: the rest comes
         from a template made once per request and kind of chunk."""
-        if self._wants_logprobs:
+        if self._wants_logprobs or hasattr(delta, "part"):
             return json.dumps(self.chunk(delta, is_first))
         template = self._templates.get(is_first)
         if template is None:
@@ -100,11 +104,15 @@ class ChatFormat(_Format):
 
     def chunk_choice(self, delta: ChoiceDelta, is_first: bool) -> dict:
         message = {"role": "assistant", "content": delta.text} if is_first else {"content": delta.text}
+        if hasattr(delta, "part"):
+            message = split_delta(delta.part, is_first)
         return {"index": delta.index, "delta": message, "logprobs": self._logprobs(delta.logprobs),
                 "finish_reason": delta.finish_reason}
 
     def whole_choice(self, choice: ChoiceTotal) -> dict:
-        return {"index": choice.index, "message": {"role": "assistant", "content": choice.text},
+        message = split_message(choice.parts, choice.text) if choice.parts else {"role": "assistant",
+                                                                                  "content": choice.text}
+        return {"index": choice.index, "message": message,
                 "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason}
 
     def _logprobs(self, logprobs) -> dict | None:

@@ -1,6 +1,7 @@
 """One completion request from body to response: admit, validate, template and tokenize, run the choices,
 answer whole or as SSE. Every exit path records metrics once, frees the in-flight slot and stops the work."""
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -16,6 +17,7 @@ from services.common.logs import request_id as current_request_id
 from services.common.tracing import span
 from services.gateway import errors
 from services.gateway.admission import Admission, Slot, read_body
+from services.gateway.chat_plan import ChatPlan, plan_chat, split_deltas
 from services.gateway.choices import ChoiceDelta, Job, run_job
 from services.gateway.detokenizer import TokenBytes
 from services.gateway.metrics import GatewayMetrics, RequestTimer
@@ -24,6 +26,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses import ChatFormat, ChoiceTotal, CompletionFormat
 from services.gateway.settings import GatewaySettings
+from services.gateway.tool_parsers import parser_for
 from services.gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ class Serving:
     def __init__(self, settings: GatewaySettings, model: ModelInfo, admission: Admission, metrics: GatewayMetrics):
         self.settings, self.model, self.admission, self.metrics = settings, model, admission, metrics
         self.token_bytes = TokenBytes(model.tokenizer)
+        self.tool_parser = parser_for(settings.tool_parser, model.tokenizer.chat_template)
         self.pipeline: Pipeline | None = None  # set once the router channel exists
         # NOTE: one thread: prompts are tokenized off the event loop, never two at once on one tokenizer
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
@@ -64,15 +68,15 @@ class Serving:
             req = parse_request(kind, await read_body(request, self.settings.max_body_bytes))
             self.check_model(req.model)
             slot = self.admission.acquire()
-            job = await self._job(req)
+            job, plan = await self._job(req)
             timer.request_id = job.request_id
             current_request_id.set(job.request_id)  # NOTE: this request's task only; tags its log records
             timer.num_prompt_tokens = len(job.prompt)
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
                 job.request_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
             if req.stream:
-                return await self._stream(request, job, fmt, timer, slot, req.include_usage())
-            response = await self._whole(request, job, fmt, timer)
+                return await self._stream(request, job, fmt, timer, slot, req.include_usage(), plan)
+            response = await self._whole(request, job, fmt, timer, plan)
             timer.finish(200)
             return response
         except BaseException as exc:
@@ -82,11 +86,14 @@ class Serving:
             if slot is not None and timer.is_finished:
                 slot.release()
 
-    async def _job(self, req: ChatCompletionRequest | CompletionRequest) -> Job:
+    async def _job(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[Job, ChatPlan | None]:
+        plan = None
         with span("tokenize") as current:
             if isinstance(req, ChatCompletionRequest):
                 request_id, param = f"chatcmpl-{uuid.uuid4().hex}", "messages"
-                prompt = await self._off_loop(self.model.chat_prompt, req.template_messages())
+                plan = plan_chat(req, self.model.tokenizer.chat_template, self.tool_parser,
+                                 self.settings.reasoning_parser == "think")
+                prompt = await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools)
             else:
                 request_id, param, text = f"cmpl-{uuid.uuid4().hex}", "prompt", req.single_prompt()
                 prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
@@ -94,22 +101,28 @@ class Serving:
         limit = await self.max_model_len()
         self.model.check_prompt(prompt, param, limit)
         params = req.sampling_params(self.model.max_new_tokens(len(prompt), req.requested_max_tokens(), limit))
+        if plan is not None and plan.spec is not None:
+            params = dataclasses.replace(params, structured=plan.spec)
         log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)
-        return Job(request_id, prompt, params, req.n, req.stop_strings())
+        return Job(request_id, prompt, params, req.n, req.stop_strings()), plan
 
-    async def _off_loop(self, fn: Callable[[A], list[int]], arg: A) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, arg)
+    async def _off_loop(self, fn: Callable[..., list[int]], *args) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
 
-    def _deltas(self, job: Job, timer: RequestTimer) -> AsyncIterator[ChoiceDelta]:
+    def _deltas(self, job: Job, timer: RequestTimer, plan: ChatPlan | None = None) -> AsyncIterator[ChoiceDelta]:
         if self.pipeline is None:
             raise errors.NoWorkerError("the gateway is not connected to a router yet")
-        return run_job(self.pipeline, self.model.tokenizer, job, timer.on_tokens)
+        deltas = run_job(self.pipeline, self.model.tokenizer, job, timer.on_tokens)
+        if plan is None or not plan.splits:
+            return deltas
+        return split_deltas(deltas, plan, self.model.tokenizer.decode(job.prompt[-8:]))
 
-    async def _whole(self, request: Request, job: Job, fmt, timer: RequestTimer) -> Response:
+    async def _whole(self, request: Request, job: Job, fmt, timer: RequestTimer, plan: ChatPlan | None = None
+                     ) -> Response:
         totals = [ChoiceTotal(i) for i in range(job.n)]
 
         async def collect() -> None:
-            async with aclosing(self._deltas(job, timer)) as deltas:
+            async with aclosing(self._deltas(job, timer, plan)) as deltas:
                 async for delta in deltas:
                     totals[delta.index].add(delta)
                     timer.on_cached_tokens(delta.num_cached_tokens)
@@ -118,9 +131,9 @@ class Serving:
         return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens, timer.num_cached_tokens))
 
     async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
-                      include_usage: bool) -> Response:
+                      include_usage: bool, plan: ChatPlan | None = None) -> Response:
         """Wait for the first token before answering, so failures up to there keep their HTTP status."""
-        deltas = self._deltas(job, timer)
+        deltas = self._deltas(job, timer, plan)
         try:
             first = await until_disconnected(request, anext(deltas))
         except BaseException:
@@ -176,7 +189,7 @@ def _chunk(fmt, delta: ChoiceDelta, started: set[int], timer: RequestTimer) -> b
     if is_first:
         started.add(delta.index)
         timer.on_cached_tokens(delta.num_cached_tokens)
-    elif not (delta.text or delta.logprobs or delta.finish_reason):
+    elif not (delta.text or delta.logprobs or delta.finish_reason or getattr(delta, "part", None)):
         return None
     return fmt.chunk_json(delta, is_first).encode()
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from services.common.settings import SettingsError, env
+from services.gateway.chat_output import REASONING_PARSERS
+from services.gateway.tool_parsers import PARSER_NAMES
 
 MAX_WORKERS = 64
 RESPONSE_STORES = ("sqlite", "redis")
@@ -32,6 +34,8 @@ class GatewaySettings:
     num_workers: int = 1  # gateway processes sharing the port (> 1: a supervisor process starts them)
     drain_timeout_s: float = 30.0  # at SIGTERM: how long streams in flight may take to finish
     max_migrations: int = 3  # times one request may move to another worker when its own fails mid-stream; 0: never
+    tool_parser: str = "auto"  # the model's tool-call format: auto (from the chat template), hermes, llama3_json, mistral
+    reasoning_parser: str = ""  # "": none; think: <think>...</think> goes to reasoning_content
     response_store: str = "sqlite"  # where /v1/responses keeps stored responses: sqlite (one host) | redis (shared)
     response_store_path: str = ""  # sqlite's file; "" = responses.sqlite3 under the cache directory
     redis_url: str = ""  # the redis store's server, e.g. redis://host:6379/0
@@ -48,6 +52,10 @@ class GatewaySettings:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_migrations < 0:
             raise SettingsError(f"max_migrations must be >= 0, got {self.max_migrations}")
+        if self.tool_parser not in PARSER_NAMES:
+            raise SettingsError(f"tool_parser must be one of {', '.join(PARSER_NAMES)}, got {self.tool_parser!r}")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise SettingsError(f"reasoning_parser must be '' or 'think', got {self.reasoning_parser!r}")
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
         _check_store(self)
@@ -104,6 +112,8 @@ _ENV = {
     "num_workers": ("TANDEM_GATEWAY_WORKERS", int),
     "drain_timeout_s": ("TANDEM_GATEWAY_DRAIN_TIMEOUT_S", float),
     "max_migrations": ("TANDEM_GATEWAY_MAX_MIGRATIONS", int),
+    "tool_parser": ("TANDEM_TOOL_PARSER", str),
+    "reasoning_parser": ("TANDEM_REASONING_PARSER", str),
     "response_store": ("TANDEM_RESPONSE_STORE", str),
     "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
     "redis_url": ("TANDEM_REDIS_URL", str),

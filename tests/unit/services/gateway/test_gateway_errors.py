@@ -24,8 +24,8 @@ async def test_400_unknown_and_unsupported_fields_are_named(stack):
     assert info.value.status_code == 400 and info.value.param == "top_k" and "top_k" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         await stack.client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}])
-    assert info.value.param == "tools"
+            model=MODEL, messages=MESSAGES, functions=[{"name": "f"}])
+    assert info.value.param == "functions"
     assert stack.router.routes == []  # bad input never reaches the router
 
 

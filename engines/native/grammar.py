@@ -1,0 +1,110 @@
+"""Grammar-constrained sampling for the native engine, over llguidance: one matcher per constrained request, brought
+up to date with the request's output tokens before each step (so a request continued elsewhere, after a prefill
+worker's first token or a migration, replays them into a fresh matcher), and the step's masks computed together on
+a worker thread while the model runs. Knows nothing of scheduling; never touches the logits itself."""
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import llguidance
+import numpy as np
+import torch
+
+from engines.base.grammar import grammar_text
+
+log = logging.getLogger(__name__)
+@dataclass(slots=True, eq=False)
+class _Entry:
+    seq: object  # the core's Sequence: read, never written
+    matcher: llguidance.LLMatcher
+    num_consumed: int = 0  # output tokens fed to the matcher
+
+
+@dataclass(slots=True)
+class MaskJob:
+    """The masks of one step's sampling rows, being computed; `wait` gives [num_rows, vocab_size] bool (True:
+    allowed) on `device`, None when no row is constrained."""
+
+    future: Future
+    device: str
+
+    def wait(self) -> torch.Tensor:
+        return self.future.result().to(self.device, non_blocking=True)
+
+
+class Grammars:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...], device: str = "cpu"):
+        self.vocab_size, self.device = vocab_size, device
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        self._executor = llguidance.LLExecutor(num_threads=1)  # NOTE: the forward pass has the other cores
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._live: dict[str, _Entry] = {}
+        self._compile = lru_cache(maxsize=256)(grammar_text)
+        self.mask_seconds = 0.0  # summed time the masks took (reported by benchmarks)
+        self.num_masks = 0
+
+    @classmethod
+    def maybe_load(cls, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                   device: str = "cpu") -> "Grammars | None":
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            log.warning("%s has no tokenizer.json: structured outputs are refused", model_dir)
+            return None
+        return cls(path.read_text(), vocab_size, eos_token_ids, device)
+
+    def start(self, seqs: list) -> MaskJob | None:
+        """Begin the masks of one step's sampling sequences (in order); None when none is constrained."""
+        self._forget_finished()
+        rows = [(i, self._entry(seq)) for i, seq in enumerate(seqs) if seq.params.structured is not None]
+        if not rows:
+            return None
+        todo = [(entry, i, seq_new_tokens(entry)) for i, entry in rows]  # NOTE: read here, on the step thread
+        return MaskJob(self._thread.submit(self._masks, todo, len(seqs)), self.device)
+
+    def _entry(self, seq) -> _Entry:
+        entry = self._live.get(seq.req_id)
+        if entry is None or entry.seq is not seq:
+            matcher = llguidance.LLMatcher(self.tokenizer, self._compile(seq.params.structured))
+            entry = self._live[seq.req_id] = _Entry(seq, matcher)
+        return entry
+
+    def _forget_finished(self) -> None:
+        for req_id in [r for r, e in self._live.items() if e.seq.is_finished]:
+            del self._live[req_id]
+
+    def _masks(self, todo: list, num_rows: int) -> torch.Tensor:
+        """On the grammar thread: feed each matcher its new tokens, then fill every row's bitmask in one call."""
+        start = time.perf_counter()
+        for entry, _, tokens in todo:
+            if tokens and not entry.matcher.consume_tokens(tokens):
+                log.warning("request %s left its grammar: %s", entry.seq.req_id, entry.matcher.get_error())
+            entry.num_consumed += len(tokens)
+        bitmask = np.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        self._executor.unsafe_compute_mask_ptr([(e.matcher, i) for e, i, _ in todo], bitmask.ctypes.data,
+                                               bitmask.shape[1] * 4, num_rows)
+        for entry, i, _ in todo:
+            if entry.matcher.is_error():  # NOTE: only a stop token left: the request ends rather than run free
+                bitmask[i] = 0
+                for eos in self.tokenizer.eos_tokens():
+                    bitmask[i, eos // 32] |= np.int32(np.uint32(1 << (eos % 32)).view(np.int32))
+        allowed = unpack_bitmask(bitmask, self.vocab_size)
+        self.mask_seconds += time.perf_counter() - start
+        self.num_masks += len(todo)
+        return allowed
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def seq_new_tokens(entry: _Entry) -> list[int]:
+    seq = entry.seq
+    return list(seq.token_ids[seq.num_prompt_tokens + entry.num_consumed:])
+
+
+def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """[rows, words] int32 bitmask (bit j of word w: token 32w+j) -> [rows, vocab_size] bool."""
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # [rows, words * 32]
+    return torch.from_numpy(bits[:, :vocab_size].astype(bool))
