@@ -1,9 +1,14 @@
 """Real clients of /v1/responses against a live disaggregated stack serving the real SmolLM2: the `openai` SDK
 (whole, streamed, and a conversation continued by previous_response_id) and the `openai-agents` SDK (which calls
-the Responses API by default) get, token for token, what the chat endpoint answers for the same conversation."""
+the Responses API by default) get, token for token, what the chat endpoint answers for the same conversation;
+forced tool calls and `text.format` json_schema come back valid against their schemas (the grammar), and an agent
+calls its function tool."""
+import json
+
+import jsonschema
 import openai
 import pytest
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 from tandem.launcher import served_name
 from tests.integration.conftest import running_stack
@@ -76,3 +81,46 @@ async def test_an_openai_agents_agent_runs_against_tandem(client, model):
     system = {"role": "system", "content": "Answer in one sentence."}
     assert result.final_output == await chat_answer(client, model, [system, {"role": "user", "content": QUESTION}])
     assert "Paris" in result.final_output
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                          "additionalProperties": False}, "strict": True}
+PLACE = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                          "country": {"type": "string", "maxLength": 40}},
+         "required": ["city", "country"], "additionalProperties": False}
+
+
+async def test_tool_choice_required_gives_calls_that_validate(client, model):
+    response = await client.responses.create(model=model, input="What is the weather in Paris?", tools=[WEATHER],
+                                             tool_choice="required", temperature=0, max_output_tokens=200)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls and response.status == "completed"
+    for call in calls:
+        assert call.name == "get_weather" and call.call_id
+        jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+
+
+async def test_text_format_json_schema_gives_an_object_that_validates(client, model):
+    fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
+    response = await client.responses.create(model=model, input="Name a city and its country.", temperature=0,
+                                             text={"format": fmt}, max_output_tokens=200)
+    assert response.status == "completed" and response.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(response.output_text), PLACE)
+
+
+async def test_an_openai_agents_agent_calls_its_function_tool(client, model):
+    set_tracing_disabled(True)
+    cities = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        cities.append(city)
+        return f"sunny in {city}"
+
+    agent = Agent(name="forecaster", instructions="Use your tools.", tools=[get_weather],
+                  model=OpenAIResponsesModel(model=model, openai_client=client), tool_use_behavior="stop_on_first_tool",
+                  model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=200))
+    result = await Runner.run(agent, "What is the weather in Paris?")
+    assert len(cities) >= 1 and result.final_output == f"sunny in {cities[0]}"
