@@ -6,6 +6,7 @@ Built once from the models; no I/O, no routes.
 """
 from services.gateway.errors import RETRY_AFTER_S
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
+from services.gateway.responses_openapi import add_responses
 
 _REF = "#/components/schemas/{model}"
 _NULLABLE_STR = {"anyOf": [{"type": "string"}, {"type": "null"}]}
@@ -48,7 +49,8 @@ _SCHEMAS = {"ChatCompletion": _envelope("chat.completion", _CHAT_CHOICE),
                 "data": {"type": "array", "items": {"$ref": _REF.format(model="Model")}}}}}
 _WHY = {400: "the request is invalid (a field, a value, or a combination this server does not take)",
         401: "an API key is required (TANDEM_API_KEYS) and none or a wrong one was sent",
-        404: "no such model", 413: "the body, or the prompt, is too large",
+        404: "no such model (or, on /v1/responses, no such stored response)",
+        413: "the body, or the prompt, is too large",
         429: "the gateway is serving its limit of requests (TANDEM_GATEWAY_MAX_INFLIGHT); retry after Retry-After",
         503: "no worker can take the request now, or every worker is busy; retry after Retry-After",
         504: "the request took longer than the gateway's request timeout"}
@@ -108,5 +110,6 @@ def build_schema(title: str, version: str) -> dict:
         "/metrics": _get("Prometheus metrics", "metrics", {"description": "the text exposition format",
                                                            "content": {"text/plain": {"schema": {"type": "string"}}}}),
     }
+    add_responses(paths, schemas, _error)
     return {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths,
             "components": {"schemas": schemas}}

@@ -23,6 +23,8 @@ from services.gateway.model_info import load_model_info
 from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.openapi import build_schema
 from services.gateway.pipeline import Pipeline
+from services.gateway.responses_api import add_routes as add_responses_routes
+from services.gateway.responses_api import make_api as make_responses_api
 from services.gateway.serving import REQUEST_ID, Serving
 from services.gateway.settings import GatewaySettings, parse_args
 
@@ -39,6 +41,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
     metrics.start_at_zero(model.name)
     serving = Serving(settings, model, admission, metrics)
+    responses = make_responses_api(serving)
 
     def attach(channel: grpc.aio.Channel | list[grpc.aio.Channel]) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
@@ -59,6 +62,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
         log.info("gateway for %s, router at %s", model.name, settings.router_address)
         yield
         await serving.close()
+        await responses.close()
         for channel in owned:
             await channel.close()
 
@@ -70,6 +74,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     errors.install_handlers(app)
     app.add_middleware(EchoRequestId)
     _add_routes(app, serving)
+    add_responses_routes(app, responses)
     if setup_tracing("gateway"):  # a no-op unless OTEL_* says where traces go
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 

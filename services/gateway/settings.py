@@ -3,6 +3,7 @@
 A bad value raises SettingsError at start-up; nothing changes the settings afterwards.
 """
 import argparse
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from services.gateway.chat_output import REASONING_PARSERS
 from services.gateway.tool_parsers import PARSER_NAMES
 
 MAX_WORKERS = 64
+RESPONSE_STORES = ("sqlite", "redis")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,10 @@ class GatewaySettings:
     max_migrations: int = 3  # times one request may move to another worker when its own fails mid-stream; 0: never
     tool_parser: str = "auto"  # the model's tool-call format: auto (from the template), hermes, llama3_json, mistral
     reasoning_parser: str = ""  # "": none; think: <think>...</think> goes to reasoning_content
+    response_store: str = "sqlite"  # where /v1/responses keeps stored responses: sqlite (one host) | redis (shared)
+    response_store_path: str = ""  # sqlite's file; "" = responses.sqlite3 under the cache directory
+    redis_url: str = ""  # the redis store's server, e.g. redis://host:6379/0
+    response_ttl_s: float = 30 * 24 * 3600.0  # how long a stored response may be read back (OpenAI keeps 30 days)
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -52,6 +58,7 @@ class GatewaySettings:
             raise SettingsError(f"reasoning_parser must be '' or 'think', got {self.reasoning_parser!r}")
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
+        _check_store(self)
 
     @property
     def model_name(self) -> str:
@@ -59,9 +66,27 @@ class GatewaySettings:
         return self.served_model_name or Path(self.model_dir).name
 
     @property
+    def response_store_file(self) -> Path:
+        """The SQLite store's file: the setting, else under TANDEM_CACHE_DIR (or ~/.cache/tandem)."""
+        if self.response_store_path:
+            return Path(self.response_store_path)
+        root = os.environ.get("TANDEM_CACHE_DIR")
+        return (Path(root) if root else Path.home() / ".cache" / "tandem") / "responses.sqlite3"
+
+    @property
     def router_model(self) -> str:
         """The model key of Route requests: workers register with their --model string."""
         return self.route_model or self.model_dir
+
+
+def _check_store(s: GatewaySettings) -> None:
+    if s.response_store not in RESPONSE_STORES:
+        raise SettingsError(f"response_store must be one of {', '.join(RESPONSE_STORES)}, got {s.response_store!r}")
+    if s.response_store == "redis" and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise SettingsError("the redis response store needs --redis-url (TANDEM_REDIS_URL) as redis://host:port/db, "
+                            f"rediss://... or unix://...; got {s.redis_url!r}")
+    if s.response_ttl_s <= 0:
+        raise SettingsError(f"response_ttl_s must be > 0, got {s.response_ttl_s}")
 
 
 def _keys(raw: str) -> tuple[str, ...]:
@@ -89,6 +114,10 @@ _ENV = {
     "max_migrations": ("TANDEM_GATEWAY_MAX_MIGRATIONS", int),
     "tool_parser": ("TANDEM_TOOL_PARSER", str),
     "reasoning_parser": ("TANDEM_REASONING_PARSER", str),
+    "response_store": ("TANDEM_RESPONSE_STORE", str),
+    "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
+    "redis_url": ("TANDEM_REDIS_URL", str),
+    "response_ttl_s": ("TANDEM_RESPONSE_TTL_S", float),
 }
 _FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
 
