@@ -12,47 +12,23 @@ from services.common.grpc_server import make_channel
 from services.common.protos import worker_pb2, worker_pb2_grpc
 from services.router.convert import load_from_pb
 from services.router.registry import Registry
+from services.router.worker_streams import WorkerStreams
 
 log = logging.getLogger(__name__)
 
 
-class LoadSubscriber:
+class LoadSubscriber(WorkerStreams):
+    task_name = "load"
+
     def __init__(self, registry: Registry, interval_s: float, retry_s: float = 1.0,
                  connect: Callable[[str], grpc.aio.Channel] = make_channel):
+        super().__init__(retry_s, connect)
         self.registry = registry
         self.interval_s = interval_s
-        self.retry_s = retry_s
-        self._connect = connect
-        self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # worker_id -> (address, task)
-
-    def follow(self, worker_id: str, address: str) -> None:
-        """Subscribe to a worker's load (again if its address changed); a live subscription is kept."""
-        current = self._tasks.get(worker_id)
-        if current is not None and current[0] == address and not current[1].done():
-            return
-        self._cancel(worker_id)
-        task = asyncio.create_task(self._follow(worker_id, address), name=f"load-{worker_id}")
-        self._tasks[worker_id] = (address, task)
 
     def forget(self, gone_worker_ids: Iterable[str]) -> None:
         for worker_id in gone_worker_ids:
             self._cancel(worker_id)
-
-    def is_following(self, worker_id: str) -> bool:
-        current = self._tasks.get(worker_id)
-        return current is not None and not current[1].done()
-
-    async def close(self) -> None:
-        tasks = [task for _, task in self._tasks.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
-
-    def _cancel(self, worker_id: str) -> None:
-        current = self._tasks.pop(worker_id, None)
-        if current is not None:
-            current[1].cancel()
 
     async def _follow(self, worker_id: str, address: str) -> None:
         async with self._connect(address) as channel:
