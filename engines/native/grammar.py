@@ -59,7 +59,11 @@ class Grammars:
         if not path.is_file():
             log.warning("%s has no tokenizer.json: structured outputs are refused", model_dir)
             return None
-        return cls(path.read_text(), vocab_size, eos_token_ids, device)
+        try:
+            return cls(path.read_text(), vocab_size, eos_token_ids, device)
+        except ValueError as exc:  # NOTE: e.g. a tokenizer with no decoder llguidance knows; the model still serves
+            log.warning("llguidance cannot read %s (%s): structured outputs are refused", path, exc)
+            return None
 
     def start(self, seqs: list) -> MaskJob | None:
         """Begin the masks of one step's sampling sequences (in order); None when none is constrained."""

@@ -106,3 +106,13 @@ def test_an_engine_that_cannot_constrain_refuses_by_the_fields_name():
         validate(request, runner.info)
     assert info.value.param == "tool_choice"
     validate(EngineRequest("z", (1, 2, 3), SamplingParams()), runner.info)
+
+
+def test_a_tokenizer_llguidance_cannot_read_leaves_the_model_serving_without_grammars(tmp_path):
+    from tokenizers.models import WordLevel
+
+    from engines.native.grammar import Grammars
+
+    tokenizer = Tokenizer(WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>"))  # no decoder at all
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert Grammars.maybe_load(str(tmp_path), 3, (2,)) is None
