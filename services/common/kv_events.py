@@ -24,13 +24,15 @@ async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
         await _first_of(engine.wait_kv_events(after_seq), stopped.wait())
 
 
-async def load_changes(load: Callable[[], common_pb2.WorkerLoad], interval_s: float,
+async def load_changes(sample: Callable[[], tuple[common_pb2.WorkerLoad, int]], interval_s: float,
                        stopped: asyncio.Event) -> AsyncIterator[common_pb2.WorkerLoad]:
-    """The load now, then each time its queue, batch or held requests differ from the last one sent."""
+    """The load now, then each time its queue, batch or held requests differ from the last one sent, or the engine
+    admitted work since (`sample` gives the load and a running count of what was admitted): a request that arrived
+    and finished between two samples leaves the queue as it was, yet the router must learn that its route landed."""
     last = None
     while not stopped.is_set():
-        now = load()
-        key = (now.num_waiting, now.num_running, now.num_held)
+        now, admitted = sample()
+        key = (now.num_waiting, now.num_running, now.num_held, admitted)
         if key != last:
             last = key
             yield now

@@ -112,11 +112,15 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
 
     async def StreamLoad(self, request, context):
         interval_s = request.interval_s if request.interval_s > 0 else LOAD_STREAM_INTERVAL_S
-        async for load in load_changes(self.load, interval_s, self.stopping):
+        async for load in load_changes(self._load_sample, interval_s, self.stopping):
             yield load
 
     def load(self) -> common_pb2.WorkerLoad:
         return load_to_pb(self.engine.stats(), self.settings.max_num_seqs)
+
+    def _load_sample(self) -> tuple[common_pb2.WorkerLoad, int]:
+        stats = self.engine.stats()  # prefix_queries: prompt tokens admitted so far, so it grows with every admission
+        return load_to_pb(stats, self.settings.max_num_seqs), stats.prefix_queries
 
     def info(self, address: str) -> router_pb2.WorkerInfo:
         return router_pb2.WorkerInfo(

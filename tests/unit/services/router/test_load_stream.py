@@ -17,10 +17,10 @@ async def test_load_changes_sends_only_what_changed():
     current = [common_pb2.WorkerLoad()]
     stopped = asyncio.Event()
 
-    def load() -> common_pb2.WorkerLoad:
+    def load() -> tuple[common_pb2.WorkerLoad, int]:
         waiting, running = next(loads, (0, 1))
         current[0] = common_pb2.WorkerLoad(num_waiting=waiting, num_running=running)
-        return current[0]
+        return current[0], 0
 
     sent = []
     async for msg in load_changes(load, 0.001, stopped):
@@ -28,6 +28,22 @@ async def test_load_changes_sends_only_what_changed():
         if len(sent) == 3:
             stopped.set()
     assert sent == [(0, 0), (1, 0), (0, 1)]
+
+
+async def test_load_changes_sends_a_load_after_work_that_came_and_went_between_two_samples():
+    samples = iter([(0, 0), (0, 0), (0, 300), (0, 300), (1, 300)])  # (waiting, tokens admitted so far)
+    stopped = asyncio.Event()
+
+    def load() -> tuple[common_pb2.WorkerLoad, int]:
+        waiting, admitted = next(samples, (1, 300))
+        return common_pb2.WorkerLoad(num_waiting=waiting), admitted
+
+    sent = []
+    async for msg in load_changes(load, 0.001, stopped):
+        sent.append(msg.num_waiting)
+        if len(sent) == 3:
+            stopped.set()
+    assert sent == [0, 0, 1]  # the second: same queue, but a request was admitted (and done) since the first
 
 
 def test_streamed_loads_let_the_check_see_a_short_queue_where_heartbeats_guess_a_long_one():
