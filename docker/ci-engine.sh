@@ -35,7 +35,7 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { tail -20 /var/log/tandem-ci-dockerd.log >&2; exit 1; }
 fi
 
-vars=$(docker/offline-images.sh)
+vars=$(docker/offline-images.sh) || { log "making the offline base images failed"; exit 1; }
 eval "$vars"
 export TANDEM_COMPOSE_FILES=compose.yaml:compose.offline.yaml
 files=(-f compose.yaml -f compose.offline.yaml)

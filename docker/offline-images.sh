@@ -13,8 +13,10 @@ log() { echo "offline-images: $*" >&2; }
 base_image() {
   have tandem/debian-base:bookworm && return
   local mirror rootfs
-  mirror=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d 2>/dev/null \
-           | head -n1 | awk '{print $2}')
+  # NOTE: grep exits 2 when one of the paths is missing (a deb822-only machine has no sources.list) even though
+  # it matched in the other; under pipefail that ended the script with no message
+  mirror=$( { grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d \
+              2>/dev/null || true; } | head -n1 | awk '{print $2}')
   rootfs=$(mktemp -d)/rootfs.tar
   log "mmdebstrap bookworm from ${mirror:-http://deb.debian.org/debian}"
   nice -n 5 mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
