@@ -209,7 +209,7 @@ class Stack:
             return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
 
-    def channel(self, address: str, identity: Identity | None = None) -> "grpc.Channel":
+    def channel(self, address: str, identity: Identity | None = None):
         """A blocking channel to one of this stack's services, as `identity` (default: this process's own, the
         operator under mTLS)."""
         from services.common.grpc_server import make_sync_channel

@@ -6,7 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.common.identity import ANY_ID, ROLES, WORKER_ROLES, Identity, IdentityError
+from services.common.identity import (
+    ANY_ID,
+    ROLES,
+    WORKER_ROLES,
+    Identity,
+    IdentityError,
+)
 from tandem.certs import pki
 
 SINGLE_ROLES = ("gateway", "planner", "operator")

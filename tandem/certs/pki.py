@@ -89,7 +89,7 @@ def issue(authority: Authority, identity: Identity, days: int = LEAF_DAYS,
 def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x509.CertificateBuilder:
     if days < 1:
         raise ValueError(f"a certificate must live at least 1 day, got {days}")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
             .serial_number(x509.random_serial_number()).not_valid_before(now - _CLOCK_SKEW)
             .not_valid_after(now + datetime.timedelta(days=days)))

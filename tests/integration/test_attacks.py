@@ -3,13 +3,20 @@ legitimate chat load runs through the gateway: every attack is refused with the 
 is what it was, and every legitimate request succeeds."""
 import threading
 import time
+from functools import partial
 
 import grpc
 import httpx
 import pytest
 
 from services.common.identity import Identity
-from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.protos import (
+    common_pb2,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from services.common.tls import GrpcTls
 from tandem.certs import pki
 from tandem.launcher import served_name
@@ -111,9 +118,9 @@ def _without_a_trusted_certificate(router: str, stack, tmp_path) -> dict[str, gr
     for name, channel in clients.items():
         with channel:
             stub = router_pb2_grpc.RouterStub(channel)
-            outcomes[f"{name}: ListWorkers"] = _code(lambda: stub.ListWorkers(router_pb2.ListWorkersRequest(),
-                                                                              timeout=5))
-            outcomes[name] = _code(lambda: stub.Register(_evil_register("evil-0"), timeout=5))
+            outcomes[f"{name}: ListWorkers"] = _code(partial(stub.ListWorkers, router_pb2.ListWorkersRequest(),
+                                                             timeout=5))
+            outcomes[name] = _code(partial(stub.Register, _evil_register("evil-0"), timeout=5))
     return outcomes
 
 

@@ -9,7 +9,14 @@ from services.common import authz, tls
 from services.common.grpc_server import GrpcServer
 from services.common.identity import Identity
 from services.common.peer import require_worker
-from services.common.protos import common_pb2, planner_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.protos import (
+    common_pb2,
+    planner_pb2,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from tandem.certs import pki
 
 ALL = [(service.full_name, method.name)
