@@ -1,6 +1,7 @@
 """`tandem up`'s certificates: each child's identity and environment, one CA per launcher process, and the operator
 identity the launcher holds only while a stack runs."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ def test_each_child_is_named_by_its_role_and_id(name, identity):
 def test_child_env_holds_its_own_certificate_and_the_stack_kv_key(tmp_path):
     pki_ = StackPki(tmp_path / "pki")
     env = pki_.child_env("decode-1")
-    assert identity_of_cert(open(env["TANDEM_GRPC_TLS_CERT"], "rb").read()) == Identity("decode", "decode-1")
+    assert identity_of_cert(Path(env["TANDEM_GRPC_TLS_CERT"]).read_bytes()) == Identity("decode", "decode-1")
     assert env["TANDEM_GRPC_TLS_CLIENT_AUTH"] == "1" and env["TANDEM_KV_SIGNING_KEY_FILE"] == str(pki_.kv_key)
     assert pki_.child_env("decode-1") == env  # a restarted child keeps its files
     assert pki_.child_env("prometheus") == {}
@@ -46,7 +47,7 @@ def test_the_operator_identity_is_held_while_any_stack_runs_then_restored(tmp_pa
         one.activate()
         two.activate()
         assert tls.process_tls().is_mutual
-        assert identity_of_cert(open(os.environ["TANDEM_GRPC_TLS_CERT"], "rb").read()) == Identity("operator",
+        assert identity_of_cert(Path(os.environ["TANDEM_GRPC_TLS_CERT"]).read_bytes()) == Identity("operator",
                                                                                                     "operator")
         one.deactivate()
         assert tls.process_tls().is_mutual  # the other stack still runs
