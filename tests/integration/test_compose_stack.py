@@ -56,7 +56,7 @@ def stack(tmp_path_factory):
         pytest.skip(problem)
     gateway_port, prometheus_port = free_ports(2)
     env = {**STACK_ENV, "TANDEM_GATEWAY_PORT": str(gateway_port), "PROMETHEUS_PORT": str(prometheus_port),
-           "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid)}
+           "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid), "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(8)}
     compose = Compose(compose_files(tmp_path_factory.mktemp("compose")), f"tandem-test-{secrets.token_hex(3)}",
                       env, REPO)
     try:

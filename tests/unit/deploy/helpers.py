@@ -11,13 +11,15 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "compose.yaml"
 OBSERVABILITY = REPO / "observability"
 
-_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?[-?]([^}]*))?\}|\$(\w+)")
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?([-?])([^}]*))?\}|\$(\w+)")
 
 
 def interpolate(value):
-    """Compose's interpolation with an empty environment: ${VAR:-default} -> default, $$ -> $."""
+    """Compose's interpolation with an empty environment: ${VAR:-default} -> default, ${VAR:?error} -> "" (compose
+    itself refuses the file then), $$ -> $."""
     if isinstance(value, str):
-        return _VARIABLE.sub(lambda m: "$" if m.group(0) == "$$" else (m.group(2) or ""), value)
+        return _VARIABLE.sub(lambda m: "$" if m.group(0) == "$$" else (m.group(3) if m.group(2) == "-" else ""),
+                             value)
     if isinstance(value, list):
         return [interpolate(v) for v in value]
     if isinstance(value, dict):
