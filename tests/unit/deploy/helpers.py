@@ -77,5 +77,8 @@ def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.Monk
         from services.planner.server import build_parser as planner_parser
         from services.planner.settings import settings_from as planner_settings
         return planner_settings(planner_parser().parse_args(rest))
+    if args.service == "scaler":
+        from services.scaler.settings import parse_args as scaler_args
+        return scaler_args(rest)
     from services.common.worker_settings import parse_worker_settings
     return parse_worker_settings(args.service, rest)

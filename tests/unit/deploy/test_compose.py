@@ -389,7 +389,8 @@ def test_docker_compose_refuses_the_file_without_grafanas_admin_password_and_ope
 def _with_project(env: dict[str, str], project: str) -> dict[str, str]:
     """compose sets COMPOSE_PROJECT_NAME itself (-p, else the folder's name): the planner scales that project.
     The required Grafana password is the one the test gave."""
-    given = {"TANDEM_PLANNER_COMPOSE_PROJECT": project, "GF_SECURITY_ADMIN_PASSWORD": "s3cret"}
+    given = {"TANDEM_PLANNER_COMPOSE_PROJECT": project, "TANDEM_SCALER_PROJECT": project,
+             "GF_SECURITY_ADMIN_PASSWORD": "s3cret", "GRAFANA_ADMIN_PASSWORD": "s3cret"}
     return {k: given.get(k, v) for k, v in env.items()}
 
 
@@ -404,6 +405,7 @@ def test_the_planner_scales_the_project_compose_runs_whatever_the_folder(tmp_pat
         config = json.loads(out.stdout)
         assert config["name"] == project
         assert config["services"]["planner"]["environment"]["TANDEM_PLANNER_COMPOSE_PROJECT"] == project
+        assert config["services"]["scaler"]["environment"]["TANDEM_SCALER_PROJECT"] == project
 
 
 def test_workers_get_time_to_drain_before_docker_kills_them():

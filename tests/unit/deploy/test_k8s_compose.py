@@ -30,7 +30,8 @@ DIFFERENCES = {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
         "source": "compose always runs Prometheus; on a cluster it is optional, so the planner reads the router",
         "prometheus_url": "(the Prometheus source only)",
-        "compose_file": "(the compose connector only)",
+        "scaler_url": "(the compose connector only: the scaler runs docker for it)",
+        "scaler_token_file": "(the compose connector only)",
         "compose_project": "(the compose connector only)",
         "k8s_namespace": "the pod's own namespace, from the downward API",
     },
@@ -50,7 +51,10 @@ MANIFEST_ONLY = {
     "TANDEM_WORKER_KV_PORT": "the port named `kv`, reserved for KV transfer (NIXL/UCX); no setting reads it yet",
 }
 # names compose sets that a cluster does not need
-COMPOSE_ONLY = {"TANDEM_PLANNER_COMPOSE_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT", "TANDEM_PLANNER_PROMETHEUS_URL"}
+COMPOSE_ONLY = {"TANDEM_PLANNER_SCALER_URL", "TANDEM_PLANNER_SCALER_TOKEN_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT",
+                "TANDEM_PLANNER_PROMETHEUS_URL"}
+# compose services a cluster does without: the planner scales Deployments through the Kubernetes API (RBAC)
+COMPOSE_ONLY_SERVICES = {"scaler"}
 
 
 def compose_settings(name: str, monkeypatch):
@@ -81,10 +85,10 @@ def differences(compose, k8s) -> set[str]:
 
 def test_both_run_the_same_tandem_services():
     served = {s["command"][2] for s in SERVICES.values() if s.get("command", [])[:2] == ["tandem", "serve"]}
-    assert served == set(ROLES)
+    assert served - COMPOSE_ONLY_SERVICES == set(ROLES)
     for overlay in WORKER_SERVICES:
         assert {d["spec"]["template"]["metadata"]["labels"]["tandem.io/role"]
-                for d in of_kind(overlay, "Deployment").values()} == served
+                for d in of_kind(overlay, "Deployment").values()} == served - COMPOSE_ONLY_SERVICES
     assert SERVICES["model-fetch"]["command"][:3] == ["tandem", "model", "fetch"]  # pods: an init container
 
 
