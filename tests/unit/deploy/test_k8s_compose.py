@@ -45,6 +45,8 @@ DIFFERENCES = {
     },
 }
 GPU_BUDGET = {"k8s_gpu_budget": "a GPU budget only the Kubernetes connector enforces"}
+OPERATOR_KEYS = {"api_keys_file": "a pod reads the operator's keys from the Secret mounted as a file; compose from "
+                                  "TANDEM_API_KEYS (none by default)", "api_keys": "(the operator's keys)"}
 # TANDEM_* names only the manifests set, and what reads them
 MANIFEST_ONLY = {
     "TANDEM_MODEL_ID": "the model-fetch init containers' command line",
@@ -52,7 +54,8 @@ MANIFEST_ONLY = {
 }
 # names compose sets that a cluster does not need
 COMPOSE_ONLY = {"TANDEM_PLANNER_SCALER_URL", "TANDEM_PLANNER_SCALER_TOKEN_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT",
-                "TANDEM_PLANNER_PROMETHEUS_URL"}
+                "TANDEM_PLANNER_PROMETHEUS_URL",
+                "TANDEM_API_KEYS"}  # a pod reads the keys from a file instead (TANDEM_API_KEYS_FILE)
 # compose services a cluster does without: the planner scales Deployments through the Kubernetes API (RBAC)
 COMPOSE_ONLY_SERVICES = {"scaler"}
 
@@ -100,6 +103,8 @@ def test_settings_agree_but_where_the_platforms_differ(overlay, role, monkeypatc
     allowed = DIFFERENCES["worker" if role in WORKER_ROLES else role]
     if role == "planner" and overlay != "cpu":
         allowed = allowed | GPU_BUDGET
+    if role == "gateway" and overlay != "cpu":
+        allowed = allowed | OPERATOR_KEYS
     assert differences(compose, k8s) == set(allowed), (overlay, role)  # NOTE: no stale excuse either
 
 

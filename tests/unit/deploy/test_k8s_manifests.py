@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from services.common.settings import SettingsError
 from services.common.worker_base import SETTLE_S
 from services.planner.connectors.kubernetes import API_CALLS
 from tests.unit.deploy.helpers import REPO, check_command
@@ -321,17 +322,23 @@ def test_a_setting_change_rolls_exactly_the_pods_that_read_it(tmp_path):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_api_keys_come_from_a_secret(overlay, monkeypatch):
-    (ref,) = [v["valueFrom"]["secretKeyRef"] for v in main_container(overlay, "gateway")["env"]
-              if v["name"] == "TANDEM_API_KEYS"]
-    assert not ref.get("optional")  # no keys only when the operator says so
+def test_api_keys_come_from_a_secret_mounted_as_a_file(overlay, monkeypatch):
+    container, spec = main_container(overlay, "gateway"), pod_spec(overlay, "gateway")
+    assert not any(v["name"].startswith("TANDEM_API_KEYS") for v in container.get("env", []))  # not in the env
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+    assert mount["readOnly"] and volume["secret"]["secretName"].startswith("tandem-api-keys")
+    assert not volume["secret"].get("optional") and volume["secret"]["defaultMode"] == 0o440
     generated = [name for name in of_kind(overlay, "Secret") if name.startswith("tandem-api-keys")]
     assert len(generated) == (1 if overlay == "cpu" else 0)  # elsewhere the operator's own Secret
-    keys = {ref["name"]: {"TANDEM_API_KEYS": "key-1,key-2"}}
-    if overlay != "cpu":
-        assert settings(overlay, "gateway", monkeypatch, keys).api_keys == ("key-1", "key-2")
-    else:
+    if overlay == "cpu":  # a cluster to try it on: no keys, said so by the setting, not by an empty file
         assert settings(overlay, "gateway", monkeypatch).api_keys == ()
+        return
+    keys = {volume["secret"]["secretName"]: {"keys": "key-1\nkey-2\n"}}
+    parsed = settings(overlay, "gateway", monkeypatch, keys)
+    assert parsed.api_keys == ("key-1", "key-2") and parsed.api_keys_file.endswith("/keys")
+    with pytest.raises(SettingsError, match="names no key"):
+        settings(overlay, "gateway", monkeypatch, {volume["secret"]["secretName"]: {"keys": "\n"}})
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
