@@ -12,6 +12,7 @@ from tandem.bench.commands import add_bench_commands
 from tandem.sim.cli import add_sim_command
 from tandem.worker_drain import add_worker_commands
 from tandem.chaos.cli import add_chaos_command
+from tandem.certs.cli import add_certs_commands
 from tandem.models.errors import ModelError
 
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_command(commands)
     add_worker_commands(commands)
     add_chaos_command(commands)
+    add_certs_commands(commands)
     return parser
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from services.common.identity import Identity
+from tandem.stack_certs import KV_KEY_ENV, TLS_ENV, StackPki, is_insecure
 from tandem.supervisor import CrashLoopError, Supervisor
 
 _PR_SET_PDEATHSIG = 1
@@ -74,13 +76,21 @@ class Stack:
         self.metrics_ports["gateway"] = cfg.port  # the gateway serves /metrics on its API port
         self.retired: list[Child] = []  # workers the planner removed: draining, then gone
         self.control = None  # the planner's control endpoint, with cfg.planner
+        self.pki: StackPki | None = None  # certificates and KV key, made at start (tandem/stack_certs.py)
 
     @property
     def url(self) -> str:
         return f"http://{self.cfg.host}:{self.cfg.port}"
 
+    @property
+    def is_mutual_tls(self) -> bool:
+        return not is_insecure(self.cfg.env)
+
     def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        self.pki = StackPki(self.cfg.log_dir.parent / "pki")
+        if self.is_mutual_tls:
+            self.pki.activate()  # NOTE: from here on this process (and what it starts) dials as the operator
         router = ",".join(f"127.0.0.1:{port}" for port in self.router_ports.values())  # every replica
         for name, port in self.router_ports.items():
             self._spawn(name, ["router", "--port", str(port), *self._metrics_args(name), *self.cfg.router_args])
@@ -169,6 +179,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait()
+        if self.pki is not None:
+            self.pki.deactivate()
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self._spawn_command(name, [sys.executable, "-m", "tandem.cli", "serve", *args])
@@ -177,16 +189,33 @@ class Stack:
         if command[0] != sys.executable:  # not Python: arm the signal in a tiny Python shim that execs it
             command = [sys.executable, "-c", _EXEC_SHIM, *command]
         log_path = self.cfg.log_dir / f"{name}.log"
-        self.children.append(Child(name, self._popen(command, log_path, "w"), log_path, command))
+        self.children.append(Child(name, self._popen(name, command, log_path, "w"), log_path, command))
 
-    def _popen(self, command: list[str], log_path: Path, mode: str) -> subprocess.Popen:
+    def _security_env(self, name: str) -> dict[str, str]:
+        """The child's own certificate and the KV signing key; plaintext (no TLS variables) when insecure."""
+        if self.pki is None:
+            return {}
+        if not self.is_mutual_tls:
+            return {**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)}
+        return self.pki.child_env(name)
+
+    def _popen(self, name: str, command: list[str], log_path: Path, mode: str) -> subprocess.Popen:
         """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
         dies with the launcher. NOTE: no preexec_fn: forking a process whose gRPC threads are busy (tests, the
         readiness probe) can abort the child before exec; the child arms its own death signal instead."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, PARENT_PID_ENV: str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, **self._security_env(name),
+               PARENT_PID_ENV: str(os.getpid())}
         with open(log_path, mode) as log_file:
             return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
+
+    def channel(self, address: str, identity: Identity | None = None):
+        """A blocking channel to one of this stack's services, as `identity` (default: this process's own, the
+        operator under mTLS)."""
+        from services.common.grpc_server import make_sync_channel
+
+        tls = self.pki.tls_of(identity) if identity is not None and self.is_mutual_tls else None
+        return make_sync_channel(address, tls)
 
     def child(self, name: str) -> Child | None:
         return next((c for c in self.children if c.name == name), None)
@@ -203,7 +232,7 @@ class Stack:
             return
         with open(child.log_path, "a") as log_file:
             log_file.write(f"\n--- restarted by tandem up after {child.proc.returncode} ---\n")
-        child.proc = self._popen(child.command, child.log_path, "a")
+        child.proc = self._popen(name, child.command, child.log_path, "a")
 
     def supervisor(self) -> Supervisor:
         # NOTE: a copy of the names each round: the planner's control thread may add or retire workers meanwhile
@@ -324,9 +353,17 @@ def print_banner(stack: Stack, prometheus: str | None = None) -> None:
   logs: {cfg.log_dir}/
 {metrics}
   Prometheus targets (file_sd): {stack.targets_path}{prometheus_line}
+  {_security_line(stack)}
 
 try it:
   curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "temperature": 0, "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
 Ctrl-C stops everything.""", flush=True)
+
+
+def _security_line(stack: Stack) -> str:
+    if not stack.is_mutual_tls:
+        return "gRPC: PLAINTEXT (TANDEM_GRPC_INSECURE=1): any local process may call any service"
+    return (f"gRPC: mutual TLS, per-role authorization; certificates in {stack.pki.directory}/ "
+            f"(dial as the operator with {stack.pki.directory}/operator/)")

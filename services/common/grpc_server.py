@@ -1,6 +1,6 @@
 """gRPC bootstrap shared by every service: message limits, keepalive and reconnect timing, TLS when configured
-(services/common/tls.py), health and reflection services, client channels, and a serve-until-signal loop that
-drains before it exits."""
+(services/common/tls.py) with per-method authorization under mTLS, health and (asked for) reflection services,
+client channels, and a serve-until-signal loop that drains before it exits."""
 import asyncio
 import logging
 import signal
@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
-from services.common.tls import process_tls
+from services.common.authz_interceptor import AuthzInterceptor
+from services.common.tls import GrpcTls, process_tls
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20  # KV chunks are a few MiB; leave headroom
@@ -46,33 +48,39 @@ SERVER_OPTIONS = [
 ]
 
 
-def make_channel(address: str) -> grpc.aio.Channel:
-    """An asyncio channel to a tandem service: TLS when TANDEM_GRPC_TLS_* says so, else plaintext."""
-    tls = process_tls()
+def make_channel(address: str, tls: GrpcTls | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to a tandem service: TLS when TANDEM_GRPC_TLS_* (or `tls`) says so, else plaintext."""
+    tls = tls or process_tls()
     if tls.is_enabled:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
-def make_sync_channel(address: str) -> grpc.Channel:
+def make_sync_channel(address: str, tls: GrpcTls | None = None) -> grpc.Channel:
     """The same, blocking (the registrar's heartbeat thread, the launcher's probes, health checks, tests)."""
-    tls = process_tls()
+    tls = tls or process_tls()
     if tls.is_enabled:
         return grpc.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS + tls.channel_options())
     return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 class GrpcServer:
-    """One aio server with the standard health and reflection services."""
+    """One aio server with the standard health service (open to all), reflection when asked for, and under mutual
+    TLS the per-method authorization interceptor, its refusals counted into `registry`."""
 
-    def __init__(self, address: str, service_names: list[str]):
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+    def __init__(self, address: str, service_names: list[str], registry: CollectorRegistry | None = None):
+        tls = process_tls()
+        tls.check_bind(address)
+        self.authz = AuthzInterceptor() if tls.is_mutual else None
+        if self.authz is not None and registry is not None:
+            registry.register(self.authz.denied)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[self.authz] if self.authz else None)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"],
-                                            self.server)
+        if tls.reflection:
+            reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"],
+                                                self.server)
         self.service_names = service_names
-        tls = process_tls()
         self.port = (self.server.add_secure_port(address, tls.server_credentials()) if tls.is_enabled
                      else self.server.add_insecure_port(address))
         if self.port == 0:

@@ -4,6 +4,7 @@ One process, one certificate: it serves with it and, under mTLS, presents it as 
 Reads files and builds grpc credentials; it opens no connection. Unset, every hop stays plaintext.
 """
 import functools
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ class GrpcTls:
     ca: str = ""  # PEM: the CAs that sign peers' certificates (servers' for clients; clients' under mTLS)
     client_auth: bool = False  # mTLS: servers refuse a client without a certificate signed by `ca`
     server_name: str = ""  # the name a client checks on servers' certificates ("": the address's host)
+    insecure: bool = False  # TANDEM_GRPC_INSECURE: may serve without client authentication on a non-loopback address
+    reflection: bool = False  # TANDEM_GRPC_REFLECTION: serve gRPC reflection (off: it maps the API for a stranger)
 
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
@@ -37,6 +40,19 @@ class GrpcTls:
     @property
     def is_enabled(self) -> bool:
         return bool(self.ca)
+
+    @property
+    def is_mutual(self) -> bool:
+        """Clients must present a certificate from `ca`: the only mode that knows (and authorizes) its callers."""
+        return self.client_auth and bool(self.cert)
+
+    def check_bind(self, address: str) -> None:
+        """Refuse to serve unauthenticated callers beyond this host unless the operator said so."""
+        if self.is_mutual or self.insecure or is_loopback(address):
+            return
+        raise SettingsError(f"refusing to serve gRPC on {address} without mutual TLS: set {ENV_PREFIX}CERT, "
+                            f"{ENV_PREFIX}KEY and {ENV_PREFIX}CA (`tandem certs init`), bind 127.0.0.1, or set "
+                            f"TANDEM_GRPC_INSECURE=1 to accept any caller")
 
     def server_credentials(self) -> grpc.ServerCredentials:
         if not self.cert:
@@ -58,9 +74,23 @@ def _read(path: str) -> bytes:
     return Path(path).read_bytes()
 
 
+def is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name, or "" / 0.0.0.0 / [::] (every interface)
+        return False
+
+
 def from_env() -> GrpcTls:
-    return GrpcTls(cert=env(ENV_PREFIX + "CERT", ""), key=env(ENV_PREFIX + "KEY", ""), ca=env(ENV_PREFIX + "CA", ""),
-                   client_auth=env(ENV_PREFIX + "CLIENT_AUTH", False), server_name=env(ENV_PREFIX + "SERVER_NAME", ""))
+    cert = env(ENV_PREFIX + "CERT", "")
+    # NOTE: a process with a certificate demands one from its clients unless told otherwise
+    return GrpcTls(cert=cert, key=env(ENV_PREFIX + "KEY", ""), ca=env(ENV_PREFIX + "CA", ""),
+                   client_auth=env(ENV_PREFIX + "CLIENT_AUTH", bool(cert)),
+                   server_name=env(ENV_PREFIX + "SERVER_NAME", ""), insecure=env("TANDEM_GRPC_INSECURE", False),
+                   reflection=env("TANDEM_GRPC_REFLECTION", False))
 
 
 @functools.cache

@@ -193,7 +193,8 @@ def wall_clock():
 async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService]) -> None:
     engine = make_engine(settings)
     service = service_cls(settings, engine)
-    server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name])
+    server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name],
+                        service.metrics.registry)
     worker_pb2_grpc.add_WorkerControlServicer_to_server(service, server.server)
     service_cls.add_to(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
@@ -278,7 +279,8 @@ def main_for(role: WorkerRole, service_cls: type[WorkerService], argv: list[str]
 
     try:
         settings = parse_worker_settings(role, argv)
-        process_tls()  # NOTE: a bad TANDEM_GRPC_TLS_* fails here, in one line, not at the first call
+        # NOTE: a bad TANDEM_GRPC_TLS_* (or plaintext on a public address) fails here, in one line, before the model loads
+        process_tls().check_bind(f"{settings.host}:{settings.port}")
         setup_logging(role.value)
         setup_tracing(role.value)
         try:

@@ -42,7 +42,7 @@ class PlannerService:
         self.source = source or make_source(settings)
         self.metrics = PlannerMetrics(self.connector.name, {"ttft": settings.slo_ttft_s, "itl": settings.slo_itl_s})
         self.plan = planner_pb2.Plan(connector=self.connector.name)
-        self.server = GrpcServer(settings.address, [SERVICE_NAME])
+        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry)
         planner_pb2_grpc.add_PlannerServicer_to_server(PlannerServicer(self), self.server.server)
         self._warnings: tuple[str, ...] = ()
         self._task: asyncio.Task | None = None
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
-        process_tls()
         load_profile(settings.profile)  # NOTE: a bad profile is a bad setting: fail now, in one line
+        process_tls().check_bind(settings.address)
     except (SettingsError, ProfileError) as exc:
         print(f"tandem serve planner: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -16,6 +16,7 @@ from services.common.metrics import MetricsEndpoint
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.settings import SettingsError
+from services.common.peer import require_worker
 from services.common.tls import process_tls
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
                                      worker_status_to_pb)
@@ -75,6 +76,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     @_maps_errors
     async def Register(self, request, context):
         info = worker_info_from_pb(request.worker)
+        await require_worker(context, info.worker_id, info.role.value)
         is_new = self.registry.register(info, load_from_pb(request.load))
         log.info("%s %s worker %s at %s (model %s)", "registered" if is_new else "re-registered",
                  info.role.value, info.worker_id, info.address, info.model)
@@ -86,12 +88,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                            heartbeat_interval_s=self.settings.heartbeat_interval_s)
 
     async def Heartbeat(self, request, context):
+        await require_worker(context, request.worker_id)
         is_known = self.registry.heartbeat(request.worker_id, load_from_pb(request.load))
         if not is_known:
             log.info("heartbeat from unknown worker %s; it must register again", request.worker_id)
         return router_pb2.HeartbeatResponse(known=is_known)
 
     async def Deregister(self, request, context):
+        await require_worker(context, request.worker_id)
         if self.registry.deregister(request.worker_id):
             log.info("deregistered worker %s", request.worker_id)
         if self.kv is not None:
@@ -173,7 +177,7 @@ class RouterService:
         index = self.core.policy.event_index
         self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
         self.metrics.start_at_zero(settings.policy)
-        self.server = GrpcServer(settings.address, [SERVICE_NAME])
+        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry)
         router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics,
                                                                     self.loads),
                                                      self.server.server)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
-        process_tls()
+        process_tls().check_bind(settings.address)
     except SettingsError as exc:
         print(f"tandem router: error: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ class OverheadConfig:
     model: Path | None = None  # None: a tiny config-only checkpoint in a temporary directory
     seed: int = 0
     client: str = "raw"  # the load generator: raw (raw_client.py) or httpx (what `bench serve` uses)
+    compare_plaintext: bool = False  # also a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs
 
     def num_requests_at(self, concurrency: int) -> int:
         return self.num_requests if concurrency > 1 else max(1, self.num_requests // 4)
@@ -77,6 +78,9 @@ def run_overhead(cfg: OverheadConfig, log_dir: Path | None = None) -> dict:
         phases = [asyncio.run(_run_in_process(model, cfg, prompts, c)) for c in sorted(cfg.concurrencies)]
         for workers in cfg.gateway_workers:
             phases += _run_through_stack(model, cfg, prompts, workers, (log_dir or Path(tmp) / "logs") / f"gw{workers}")
+        if cfg.compare_plaintext:
+            phases += _run_through_stack(model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / "gw1-plaintext",
+                                         is_plaintext=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     return build_report(config, phases)
 
@@ -107,18 +111,22 @@ async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker
 
 
 def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, workers: int,
-                       log_dir: Path) -> list[Phase]:
+                       log_dir: Path, is_plaintext: bool = False) -> list[Phase]:
     from tandem.launcher import Stack, StackConfig, free_port
 
+    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}), **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {})}
     stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=cfg.num_prefill, num_decode=1,
                               port=free_port(), num_threads=1, log_dir=log_dir, ready_timeout_s=120,
-                              env=_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}, num_gateway_workers=workers))
+                              env=env, num_gateway_workers=workers))
     try:
         stack.start()
         stack.wait_ready()
         pids = service_pids(stack)
-        return [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids))
-                for c in cfg.concurrencies_for(workers)]
+        phases = [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids))
+                  for c in cfg.concurrencies_for(workers)]
+        for phase in phases:
+            phase.is_plaintext = is_plaintext
+        return phases
     finally:
         stack.stop()
 
@@ -187,6 +195,8 @@ def add_overhead_command(bench_commands) -> None:
     p.add_argument("--log-dir", type=Path, default=None, help="keep the stacks' logs here")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw",
                    help="load generator: raw asyncio sockets (lean), or httpx as `bench serve` uses")
+    p.add_argument("--plaintext-too", action="store_true",
+                   help="also run a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_overhead)
 
@@ -195,7 +205,8 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     if 1 not in args.gateway_workers:
         raise SystemExit("tandem bench overhead: --gateway-workers must include 1 (the reference)")
     cfg = OverheadConfig(args.num_requests, tuple(args.concurrency), tuple(args.gateway_workers), args.isl,
-                         args.osl, int(args.prefill), args.warmup, args.model, client=args.client)
+                         args.osl, int(args.prefill), args.warmup, args.model, client=args.client,
+                         compare_plaintext=args.plaintext_too)
     report = run_overhead(cfg, args.log_dir)
     print(format_overhead(report))
     if args.json is not None:

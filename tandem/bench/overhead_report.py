@@ -12,6 +12,9 @@ from tandem.bench.serve_stats import ServeSummary
 TTFT_TARGETS_S = {1: 0.003, 16: 0.015}
 MIN_RELAY_TOKENS_PER_S = 20_000.0
 MIN_SCALE_OUT = 1.6
+# what mutual TLS and per-method authorization may cost against the same stack in plaintext (issue 24)
+MAX_MTLS_TTFT_S = 0.002
+MIN_MTLS_RELAY_RATIO = 0.95
 
 
 @dataclass(slots=True)
@@ -23,6 +26,7 @@ class Phase:
     summary: ServeSummary
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at its start and its end
     cpu_s: dict[str, float] = field(default_factory=dict)  # process (or "client") -> CPU seconds during it
+    is_plaintext: bool = False  # a stack run with TANDEM_GRPC_INSECURE=1 (the default stack runs mutual TLS)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "summary": self.summary.as_dict()}
@@ -39,8 +43,9 @@ def host_info() -> dict:
     return {"cpu": model.group(1) if model else "?", "cores": os.cpu_count(), "flags": flags}
 
 
-def _find(phases: list[Phase], concurrency: int, workers: int) -> Phase | None:
-    return next((p for p in phases if p.concurrency == concurrency and p.gateway_workers == workers), None)
+def _find(phases: list[Phase], concurrency: int, workers: int, is_plaintext: bool = False) -> Phase | None:
+    return next((p for p in phases if p.concurrency == concurrency and p.gateway_workers == workers
+                 and p.is_plaintext == is_plaintext), None)
 
 
 def check_targets(phases: list[Phase]) -> list[dict]:
@@ -62,6 +67,26 @@ def check_targets(phases: list[Phase]) -> list[dict]:
             ratio = p.summary.output_tokens_per_s / max(one.summary.output_tokens_per_s, 1e-9)
             results.append(_result(f"relay {p.gateway_workers} gateways / 1, concurrency {top}", ratio,
                                    MIN_SCALE_OUT, ratio >= MIN_SCALE_OUT, "x"))
+    return results + _mtls_targets(phases, top)
+
+
+def _mtls_targets(phases: list[Phase], top: int) -> list[dict]:
+    """mTLS against plaintext, one gateway: added TTFT p50 at the lowest concurrency, relay at the highest."""
+    plain = [p for p in phases if p.is_plaintext]
+    if not plain:
+        return []
+    results = []
+    low = min(p.concurrency for p in plain)
+    a, b = _find(phases, low, 1, True), _find(phases, low, 1)
+    if a and b:
+        added = b.summary.ttft_s.p50 - a.summary.ttft_s.p50
+        results.append(_result(f"mTLS added TTFT p50, concurrency {low}", added, MAX_MTLS_TTFT_S,
+                               added <= MAX_MTLS_TTFT_S, "s"))
+    a, b = _find(phases, top, 1, True), _find(phases, top, 1)
+    if a and b:
+        ratio = b.summary.output_tokens_per_s / max(a.summary.output_tokens_per_s, 1e-9)
+        results.append(_result(f"mTLS relay / plaintext, concurrency {top}", ratio, MIN_MTLS_RELAY_RATIO,
+                               ratio >= MIN_MTLS_RELAY_RATIO, "x"))
     return results
 
 
@@ -86,7 +111,8 @@ def _phase_table(phases: list[dict]) -> str:
     rows = []
     for p in phases:
         s = p["summary"]
-        where = "in-process" if p["gateway_workers"] == 0 else f"stack, {p['gateway_workers']} gateway"
+        where = "in-process" if p["gateway_workers"] == 0 else f"stack, {p['gateway_workers']} gateway" + (
+            ", plaintext" if p.get("is_plaintext") else "")
         rows.append((where, str(p["concurrency"]), str(s["num_requests"]), ms(s["ttft_s"]["p50"]),
                      ms(s["ttft_s"]["p99"]), ms(s["itl_s"]["p50"]), rate(s["output_tokens_per_s"]),
                      rate(s["requests_per_s"]), str(s["num_errors"]), "%.1f-%.1f" % tuple(p["load_avg"])))
@@ -111,6 +137,7 @@ def _cpu_table(phases: list[dict]) -> str:
     rows = []
     for p in through:
         tokens = max(1, p["summary"]["num_output_tokens"])
-        rows.append((f"c{p['concurrency']}, {p['gateway_workers']} gateway",
+        rows.append((f"c{p['concurrency']}, {p['gateway_workers']} gateway" + (
+            ", plaintext" if p.get("is_plaintext") else ""),
                      *(f"{1e6 * p['cpu_s'].get(n, 0.0) / tokens:.1f}" for n in names)))
     return "CPU µs per streamed token, by process\n" + format_rows(("phase", *names), rows) if rows else ""

@@ -9,6 +9,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.identity import Identity
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.integration.conftest import ENDLESS_CONTEXT, running_stack, workers
 from tests.integration.helpers import busy_counts, children_of, sse_json, wait_for
@@ -21,13 +22,13 @@ def _cmdline(pid: int) -> bytes:
         return f.read()
 
 
-def _health(address: str) -> int:
-    with grpc.insecure_channel(address) as channel:
+def _health(stack, address: str) -> int:
+    with stack.channel(address) as channel:
         return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
 
 
-def _generate(address: str) -> worker_pb2.GenerateResponse:
-    with grpc.insecure_channel(address) as channel:
+def _generate(stack, address: str) -> worker_pb2.GenerateResponse:
+    with stack.channel(address, Identity("gateway", "gateway-test")) as channel:  # only a gateway may Generate
         request = worker_pb2.GenerateRequest(req_id="after", token_ids=[1, 2, 3],
                                              params=common_pb2.SamplingParams(max_tokens=2))
         return list(worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=5))
@@ -56,11 +57,11 @@ def test_killing_a_workers_engine_process_fails_its_stream_and_takes_it_out(endl
         last = rest[-1] if rest[-1] != "[DONE]" else rest[-2]
         assert "engine failed" in last["error"]["message"] and "killed by signal 9" in last["error"]["message"]
         assert worker.proc.poll() is None  # the worker lives on, to say it cannot serve
-        assert _health(addresses[victim]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert _health(stack, addresses[victim]) == health_pb2.HealthCheckResponse.NOT_SERVING
         wait_for(lambda: [w.worker.worker_id for w in workers(stack)], lambda ids: victim not in ids, 5.0,
                  "the worker leaves the router")
         try:
-            _generate(addresses[victim])
+            _generate(stack, addresses[victim])
             raise AssertionError("a worker whose engine died took a request")
         except grpc.RpcError as exc:
             assert exc.code() is grpc.StatusCode.UNAVAILABLE

@@ -3,10 +3,10 @@ simulated engines), sends requests that share a prefix to the worker caching it,
 its blocks leave the prefix index."""
 import re
 
-import grpc
 import httpx
 import pytest
 
+from services.common.identity import Identity
 from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.conftest import all_worker_stats, running_stack, workers
 from tests.integration.helpers import wait_for
@@ -18,7 +18,8 @@ ROUTER_ARGS = ("--policy", "kv", "--kv-predict-ttl-s", "0.001", "--lease-ttl-s",
 
 
 def route(stack, model: str, token_ids: list[int]) -> router_pb2.RouteResponse:
-    with grpc.insecure_channel(f"127.0.0.1:{stack.router_port}") as channel:
+    # NOTE: Route and Complete are the gateway's calls (mutual TLS, per-role authorization)
+    with stack.channel(f"127.0.0.1:{stack.router_port}", Identity("gateway", "gateway-test")) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
         reply = stub.Route(router_pb2.RouteRequest(req_id="probe", model=model, token_ids=token_ids), timeout=5)
         stub.Complete(router_pb2.CompleteRequest(req_id="probe"), timeout=5)
@@ -51,7 +52,7 @@ def test_shared_prefix_sticks_to_one_worker_and_a_dead_worker_is_forgotten(tiny_
 
         # an operator's reset travels as a CLEARED event: the index forgets the worker's blocks, then relearns
         address = next(w.worker.address for w in workers(stack) if w.worker.worker_id == chosen)
-        with grpc.insecure_channel(address) as channel:
+        with stack.channel(address) as channel:  # this process: the stack's operator
             reply = worker_pb2_grpc.WorkerControlStub(channel).ResetPrefixCache(worker_pb2.ResetPrefixCacheRequest(),
                                                                           timeout=10)
         assert reply.num_blocks_dropped >= held[chosen]

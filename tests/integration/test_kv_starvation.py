@@ -9,14 +9,15 @@ import subprocess
 import sys
 import threading
 
-import grpc
 import httpx
 import pytest
 
 from engines.transfer.nixl_link import is_available
 from engines.transfer.staging import SHM_DIR, owner_pid
+from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
+from tandem.stack_certs import operator_tls
 from tests.integration.helpers import alive, children_of, wait_for_banner
 
 NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 16, 2000, 128
@@ -42,7 +43,7 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
     try:
         banner = wait_for_banner(launcher, timeout_s=180)
         router = f"127.0.0.1:{banner.split('router 127.0.0.1:')[1].split()[0]}"
-        watch = LeaseWatch(router)
+        watch = LeaseWatch(router, operator_tls(tmp_path / "pki"))
         watch.start()
         results = asyncio.run(load(port, model.name))
         watch.stop()
@@ -55,7 +56,7 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
             f"a heartbeat came {LEASE_S - watch.min_lease_left_s:.2f}s after the one before (allowed {late}s)")
         router_log = (logs / "router.log").read_text()
         assert "lease expired" not in router_log and "lapsed" not in router_log
-        decode = worker_stats(router, "decode")
+        decode = worker_stats(router, "decode", operator_tls(tmp_path / "pki"))
         assert decode.num_prompt_tokens_computed == 0, "the decode worker prefilled instead of loading the KV"
         assert decode.kv_bytes_imported == NUM_REQUESTS * 32 * 64 * 131072  # whole blocks of 64 tokens
         pids = children_of(launcher.pid)
@@ -85,8 +86,8 @@ class LeaseWatch:
 
     poll_s = 0.1
 
-    def __init__(self, router: str):
-        self.channel = grpc.insecure_channel(router)
+    def __init__(self, router: str, tls):
+        self.channel = make_sync_channel(router, tls)  # NOTE: as `tandem up`'s operator (it runs mutual TLS)
         self.stub = router_pb2_grpc.RouterStub(self.channel)
         self.min_lease_left_s = LEASE_S
         self.num_workers_seen: set[int] = set()
@@ -109,13 +110,13 @@ class LeaseWatch:
                 self.min_lease_left_s = min(self.min_lease_left_s, w.lease_expires_in_s)
 
 
-def worker_stats(router: str, role: str):
+def worker_stats(router: str, role: str, tls):
     from services.common.protos import worker_pb2, worker_pb2_grpc
 
-    with grpc.insecure_channel(router) as channel:
+    with make_sync_channel(router, tls) as channel:
         workers = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5).workers
     (address,) = [w.worker.address for w in workers if w.worker.worker_id.startswith(role)]
-    with grpc.insecure_channel(address) as channel:
+    with make_sync_channel(address, tls) as channel:
         return worker_pb2_grpc.WorkerControlStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
 
 

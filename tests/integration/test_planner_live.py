@@ -10,11 +10,12 @@ import time
 
 import httpx
 
+from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
+from tandem.stack_certs import operator_tls
 from tests.integration.helpers import alive, children_of, wait_for, wait_for_banner
 
-import grpc
 
 # decode steps of 20 ms + 2 ms per running sequence: one worker keeps ~10 streams within 40 ms (80% of the 50 ms
 # ITL SLO), so 16 streams need two
@@ -28,8 +29,9 @@ PLANNER_ENV = {"TANDEM_PLANNER_MAX_PREFILL": "0", "TANDEM_PLANNER_MIN_DECODE": "
                "TANDEM_PLANNER_DOWN_TICKS": "4"}
 
 
-def registered(router_port: int) -> list[str]:
-    with grpc.insecure_channel(f"127.0.0.1:{router_port}") as channel:
+def registered(router_port: int, pki_dir) -> list[str]:
+    # NOTE: `tandem up` runs mutual TLS; its operator certificate is in the PKI directory beside its logs
+    with make_sync_channel(f"127.0.0.1:{router_port}", operator_tls(pki_dir)) as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return sorted(w.worker.worker_id for w in reply.workers)
 
@@ -61,13 +63,13 @@ def test_the_planner_adds_a_decode_worker_under_load_and_drains_it_after(tmp_pat
     try:
         banner = wait_for_banner(launcher, timeout_s=180)
         router_port = int(banner.split("router 127.0.0.1:")[1].split()[0])
-        assert registered(router_port) == ["decode-0"]
+        assert registered(router_port, tmp_path / "pki") == ["decode-0"]
         url, outcomes = f"http://127.0.0.1:{port}", []
         # the step: 16 streams until the planner's second worker has served a while
         grown = {"at": None, "name": ""}
 
         def enough() -> bool:
-            if grown["at"] is None and len(now := registered(router_port)) == 2:  # NOTE: named by the launcher
+            if grown["at"] is None and len(now := registered(router_port, tmp_path / "pki")) == 2:  # NOTE: named by the launcher
                 grown["at"], grown["name"] = time.monotonic(), next(w for w in now if w != "decode-0")
             return grown["at"] is not None and time.monotonic() - grown["at"] > 5 or len(outcomes) > 3000
 
@@ -77,7 +79,7 @@ def test_the_planner_adds_a_decode_worker_under_load_and_drains_it_after(tmp_pat
         # NOTE: on a loaded host the drain may begin while the step's last requests finish (they are then the ones
         # in flight); the stream sends at least one request either way, and no request may fail (below)
         quiet = len(outcomes)
-        asyncio.run(load(url, model.name, 1, lambda: len(outcomes) > quiet and registered(router_port) == ["decode-0"],
+        asyncio.run(load(url, model.name, 1, lambda: len(outcomes) > quiet and registered(router_port, tmp_path / "pki") == ["decode-0"],
                          outcomes))
         added = grown["name"]
         wait_for(lambda: added not in {c for c in _live_names(launcher.pid)}, bool, 60, f"{added} exited")

@@ -6,10 +6,11 @@ import sys
 
 import httpx
 
-import grpc
 
+from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
+from tandem.stack_certs import operator_tls
 from tests.integration.helpers import alive, children_of, services_of, wait_for_banner
 
 NUM_DECODE = 16
@@ -30,7 +31,7 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
         services, pids = services_of(launcher.pid), children_of(launcher.pid)
         assert len(services) == NUM_DECODE + 2, f"router, {NUM_DECODE} decode workers and gateway expected: {services}"
         router_port = int(banner.split("router 127.0.0.1:")[1].split()[0])
-        assert len(registered_workers(router_port)) == NUM_DECODE
+        assert len(registered_workers(router_port, tmp_path / "pki")) == NUM_DECODE
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                            json={"model": model.name, "prompt": "hello", "max_tokens": 4})
         assert reply.status_code == 200, reply.text
@@ -45,7 +46,8 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
             launcher.wait()
 
 
-def registered_workers(router_port: int) -> list[str]:
-    with grpc.insecure_channel(f"127.0.0.1:{router_port}") as channel:
+def registered_workers(router_port: int, pki_dir) -> list[str]:
+    # NOTE: `tandem up` runs mutual TLS; its operator certificate is in the PKI directory beside its logs
+    with make_sync_channel(f"127.0.0.1:{router_port}", operator_tls(pki_dir)) as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return [w.worker.worker_id for w in reply.workers]

@@ -8,9 +8,9 @@ import sys
 import threading
 import uuid
 
-import grpc
 import httpx
 
+from services.common.identity import Identity
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import served_name
 from tests.integration.conftest import running_stack, workers
@@ -63,7 +63,8 @@ def test_the_prestop_hook_stops_routing_to_the_worker_before_it_drains(tmp_path)
 def routed(stack, model: str) -> str:
     """The decode worker the router chooses for a fresh request (then told it completed)."""
     req_id = uuid.uuid4().hex
-    with grpc.insecure_channel(f"127.0.0.1:{stack.router_port}") as channel:
+    # NOTE: Route and Complete are the gateway's calls (mutual TLS, per-role authorization)
+    with stack.channel(f"127.0.0.1:{stack.router_port}", Identity("gateway", "gateway-test")) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
         reply = stub.Route(router_pb2.RouteRequest(req_id=req_id, model=model, token_ids=[1, 2, 3]), timeout=5)
         stub.Complete(router_pb2.CompleteRequest(req_id=req_id), timeout=5)

@@ -57,3 +57,19 @@ def test_requests_and_phases_per_concurrency():
     cfg = OverheadConfig(num_requests=256, concurrencies=(16, 1), gateway_workers=(1, 2))
     assert (cfg.num_requests_at(16), cfg.num_requests_at(1)) == (256, 64)
     assert cfg.concurrencies_for(1) == (1, 16) and cfg.concurrencies_for(2) == (16,)
+
+
+def test_mtls_targets_compare_against_the_plaintext_stack_only():
+    phases = [Phase(1, 0, summary(0.001, 100, 0.01)), Phase(1, 1, summary(0.0040, 100, 0.01)),
+              Phase(16, 1, summary(0.010, 100, 0.0200)),
+              Phase(1, 1, summary(0.0025, 100, 0.01), is_plaintext=True),
+              Phase(16, 1, summary(0.010, 100, 0.0196), is_plaintext=True)]
+    report = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases, host={"cpu": "x", "cores": 2, "flags": []})
+    got = {t["name"]: (pytest.approx(t["value"]), t["is_met"]) for t in report["targets"]}
+    assert got["added TTFT p50, concurrency 1"] == (0.003, True)  # the mTLS stack against in-process, as before
+    assert got["mTLS added TTFT p50, concurrency 1"] == (0.0015, True)  # 4 ms - 2.5 ms
+    assert got["mTLS relay / plaintext, concurrency 16"] == (0.98, True)  # 5,000 / 5,102 tokens/s
+    assert "stack, 1 gateway, plaintext" in format_overhead(report)
+    without = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases[:3], host={"cpu": "x", "cores": 2,
+                                                                                         "flags": []})
+    assert not [t for t in without["targets"] if t["name"].startswith("mTLS")]

@@ -1,0 +1,1 @@
+"""Certificates and keys of a deployment: the CA, service identities, the KV signing key."""

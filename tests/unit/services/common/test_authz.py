@@ -1,0 +1,187 @@
+"""Per-method authorization: the table covers every RPC in the protos, says what issue 24 says, and the interceptor
+enforces it on a real mTLS server (GrpcServer, as every service builds it) for each kind of caller."""
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from services.common import authz, tls
+from services.common.grpc_server import GrpcServer
+from services.common.identity import Identity
+from services.common.peer import require_worker
+from services.common.protos import (
+    common_pb2,
+    planner_pb2,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from tandem.certs import pki
+
+ALL = [(service.full_name, method.name)
+       for module in (router_pb2, worker_pb2, planner_pb2)
+       for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods]
+
+
+def test_every_rpc_in_the_protos_has_an_entry_and_every_entry_is_an_rpc():
+    assert len(ALL) > 15
+    missing = [f"{s}/{m}" for s, m in ALL if m not in authz.TABLE.get(s, {})]
+    assert not missing, f"add these to services/common/authz.py's TABLE: {missing}"
+    tandem_entries = {(s, m) for s, methods in authz.TABLE.items() if s.startswith("tandem.") for m in methods}
+    assert tandem_entries == set(ALL)
+    assert all(roles and roles <= {"gateway", "router", "prefill", "decode", "planner", "operator"}
+               for methods in authz.TABLE.values() for roles in methods.values())
+
+
+@pytest.mark.parametrize("method, roles", [
+    ("/tandem.v1.Router/Register", {"prefill", "decode"}),
+    ("/tandem.v1.Router/Heartbeat", {"prefill", "decode"}),
+    ("/tandem.v1.Router/Deregister", {"prefill", "decode"}),
+    ("/tandem.v1.Router/Route", {"gateway"}),
+    ("/tandem.v1.Router/Complete", {"gateway"}),
+    ("/tandem.v1.Router/ReportFailure", {"gateway"}),
+    ("/tandem.v1.PrefillWorker/Prefill", {"gateway"}),
+    ("/tandem.v1.DecodeWorker/Generate", {"gateway"}),
+    ("/tandem.v1.PrefillWorker/PullKv", {"decode"}),
+    ("/tandem.v1.WorkerControl/ResetPrefixCache", {"planner", "operator"}),
+    ("/tandem.v1.Planner/GetPlan", {"planner", "operator"}),
+])
+def test_the_table_says_what_the_issue_says(method, roles):
+    assert authz.allowed_roles(method) == roles
+    for role in ("gateway", "router", "prefill", "decode", "planner", "operator"):
+        assert authz.is_allowed(method, Identity(role, "x")) == (role in roles)
+    assert not authz.is_allowed(method, None)
+
+
+def test_health_is_open_and_unknown_methods_are_closed():
+    assert authz.is_allowed("/grpc.health.v1.Health/Check", None)
+    assert not authz.is_allowed("/tandem.v1.Router/Nope", Identity("operator", "op"))
+    assert not authz.is_allowed("garbage", Identity("operator", "op"))
+    assert authz.split_method("/a.B/C") == ("a.B", "C") and authz.split_method("a/b") == ("", "")
+
+
+class FakeRouter(router_pb2_grpc.RouterServicer):
+    async def Register(self, request, context):
+        await require_worker(context, request.worker.worker_id, "decode")
+        return router_pb2.RegisterResponse(lease_ttl_s=1.0)
+
+    async def ListWorkers(self, request, context):
+        return router_pb2.ListWorkersResponse()
+
+
+class FakeControl(worker_pb2_grpc.WorkerControlServicer):
+    async def StreamLoad(self, request, context):
+        for i in range(3):
+            yield common_pb2.WorkerLoad(num_waiting=i)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pki")
+    ca = pki.new_authority()
+    pki.save_authority(root, ca)
+    files = {f"{i.role}/{i.id}": pki.write_identity(root, ca, i) for i in [
+        Identity("router", "router"), Identity("gateway", "gateway"), Identity("decode", "decode-0"),
+        Identity("decode", "*"), Identity("operator", "operator"), Identity("prefill", "prefill-0")]}
+    rogue_root = tmp_path_factory.mktemp("rogue")
+    files["rogue"] = pki.write_identity(rogue_root, pki.new_authority("rogue"), Identity("operator", "operator"))
+    return files
+
+
+@pytest.fixture
+async def server(monkeypatch, certs):
+    for name, value in certs["router/router"].env().items():
+        monkeypatch.setenv(name, value)
+    tls.process_tls.cache_clear()
+    registry = CollectorRegistry()
+    server = GrpcServer("127.0.0.1:0", ["tandem.v1.Router"], registry)
+    router_pb2_grpc.add_RouterServicer_to_server(FakeRouter(), server.server)
+    worker_pb2_grpc.add_WorkerControlServicer_to_server(FakeControl(), server.server)
+    await server.start()
+    yield f"127.0.0.1:{server.port}", registry
+    await server.stop(0)
+    tls.process_tls.cache_clear()
+
+
+def _channel(address: str, files: pki.IdentityFiles | None, ca: pki.IdentityFiles) -> grpc.aio.Channel:
+    creds = tls.GrpcTls(cert=str(files.cert) if files else "", key=str(files.key) if files else "", ca=str(ca.ca))
+    return grpc.aio.secure_channel(address, creds.channel_credentials())
+
+
+async def _code(call) -> str:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name
+    return "OK"
+
+
+def _register(worker_id: str) -> router_pb2.RegisterRequest:
+    return router_pb2.RegisterRequest(worker=router_pb2.WorkerInfo(worker_id=worker_id))
+
+
+async def test_interceptor_admits_roles_in_the_table_and_refuses_the_rest(server, certs):
+    address, registry = server
+    ca = certs["router/router"]
+    as_ = {name: router_pb2_grpc.RouterStub(_channel(address, certs[name], ca)) for name in certs if name != "rogue"}
+    assert await _code(as_["decode/decode-0"].Register(_register("decode-0"), timeout=5)) == "OK"
+    assert await _code(as_["decode/*"].Register(_register("decode-7"), timeout=5)) == "OK"  # role-wide: any id
+    assert await _code(as_["decode/decode-0"].Register(_register("decode-1"), timeout=5)) == "PERMISSION_DENIED"
+    assert await _code(as_["prefill/prefill-0"].Register(_register("prefill-0"), timeout=5)) == "PERMISSION_DENIED"
+    assert await _code(as_["gateway/gateway"].Register(_register("gateway"), timeout=5)) == "PERMISSION_DENIED"
+    assert await _code(as_["operator/operator"].ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) == "OK"
+    assert await _code(as_["router/router"].ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) \
+        == "PERMISSION_DENIED"
+    denied = registry.get_sample_value("tandem_grpc_denied_total", {"service": "tandem.v1.Router",
+                                                                      "method": "Register", "role": "gateway"})
+    assert denied == 1.0
+
+
+async def test_streams_are_guarded_too_and_health_stays_open(server, certs):
+    address, _ = server
+    ca = certs["router/router"]
+    router = worker_pb2_grpc.WorkerControlStub(_channel(address, certs["router/router"], ca))
+    assert [m.num_waiting async for m in router.StreamLoad(worker_pb2.StreamLoadRequest(), timeout=5)] == [0, 1, 2]
+    gateway = worker_pb2_grpc.WorkerControlStub(_channel(address, certs["gateway/gateway"], ca))
+    assert await _code(_drain(gateway.StreamLoad(worker_pb2.StreamLoadRequest(), timeout=5))) == "PERMISSION_DENIED"
+    health = health_pb2_grpc.HealthStub(_channel(address, certs["gateway/gateway"], ca))
+    assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def _drain(call) -> None:
+    async for _ in call:
+        pass
+
+
+async def test_no_certificate_or_a_foreign_ca_never_gets_in(server, certs):
+    address, _ = server
+    ca = certs["router/router"]
+    for files in (None, certs["rogue"]):
+        stub = router_pb2_grpc.RouterStub(_channel(address, files, ca))
+        assert await _code(stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) == "UNAVAILABLE"
+
+
+def test_plaintext_binds_loopback_only_unless_told(certs):
+    tls.GrpcTls().check_bind("127.0.0.1:5000")
+    tls.GrpcTls().check_bind("localhost:5000")
+    tls.GrpcTls().check_bind("[::1]:5000")
+    for address in ("0.0.0.0:5000", "[::]:5000", "10.0.0.3:5000", "router:5000"):
+        with pytest.raises(tls.SettingsError, match="TANDEM_GRPC_INSECURE=1"):
+            tls.GrpcTls().check_bind(address)
+    tls.GrpcTls(insecure=True).check_bind("0.0.0.0:5000")
+    files = certs["router/router"]
+    mutual = tls.GrpcTls(cert=str(files.cert), key=str(files.key), ca=str(files.ca), client_auth=True)
+    mutual.check_bind("0.0.0.0:5000")
+    server_only = tls.GrpcTls(cert=str(files.cert), key=str(files.key), ca=str(files.ca), client_auth=False)
+    with pytest.raises(tls.SettingsError):
+        server_only.check_bind("0.0.0.0:5000")  # TLS without client certificates authorizes nobody
+
+
+def test_client_auth_defaults_on_with_a_certificate(monkeypatch, certs):
+    for name, value in certs["router/router"].env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TANDEM_GRPC_TLS_CLIENT_AUTH")
+    assert tls.from_env().is_mutual and not tls.from_env().reflection
+    monkeypatch.setenv("TANDEM_GRPC_TLS_CLIENT_AUTH", "0")
+    assert not tls.from_env().is_mutual
