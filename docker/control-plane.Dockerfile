@@ -51,10 +51,13 @@ RUN --mount=type=secret,id=ca_bundle \
  && python -m services.common.protos --force \
  && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server"
 
-# /var/lib/tandem/scaler: a fresh named volume mounted there takes this owner (the scaler writes its token)
+# a fresh named volume mounted on one of these takes its owner and mode: the scaler writes its token, compose's
+# `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
- && mkdir -p /cache /var/lib/tandem/scaler && chown tandem:tandem /cache /var/lib/tandem/scaler \
- && chmod 0700 /var/lib/tandem/scaler
+ && mkdir -p /cache /var/lib/tandem/scaler /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
+    /pki/prefill /pki/decode \
+ && chown tandem:tandem /cache /var/lib/tandem/scaler /etc/tandem/tls /pki /pki/* \
+ && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/*
 USER tandem
 EXPOSE 8000 50051 50071 9464
 CMD ["tandem", "serve", "gateway"]
