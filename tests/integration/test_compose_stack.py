@@ -114,11 +114,36 @@ async def load(gateway: str, total: int, concurrency: int, during=None, max_toke
     return outcomes
 
 
+CREDENTIALS: dict[str, grpc.ChannelCredentials] = {}
+
+
+def planner_credentials(compose: Compose) -> grpc.ChannelCredentials:
+    """The planner's certificate (an admin identity: ListWorkers), read from its container: every gRPC port of the
+    stack runs mutual TLS, and a caller without a certificate from the stack's CA is refused."""
+    def read(name: str) -> bytes:
+        return compose.run("exec", "-T", "planner", "cat", f"/etc/tandem/tls/{name}", timeout_s=60).encode()
+
+    return grpc.ssl_channel_credentials(read("ca.crt"), read("tls.key"), read("tls.crt"))
+
+
 def decode_workers(compose: Compose) -> list[str]:
     router = next(c for c in compose.containers("router") if c["State"] == "running")
-    with grpc.insecure_channel(f"{address(router['ID'])}:50051") as channel:
+    if compose.project not in CREDENTIALS:  # the certs volume outlives every container: read it once
+        CREDENTIALS[compose.project] = planner_credentials(compose)
+    credentials = CREDENTIALS[compose.project]
+    options = [("grpc.ssl_target_name_override", "tandem")]  # every certificate names "tandem"
+    with grpc.secure_channel(f"{address(router['ID'])}:50051", credentials, options) as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return sorted(w.worker.address for w in reply.workers if w.worker.role == common_pb2.WORKER_ROLE_DECODE)
+
+
+def test_the_router_refuses_a_caller_without_a_certificate(stack):
+    router = next(c for c in stack["compose"].containers("router") if c["State"] == "running")
+    with grpc.insecure_channel(f"{address(router['ID'])}:50051") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # no TLS handshake, no answer
+    assert len(decode_workers(stack["compose"])) == 1  # the planner's certificate is answered
 
 
 def metrics(container: str, port: int = 9464) -> dict[str, float]:

@@ -193,8 +193,11 @@ def test_every_container_has_startup_readiness_and_cheap_liveness_probes(overlay
         # ready = the router answers and lists a decode worker; alive asks nothing of anyone else
         assert paths == {"startup": ("/health", "http"), "readiness": ("/ready", "http"),
                          "liveness": ("/health", "http")}
-    else:
-        assert {kind: p["grpc"] for kind, p in probes.items()} == {kind: {"port": s.port} for kind in probes}
+    else:  # the kubelet's gRPC probe speaks no TLS: the images' healthcheck dials with the pod's certificate
+        check = ["python", "/opt/tandem/docker/healthcheck.py", "grpc", f"127.0.0.1:{s.port}"]
+        assert probes["startup"]["exec"]["command"] == probes["readiness"]["exec"]["command"] == check
+        assert probes["startup"]["timeoutSeconds"] >= 5 and probes["readiness"]["timeoutSeconds"] >= 5
+        assert probes["liveness"]["tcpSocket"] == {"port": s.port}  # cheap: the port accepts a connection
     allowed_s = probes["startup"]["periodSeconds"] * probes["startup"]["failureThreshold"]
     if role in WORKER_ROLES:  # loading the model, and on GPUs compiling kernels
         assert allowed_s >= (3600 if overlay in GPU_OVERLAYS else 1800), allowed_s
@@ -236,7 +239,7 @@ def test_the_planner_role_grants_exactly_the_calls_its_connector_makes(overlay, 
     planner = settings(overlay, "planner", monkeypatch)
     workers = {planner.k8s_prefill_deployment, planner.k8s_decode_deployment}
     assert workers == {f"tandem-{role}" for role in WORKER_ROLES} <= set(of_kind(overlay, "Deployment"))
-    (role,) = of_kind(overlay, "Role").values()
+    role = of_kind(overlay, "Role")["tandem-planner"]
     granted = set()
     for rule in role["rules"]:
         for resource in rule["resources"]:
@@ -249,8 +252,9 @@ def test_the_planner_role_grants_exactly_the_calls_its_connector_makes(overlay, 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_only_the_planner_holds_an_api_token_bound_to_its_role(overlay, monkeypatch):
-    (binding,) = of_kind(overlay, "RoleBinding").values()
-    (role,) = of_kind(overlay, "Role")
+    """(and the tandem-certs Job's pod, which creates the TLS Secrets: tests/unit/deploy/test_k8s_security.py)"""
+    assert set(of_kind(overlay, "Role")) == set(of_kind(overlay, "RoleBinding")) == {"tandem-planner", "tandem-certs"}
+    binding, role = of_kind(overlay, "RoleBinding")["tandem-planner"], "tandem-planner"
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}
     account = pod_spec(overlay, "planner")["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "tandem"}]

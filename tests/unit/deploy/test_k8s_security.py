@@ -166,3 +166,79 @@ def test_every_image_runs_as_the_unprivileged_tandem_user():
         users = [line for line in lines if line.startswith("USER ")]
         assert users and users[-1] == "USER tandem", path.name
         assert any("useradd --uid 10001" in line for line in lines), path.name
+
+
+# --- certificates: the tandem-certs Job -------------------------------------------------------------------------
+
+TLS_SECRETS = {f"tandem-tls-{role}" for role in ROLES}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_pod_mounts_only_its_own_roles_tls_secret_read_only(overlay):
+    for role in ROLES:
+        spec = pod_spec(overlay, role)
+        secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v} & (TLS_SECRETS | {"tandem-pki-ca"})
+        assert secrets == {f"tandem-tls-{role}"}, role
+        (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == f"tandem-tls-{role}"]
+        assert volume["secret"]["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == 10001, role
+        (container,) = spec["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount == {"name": volume["name"], "mountPath": "/etc/tandem/tls", "readOnly": True}
+        env = container_env(overlay, container)
+        assert {env[f"TANDEM_GRPC_TLS_{k}"].rsplit("/", 1)[0] for k in ("CA", "CERT", "KEY")} != set()
+        assert all(env[f"TANDEM_GRPC_TLS_{k}"].endswith(f) for k, f in (("CA", "/ca.crt"), ("CERT", "/tls.crt"),
+                                                                            ("KEY", "/tls.key")))
+        assert "TANDEM_GRPC_INSECURE" not in env and env.get("TANDEM_GRPC_TLS_CLIENT_AUTH", "1") == "1", role
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_certs_job_is_hardened_and_may_touch_only_tandems_secrets(overlay):
+    job = of_kind(overlay, "Job")["tandem-certs"]
+    spec = job["spec"]["template"]["spec"]
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = spec["containers"]
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert container["command"] == ["python", "/opt/tandem/docker/k8s-certs.py"]
+    assert (REPO / "docker" / "k8s-certs.py").is_file()
+    assert {v["name"]: v for v in spec["volumes"]}["tmp"]["emptyDir"]["medium"] == "Memory"  # the CA key: no disk
+    role = of_kind(overlay, "Role")["tandem-certs"]
+    granted = {(verb, name) for rule in role["rules"] for verb in rule["verbs"]
+               for name in rule.get("resourceNames", ["*"]) if rule["resources"] == ["secrets"]}
+    assert len(granted) == sum(len(r["verbs"]) * len(r.get("resourceNames", ["*"])) for r in role["rules"])
+    assert granted == {("create", "*")} | {(v, n) for v in ("get", "update") for n in TLS_SECRETS | {"tandem-pki-ca"}}
+    assert spec["serviceAccountName"] == "tandem-certs"
+    policies = list(of_kind(overlay, "NetworkPolicy").values())
+    pod = Pod(job["spec"]["template"]["metadata"]["labels"], NAMESPACE, {})
+    api_server = Pod({"component": "kube-apiserver"}, "kube-system", {"https": 6443})
+    assert _allowed(policies, "Egress", pod, api_server, api_server, "https", 6443)
+    for target in tandem_pods(overlay).values():  # and no tandem pod
+        assert not any(_allowed(policies, "Egress", pod, target, target, n, p) for n, p in target.ports.items())
+
+
+def test_the_job_makes_one_secret_per_role_with_only_that_roles_files(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k8s_certs", REPO / "docker" / "k8s-certs.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run([str(bin_dir / "tandem"), "certs", "init", str(tmp_path / "pki"), "--prefill", "0",
+                           "--decode", "1", "--role-wide", "prefill", "--role-wide", "decode"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    bodies = {b["metadata"]["name"]: b for b in job.secret_bodies(tmp_path / "pki")}
+    assert list(bodies)[-1] == "tandem-pki-ca"  # last: its presence means every role's Secret exists
+    assert set(bodies) == TLS_SECRETS | {"tandem-pki-ca"}
+    for role in ROLES:
+        body = bodies[f"tandem-tls-{role}"]
+        worker = role in ("prefill", "decode")
+        assert body["type"] == "kubernetes.io/tls"
+        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set())
+        assert "PRIVATE KEY" in body["stringData"]["tls.key"] and body["metadata"]["labels"]["tandem.io/role"] == role
+    assert "ca.key" in bodies["tandem-pki-ca"]["stringData"]
+    assert all("ca.key" not in b["stringData"] for n, b in bodies.items() if n != "tandem-pki-ca")
