@@ -52,11 +52,12 @@ RUN --mount=type=secret,id=ca_bundle \
  && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server"
 
 # a fresh named volume mounted on one of these takes its owner and mode: the scaler writes its token, compose's
-# `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls
+# `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls;
+# the gateway its SQLite response store
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
- && mkdir -p /cache /var/lib/tandem/scaler /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
+ && mkdir -p /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
     /pki/prefill /pki/decode \
- && chown tandem:tandem /cache /var/lib/tandem/scaler /etc/tandem/tls /pki /pki/* \
+ && chown tandem:tandem /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki /pki/* \
  && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/*
 USER tandem
 EXPOSE 8000 50051 50071 9464

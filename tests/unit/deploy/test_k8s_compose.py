@@ -24,7 +24,8 @@ MODEL_PATH = "a pod links the checkpoint `tandem model fetch $(TANDEM_MODEL_ID)`
 REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:PORT: every record); compose one "
             "router until it scales them too")
 DIFFERENCES = {
-    "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS},
+    "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS,
+                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis"},
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
