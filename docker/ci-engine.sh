@@ -38,6 +38,8 @@ fi
 vars=$(docker/offline-images.sh) || { log "making the offline base images failed"; exit 1; }
 eval "$vars"
 export TANDEM_COMPOSE_FILES=compose.yaml:compose.offline.yaml
+# compose refuses the file without Grafana's admin password (compose.yaml requires it); building never reads it
+export GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-by-image-builds}
 files=(-f compose.yaml -f compose.offline.yaml)
 start=$(date +%s)
 # one worker image first: the control-plane image shares its torch and dependency layers, and services that

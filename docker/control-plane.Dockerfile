@@ -1,6 +1,6 @@
 # tandem control plane: gateway, router and planner. No model weights run here, but the gateway's tokenizer
-# stack and the `tandem` CLI import torch, so it carries the CPU build of torch. The planner's compose connector
-# runs `docker compose` against the host's Docker socket: the CLI and its compose plugin come from
+# stack and the `tandem` CLI import torch, so it carries the CPU build of torch. The scaler service
+# runs `docker compose` against the host's Docker socket for the planner: the CLI and its compose plugin come from
 # DOCKER_CLI_IMAGE (Docker's own image by default; offline, any image with the two at the same paths).
 # Build from the repository root: docker build -f docker/control-plane.Dockerfile .
 # Offline builds: as in worker-cpu.Dockerfile (BASE_IMAGE, TORCH_WHEELS, the `ca_bundle` secret).
@@ -49,10 +49,16 @@ RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && pip install --no-deps -e . \
  && python -m services.common.protos --force \
- && python -c "import services.gateway.server, services.router.server, services.planner.server"
+ && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server"
 
+# a fresh named volume mounted on one of these takes its owner and mode: the scaler writes its token, compose's
+# `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls;
+# the gateway its SQLite response store
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
- && mkdir -p /cache && chown tandem:tandem /cache
+ && mkdir -p /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
+    /pki/prefill /pki/decode \
+ && chown tandem:tandem /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki /pki/* \
+ && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/*
 USER tandem
 EXPOSE 8000 50051 50071 9464
 CMD ["tandem", "serve", "gateway"]

@@ -54,7 +54,8 @@ RUN --mount=type=secret,id=ca_bundle \
  && python -c "import services.prefill.server, services.decode.server, tandem.models.fetch"
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
- && mkdir -p /cache && chown tandem:tandem /cache
+ && mkdir -p /cache /etc/tandem/tls && chown tandem:tandem /cache /etc/tandem/tls \
+ && chmod 0700 /etc/tandem/tls
 USER tandem
 EXPOSE 50061 9464
 CMD ["tandem", "serve", "decode"]

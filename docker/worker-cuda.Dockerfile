@@ -37,7 +37,8 @@ RUN pip install --no-deps -e . \
  && python -c "import torch, services.prefill.server, services.decode.server; assert torch.version.cuda, torch.__version__"
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
- && mkdir -p /cache && chown tandem:tandem /cache
+ && mkdir -p /cache /etc/tandem/tls && chown tandem:tandem /cache /etc/tandem/tls \
+ && chmod 0700 /etc/tandem/tls
 USER tandem
 EXPOSE 50061 9464
 CMD ["tandem", "serve", "decode", "--device", "cuda"]

@@ -32,6 +32,10 @@ RUN pip install --no-deps -e . \
  && python -m services.common.protos --force \
  && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import engines.trtllm, services.prefill.server, services.decode.server"
 
-RUN mkdir -p /cache
+# NVIDIA's image runs as root; tandem's worker does not need to (its MPI and UCX run unprivileged)
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
+ && mkdir -p /cache /etc/tandem/tls && chown tandem:tandem /cache /etc/tandem/tls \
+ && chmod 0700 /etc/tandem/tls
+USER tandem
 EXPOSE 50061 9464
 CMD ["tandem", "serve", "decode", "--engine", "trtllm", "--device", "cuda"]

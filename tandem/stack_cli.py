@@ -10,6 +10,7 @@ SERVICES = {
     "prefill": "services.prefill.server",
     "decode": "services.decode.server",
     "planner": "services.planner.server",
+    "scaler": "services.scaler.server",
 }
 
 

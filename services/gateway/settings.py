@@ -24,6 +24,7 @@ class GatewaySettings:
     router_address: str = "127.0.0.1:50051"
     route_model: str = ""  # the model as workers register it with the router; "" = model_dir as given
     api_keys: tuple[str, ...] = ()  # empty = no authentication
+    api_keys_file: str = ""  # or the keys from this file (a mounted Secret): one per line or comma-separated
     max_body_bytes: int = 1 << 20
     max_inflight: int = 256
     request_timeout_s: float = 600.0
@@ -90,7 +91,20 @@ def _check_store(s: GatewaySettings) -> None:
 
 
 def _keys(raw: str) -> tuple[str, ...]:
-    return tuple(k.strip() for k in raw.split(",") if k.strip())
+    return tuple(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip() and not k.strip().startswith("#"))
+
+
+def _keys_from_file(path: str, inline: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys a Secret mounted as a file holds; a file that names none would silently turn authentication off."""
+    if inline:
+        raise SettingsError("give the API keys either inline (TANDEM_API_KEYS) or as a file (TANDEM_API_KEYS_FILE)")
+    try:
+        keys = _keys(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"TANDEM_API_KEYS_FILE: {exc}") from None
+    if not keys:
+        raise SettingsError(f"TANDEM_API_KEYS_FILE {path} names no key (unset the variable to run without keys)")
+    return keys
 
 
 # field -> (environment variable, cast); CLI flags are the field names with dashes
@@ -102,6 +116,7 @@ _ENV = {
     "router_address": ("TANDEM_ROUTER_ADDRESS", str),
     "route_model": ("TANDEM_GATEWAY_ROUTE_MODEL", str),
     "api_keys": ("TANDEM_API_KEYS", _keys),
+    "api_keys_file": ("TANDEM_API_KEYS_FILE", str),
     "max_body_bytes": ("TANDEM_GATEWAY_MAX_BODY_BYTES", int),
     "max_inflight": ("TANDEM_GATEWAY_MAX_INFLIGHT", int),
     "request_timeout_s": ("TANDEM_GATEWAY_REQUEST_TIMEOUT_S", float),
@@ -130,6 +145,8 @@ def from_env(**overrides) -> GatewaySettings:
         default = f.default if f.name != "model_dir" else ""
         values[f.name] = env(name, default, cast)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values["api_keys_file"]:  # NOTE: read once, at start-up; a new key needs a restart (a rollout on k8s)
+        values["api_keys"] = _keys_from_file(values["api_keys_file"], values["api_keys"])
     return GatewaySettings(**values)
 
 

@@ -1,5 +1,5 @@
 """Builds the planner's connector and observation source from its settings. Wiring only."""
-from services.planner.connectors.compose import ComposeConnector, ComposeProject
+from services.planner.connectors.compose import ComposeConnector, ComposeProject, scaler_client
 from services.planner.connectors.local import LocalConnector
 from services.planner.settings import PlannerSettings
 from services.planner.sources import PrometheusSource, RouterSource
@@ -12,7 +12,8 @@ def make_connector(s: PlannerSettings):
         return LocalConnector(s.local_control_url)
     if s.connector == "compose":
         services = {WorkerRole.PREFILL: s.compose_prefill_service, WorkerRole.DECODE: s.compose_decode_service}
-        return ComposeConnector(ComposeProject(s.compose_command, s.compose_file, s.compose_project, services))
+        project = ComposeProject(s.scaler_url, s.compose_project, services)
+        return ComposeConnector(project, scaler_client(s.scaler_url, s.scaler_token_file))
     from services.planner.connectors.kubernetes import KubernetesConnector, KubernetesTarget, load_apis, own_namespace
 
     names = {WorkerRole.PREFILL: s.k8s_prefill_deployment, WorkerRole.DECODE: s.k8s_decode_deployment}

@@ -49,8 +49,8 @@ class PlannerSettings:
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
     connector_backoff_s: float = 1.0
     local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
-    compose_command: str = "docker compose"
-    compose_file: str = "compose.yaml"
+    scaler_url: str = ""  # connector compose: the scaler service that alone runs docker, e.g. http://scaler:8081
+    scaler_token_file: str = ""  # the scaler's bearer token (its volume, mounted read-only)
     compose_project: str = ""
     compose_prefill_service: str = "prefill"
     compose_decode_service: str = "decode"
@@ -68,6 +68,9 @@ class PlannerSettings:
         if self.connector == "virtual":
             raise SettingsError("connector virtual is the simulator's: use `tandem sim --planner sla`")
         _one_of("connector", self.connector, LIVE_CONNECTORS)
+        if self.connector == "compose" and not (self.scaler_url and self.scaler_token_file and self.compose_project):
+            raise SettingsError("connector compose needs the scaler: TANDEM_PLANNER_SCALER_URL, "
+                                "TANDEM_PLANNER_SCALER_TOKEN_FILE and TANDEM_PLANNER_COMPOSE_PROJECT")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
         for name in ("slo_ttft_s", "slo_itl_s", "adjustment_interval_s", "tick_s", "connector_backoff_s",

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.planner.connectors.compose import parse_ps
+from services.scaler.compose_cli import parse_ps
 
 LOG_LINES = 30
 

@@ -1,5 +1,6 @@
 """compose.yaml for real: the images built, the CPU stack up in containers (`up --wait`), chats answered through the
-published port, every service's /metrics, decode scaled by hand and by the planner through the Docker socket,
+published port, every service's /metrics, decode scaled by hand and by the planner through the scaler (the only
+service holding the Docker socket, which refuses a caller without its token),
 decode containers killed under load with no request lost, and `down -v` leaving nothing.
 
 Skipped (with the reason) where no Docker engine answers, unless TANDEM_REQUIRE_DOCKER=1 (CI) makes that a failure.
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.timeout(3600)
 # the planner in a hurry: 2 s ticks, a 10 s model interval, quick to shrink
 PLANNER_ENV = {"TANDEM_PLANNER_TICK_S": "2", "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "10",
                "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "15", "TANDEM_PLANNER_UP_TICKS": "2",
-               "TANDEM_PLANNER_DOWN_TICKS": "3", "TANDEM_PLANNER_DOWN_STABILIZATION": "1",
-               "TANDEM_CPU_THREADS_PER_WORKER": "1"}  # read by the planner's own `docker compose` for new workers
+               "TANDEM_PLANNER_DOWN_TICKS": "3", "TANDEM_PLANNER_DOWN_STABILIZATION": "1"}
 # SLOs nothing misses until the planner's own test tightens them (the planner is recreated with those)
 STACK_ENV = {"TANDEM_CPU_THREADS_PER_WORKER": "1", "TANDEM_PLANNER_SLO_ITL_S": "60", "TANDEM_PLANNER_SLO_TTFT_S": "600",
              "TANDEM_PLANNER_MIN_PREFILL": "1", "TANDEM_PLANNER_MAX_PREFILL": "1",
@@ -56,7 +56,7 @@ def stack(tmp_path_factory):
         pytest.skip(problem)
     gateway_port, prometheus_port = free_ports(2)
     env = {**STACK_ENV, "TANDEM_GATEWAY_PORT": str(gateway_port), "PROMETHEUS_PORT": str(prometheus_port),
-           "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid)}
+           "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid), "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(8)}
     compose = Compose(compose_files(tmp_path_factory.mktemp("compose")), f"tandem-test-{secrets.token_hex(3)}",
                       env, REPO)
     try:
@@ -114,11 +114,36 @@ async def load(gateway: str, total: int, concurrency: int, during=None, max_toke
     return outcomes
 
 
+CREDENTIALS: dict[str, grpc.ChannelCredentials] = {}
+
+
+def planner_credentials(compose: Compose) -> grpc.ChannelCredentials:
+    """The planner's certificate (an admin identity: ListWorkers), read from its container: every gRPC port of the
+    stack runs mutual TLS, and a caller without a certificate from the stack's CA is refused."""
+    def read(name: str) -> bytes:
+        return compose.run("exec", "-T", "planner", "cat", f"/etc/tandem/tls/{name}", timeout_s=60).encode()
+
+    return grpc.ssl_channel_credentials(read("ca.crt"), read("tls.key"), read("tls.crt"))
+
+
 def decode_workers(compose: Compose) -> list[str]:
     router = next(c for c in compose.containers("router") if c["State"] == "running")
-    with grpc.insecure_channel(f"{address(router['ID'])}:50051") as channel:
+    if compose.project not in CREDENTIALS:  # the certs volume outlives every container: read it once
+        CREDENTIALS[compose.project] = planner_credentials(compose)
+    credentials = CREDENTIALS[compose.project]
+    options = [("grpc.ssl_target_name_override", "tandem")]  # every certificate names "tandem"
+    with grpc.secure_channel(f"{address(router['ID'])}:50051", credentials, options) as channel:
         reply = router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return sorted(w.worker.address for w in reply.workers if w.worker.role == common_pb2.WORKER_ROLE_DECODE)
+
+
+def test_the_router_refuses_a_caller_without_a_certificate(stack):
+    router = next(c for c in stack["compose"].containers("router") if c["State"] == "running")
+    with grpc.insecure_channel(f"{address(router['ID'])}:50051") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            router_pb2_grpc.RouterStub(channel).ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # no TLS handshake, no answer
+    assert len(decode_workers(stack["compose"])) == 1  # the planner's certificate is answered
 
 
 def metrics(container: str, port: int = 9464) -> dict[str, float]:
@@ -170,7 +195,25 @@ def test_every_service_serves_metrics_and_prometheus_scrapes_them(stack):
          "Prometheus scraping every tandem service")
 
 
-def test_the_planner_scales_decode_through_the_docker_socket_under_a_spike_and_back(stack):
+def test_the_scaler_refuses_a_caller_without_its_token_or_outside_its_allow_list(stack):
+    compose = stack["compose"]
+    [scaler] = running(compose, "scaler")
+    url = f"http://{address(scaler['ID'])}:8081"
+    body = {"project": compose.project, "service": "decode", "replicas": 2}
+    assert httpx.post(f"{url}/v1/scale", json=body, timeout=10).status_code == 401
+    token = compose.run("exec", "-T", "scaler", "cat", "/var/lib/tandem/scaler/token").strip()
+    auth = {"Authorization": f"Bearer {token}"}
+    for service, replicas in (("gateway", 0), ("router", 3), ("decode", 99)):
+        reply = httpx.post(f"{url}/v1/scale", json={**body, "service": service, "replicas": replicas}, headers=auth,
+                           timeout=10)
+        assert reply.status_code in (403, 422), reply.text
+    reply = httpx.get(f"{url}/v1/replicas", params={"project": compose.project, "service": "decode"}, headers=auth,
+                      timeout=60)
+    assert reply.status_code == 200 and reply.json()["services"]["decode"]["ready"] == 1, reply.text
+    assert len(running(compose, "gateway")) == 1 and len(running(compose, "decode")) == 1
+
+
+def test_the_planner_scales_decode_through_the_scaler_under_a_spike_and_back(stack):
     compose, gateway = stack["compose"], stack["gateway"]
     assert len(running(compose, "decode")) == 1
     compose.env.update(TIGHT_SLO)

@@ -11,13 +11,15 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "compose.yaml"
 OBSERVABILITY = REPO / "observability"
 
-_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?[-?]([^}]*))?\}|\$(\w+)")
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?([-?])([^}]*))?\}|\$(\w+)")
 
 
 def interpolate(value):
-    """Compose's interpolation with an empty environment: ${VAR:-default} -> default, $$ -> $."""
+    """Compose's interpolation with an empty environment: ${VAR:-default} -> default, ${VAR:?error} -> "" (compose
+    itself refuses the file then), $$ -> $."""
     if isinstance(value, str):
-        return _VARIABLE.sub(lambda m: "$" if m.group(0) == "$$" else (m.group(2) or ""), value)
+        return _VARIABLE.sub(lambda m: "$" if m.group(0) == "$$" else (m.group(3) if m.group(2) == "-" else ""),
+                             value)
     if isinstance(value, list):
         return [interpolate(v) for v in value]
     if isinstance(value, dict):
@@ -75,5 +77,8 @@ def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.Monk
         from services.planner.server import build_parser as planner_parser
         from services.planner.settings import settings_from as planner_settings
         return planner_settings(planner_parser().parse_args(rest))
+    if args.service == "scaler":
+        from services.scaler.settings import parse_args as scaler_args
+        return scaler_args(rest)
     from services.common.worker_settings import parse_worker_settings
     return parse_worker_settings(args.service, rest)

@@ -3,6 +3,7 @@ and name, and a container's environment and command as the kubelet would build t
 downward API, $(VAR) references), so tandem's own parsers can read what a pod would run."""
 import base64
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -19,6 +20,8 @@ LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes
 # what the downward API gives a pod of these tests
 POD = {"metadata.name": "tandem-decode-5d8f7c9b6d-x2x7q", "metadata.namespace": "tandem", "status.podIP": "10.1.2.3"}
 _REFERENCE = re.compile(r"\$\$|\$\((\w+)\)")
+# the Secrets an operator makes before applying an overlay that does not render them (the README's commands)
+OPERATOR_SECRETS = {"tandem-api-keys": {"keys": "sk-operator-1\nsk-operator-2\n"}}
 
 
 @cache
@@ -79,6 +82,23 @@ def container_env(overlay: str | Path, container: dict, secrets: dict[str, dict[
         else:
             key = ref["configMapKeyRef"]
             env[var["name"]] = _data(overlay, "ConfigMap", key["name"], secrets)[key["key"]]
+    return _with_secret_files(overlay, container, env, secrets)
+
+
+def _with_secret_files(overlay, container: dict, env: dict[str, str], secrets) -> dict[str, str]:
+    """Each Secret volume the container mounts, written to a temporary folder (the operator's Secrets from
+    `secrets`, else OPERATOR_SECRETS); a variable naming a file under its mountPath then names that copy."""
+    volumes = {v["name"]: v for o in objects(overlay) if o["kind"] == "Deployment"
+               for c in all_containers(o["spec"]["template"]["spec"]) if c is container
+               for v in o["spec"]["template"]["spec"].get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes.get(mount["name"], {}).get("secret")
+        if secret is None:
+            continue
+        data = _data(overlay, "Secret", secret["secretName"], secrets or OPERATOR_SECRETS)
+        folder = _secret_folder(tuple(sorted(data.items())))
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        env = {k: str(folder / v[len(prefix):]) if v.startswith(prefix) else v for k, v in env.items()}
     return env
 
 
@@ -94,3 +114,11 @@ def _data(overlay, kind: str, name: str, secrets) -> dict[str, str]:
     if kind == "Secret":
         return {k: base64.b64decode(v).decode() for k, v in found.get("data", {}).items()}
     return dict(found.get("data", {}))
+
+
+@cache
+def _secret_folder(items: tuple[tuple[str, str], ...]) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="tandem-secret-"))
+    for key, value in items:
+        (folder / key).write_text(value)
+    return folder

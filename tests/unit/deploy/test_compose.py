@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.common.settings import SettingsError
 from tests.unit.deploy.helpers import COMPOSE_FILE, REPO, check_command, environment, is_one_shot, load_compose
@@ -130,6 +131,22 @@ def test_published_host_ports_are_unique_and_scalable_services_publish_none():
     assert {"8000", "3000", "9090"} <= set(seen)
     for name in SCALABLE:
         assert "ports" not in SERVICES[name] and "container_name" not in SERVICES[name], name
+
+
+def test_published_ports_listen_on_loopback_unless_the_bind_address_opens_them():
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    published = [(name, str(port)) for name, s in raw.items() for port in s.get("ports", [])]
+    assert len(published) >= 3
+    for name, spec in published:
+        assert spec.startswith("${TANDEM_BIND_ADDRESS:-127.0.0.1}:"), f"{name}: {spec} publishes on every interface"
+    for name, spec in ((n, str(p)) for n, s in SERVICES.items() for p in s.get("ports", [])):
+        assert spec.startswith("127.0.0.1:"), name
+
+
+def test_dockerignore_keeps_secrets_and_caches_out_of_images():
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".env", ".env.*", ".cache", "certs", "**/*.key", "**/*.pem", "**/kv-signing.key"} <= ignored
 
 
 def test_every_long_running_service_has_a_healthcheck():
@@ -298,8 +315,8 @@ def test_every_copied_path_exists_and_survives_dockerignore():
                if line.strip() and not line.startswith("#")]
     for required in (".venv", ".cache", ".git", "tandem/v1"):
         assert required in ignored, f".dockerignore must leave out {required}"
-    dockerfiles = {_dockerfile(n) for n in SERVICES if "build" in SERVICES[n]}
-    assert len(dockerfiles) == 4  # control plane, CPU, CUDA, TensorRT-LLM
+    dockerfiles = {_dockerfile(n) for n in SERVICES if SERVICES[n].get("build", {}).get("context") == "."}
+    assert len(dockerfiles) == 4  # control plane, CPU, CUDA, TensorRT-LLM (Redis builds from docker/ alone)
     for path in dockerfiles:
         for op, rest in _instructions(path):
             if op != "COPY" or rest.startswith("--from"):
@@ -338,6 +355,7 @@ def _compose_cli() -> list[str]:
 def test_docker_compose_config_accepts_the_file_in_every_profile():
     cli = _compose_cli()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "GRAFANA_", "PROMETHEUS_"))}
+    env["GRAFANA_ADMIN_PASSWORD"] = "s3cret"
     for profiles in ([], ["gpu"], ["trtllm"]):
         flags = [f for p in profiles for f in ("--profile", p)]
         out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), *flags, "config", "--format", "json"],
@@ -352,14 +370,34 @@ def test_docker_compose_config_accepts_the_file_in_every_profile():
             assert service.get("environment", {}) == _with_project(environment(SERVICES[name]), config["name"]), name
 
 
+def test_docker_compose_refuses_the_file_without_grafanas_admin_password_and_opens_ports_on_request():
+    cli = _compose_cli()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "GRAFANA_", "PROMETHEUS_"))}
+    out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True, timeout=60,
+                         cwd=REPO, env=env)
+    assert out.returncode != 0 and "set GRAFANA_ADMIN_PASSWORD" in out.stderr, out.stderr
+    for bind, expected in (("", "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
+        opened = {**env, "GRAFANA_ADMIN_PASSWORD": "s3cret", **({"TANDEM_BIND_ADDRESS": bind} if bind else {})}
+        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "config", "--format", "json"], capture_output=True,
+                             text=True, timeout=60, cwd=REPO, env=opened)
+        assert out.returncode == 0, out.stderr
+        services = json.loads(out.stdout)["services"]
+        ips = {p["host_ip"] for s in services.values() for p in s.get("ports", [])}
+        assert ips == {expected}, (bind, ips)
+
+
 def _with_project(env: dict[str, str], project: str) -> dict[str, str]:
-    """compose sets COMPOSE_PROJECT_NAME itself (-p, else the folder's name): the planner scales that project."""
-    return {k: project if k == "TANDEM_PLANNER_COMPOSE_PROJECT" else v for k, v in env.items()}
+    """compose sets COMPOSE_PROJECT_NAME itself (-p, else the folder's name): the planner scales that project.
+    The required Grafana password is the one the test gave."""
+    given = {"TANDEM_PLANNER_COMPOSE_PROJECT": project, "TANDEM_SCALER_PROJECT": project,
+             "GF_SECURITY_ADMIN_PASSWORD": "s3cret", "GRAFANA_ADMIN_PASSWORD": "s3cret"}
+    return {k: given.get(k, v) for k, v in env.items()}
 
 
 def test_the_planner_scales_the_project_compose_runs_whatever_the_folder(tmp_path):
     cli = _compose_cli()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "COMPOSE_"))}
+    env["GRAFANA_ADMIN_PASSWORD"] = "s3cret"
     for args, project in ((["-p", "newcomer"], "newcomer"), ([], tmp_path.name.lower())):
         out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), *args, "config",
                               "--format", "json"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
@@ -367,6 +405,7 @@ def test_the_planner_scales_the_project_compose_runs_whatever_the_folder(tmp_pat
         config = json.loads(out.stdout)
         assert config["name"] == project
         assert config["services"]["planner"]["environment"]["TANDEM_PLANNER_COMPOSE_PROJECT"] == project
+        assert config["services"]["scaler"]["environment"]["TANDEM_SCALER_PROJECT"] == project
 
 
 def test_workers_get_time_to_drain_before_docker_kills_them():

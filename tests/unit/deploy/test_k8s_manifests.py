@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from services.common.settings import SettingsError
 from services.common.worker_base import SETTLE_S
 from services.planner.connectors.kubernetes import API_CALLS
 from tests.unit.deploy.helpers import REPO, check_command
@@ -192,8 +193,11 @@ def test_every_container_has_startup_readiness_and_cheap_liveness_probes(overlay
         # ready = the router answers and lists a decode worker; alive asks nothing of anyone else
         assert paths == {"startup": ("/health", "http"), "readiness": ("/ready", "http"),
                          "liveness": ("/health", "http")}
-    else:
-        assert {kind: p["grpc"] for kind, p in probes.items()} == {kind: {"port": s.port} for kind in probes}
+    else:  # the kubelet's gRPC probe speaks no TLS: the images' healthcheck dials with the pod's certificate
+        check = ["python", "/opt/tandem/docker/healthcheck.py", "grpc", f"127.0.0.1:{s.port}"]
+        assert probes["startup"]["exec"]["command"] == probes["readiness"]["exec"]["command"] == check
+        assert probes["startup"]["timeoutSeconds"] >= 5 and probes["readiness"]["timeoutSeconds"] >= 5
+        assert probes["liveness"]["tcpSocket"] == {"port": s.port}  # cheap: the port accepts a connection
     allowed_s = probes["startup"]["periodSeconds"] * probes["startup"]["failureThreshold"]
     if role in WORKER_ROLES:  # loading the model, and on GPUs compiling kernels
         assert allowed_s >= (3600 if overlay in GPU_OVERLAYS else 1800), allowed_s
@@ -235,7 +239,7 @@ def test_the_planner_role_grants_exactly_the_calls_its_connector_makes(overlay, 
     planner = settings(overlay, "planner", monkeypatch)
     workers = {planner.k8s_prefill_deployment, planner.k8s_decode_deployment}
     assert workers == {f"tandem-{role}" for role in WORKER_ROLES} <= set(of_kind(overlay, "Deployment"))
-    (role,) = of_kind(overlay, "Role").values()
+    role = of_kind(overlay, "Role")["tandem-planner"]
     granted = set()
     for rule in role["rules"]:
         for resource in rule["resources"]:
@@ -248,8 +252,9 @@ def test_the_planner_role_grants_exactly_the_calls_its_connector_makes(overlay, 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_only_the_planner_holds_an_api_token_bound_to_its_role(overlay, monkeypatch):
-    (binding,) = of_kind(overlay, "RoleBinding").values()
-    (role,) = of_kind(overlay, "Role")
+    """(and the tandem-certs Job's pod, which creates the TLS Secrets: tests/unit/deploy/test_k8s_security.py)"""
+    assert set(of_kind(overlay, "Role")) == set(of_kind(overlay, "RoleBinding")) == {"tandem-planner", "tandem-certs"}
+    binding, role = of_kind(overlay, "RoleBinding")["tandem-planner"], "tandem-planner"
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}
     account = pod_spec(overlay, "planner")["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "tandem"}]
@@ -321,17 +326,23 @@ def test_a_setting_change_rolls_exactly_the_pods_that_read_it(tmp_path):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_api_keys_come_from_a_secret(overlay, monkeypatch):
-    (ref,) = [v["valueFrom"]["secretKeyRef"] for v in main_container(overlay, "gateway")["env"]
-              if v["name"] == "TANDEM_API_KEYS"]
-    assert not ref.get("optional")  # no keys only when the operator says so
+def test_api_keys_come_from_a_secret_mounted_as_a_file(overlay, monkeypatch):
+    container, spec = main_container(overlay, "gateway"), pod_spec(overlay, "gateway")
+    assert not any(v["name"].startswith("TANDEM_API_KEYS") for v in container.get("env", []))  # not in the env
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+    assert mount["readOnly"] and volume["secret"]["secretName"].startswith("tandem-api-keys")
+    assert not volume["secret"].get("optional") and volume["secret"]["defaultMode"] == 0o440
     generated = [name for name in of_kind(overlay, "Secret") if name.startswith("tandem-api-keys")]
     assert len(generated) == (1 if overlay == "cpu" else 0)  # elsewhere the operator's own Secret
-    keys = {ref["name"]: {"TANDEM_API_KEYS": "key-1,key-2"}}
-    if overlay != "cpu":
-        assert settings(overlay, "gateway", monkeypatch, keys).api_keys == ("key-1", "key-2")
-    else:
+    if overlay == "cpu":  # a cluster to try it on: no keys, said so by the setting, not by an empty file
         assert settings(overlay, "gateway", monkeypatch).api_keys == ()
+        return
+    keys = {volume["secret"]["secretName"]: {"keys": "key-1\nkey-2\n"}}
+    parsed = settings(overlay, "gateway", monkeypatch, keys)
+    assert parsed.api_keys == ("key-1", "key-2") and parsed.api_keys_file.endswith("/keys")
+    with pytest.raises(SettingsError, match="names no key"):
+        settings(overlay, "gateway", monkeypatch, {volume["secret"]["secretName"]: {"keys": "\n"}})
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.unit.deploy.helpers import OBSERVABILITY, REPO, environment, load_compose
+from tests.unit.deploy.helpers import COMPOSE_FILE, OBSERVABILITY, REPO, environment, load_compose
 
 DASHBOARD_DIR = OBSERVABILITY / "grafana" / "dashboards"
 PROVISIONING = OBSERVABILITY / "grafana" / "provisioning"
@@ -169,10 +169,13 @@ def test_the_dashboard_provider_reads_the_directory_compose_mounts():
     assert (DASHBOARD_DIR / home.rsplit("/", 1)[1]).is_file()
 
 
-def test_grafana_lets_anonymous_viewers_in_on_port_3000():
+def test_grafana_wants_a_login_and_its_admin_password_from_the_environment():
     env = environment(SERVICES["grafana"])
-    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
-    assert "3000:3000" in SERVICES["grafana"]["ports"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and "GF_AUTH_ANONYMOUS_ORG_ROLE" not in env
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false" and env["GF_USERS_VIEWERS_CAN_EDIT"] == "false"
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["grafana"]["environment"]
+    assert raw["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default: compose refuses
+    assert "127.0.0.1:3000:3000" in SERVICES["grafana"]["ports"]
 
 
 # --- Prometheus, Loki, Tempo, Alloy --------------------------------------------------------------------------

@@ -48,3 +48,24 @@ def test_frozen():
     settings = GatewaySettings(model_dir="/m")
     with pytest.raises(AttributeError):
         settings.port = 1  # type: ignore[misc]
+
+
+def test_api_keys_from_a_file_a_mounted_secret(tmp_path, monkeypatch):
+    from services.gateway.settings import from_env as gateway_from_env
+
+    keys = tmp_path / "keys"
+    keys.write_text("# the operator's keys\nkey-1\n key-2 ,key-3\n\n")
+    monkeypatch.delenv("TANDEM_API_KEYS", raising=False)
+    monkeypatch.setenv("TANDEM_API_KEYS_FILE", str(keys))
+    assert gateway_from_env(model_dir="/m").api_keys == ("key-1", "key-2", "key-3")
+    keys.write_text("\n# none yet\n")
+    with pytest.raises(SettingsError, match="names no key"):
+        gateway_from_env(model_dir="/m")
+    monkeypatch.setenv("TANDEM_API_KEYS_FILE", str(tmp_path / "absent"))
+    with pytest.raises(SettingsError, match="TANDEM_API_KEYS_FILE"):
+        gateway_from_env(model_dir="/m")
+    keys.write_text("key-1\n")
+    monkeypatch.setenv("TANDEM_API_KEYS_FILE", str(keys))
+    monkeypatch.setenv("TANDEM_API_KEYS", "inline")
+    with pytest.raises(SettingsError, match="either inline"):
+        gateway_from_env(model_dir="/m")

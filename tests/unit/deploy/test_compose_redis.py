@@ -1,0 +1,47 @@
+"""The Responses API's shared store in compose.yaml: Redis built here from Debian's package (no registry image), in
+the `redis` profile, on a network only the gateway joins, publishing nothing; the gateway's settings point at it
+when asked (TANDEM_RESPONSE_STORE=redis), and its default SQLite store lives in a writable volume of its own."""
+import pytest
+
+from tests.unit.deploy.helpers import REPO, check_command, environment, load_compose
+
+COMPOSE = load_compose()
+SERVICES = COMPOSE["services"]
+REDIS = SERVICES["redis"]
+
+
+def test_redis_is_built_from_debians_package_in_its_own_profile():
+    assert REDIS["profiles"] == ["redis"] and "image" in REDIS and "build" in REDIS
+    dockerfile = (REPO / REDIS["build"]["context"] / REDIS["build"]["dockerfile"]).read_text()
+    assert "apt-get install" in dockerfile and "redis-server" in dockerfile
+    assert "\nUSER redis\n" in dockerfile and "COPY redis.conf /etc/redis/tandem.conf" in dockerfile
+    assert (REPO / REDIS["build"]["context"] / "redis.conf").is_file()
+    assert REDIS["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"] and REDIS["restart"] == "unless-stopped"
+    assert "redis-data:/data" in REDIS["volumes"] and "redis-data" in COMPOSE["volumes"]
+
+
+def test_only_the_gateway_reaches_redis_and_redis_publishes_nothing():
+    assert "ports" not in REDIS and REDIS["networks"] == {"responses": {}}
+    on_network = sorted(n for n, s in SERVICES.items() if "responses" in (s.get("networks") or []))
+    assert on_network == ["gateway", "redis"]
+    assert COMPOSE["networks"]["responses"]["internal"] is True
+
+
+def test_the_redis_config_listens_for_the_gateway_and_refuses_admin_commands():
+    conf = dict(line.split(None, 1) for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#") and not line.startswith("rename-command"))
+    assert conf["bind"] == "0.0.0.0" and conf["port"] == "6379" and conf["dir"] == "/data"
+    assert conf["appendonly"] == "yes" and conf["maxmemory-policy"] == "volatile-ttl"
+    renamed = {line.split()[1] for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
+               if line.startswith("rename-command")}
+    assert {"FLUSHALL", "FLUSHDB", "CONFIG", "DEBUG", "SHUTDOWN", "MODULE"} <= renamed
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_the_gateway_uses_the_store_it_is_given(store, monkeypatch):
+    env = environment(SERVICES["gateway"]) | ({"TANDEM_RESPONSE_STORE": "redis"} if store == "redis" else {})
+    settings = check_command(SERVICES["gateway"]["command"], env, monkeypatch)
+    assert settings.response_store == store
+    assert settings.redis_url == "redis://redis:6379/0"  # the service's name on the responses network
+    volume = settings.response_store_path.rsplit("/", 1)[0]
+    assert f"gateway-responses:{volume}" in SERVICES["gateway"]["volumes"]  # writable: /cache is read-only
