@@ -64,8 +64,10 @@ class Serving:
             raise errors.ModelNotFoundError(f"The model `{name}` does not exist; this server serves "
                                             f"`{self.model.name}`.", param="model")
 
-    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest]
-                     ) -> Response:
+    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest],
+                     response_id: str | None = None) -> Response:
+        """`response_id`: the id of what the client gets (the Responses API's resp_...), for the logs and the
+        workers' request ids; by default the completion's own."""
         timer = self.metrics.start(route, self.model.name)
         slot: Slot | None = None
         try:
@@ -74,11 +76,12 @@ class Serving:
             self.check_model(req.model)
             slot = self.admission.acquire()
             header = request.headers.get(REQUEST_ID_HEADER)
-            response_id = _response_id(req, header)
+            is_unique = header is None or response_id is not None
+            response_id = response_id or _response_id(req, header)
             timer.request_id = response_id
             current_request_id.set(response_id)  # NOTE: this request's task only; tags its log records
             # NOTE: two clients may send one x-request-id: the workers' ids get a random part so they never collide
-            job, plan = await self._job(req, response_id if header is None else f"{response_id}-{uuid.uuid4().hex[:8]}")
+            job, plan = await self._job(req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}")
             timer.num_prompt_tokens = job.num_prompt_tokens
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
                 response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
