@@ -29,7 +29,9 @@ class GrammarCounters:
 
     num_masks: int = 0  # sampling rows masked (one per constrained token)
     mask_seconds: float = 0.0  # on the grammar thread: feeding the matchers and filling the step's masks
-    wait_seconds: float = 0.0  # on the step thread: blocked on the masks after the forward pass (the exposed cost)
+    # on the step thread (what decode latency pays): starting the step's masks (new matchers, new tokens read) and
+    # waiting for them after the forward pass
+    wait_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -79,12 +81,15 @@ class Grammars:
 
     def start(self, seqs: list) -> MaskJob | None:
         """Begin the masks of one step's sampling sequences (in order); None when none is constrained."""
+        start = time.perf_counter()
         self._forget_finished()
         rows = [(i, self._entry(seq)) for i, seq in enumerate(seqs) if seq.params.structured is not None]
         if not rows:
             return None
         todo = [(entry, i, seq_new_tokens(entry)) for i, entry in rows]  # NOTE: read here, on the step thread
-        return MaskJob(self._thread.submit(self._masks, todo, len(seqs)), self.device, self.counters)
+        job = MaskJob(self._thread.submit(self._masks, todo, len(seqs)), self.device, self.counters)
+        self.counters.wait_seconds += time.perf_counter() - start
+        return job
 
     def _entry(self, seq) -> _Entry:
         entry = self._live.get(seq.req_id)

@@ -76,8 +76,8 @@ class EngineCollector(Collector):
                       s.num_grammar_masks)
         yield counter("tandem_worker_grammar_mask_seconds", "Time filling grammar masks, beside the forward pass",
                       s.grammar_mask_seconds)
-        yield counter("tandem_worker_grammar_wait_seconds", "Time a step waited for its grammar masks after the "
-                      "forward pass", s.grammar_wait_seconds)
+        yield counter("tandem_worker_grammar_wait_seconds", "Step-thread time on grammar masks: starting them, and "
+                      "waiting for them after the forward pass", s.grammar_wait_seconds)
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
         yield from model_server_metrics(s, self._model_name)

@@ -52,7 +52,8 @@ async def read_counters(urls: tuple[str, ...]) -> dict[str, float]:
 
 
 def mask_costs(before: dict[str, float], after: dict[str, float]) -> dict:
-    """Per constrained token: the mask's time on the grammar thread and the time the step waited for it."""
+    """Per constrained token: the mask's time on the grammar thread, and the step thread's (starting it, waiting
+    for it)."""
     masks, fill, wait = (after[name] - before[name] for name in GRAMMAR_COUNTERS)
     per = (lambda seconds: seconds / masks if masks else float("nan"))
     return {"num_masks": int(masks), "mask_s_per_token": per(fill), "wait_s_per_token": per(wait)}

@@ -80,6 +80,8 @@ def test_reasoning_is_split_off_then_content_follows():
     assert ("".join(p.reasoning for p in started), "".join(p.content for p in started)) == ("hmm", "ok")
     plain, _ = _stream(ChoiceSplitter(None, True), ["no thinking here"])
     assert "".join(p.content for p in plain) == "no thinking here"
+    later, _ = _stream(ChoiceSplitter(None, True), ["<think>hm</think>", "\n", "\n", "no", " more"])
+    assert "".join(p.content for p in later) == "no more"  # the blank after </think> goes, in whatever chunks
 
 
 def test_reasoning_then_a_tool_call():
