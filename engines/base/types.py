@@ -198,6 +198,11 @@ class EngineStats:
     onboard_seconds: float = 0.0  # their summed latency, start to the step loop seeing the end
     num_disk_write_errors: int = 0
     prefill_tokens_per_s: float = 0.0  # measured; what a load is weighed against
+    # grammar masks (structured outputs): rows masked, time filling them (beside the forward pass), step-thread time
+    # on them (starting them; waiting for them after the forward pass)
+    num_grammar_masks: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_wait_seconds: float = 0.0
     kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
     kv_disk_bytes_per_s: float = 0.0
 

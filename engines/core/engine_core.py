@@ -308,7 +308,12 @@ class EngineCore:
             num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
             num_generated_tokens=sched.num_generated_tokens,
             **(self.tiering.stats() if self.tiering is not None else {}),
+            **self._grammar_stats(),
         )
+
+    def _grammar_stats(self) -> dict:
+        grammar_stats = getattr(self.runner, "grammar_stats", None)  # a runner that constrains sampling
+        return grammar_stats() if grammar_stats is not None else {}
 
     # -- internals ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence) -> RequestOutput:

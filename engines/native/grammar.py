@@ -24,15 +24,30 @@ class _Entry:
 
 
 @dataclass(slots=True)
+class GrammarCounters:
+    """What the masks cost, summed since start (the worker's metrics and the serving benchmark read them)."""
+
+    num_masks: int = 0  # sampling rows masked (one per constrained token)
+    mask_seconds: float = 0.0  # on the grammar thread: feeding the matchers and filling the step's masks
+    # on the step thread (what decode latency pays): starting the step's masks (new matchers, new tokens read) and
+    # waiting for them after the forward pass
+    wait_seconds: float = 0.0
+
+
+@dataclass(slots=True)
 class MaskJob:
     """The masks of one step's sampling rows, being computed; `wait` gives [num_rows, vocab_size] bool (True:
     allowed) on `device`, None when no row is constrained."""
 
     future: Future
     device: str
+    counters: GrammarCounters
 
     def wait(self) -> torch.Tensor:
-        return self.future.result().to(self.device, non_blocking=True)
+        start = time.perf_counter()
+        allowed = self.future.result()
+        self.counters.wait_seconds += time.perf_counter() - start
+        return allowed.to(self.device, non_blocking=True)
 
 
 class Grammars:
@@ -49,8 +64,7 @@ class Grammars:
         for eos in eos_token_ids:
             self._stop_only[eos // 32] |= np.uint32(1 << (eos % 32))
         self._stop_only = self._stop_only.view(np.int32)
-        self.mask_seconds = 0.0  # summed time the masks took (reported by benchmarks)
-        self.num_masks = 0
+        self.counters = GrammarCounters()
 
     @classmethod
     def maybe_load(cls, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
@@ -67,12 +81,15 @@ class Grammars:
 
     def start(self, seqs: list) -> MaskJob | None:
         """Begin the masks of one step's sampling sequences (in order); None when none is constrained."""
+        start = time.perf_counter()
         self._forget_finished()
         rows = [(i, self._entry(seq)) for i, seq in enumerate(seqs) if seq.params.structured is not None]
         if not rows:
             return None
         todo = [(entry, i, seq_new_tokens(entry)) for i, entry in rows]  # NOTE: read here, on the step thread
-        return MaskJob(self._thread.submit(self._masks, todo, len(seqs)), self.device)
+        job = MaskJob(self._thread.submit(self._masks, todo, len(seqs)), self.device, self.counters)
+        self.counters.wait_seconds += time.perf_counter() - start
+        return job
 
     def _entry(self, seq) -> _Entry:
         entry = self._live.get(seq.req_id)
@@ -100,8 +117,8 @@ class Grammars:
             if entry.matcher.is_error() or entry.matcher.is_stopped():  # NOTE: stop tokens only, never run free
                 bitmask[i] = self._stop_only
         allowed = unpack_bitmask(bitmask, self.vocab_size)
-        self.mask_seconds += time.perf_counter() - start
-        self.num_masks += len(todo)
+        self.counters.mask_seconds += time.perf_counter() - start
+        self.counters.num_masks += len(todo)
         return allowed
 
     def close(self) -> None:

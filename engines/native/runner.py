@@ -50,6 +50,15 @@ class NativeRunner(MovedLoads):
     def kv_cache(self):
         return self.model_runner.kv_cache
 
+    def grammar_stats(self) -> dict:
+        """EngineStats' grammar fields (all 0 when no request was constrained)."""
+        grammars = self.model_runner.grammars
+        if grammars is None:
+            return {}
+        c = grammars.counters
+        return {"num_grammar_masks": c.num_masks, "grammar_mask_seconds": c.mask_seconds,
+                "grammar_wait_seconds": c.wait_seconds}
+
     def launch(self, out: SchedulerOutput) -> _Pending:
         return _Pending(self.model_runner.launch(out))
 

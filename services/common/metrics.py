@@ -72,6 +72,12 @@ class EngineCollector(Collector):
         yield counter("tandem_worker_prompt_tokens", "Prompt tokens computed", s.num_prompt_tokens_computed)
         yield counter("tandem_worker_generated_tokens", "Tokens generated", s.num_generated_tokens)
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
+        yield counter("tandem_worker_grammar_masks", "Sampling rows masked by a grammar (one per constrained token)",
+                      s.num_grammar_masks)
+        yield counter("tandem_worker_grammar_mask_seconds", "Time filling grammar masks, beside the forward pass",
+                      s.grammar_mask_seconds)
+        yield counter("tandem_worker_grammar_wait_seconds", "Step-thread time on grammar masks: starting them, and "
+                      "waiting for them after the forward pass", s.grammar_wait_seconds)
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
         yield from model_server_metrics(s, self._model_name)

@@ -38,6 +38,7 @@ class ChoiceSplitter:
         self.pending = ""  # text not yet emitted
         self.in_calls = False  # the tool parser's marker was seen: the rest is buffered until the end
         self.seen_text = False  # content started (reasoning only opens at the very start)
+        self.has_reasoned = False  # a </think> closed the reasoning
         self.num_calls = 0
 
     def feed(self, text: str) -> MessagePart:
@@ -75,11 +76,14 @@ class ChoiceSplitter:
             end = self.pending.find(THINK_CLOSE)
             if end >= 0:
                 part.reasoning += self.pending[:end]
-                self.pending, self.in_reasoning = self.pending[end + len(THINK_CLOSE):].lstrip(), False
+                self.pending, self.in_reasoning = self.pending[end + len(THINK_CLOSE):], False
+                self.has_reasoned = True
             else:
                 keep = _held(self.pending, THINK_CLOSE)
                 part.reasoning += self.pending[:len(self.pending) - keep]
                 self.pending = self.pending[len(self.pending) - keep:]
+        if self.has_reasoned and not self.seen_text:  # NOTE: the blank between </think> and the answer, in any chunk
+            self.pending = self.pending.lstrip()
         return False
 
     def _content(self, part: MessagePart) -> None:

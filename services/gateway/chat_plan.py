@@ -13,8 +13,10 @@ from services.gateway.tool_calls import (check_tools, forced_spec, render_histor
                                          wants_calls)
 from services.gateway.tool_parsers import ToolParser
 
-# NOTE: what the tools and the reasoning allow of a grammar: it applies after </think>
-_AFTER_THINK = 'start: "<think>" THINK "</think>" /[ \\n]*/ answer\nTHINK: /(?s:.*?)/\nanswer: %s\n'
+# NOTE: what the tools and the reasoning allow of a grammar: it applies after </think>. The reasoning is a lazy
+# lexeme ending at the first </think> (a suffix, so nothing is backtracked); a plain regex there, even `.*?`, would
+# let the text run on past </think> and leave the answer free
+_AFTER_THINK = 'start: "<think>" think /[ \\n]*/ answer\nthink[suffix="</think>"]: /(?s:.*)/\nanswer: %s\n'
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,22 @@ class Job:
     """What every choice of one request shares."""
 
     request_id: str
-    prompt: list[int]
+    prompts: tuple[list[int], ...]  # a completions batch has several: choice i answers prompt i // n
     params: SamplingParams
     n: int = 1
     stop: tuple[str, ...] = ()
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.prompts[0]
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,19 +59,21 @@ OnTokens = Callable[[int, int], None]  # (choice index, number of new tokens)
 def run_job(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job,
             on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
     """Every choice's deltas, interleaved as they come; each choice ends with a finish_reason."""
-    streams = [run_choice(pipeline, tokenizer, job, i, on_tokens) for i in range(job.n)]
+    streams = [run_choice(pipeline, tokenizer, job, i, on_tokens) for i in range(job.num_choices)]
     return streams[0] if len(streams) == 1 else merge(streams)
 
 
 async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job, index: int,
                      on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
-    detokenizer = IncrementalDetokenizer(tokenizer, job.prompt)
+    prompt = job.prompts[index // job.n]
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt)
     stop = StopMatcher(job.stop)
-    req_id, params = f"{job.request_id}-{index}", _choice_params(job.params, index)
+    # NOTE: seeds follow the choice's place among its prompt's n, so a batch answers each prompt as alone
+    req_id, params = f"{job.request_id}-{index}", _choice_params(job.params, index % job.n)
     first_ns, busy_s, num_tokens = 0, 0.0, 0  # for the detokenize span: first delta to last, time spent
     try:
         # NOTE: leaving this block early (a stop string, the client gone) closes the stream: the worker aborts
-        async with aclosing(pipeline.generate(req_id, job.prompt, params)) as stream:
+        async with aclosing(pipeline.generate(req_id, prompt, params)) as stream:
             async for delta in stream:
                 began = time.perf_counter()
                 is_first, first_ns = not first_ns, first_ns or time.time_ns()

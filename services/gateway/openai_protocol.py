@@ -11,6 +11,7 @@ from services.gateway.tool_calls import Tool, ToolCall, ToolChoice
 from services.gateway.errors import InvalidRequestError, from_validation_errors
 
 MAX_N = 16
+MAX_CHOICES = 64  # prompts x n of one completions request, which holds one admission slot
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_TOKENS_LIMIT = 2**32 - 1  # the wire's uint32; the context left after the prompt is checked once it is known
@@ -106,6 +107,9 @@ class _Common(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, strict=True)  # -1 or 0: off
     min_p: float | None = Field(None, ge=0.0, le=1.0)
+    # the output's grammar: OpenAI's response_format, vLLM's structured_outputs (both endpoints, as vLLM)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -144,6 +148,14 @@ class _Common(_Strict):
             raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
         return tuple(sorted(pairs))
 
+    def format_spec(self) -> StructuredSpec | None:
+        """The grammar response_format or structured_outputs asks for (one of them at most)."""
+        specs = [s for s in (_format_spec(self.response_format), _outputs_spec(self.structured_outputs)) if s]
+        if len(specs) > 1:
+            raise InvalidRequestError("response_format and structured_outputs cannot both be set",
+                                      param="structured_outputs")
+        return specs[0] if specs else None
+
     def include_continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
@@ -160,8 +172,6 @@ class ChatCompletionRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
     # known OpenAI fields this server does not implement (see _UNSUPPORTED)
     functions: Any = None
     function_call: Any = None
@@ -186,13 +196,6 @@ class ChatCompletionRequest(_Common):
     def template_messages(self) -> list[dict]:
         return [m.template_dict() for m in self.messages]
 
-    def format_spec(self) -> StructuredSpec | None:
-        """The grammar response_format or structured_outputs asks for (one of them at most)."""
-        specs = [s for s in (_format_spec(self.response_format), _outputs_spec(self.structured_outputs)) if s]
-        if len(specs) > 1:
-            raise InvalidRequestError("response_format and structured_outputs cannot both be set",
-                                      param="structured_outputs")
-        return specs[0] if specs else None
 
 
 def _format_spec(fmt: ResponseFormat | None) -> StructuredSpec | None:
@@ -229,17 +232,16 @@ class CompletionRequest(_Common):
     def num_top_logprobs(self) -> int | None:
         return self.logprobs
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt, as text or token ids; a batch of prompts is refused."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each as text or token ids: one, or a batch (OpenAI answers each with n choices, in order)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) > 1:
-                raise InvalidRequestError("a list of several prompts is not supported; send one request per "
-                                          "prompt (or use n for several completions)", param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list) and not prompt:
+        batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        if not prompt or any(isinstance(p, list) and not p for p in batch):
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        return prompt
+        if len(batch) * self.n > MAX_CHOICES:
+            raise InvalidRequestError(f"{len(batch)} prompts with n={self.n} ask for {len(batch) * self.n} choices; "
+                                      f"at most {MAX_CHOICES} per request", param="prompt")
+        return batch
 
 
 RequestT = TypeVar("RequestT", bound=_Common)

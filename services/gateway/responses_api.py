@@ -57,8 +57,9 @@ class ResponsesApi:
         except (errors.GatewayError, errors.EngineError) as exc:  # NOTE: counted here: chat never saw it
             self.serving.metrics.start(ROUTE, self.serving.model.name).finish(errors.status_of(exc))
             raise
-        chat = await self._run_chat(request, body)
-        start = output.envelope(req, items.new_id("resp"), time.time())
+        response_id = items.new_id("resp")
+        chat = await self._run_chat(request, body, response_id)
+        start = output.envelope(req, response_id, time.time())
         record = {"conversation": conversation, "input_items": items.input_records(new_items)}
         if not req.stream:
             response = output.whole(start, json.loads(chat.body))
@@ -119,9 +120,9 @@ class ResponsesApi:
             log.warning("response store failed: %r", exc)
             raise StoreUnavailableError(f"the response store is unavailable: {type(exc).__name__}") from None
 
-    async def _run_chat(self, request: Request, body: bytes) -> Response:
+    async def _run_chat(self, request: Request, body: bytes, response_id: str) -> Response:
         try:
-            return await self.serving.handle(_inner_request(request, body), ROUTE, ChatCompletionRequest)
+            return await self.serving.handle(_inner_request(request, body), ROUTE, ChatCompletionRequest, response_id)
         except (errors.GatewayError, errors.EngineError) as exc:
             exc.param = _PARAMS.get(exc.param, exc.param)
             raise

@@ -15,6 +15,7 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from engines.base.grammar import grammar_text
 from services.common.logs import request_id as current_request_id
 from services.common.tracing import span
 from services.gateway import errors
@@ -63,8 +64,10 @@ class Serving:
             raise errors.ModelNotFoundError(f"The model `{name}` does not exist; this server serves "
                                             f"`{self.model.name}`.", param="model")
 
-    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest]
-                     ) -> Response:
+    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest],
+                     response_id: str | None = None) -> Response:
+        """`response_id`: the id of what the client gets (the Responses API's resp_...), for the logs and the
+        workers' request ids; by default the completion's own."""
         timer = self.metrics.start(route, self.model.name)
         slot: Slot | None = None
         try:
@@ -73,16 +76,17 @@ class Serving:
             self.check_model(req.model)
             slot = self.admission.acquire()
             header = request.headers.get(REQUEST_ID_HEADER)
-            response_id = _response_id(req, header)
+            is_unique = header is None or response_id is not None
+            response_id = response_id or _response_id(req, header)
             timer.request_id = response_id
             current_request_id.set(response_id)  # NOTE: this request's task only; tags its log records
             # NOTE: two clients may send one x-request-id: the workers' ids get a random part so they never collide
-            job, plan = await self._job(req, response_id if header is None else f"{response_id}-{uuid.uuid4().hex[:8]}")
-            timer.num_prompt_tokens = len(job.prompt)
+            job, plan = await self._job(req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}")
+            timer.num_prompt_tokens = job.num_prompt_tokens
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
                 response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
             if req.stream:
-                usage = _UsageIn(req.include_usage(), req.include_continuous_usage(), len(job.prompt))
+                usage = _UsageIn(req.include_usage(), req.include_continuous_usage(), job.num_prompt_tokens)
                 return await self._stream(request, job, fmt, timer, slot, usage, plan)
             response = await self._whole(request, job, fmt, timer, plan)
             timer.finish(200)
@@ -102,20 +106,28 @@ class Serving:
                 param = "messages"
                 plan = plan_chat(req, self.model.tokenizer.chat_template, self.tool_parser,
                                  self.settings.reasoning_parser == "think")
-                prompt = await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools)
+                prompts = [await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools)]
             else:
-                param, text = "prompt", req.single_prompt()
-                prompt = text if isinstance(text, list) else await self._off_loop(self.model.text_prompt, text)
-            current.set_attribute("tandem.prompt_tokens", len(prompt))
+                param = "prompt"
+                prompts = [p if isinstance(p, list) else await self._off_loop(self.model.text_prompt, p)
+                           for p in req.prompts()]
+            current.set_attribute("tandem.prompt_tokens", sum(map(len, prompts)))
         limit = await self.max_model_len()
-        self.model.check_prompt(prompt, param, limit)
-        max_tokens = self.model.max_new_tokens(len(prompt), req.requested_max_tokens(), limit, req.max_tokens_param())
+        for prompt in prompts:
+            self.model.check_prompt(prompt, param, limit)
+        # NOTE: a batch shares its sampling parameters: the longest prompt bounds max_tokens for all
+        max_tokens = self.model.max_new_tokens(max(map(len, prompts)), req.requested_max_tokens(), limit,
+                                               req.max_tokens_param())
         params = req.sampling_params(max_tokens)
         self.model.check_logit_bias(params.logit_bias)
-        if plan is not None and plan.spec is not None:
-            params = dataclasses.replace(params, structured=plan.spec)
-        log.debug("%s: %d prompt tokens, n=%d, user=%s", request_id, len(prompt), req.n, req.user)
-        return Job(request_id, prompt, params, req.n, req.stop_strings()), plan
+        spec = plan.spec if plan is not None else req.format_spec()
+        if spec is not None:
+            if plan is None:
+                grammar_text(spec)  # NOTE: compiles it once here: a grammar that does not compile is the client's 400
+            params = dataclasses.replace(params, structured=spec)
+        log.debug("%s: %d prompts, %d prompt tokens, n=%d, user=%s", request_id, len(prompts),
+                  sum(map(len, prompts)), req.n, req.user)
+        return Job(request_id, tuple(prompts), params, req.n, req.stop_strings()), plan
 
     async def _off_loop(self, fn: Callable[..., list[int]], *args) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
@@ -130,7 +142,7 @@ class Serving:
 
     async def _whole(self, request: Request, job: Job, fmt, timer: RequestTimer, plan: ChatPlan | None = None
                      ) -> Response:
-        totals = [ChoiceTotal(i) for i in range(job.n)]
+        totals = [ChoiceTotal(i) for i in range(job.num_choices)]
 
         async def collect() -> None:
             async with aclosing(self._deltas(job, timer, plan)) as deltas:
@@ -139,7 +151,7 @@ class Serving:
                     timer.on_cached_tokens(delta.num_cached_tokens)
 
         await until_disconnected(request, collect())
-        return JSONResponse(fmt.whole(totals, len(job.prompt), timer.num_completion_tokens, timer.num_cached_tokens))
+        return JSONResponse(fmt.whole(totals, job.num_prompt_tokens, timer.num_completion_tokens, timer.num_cached_tokens))
 
     async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
                       usage: "_UsageIn", plan: ChatPlan | None = None) -> Response:

@@ -157,6 +157,24 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     add_multiturn_arguments(p)
+    add_structured_arguments(p)
+
+
+def add_structured_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--structured", action="store_true",
+                   help="grammar cost: the same closed-loop load without and with a json_schema, at each "
+                        "--structured-concurrency, in one run (ITL p50 ratio; mask time per token with --metrics-url)")
+    p.add_argument("--structured-concurrency", type=_ints, default=(1, 16), metavar="N,N",
+                   help="--structured: the concurrencies to run at (default 1,16)")
+    p.add_argument("--metrics-url", action="append", default=[],
+                   help="--structured: a worker's /metrics URL to read the grammar mask counters from (repeatable)")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(int(v) for v in text.split(","))
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
 
 
 def add_multiturn_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,6 +206,8 @@ def _seconds(ms: float | None) -> float | None:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
+    if args.structured:
+        return cmd_bench_structured(args)
     try:
         cfg = config_from_args(args)
     except ValueError as exc:
@@ -206,3 +226,25 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         write_json(args.json, report)
         print(f"\nwrote {args.json}")
     return 0 if summary.num_errors == 0 else 1
+
+
+def cmd_bench_structured(args: argparse.Namespace) -> int:
+    from tandem.bench.structured_bench import format_structured, run_structured_sync
+
+    if args.workload != "requests" or args.trace is not None or args.request_rate is not None:
+        raise SystemExit("tandem bench serve: error: --structured runs closed-loop synthetic requests; drop "
+                         "--workload multiturn / --trace / --request-rate")
+    args.concurrency = args.structured_concurrency[0]
+    try:
+        cfg = config_from_args(args)
+        report = run_structured_sync(cfg, args.structured_concurrency, tuple(args.metrics_url), run_serve)
+    except ValueError as exc:
+        raise SystemExit(f"tandem bench serve: error: {exc}") from None
+    except (ServerError, OSError) as exc:
+        raise SystemExit(f"tandem bench serve: error: {exc}") from None
+    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per row")
+    print(format_structured(report))
+    if args.json is not None:
+        write_json(args.json, report | {"config": _config_dict(cfg)})
+        print(f"\nwrote {args.json}")
+    return 0 if all(r["num_errors"] == 0 for r in report["rows"]) else 1

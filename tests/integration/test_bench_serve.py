@@ -82,3 +82,26 @@ def test_overhead_runs_every_phase_with_the_same_load(tmp_path):
     ttft_p50 = {key: p["summary"]["ttft_s"]["p50"] for key, p in phases.items()}
     assert added == pytest.approx(ttft_p50[(1, 1)] - ttft_p50[(1, 0)])
     assert report["host"]["cores"] >= 1 and "target" in run.stdout and "load avg" in run.stdout
+
+def test_structured_runs_plain_and_json_schema_and_reads_the_mask_time(tiny_stack_model, tmp_path):
+    """A native stack (random weights: a grammar holds whatever the model prefers): both modes at two
+    concurrencies, every constrained token masked once, the plain rows never."""
+    out = tmp_path / "structured.json"
+    with running_stack(tiny_stack_model, tmp_path, num_prefill=0) as stack:
+        run = bench_serve("--url", stack.url, "--tokenizer", str(tiny_stack_model), "--structured",
+                          "--structured-concurrency", "1,3", "--num-requests", "3", "--isl", "16", "--osl", "12",
+                          "--metrics-url", stack.metrics_urls["decode-0"], "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    rows = [(r["concurrency"], r["json_schema"], r["num_completed"], r["num_errors"]) for r in report["rows"]]
+    assert rows == [(1, False, 3, 0), (1, True, 3, 0), (3, False, 3, 0), (3, True, 3, 0)]
+    for row in report["rows"]:
+        assert row["num_output_tokens"] == 3 * 12  # ignore_eos: every request makes --osl tokens
+        assert row["num_masks"] == (row["num_output_tokens"] if row["json_schema"] else 0)
+        if row["json_schema"]:
+            assert row["mask_s_per_token"] > 0 and row["wait_s_per_token"] >= 0
+        else:
+            assert row["mask_s_per_token"] is None  # no mask made: no cost per token (NaN, written as null)
+    assert set(report["ratios"]) == {"1", "3"} and all(v > 0 for v in report["ratios"].values())
+    assert report["schema"]["properties"]["story"]["minLength"] == 16 * 12
+    assert "mask µs/token" in run.stdout and "ITL p50 ratio" in run.stdout

@@ -56,11 +56,15 @@ async def test_choice_holds_even_for_random_weights(tiny_llama):
                                                     SamplingParams(max_tokens=20, temperature=1.0, seed=i,
                                                                    structured=spec)))
                 for i in range(4)]
+        stats = engine.stats()
     finally:
         await engine.shutdown()
     for tokens, last in outs:
         assert _text(tiny_llama, tokens) in {"alpha", "beta", "gamma"}
         assert last.finish_reason.value == "stop"
+    # NOTE: one mask per sampled token (the stop token that ended the answer is one of them); timed on both threads
+    assert stats.num_grammar_masks == sum(len(tokens) for tokens, _ in outs)
+    assert stats.grammar_mask_seconds > 0 and stats.grammar_wait_seconds >= 0
 
 
 async def test_a_finished_grammar_with_ignore_eos_only_repeats_stop_tokens_and_hurts_no_one(tiny_llama):

@@ -42,6 +42,16 @@ def test_worker_metrics_read_the_engine_at_scrape_time():
     assert got[("tandem_worker_generated_tokens_total", labels)] == 120
 
 
+def test_worker_exports_the_grammar_mask_counters():
+    m = WorkerMetrics(lambda: stats(num_grammar_masks=40, grammar_mask_seconds=0.25, grammar_wait_seconds=0.01),
+                      lambda: "decode-0", "decode")
+    labels = (("role", "decode"), ("worker_id", "decode-0"))
+    got = samples(m.registry)
+    assert got[("tandem_worker_grammar_masks_total", labels)] == 40
+    assert got[("tandem_worker_grammar_mask_seconds_total", labels)] == 0.25
+    assert got[("tandem_worker_grammar_wait_seconds_total", labels)] == 0.01
+
+
 def test_worker_exports_the_model_server_names_the_inference_extension_reads():
     current = {"stats": stats()}
     m = WorkerMetrics(lambda: current["stats"], lambda: "decode-0", "decode", model_name="SmolLM2")

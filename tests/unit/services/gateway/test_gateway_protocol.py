@@ -83,13 +83,13 @@ def test_cross_field_rules():
 
 
 def test_completion_prompts():
-    assert completion(prompt="hi").single_prompt() == "hi"
-    assert completion(prompt=["hi"]).single_prompt() == "hi"
-    assert completion(prompt=[1, 2, 3]).single_prompt() == [1, 2, 3]
-    assert completion(prompt=[[1, 2]]).single_prompt() == [1, 2]
-    for prompt in (["a", "b"], [[1], [2]], []):
+    assert completion(prompt="hi").prompts() == ["hi"]
+    assert completion(prompt=["hi"]).prompts() == ["hi"]
+    assert completion(prompt=[1, 2, 3]).prompts() == [[1, 2, 3]]
+    assert completion(prompt=[[1, 2]]).prompts() == [[1, 2]]
+    for prompt in ([], [[1], []]):
         with pytest.raises(InvalidRequestError) as info:
-            completion(prompt=prompt).single_prompt()
+            completion(prompt=prompt).prompts()
         assert info.value.param == "prompt"
 
 

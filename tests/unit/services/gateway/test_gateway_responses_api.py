@@ -32,6 +32,8 @@ async def test_a_response_is_the_chat_answer_in_the_responses_shape(responses_st
         assert [p.type for p in item.content] == ["output_text"]
         prompt = prompt_text(s, tokenizer)
         assert prompt.index("Be brief.") < prompt.index("Say hello.")  # instructions: the system message
+        # NOTE: the logs and the workers know the request by the id the client holds, not an inner chatcmpl one
+        assert s.decode.generate_requests[-1].req_id == f"{response.id}-0"
         usage = response.usage
         assert usage.input_tokens == len(s.decode.generate_requests[-1].token_ids)
         assert usage.output_tokens == len(s.decode.tokens) and usage.total_tokens == usage.input_tokens + \
@@ -51,6 +53,7 @@ async def test_a_streamed_response_sends_openais_events_in_order(responses_stack
         final = events[-1].response
         assert final.status == "completed" and final.output_text == REPLY and final.usage.output_tokens > 0
         assert (await s.client.responses.retrieve(final.id)).output_text == REPLY
+        assert s.decode.generate_requests[-1].req_id == f"{final.id}-0"
 
 
 async def test_the_sdk_stream_helper_accumulates_the_final_response(responses_stack):

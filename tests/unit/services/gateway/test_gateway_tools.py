@@ -80,6 +80,8 @@ def test_reasoning_is_split_off_then_content_follows():
     assert ("".join(p.reasoning for p in started), "".join(p.content for p in started)) == ("hmm", "ok")
     plain, _ = _stream(ChoiceSplitter(None, True), ["no thinking here"])
     assert "".join(p.content for p in plain) == "no thinking here"
+    later, _ = _stream(ChoiceSplitter(None, True), ["<think>hm</think>", "\n", "\n", "no", " more"])
+    assert "".join(p.content for p in later) == "no more"  # the blank after </think> goes, in whatever chunks
 
 
 def test_reasoning_then_a_tool_call():
@@ -137,3 +139,22 @@ def test_response_formats_become_specs_that_wrap_after_reasoning():
     assert plan.spec.kind == "grammar" and grammar_text(plan.spec)
     assert chat(response_format={"type": "text"}).format_spec() is None
     assert chat(structured_outputs={"choice": ["y", "n"]}).format_spec().kind == "choice"
+
+
+def test_the_grammar_after_reasoning_holds_from_the_first_close_tag(model_dir):
+    """The reasoning is free up to its first </think>; from there only the answer's grammar is allowed."""
+    from tokenizers import Tokenizer
+
+    plan = plan_chat(chat(structured_outputs={"choice": ["yes", "no"]}), SMOL_TEMPLATE, HermesParser(), True)
+    text = (model_dir / "tokenizer.json").read_text()
+    tokenizer = llguidance.LLTokenizer(text)
+
+    def accepts(*pieces: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, grammar_text(plan.spec))
+        ids = [i for piece in pieces for i in Tokenizer.from_str(text).encode(piece, add_special_tokens=False).ids]
+        return matcher.consume_tokens(ids) and not matcher.is_error()
+
+    assert accepts("<think>", "so < and </thing> and </thin", "ker> are fine</think>", "\n", "yes")
+    assert not accepts("<think>", "hm</think>", "\n", "Paris")  # free text after the close tag
+    assert not accepts("<think>", "hm</think>", "yes", "</think>")
+    assert not accepts("Paris")  # the reasoning opens first
