@@ -61,7 +61,7 @@ def test_slot_depths_equal_the_prefix_index_match(num_workers):
             depths = slots.depths(hashes)
             got = {w: int(d) for w, d in zip(worker_ids, depths[slots.slots_for(worker_ids)]) if d}
             assert got == plain.overlap(hashes)
-    assert len(plain) == len(slots) and set(slots._masks) == set(plain._holders)
+    assert len(plain) == len(slots) and slots.masked_hashes() == set(plain._holders)
 
 
 def test_slot_depths_decline_an_offloaded_prefix_and_free_slots():
