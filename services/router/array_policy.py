@@ -8,7 +8,7 @@ import numpy as np
 
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvTier
-from services.router.array_scoring import pick_row
+from services.router.array_scoring import compile_kernels, pick_row
 from services.router.kv_policy import Clock, KvAwarePolicy, KvPolicyConfig, Rng
 from services.router.load_arrays import GroupArrays
 from services.router.recent_routes import RecentRoutes
@@ -27,6 +27,7 @@ class ArrayKvPolicy(KvAwarePolicy):
         self.index: SlotIndex = index
         self.predicted = RecentRoutes(clock, config.predict_ttl_s)
         self._clock = clock
+        compile_kernels()
 
     def choose_arrays(self, request: RouteInput, group: GroupArrays) -> tuple[str, int] | None:
         """(the chosen worker_id, its cached prompt tokens), recorded as a recent route; None: declined."""
@@ -46,8 +47,8 @@ class ArrayKvPolicy(KvAwarePolicy):
                 predicted[row] = num_blocks
         num_prompt = -(-len(request.token_ids) // block_size)
         row, overlap = pick_row(depths, group.index_slots, predicted, group.queued_tokens, group.inflight_tokens,
-                                group.expires_at, self._clock(), num_prompt, block_size,
-                                self.config.overlap_weight, self.config.inflight_weight)
+                                group.expires_at, float(self._clock()), num_prompt, block_size,
+                                float(self.config.overlap_weight), float(self.config.inflight_weight))
         if row < 0:
             return None
         worker_id = group.worker_ids[row]

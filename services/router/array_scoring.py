@@ -1,6 +1,8 @@
 """The kv cost of every row of a worker group in one compiled loop, and the pick: the same float operations, in the
 same order, and the same tie-break as `KvAwarePolicy` (so the picks are identical). Pure: no I/O, no Python objects.
 """
+import functools
+
 import numba
 import numpy as np
 
@@ -24,3 +26,10 @@ def pick_row(depths, slots, predicted, queued_tokens, inflight_tokens, expires_a
         if best < 0 or cost < best_cost or (cost == best_cost and inflight_tokens[row] < best_inflight):
             best, best_overlap, best_cost, best_inflight = row, overlap, cost, inflight_tokens[row]
     return best, best_overlap
+
+
+@functools.cache
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) `pick_row` now, so no live decision waits for it."""
+    one = np.zeros(1)
+    pick_row(np.zeros(1, np.int64), np.zeros(1, np.intp), np.zeros(1, np.int64), one, one, one, 0.0, 1, 1, 1.0, 1.0)

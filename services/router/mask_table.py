@@ -2,6 +2,7 @@
 so a prompt's prefix depth on every slot is one call with no Python work per block. Pure: no I/O; it knows nothing
 of workers or events (`SlotIndex` maps workers to slots and keeps the table in step with its holders).
 """
+import functools
 import secrets
 from collections.abc import Iterator, Sequence
 
@@ -161,6 +162,18 @@ def _bit_position(power_of_two):
     if v >> np.uint64(1):
         pos += 1
     return pos
+
+
+@functools.cache
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) every kernel now, on a tiny table, so no live decision waits for it."""
+    table = MaskTable(64, 4)
+    for key in (1, 2, 3):
+        table.set(key, 0)
+    table.clear(2, 0)
+    table.clear_slot([1], 0)
+    table.widen()
+    table.depths(np.array([3], _U64), np.zeros(table.num_slots + 1, np.int64))
 
 
 class MaskTable:

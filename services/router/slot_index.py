@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from engines.base.events import KvEvent, KvSnapshot
-from services.router.mask_table import MaskTable
+from services.router.mask_table import MaskTable, compile_kernels
 from services.router.prefix_index import CachedPrefix, PrefixIndex
 
 _MAX_PENDING_TOUCHES = 4096  # decisions whose LRU touch waits for the next event (a bound on what they hold)
@@ -24,6 +24,7 @@ class SlotIndex(PrefixIndex):
 
     def __init__(self, max_entries: int = 1_000_000):
         super().__init__(max_entries)
+        compile_kernels()
         self._table = MaskTable()
         self._slot: dict[str, int] = {}  # worker_id -> its slot
         self._free: list[int] = list(range(self._table.num_slots - 1, -1, -1))

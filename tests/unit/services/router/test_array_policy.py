@@ -77,6 +77,26 @@ def test_slot_depths_decline_an_offloaded_prefix_and_free_slots():
     assert index.depths(hashes)[0] == 3
 
 
+@pytest.mark.parametrize("max_pending", [1, 4096])  # 1: every decision replays the touches before it
+def test_deferred_touches_evict_exactly_as_immediate_ones(monkeypatch, max_pending):
+    monkeypatch.setattr("services.router.slot_index._MAX_PENDING_TOUCHES", max_pending)
+    rng = random.Random(11)
+    prompts = [chain_block_hashes([rng.randrange(50) for _ in range(BS * 6)], BS) for _ in range(12)]
+    plain, slots = PrefixIndex(max_entries=20), SlotIndex(max_entries=20)
+    seq = 0
+    for _ in range(60):
+        for _ in range(rng.randrange(4)):  # decisions touch what they matched, in their order
+            hashes = rng.choice(prompts)
+            plain.match(hashes)
+            slots.depths(hashes)
+        assert len(slots._touches) <= max_pending
+        seq, stored = seq + 1, rng.choice(prompts)[: rng.randrange(1, 7)]
+        for index in (plain, slots):  # STORED evicts the least recently touched
+            index.apply("a", [KvEvent(seq, KvEventKind.STORED, NONE_HASH, tuple(stored))])
+        assert list(slots._holders) == list(plain._holders)  # the same LRU order, so the same evictions
+    assert len(plain) == 20
+
+
 def test_recent_routes_answer_as_the_approximate_index():
     rng, clock = random.Random(3), FakeClock()
     prompts = chains(rng)
