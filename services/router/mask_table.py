@@ -88,11 +88,20 @@ def _remove_row(table, mult, shift, row):
 
 
 @numba.njit(cache=True)
-def _drop_slot(table, mult, shift, keys, word, bit):
-    """Clear one slot's bit on each of `keys`; returns how many rows were freed."""
+def _set_many(table, mult, shift, keys, word, bit):
+    """Set one slot's bit on each of `keys`; returns how many keys were added."""
+    added = 0
+    for i in range(keys.shape[0]):
+        added += _set_bit(table, mult, shift, keys[i], word, bit)
+    return added
+
+
+@numba.njit(cache=True)
+def _clear_many(table, mult, shift, keys, slots):
+    """Clear slot `slots[i]`'s bit on `keys[i]`, for each i; returns how many rows were freed."""
     freed = 0
     for i in range(keys.shape[0]):
-        freed += _clear_bit(table, mult, shift, keys[i], word, bit)
+        freed += _clear_bit(table, mult, shift, keys[i], 1 + slots[i] // 64, np.uint64(1) << np.uint64(slots[i] % 64))
     return freed
 
 
@@ -168,10 +177,8 @@ def _bit_position(power_of_two):
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) every kernel now, on a tiny table, so no live decision waits for it."""
     table = MaskTable(64, 4)
-    for key in (1, 2, 3):
-        table.set(key, 0)
-    table.clear(2, 0)
-    table.clear_slot([1], 0)
+    table.set([1, 2, 3], 0)
+    table.clear([2, 1], [0, 0])
     table.widen()
     table.depths(np.array([3], _U64), np.zeros(table.num_slots + 1, np.int64))
 
@@ -199,19 +206,17 @@ class MaskTable:
         in_use = self._table[:, 1:].any(axis=1)
         return (int(k) for k in self._table[in_use, 0])
 
-    def set(self, key: int, slot: int) -> None:
-        if self._len + 1 > _MAX_LOAD * len(self._table):
+    def set(self, keys: Sequence[int], slot: int) -> None:
+        """Set `slot`'s bit on every one of `keys` (one worker's stored blocks)."""
+        while self._len + len(keys) > _MAX_LOAD * len(self._table):
             self._resize(2 * len(self._table), self._table.shape[1])
-        self._len += _set_bit(self._table, self._mult, self._shift, _U64(key), 1 + slot // 64, _U64(1 << slot % 64))
-
-    def clear(self, key: int, slot: int) -> None:
-        self._len -= _clear_bit(self._table, self._mult, self._shift, _U64(key), 1 + slot // 64,
-                                _U64(1 << slot % 64))
-
-    def clear_slot(self, keys: Sequence[int], slot: int) -> None:
-        """Clear `slot`'s bit on every one of `keys` (a worker forgotten at once)."""
         found = np.fromiter(keys, _U64, len(keys))
-        self._len -= _drop_slot(self._table, self._mult, self._shift, found, 1 + slot // 64, _U64(1 << slot % 64))
+        self._len += _set_many(self._table, self._mult, self._shift, found, 1 + slot // 64, _U64(1 << slot % 64))
+
+    def clear(self, keys: Sequence[int], slots: Sequence[int]) -> None:
+        """Clear slot `slots[i]`'s bit on `keys[i]`, for each i; a mask left empty frees its key."""
+        found, where = np.fromiter(keys, _U64, len(keys)), np.fromiter(slots, np.int64, len(slots))
+        self._len -= _clear_many(self._table, self._mult, self._shift, found, where)
 
     def widen(self) -> None:
         """Twice as many slots per mask (rare: more workers than slots)."""

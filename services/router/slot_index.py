@@ -29,6 +29,8 @@ class SlotIndex(PrefixIndex):
         self._slot: dict[str, int] = {}  # worker_id -> its slot
         self._free: list[int] = list(range(self._table.num_slots - 1, -1, -1))
         self._touches: list[tuple[Sequence[int], int]] = []  # (a prompt's hashes, its deepest cached block)
+        self._stored: list[int] = []  # the blocks of the STORED event being applied, set in the masks at its end
+        self._storing = ""  # whose event that is
         self.epoch = 0
 
     @property
@@ -80,7 +82,8 @@ class SlotIndex(PrefixIndex):
     def remove_worker(self, worker_id: str) -> bool:
         slot = self._slot.get(worker_id)
         if slot is not None:
-            self._table.clear_slot(self._blocks.get(worker_id, ()), slot)
+            held = self._blocks.get(worker_id, ())
+            self._table.clear(held, [slot] * len(held))
         known = super().remove_worker(worker_id)
         if slot is not None:
             del self._slot[worker_id]
@@ -88,26 +91,43 @@ class SlotIndex(PrefixIndex):
             self.epoch += 1
         return known
 
-    # ---- the masks follow `_holders` ----
+    # ---- the masks follow `_holders`, a STORED event's blocks in one call ----
+
+    def _apply_one(self, worker_id: str, event: KvEvent) -> None:
+        self._storing = worker_id
+        super()._apply_one(worker_id, event)
+        self._set_stored(worker_id)
 
     def _store(self, worker_id: str, block_hash: int, bit: int) -> None:
         super()._store(worker_id, block_hash, bit)
-        self._table.set(block_hash, self._slot_of(worker_id))
+        self._stored.append(block_hash)
+
+    def _set_stored(self, worker_id: str) -> None:
+        if self._stored:
+            stored, self._stored = self._stored, []
+            self._table.set(stored, self._slot_of(worker_id))
 
     def _unstore(self, worker_id: str, block_hash: int, bit: int) -> None:
         super()._unstore(worker_id, block_hash, bit)
         holders = self._holders.get(block_hash)
         slot = self._slot.get(worker_id)
         if slot is not None and (holders is None or worker_id not in holders):
-            self._table.clear(block_hash, slot)
+            self._table.clear([block_hash], [slot])
 
     def _evict(self) -> None:
+        if len(self._holders) <= self.max_entries:
+            return
+        # NOTE: only a STORED event evicts, and its own blocks may be among the evicted: their bits go in first
+        self._set_stored(self._storing)
+        keys, slots = [], []
         while len(self._holders) > self.max_entries:
             block_hash, holders = self._holders.popitem(last=False)
             self._offloaded.discard(block_hash)
             for worker_id in holders:
                 self._blocks[worker_id].discard(block_hash)
-                self._table.clear(block_hash, self._slot[worker_id])
+                keys.append(block_hash)
+                slots.append(self._slot[worker_id])
+        self._table.clear(keys, slots)
 
     def _slot_of(self, worker_id: str) -> int:
         slot = self._slot.get(worker_id)

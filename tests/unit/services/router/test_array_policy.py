@@ -178,3 +178,22 @@ def test_hashes_that_do_not_fit_the_prompt_are_refused():
         RouteInput("r", "m", tuple(range(8)), block_hashes=(1, 2, 3), hash_block_size=4).validate()
     with pytest.raises(InvalidArgumentError):
         RouteInput("r", "m", tuple(range(8)), block_hashes=(1, 2), hash_block_size=0).validate()
+
+
+def test_a_route_request_decides_alike_with_its_ids_left_in_the_message():
+    from services.common.protos import router_pb2
+    from services.router.convert import route_input_from_pb
+
+    tokens = list(range(40))
+    msg = router_pb2.RouteRequest(req_id="r", model="m", token_ids=tokens)
+    request = route_input_from_pb(router_pb2.RouteRequest.FromString(msg.SerializeToString()))
+    assert not isinstance(request.token_ids, tuple) and len(request.token_ids) == 40
+    assert chain_block_hashes(request.token_ids, BS) == chain_block_hashes(tokens, BS)
+    clock = FakeClock()
+    cores = [make_core(ArrayKvPolicy(SlotIndex(), clock, config=KvPolicyConfig(block_size=BS)), clock, ["w1", "w2"])
+             for _ in range(2)]
+    for core in cores:
+        core.policy.index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH,
+                                               tuple(chain_block_hashes(tokens[:12], BS)))])
+    a, b = cores[0].route(request), cores[1].route(RouteInput("r", "m", tuple(tokens)))
+    assert (a.decode.worker_id, a.num_cached_tokens) == (b.decode.worker_id, b.num_cached_tokens) == ("w2", 12)

@@ -38,17 +38,17 @@ def test_random_sets_and_clears_match_a_dict_of_sets(seed):
         key, slot = rng.choice(keys), rng.randrange(slots)
         roll = rng.random()
         if roll < 0.55:
-            table.set(key, slot)
+            table.set([key], slot)
             model.setdefault(key, set()).add(slot)
         elif roll < 0.95:
-            table.clear(key, slot)
+            table.clear([key], [slot])
             if slot in model.get(key, ()):
                 model[key].discard(slot)
                 if not model[key]:
                     del model[key]
         else:
             held = [k for k, s in model.items() if slot in s]
-            table.clear_slot(held, slot)
+            table.clear(held, [slot] * len(held))
             for k in held:
                 model[k].discard(slot)
                 if not model[k]:
@@ -63,10 +63,8 @@ def test_random_sets_and_clears_match_a_dict_of_sets(seed):
 
 def test_a_running_and_stops_a_slot_at_its_first_missing_block():
     table = MaskTable()
-    for key in (10, 11, 13):  # slot 0 holds blocks 10, 11 and 13 but not 12
-        table.set(key, 0)
-    for key in (10, 11, 12, 13):
-        table.set(key, 5)
+    table.set([10, 11, 13], 0)  # slot 0 holds blocks 10, 11 and 13 but not 12
+    table.set([10, 11, 12, 13], 5)
     out = np.zeros(table.num_slots + 1, np.int64)
     assert table.depths(np.array([10, 11, 12, 13, 99], np.uint64), out) == 4
     assert out[0] == 2 and out[5] == 4 and out.sum() == 6
