@@ -19,8 +19,8 @@ class SlotIndex(PrefixIndex):
     does, so callers may cache `slots_for`.
 
     NOTE: `depths` defers its LRU touch (a move per block in a 1M-entry OrderedDict) to the next call that reads or
-    changes the LRU order (`apply`, `resync`, `match`, `flush_touches`), replayed in order first, so eviction is
-    exactly as if each touch had been made at once."""
+    changes the LRU order (`apply`, `resync`, `match`), or to `flush_touches` (the servicer's, after its reply),
+    replayed in order, so eviction is exactly as if each touch had been made at once."""
 
     def __init__(self, max_entries: int = 1_000_000):
         super().__init__(max_entries)

@@ -24,6 +24,7 @@ from services.router.kv_policy import KvAwarePolicy, KvPolicyConfig
 from services.router.policy import DisaggregationPolicy
 from services.router.prefix_index import PrefixIndex
 from services.router.registry import Registry
+from services.router.settings import RouterSettings
 from services.router.slot_index import SlotIndex
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
 
@@ -85,7 +86,7 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic,
         index.apply(worker_id, [KvEvent(seqs[worker_id], KvEventKind.STORED, NONE_HASH, tuple(prompt_hashes[:depth]))])
     config = KvPolicyConfig(block_size=cfg.block_size)
     policy = ArrayKvPolicy(index, clock, config=config) if arrays else KvAwarePolicy(index, clock, config=config)
-    core = RouterCore(registry, policy, DisaggregationPolicy())
+    core = RouterCore(registry, policy, DisaggregationPolicy(), RouterSettings().busy)  # the router's defaults
     for worker_id in worker_ids:
         for k in range(cfg.num_inflight):
             registry.add_inflight(f"bg-{worker_id}-{k}", [worker_id], rng.randrange(16384), rng.randrange(4096))
