@@ -36,10 +36,11 @@ class TokenDelta:
 
 
 class Pipeline:
-    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel], *, model: str,
+    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool, *, model: str,
                  request_timeout_s: float,
                  route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None):
-        self._routers = RouterPool(router_channel if isinstance(router_channel, list) else [router_channel])
+        self._routers = router_channel if isinstance(router_channel, RouterPool) else RouterPool(
+            router_channel if isinstance(router_channel, list) else [router_channel])
         self._model = model
         self._max_migrations, self._on_migration = max_migrations, on_migration
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s

@@ -1,12 +1,20 @@
 """The gateway's router replicas: Route calls spread over them in turn and fail over to the next on a transport
 error; a request's Complete and failure reports go to the replica that routed it (its in-flight account lives
-there). One replica behaves as before: a restarting router is waited for. No decisions: routers make them.
+there). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
+when one fails (a replaced pod has a new address). No decisions: routers make them.
 """
+import asyncio
 import itertools
+import logging
+import time
+from collections.abc import Callable
 
 import grpc
 
 from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.router_addresses import RouterAddressError, router_addresses
+
+log = logging.getLogger(__name__)
 
 # NOTE: the router's own refusals (bad request, unknown model, busy) are answers: the next replica would agree
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -14,18 +22,44 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 
 
 class RouterPool:
-    def __init__(self, channels: list[grpc.aio.Channel]):
+    """`resolve` (optional) gives the replicas' current addresses and `connect` a channel to one: after a transport
+    error the pool looks them up again (at most once per `min_resolve_interval_s`) and swaps in what changed."""
+
+    def __init__(self, channels: list[grpc.aio.Channel], resolve: Callable[[], list[str]] | None = None,
+                 connect: Callable[[str], grpc.aio.Channel] | None = None, addresses: list[str] | None = None,
+                 min_resolve_interval_s: float = 1.0):
         if not channels:
             raise ValueError("need at least one router channel")
+        self.channels = dict(zip(addresses or range(len(channels)), channels))  # address -> channel
         self.stubs = [router_pb2_grpc.RouterStub(c) for c in channels]
+        self._resolve, self._connect = resolve, connect
+        self._min_interval_s, self._resolved_at = min_resolve_interval_s, time.monotonic()
+        self._refreshing: asyncio.Task | None = None
         self._turn = itertools.count()
         self._routed_by: dict[str, router_pb2_grpc.RouterStub] = {}  # req_id -> the replica that routed it
 
+    @classmethod
+    def from_addresses(cls, raw: str, connect: Callable[[str], grpc.aio.Channel]) -> "RouterPool":
+        """A comma list of host:port and dns:NAME:PORT entries; DNS names are looked up again after failures."""
+        addresses = router_addresses(raw)
+        resolve = (lambda: router_addresses(raw)) if "dns:" in raw else None
+        return cls([connect(a) for a in addresses], resolve, connect, addresses)
+
     async def route(self, request: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
         """The next replica's answer; on a transport error the one after it, and so on. With one replica, or when
-        all failed, one last call that waits for a replica to be ready (a restart), up to the timeout."""
-        start = next(self._turn) % len(self.stubs)
-        order = self.stubs[start:] + self.stubs[:start]
+        all failed, one last call that waits for a replica to be ready (a restart), up to the timeout. When that
+        fails too and the replicas' addresses have changed since, once more over the new ones."""
+        try:
+            return await self._route(request, timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in FAILOVER_CODES or not await self.refresh():
+                raise
+        return await self._route(request, timeout_s)
+
+    async def _route(self, request: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
+        stubs = self.stubs
+        start = next(self._turn) % len(stubs)
+        order = stubs[start:] + stubs[:start]
         if len(order) > 1:
             for stub in order:
                 try:
@@ -33,12 +67,44 @@ class RouterPool:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in FAILOVER_CODES:
                         raise
+                    self._refresh_soon()
                     continue
                 self._routed_by[request.req_id] = stub
                 return reply
         reply = await order[0].Route(request, timeout=timeout_s, wait_for_ready=True)
         self._routed_by[request.req_id] = order[0]
         return reply
+
+    async def refresh(self) -> bool:
+        """Look the replicas up again (unless done within the interval); True when the set changed."""
+        if self._resolve is None or time.monotonic() - self._resolved_at < self._min_interval_s:
+            return False
+        self._resolved_at = time.monotonic()
+        try:
+            addresses = await asyncio.to_thread(self._resolve)
+        except RouterAddressError as exc:
+            log.warning("router replicas not resolved again: %s", exc)
+            return False
+        if set(addresses) == set(self.channels):
+            return False
+        old = self.channels
+        self.channels = {a: old.get(a) or self._connect(a) for a in addresses}
+        self.stubs = [router_pb2_grpc.RouterStub(c) for c in self.channels.values()]
+        log.info("router replicas now %s", ", ".join(addresses))
+        for address, channel in old.items():
+            if address not in self.channels:
+                await channel.close()
+        return True
+
+    def _refresh_soon(self) -> None:
+        if self._resolve is not None and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.get_running_loop().create_task(self.refresh())
+
+    async def close(self) -> None:
+        if self._refreshing is not None:
+            await asyncio.gather(self._refreshing, return_exceptions=True)
+        for channel in self.channels.values():
+            await channel.close()
 
     def of(self, req_id: str) -> router_pb2_grpc.RouterStub:
         """The replica that routed `req_id` (the first one for a request never routed)."""

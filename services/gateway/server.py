@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, Response
 
 from services.common.grpc_server import make_channel
 from services.common.logs import setup_logging
-from services.common.router_addresses import router_addresses
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
 from services.common.tls import process_tls
@@ -25,6 +24,7 @@ from services.gateway.openapi import build_schema
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses_api import add_routes as add_responses_routes
 from services.gateway.responses_api import make_api as make_responses_api
+from services.gateway.router_pool import RouterPool
 from services.gateway.serving import REQUEST_ID, Serving
 from services.gateway.settings import GatewaySettings, parse_args
 
@@ -43,7 +43,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     serving = Serving(settings, model, admission, metrics)
     responses = make_responses_api(serving)
 
-    def attach(channel: grpc.aio.Channel | list[grpc.aio.Channel]) -> Pipeline:
+    def attach(channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool) -> Pipeline:
         serving.pipeline = Pipeline(channel, model=settings.router_model,
                                     request_timeout_s=settings.request_timeout_s,
                                     route_timeout_s=settings.route_timeout_s, max_migrations=settings.max_migrations,
@@ -55,16 +55,17 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # NOTE: several router replicas (a comma list, or dns:NAME:PORT for all of a name's records): one channel each
-        owned = [make_channel(a) for a in router_addresses(settings.router_address)] if router_channel is None else []
-        if owned:
+        # NOTE: several router replicas (a comma list, or dns:NAME:PORT for all of a name's records, looked up again
+        # when one fails): one channel each
+        owned = RouterPool.from_addresses(settings.router_address, make_channel) if router_channel is None else None
+        if owned is not None:
             attach(owned)
         log.info("gateway for %s, router at %s", model.name, settings.router_address)
         yield
         await serving.close()
         await responses.close()
-        for channel in owned:
-            await channel.close()
+        if owned is not None:
+            await owned.close()
 
     app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")

@@ -23,7 +23,7 @@ class PlannerSettings:
     port: int = 50071  # gRPC (GetPlan); 0 = any free port
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     source: str = "router"  # observed load: the router's and workers' own figures, or "prometheus"
-    router_address: str = "127.0.0.1:50051"
+    router_address: str = "127.0.0.1:50051"  # every router replica: a comma list or dns:NAME:PORT (each is read)
     prometheus_url: str = "http://127.0.0.1:9090"
     prometheus_range_s: float = 30.0  # rates and quantiles over this much of the past (>= 2 scrape intervals)
     connector: str = "local"

@@ -11,6 +11,7 @@ import grpc
 import httpx
 
 from services.common.grpc_server import make_channel
+from services.common.router_addresses import router_addresses
 from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.planner import histograms
 from services.planner.perf_model import Slo
@@ -24,17 +25,19 @@ RPC_TIMEOUT_S = 2.0
 @dataclass(frozen=True, slots=True)
 class _Counters:
     at: float
-    traffic: router_pb2.Traffic
+    traffic: Mapping[str, router_pb2.Traffic]  # router address -> its counters (the replicas that answered)
     generated: Mapping[str, int]  # worker_id -> tokens generated so far
 
 
 class RouterSource:
-    """Arrivals and prompt tokens from the router, tokens generated from every worker, load from the router's
-    registry. No latency is observed: the core then judges SLOs by each worker's own load."""
+    """Arrivals and prompt tokens from every router replica (each counts only the routes it made), tokens generated
+    from every worker, load from a router's registry (each replica holds every worker). No latency is observed: the
+    core then judges SLOs by each worker's own load. `router_address` is a comma list or `dns:NAME:PORT`."""
 
     def __init__(self, router_address: str, clock=time.monotonic):
-        self.channel = make_channel(router_address)
-        self.router = router_pb2_grpc.RouterStub(self.channel)
+        self.addresses = router_addresses(router_address)
+        self.channels = [make_channel(a) for a in self.addresses]
+        self.routers = [router_pb2_grpc.RouterStub(c) for c in self.channels]
         self.clock = clock
         self._workers: dict[str, grpc.aio.Channel] = {}
         self._last: _Counters | None = None
@@ -43,23 +46,36 @@ class RouterSource:
         try:
             now, counters, listing = await self._read()
         except grpc.aio.AioRpcError as exc:
-            log.warning("router unreachable (%s): load unknown this tick", exc.code().name)
+            log.warning("no router reachable (%s): load unknown this tick", exc.code().name)
             return Observation(0.0, None, replicas=replicas)
         last, self._last = self._last, counters
         samples = tuple(WorkerSample(w.worker.worker_id, role_from_pb(w.worker.role), w.load.num_waiting,
                                      w.load.num_running, w.load.num_blocks_used, w.load.num_blocks_total)
                         for w in listing.workers)
-        if last is None or counters.traffic.uptime_s < last.traffic.uptime_s:  # first read, or a new router
-            return Observation(0.0, 0, workers=samples, replicas=replicas)  # NOTE: nothing to difference yet
-        routed = counters.traffic.num_routed - last.traffic.num_routed
-        prompt = counters.traffic.num_prompt_tokens - last.traffic.num_prompt_tokens
+        deltas = _traffic_deltas(last, counters)
+        if not deltas:  # first read, or every replica new or restarted: nothing to difference yet
+            return Observation(0.0, 0, workers=samples, replicas=replicas)
+        routed = sum(d[0] for d in deltas)
+        prompt = sum(d[1] for d in deltas)
         generated = sum(n - last.generated[w] for w, n in counters.generated.items() if w in last.generated)
         return Observation(now - last.at, routed, prompt / routed if routed else None,
                            num_output_tokens=max(generated, 0), workers=samples, replicas=replicas)
 
     async def _read(self) -> tuple[float, _Counters, router_pb2.ListWorkersResponse]:
-        traffic = await self.router.GetTraffic(router_pb2.GetTrafficRequest(), timeout=RPC_TIMEOUT_S)
-        listing = await self.router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=RPC_TIMEOUT_S)
+        """Every replica's counters (those that answer) and one replica's worker listing; raises when none answers."""
+        answers = await asyncio.gather(*(r.GetTraffic(router_pb2.GetTrafficRequest(), timeout=RPC_TIMEOUT_S)
+                                         for r in self.routers), return_exceptions=True)
+        traffic = {a: t for a, t in zip(self.addresses, answers) if not isinstance(t, BaseException)}
+        for address, error in zip(self.addresses, answers):
+            if isinstance(error, grpc.aio.AioRpcError):
+                log.warning("router %s unreachable (%s): its routes are not counted this tick", address,
+                            error.code().name)
+            elif isinstance(error, BaseException):
+                raise error
+        if not traffic:
+            raise next(a for a in answers if isinstance(a, grpc.aio.AioRpcError))
+        router = self.routers[self.addresses.index(next(iter(traffic)))]
+        listing = await router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=RPC_TIMEOUT_S)
         stats = await asyncio.gather(*(self._generated(w.worker.address) for w in listing.workers))
         generated = {w.worker.worker_id: n for w, n in zip(listing.workers, stats) if n is not None}
         now = self.clock()
@@ -76,8 +92,17 @@ class RouterSource:
         return stats.num_generated_tokens
 
     async def close(self) -> None:
-        for channel in [self.channel, *self._workers.values()]:
+        for channel in [*self.channels, *self._workers.values()]:
             await channel.close()
+
+
+def _traffic_deltas(last: _Counters | None, now: _Counters) -> list[tuple[int, int]]:
+    """(routes, prompt tokens) since the last read, per replica read both times that did not restart between."""
+    if last is None:
+        return []
+    return [(t.num_routed - before.num_routed, t.num_prompt_tokens - before.num_prompt_tokens)
+            for address, t in now.traffic.items()
+            if (before := last.traffic.get(address)) is not None and t.uptime_s >= before.uptime_s]
 
 
 class PrometheusSource:

@@ -38,7 +38,9 @@ def load_to_pb(load: WorkerLoad) -> common_pb2.WorkerLoad:
 
 
 def route_input_from_pb(msg: router_pb2.RouteRequest) -> RouteInput:
-    return RouteInput(msg.req_id, msg.model, tuple(msg.token_ids), frozenset(msg.exclude_worker_ids),
+    # NOTE: the token ids stay in the message's repeated field (a read-only sequence): copying 8k of them into a
+    # tuple costs far more than the decision, which reads only their count when the gateway sent block hashes
+    return RouteInput(msg.req_id, msg.model, msg.token_ids, frozenset(msg.exclude_worker_ids),
                       tuple(msg.block_hashes), msg.hash_block_size)
 
 

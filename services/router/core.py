@@ -4,7 +4,10 @@ every decode candidate is past the busy threshold, load is shed instead. The arr
 a view per worker where it can. Pure: no I/O, no transport."""
 from dataclasses import dataclass
 
+import numpy as np
+
 from services.router.array_policy import ArrayKvPolicy
+from services.router.load_arrays import GroupArrays
 from services.router.policy import DisaggregationPolicy, RoutingPolicy, load_of
 from services.router.registry import Registry
 from services.router.types import (Choice, NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
@@ -22,6 +25,18 @@ class BusyThresholds:
     def is_busy(self, view: WorkerView) -> bool:
         kv_used = view.load.num_blocks_used / view.load.num_blocks_total if view.load.num_blocks_total else 0.0
         return (0 < self.load <= load_of(view)) or (0 < self.kv <= kv_used)
+
+    def all_busy(self, group: GroupArrays, now: float) -> bool:
+        """`is_busy` for every live row of `group` at once (False when a check is off or no row is live)."""
+        live = group.expires_at > now
+        if not (self.load or self.kv) or not live.any():
+            return False
+        busy = np.zeros(len(live), bool)
+        if self.load > 0:
+            busy |= self.load <= group.num_seqs / group.max_num_seqs
+        if self.kv > 0:
+            busy |= self.kv <= group.kv_used
+        return bool(busy[live].all())
 
 
 class RouterCore:
@@ -44,12 +59,15 @@ class RouterCore:
         return RouteDecision(decode, split.prefill, self.policy.name, num_cached, split.reason)
 
     def _choose_arrays(self, request: RouteInput) -> Choice | None:
-        """The array-scored kv path, where nothing needs a per-worker look: no exclusions, no quarantine, no busy
-        thresholds. None: the per-view path decides (and raises what it must)."""
-        if (not isinstance(self.policy, ArrayKvPolicy) or request.exclude_worker_ids or self.busy.load
-                or self.busy.kv or self.registry.has_quarantine()):
+        """The array-scored kv path, where nothing needs a per-worker look: no exclusions, no quarantine, and not
+        every worker busy. None: the per-view path decides (and raises what it must)."""
+        if (not isinstance(self.policy, ArrayKvPolicy) or request.exclude_worker_ids
+                or self.registry.has_quarantine()):
             return None
-        picked = self.policy.choose_arrays(request, self.registry.arrays(request.model, WorkerRole.DECODE))
+        group = self.registry.arrays(request.model, WorkerRole.DECODE)
+        if self.busy.all_busy(group, self.registry.now()):
+            return None
+        picked = self.policy.choose_arrays(request, group)
         if picked is None:
             return None
         view = self.registry.view(picked[0])

@@ -155,6 +155,9 @@ class PrefixIndex:
         self._touch(block_hashes[:depth])
         return {w: CachedPrefix(n, *slow.get(w, (0, 0))) for w, n in sorted(ends.items())}
 
+    def flush_touches(self) -> None:
+        """Make any LRU touch a query deferred (none here: `match` touches at once; `SlotIndex.depths` defers)."""
+
     def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker: how many leading blocks of the prompt it holds (workers holding none are absent)."""
         return {w: prefix.num_blocks for w, prefix in self.match(block_hashes).items()}

@@ -272,7 +272,16 @@ class Registry:
 
     @staticmethod
     def _fill(group: GroupArrays, row: int, rec: _Worker) -> None:
-        group.set_row(row, rec.expires_at, rec.num_inflight_tokens, rec.queued_prefill()[1])
+        unreflected, queued = rec.queued_prefill()
+        load = rec.load
+        kv_used = load.num_blocks_used / load.num_blocks_total if load.num_blocks_total else 0.0
+        group.set_row(row, rec.expires_at, rec.num_inflight_tokens, queued,
+                      load.num_running + load.num_waiting + unreflected,
+                      rec.info.max_num_seqs or load.max_num_seqs or 1, kv_used)
+
+    def now(self) -> float:
+        """The registry's clock (what `GroupArrays.expires_at` is compared with)."""
+        return self._clock()
 
     def has_model(self, model: str) -> bool:
         """True when some worker has ever served `model`, live or not."""

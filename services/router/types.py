@@ -2,6 +2,7 @@
 
 Plain frozen dataclasses with no transport, so the simulator can build them directly.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.base.errors import (EngineError, InvalidRequestError, NoWorkerAvailableError,  # noqa: F401
@@ -76,7 +77,7 @@ class WorkerView:
 class RouteInput:
     req_id: str
     model: str
-    token_ids: tuple[int, ...] = ()
+    token_ids: Sequence[int] = ()  # a tuple, or a RouteRequest's repeated field (not copied: see convert.py)
     exclude_worker_ids: frozenset[str] = frozenset()
     # the prompt's chained block hashes as the gateway computed them (engines/base/block_hash.py), for blocks of
     # `hash_block_size` tokens; empty: the router hashes the prompt itself

@@ -10,30 +10,34 @@ import platform
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEvent, KvEventKind
 from engines.base.types import KvLayout
+from services.common.protos import router_pb2
 from services.router.array_policy import ArrayKvPolicy
+from services.router.convert import route_input_from_pb
 from services.router.core import RouterCore
 from services.router.kv_policy import KvAwarePolicy, KvPolicyConfig
 from services.router.policy import DisaggregationPolicy
 from services.router.prefix_index import PrefixIndex
 from services.router.registry import Registry
+from services.router.settings import RouterSettings
 from services.router.slot_index import SlotIndex
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
 
 TARGET_P50_US, TARGET_P99_US = 50.0, 100.0
 _CHAIN = 256  # blocks per synthetic STORED event filling the index
-# the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, gateway hashes?)
+# the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, gateway hashes?,
+# the converter of before (the token ids copied into a tuple)?)
 STEPS = (
-    ("today", "per-view kv policy, the router hashes the prompt", False, False),
-    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True),
-    ("arrays", "+ worker state in arrays, scored at once with numpy (bitmask index, per-worker recent routes)",
-     True, True),
-    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False),
+    ("today", "per-view kv policy, the router hashes the prompt", False, False, True),
+    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True, True),
+    ("arrays", "+ worker state in arrays; prefix index and scoring compiled (numba); token ids left in the message",
+     True, True, False),
+    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False, False),
 )
 FINAL_STEP = "arrays"
 
@@ -82,48 +86,67 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic,
         index.apply(worker_id, [KvEvent(seqs[worker_id], KvEventKind.STORED, NONE_HASH, tuple(prompt_hashes[:depth]))])
     config = KvPolicyConfig(block_size=cfg.block_size)
     policy = ArrayKvPolicy(index, clock, config=config) if arrays else KvAwarePolicy(index, clock, config=config)
-    core = RouterCore(registry, policy, DisaggregationPolicy())
+    core = RouterCore(registry, policy, DisaggregationPolicy(), RouterSettings().busy)  # the router's defaults
     for worker_id in worker_ids:
         for k in range(cfg.num_inflight):
             registry.add_inflight(f"bg-{worker_id}-{k}", [worker_id], rng.randrange(16384), rng.randrange(4096))
     return core, index, prompt
 
 
-def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool) -> dict:
-    """Times `num_iterations` decisions, each for a fresh prompt object that differs from the last in its
-    final token (so nothing is memoised across decisions); each request completes, untimed, after its route.
-    With `gateway_hashes` the request carries its block hashes, computed untimed (the gateway's work)."""
+def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_ids: bool) -> dict:
+    """Times `num_iterations` decisions, each for a fresh prompt that differs from the last in its final token (so
+    nothing is memoised across decisions); each request completes, untimed, after its route. Each RouteRequest is
+    serialized untimed (the gateway's work, its hashing timed apart), then parsed and converted as the servicer
+    does ("wire", timed apart from the decision). After each decision, untimed, the slot index replays the LRU
+    touch it deferred (what the next KV event does live), timed apart too."""
     start = time.perf_counter()
     core, index, prompt = build(cfg, arrays=arrays)
     build_s = time.perf_counter() - start
-    samples_us, cpu_us, hash_us, picks = [], [], [], []
+    samples_us, cpu_us, hash_us, wire_us, touch_us, picks = [], [], [], [], [], []
     for i in range(cfg.num_iterations):
         tokens = tuple(prompt[:-1]) + (i,)
         t0 = time.perf_counter()
-        hashes = tuple(chain_block_hashes(tokens, cfg.block_size)) if gateway_hashes else ()
+        hashes = chain_block_hashes(tokens, cfg.block_size) if gateway_hashes else []
         t1 = time.perf_counter()
-        request = RouteInput(f"r{i}", "m", tokens, block_hashes=hashes,
-                             hash_block_size=cfg.block_size if gateway_hashes else 0)
-        c2, t2 = time.thread_time_ns(), time.perf_counter()
+        wire = router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=tokens, block_hashes=hashes,
+                                       hash_block_size=cfg.block_size if gateway_hashes else 0).SerializeToString()
+        t2 = time.perf_counter()
+        request = _from_wire(wire, copy_ids)
+        c3, t3 = time.thread_time_ns(), time.perf_counter()
         decision = core.route(request)
-        t3, c3 = time.perf_counter(), time.thread_time_ns()
+        t4, c4 = time.perf_counter(), time.thread_time_ns()
         core.registry.complete(f"r{i}")
-        samples_us.append((t3 - t2) * 1e6)
-        cpu_us.append((c3 - c2) / 1e3)
+        t5 = time.perf_counter()
+        if arrays:
+            index.flush_touches()
+        t6 = time.perf_counter()
+        samples_us.append((t4 - t3) * 1e6)
+        cpu_us.append((c4 - c3) / 1e3)
         hash_us.append((t1 - t0) * 1e6)
+        wire_us.append((t3 - t2) * 1e6)
+        touch_us.append((t6 - t5) * 1e6)
         picks.append((decision.decode.worker_id, decision.num_cached_tokens))
     return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us),
-            "gateway_hash_us": _dist(hash_us) if gateway_hashes else None,
+            "gateway_hash_us": _dist(hash_us) if gateway_hashes else None, "wire_us": _dist(wire_us),
+            "deferred_touch_us": _dist(touch_us) if arrays else None,
             "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
+
+
+def _from_wire(wire: bytes, copy_ids: bool) -> RouteInput:
+    """The RouteInput the servicer builds from a serialized RouteRequest (`copy_ids`: as the converter did before,
+    the token ids copied into a tuple)."""
+    msg = router_pb2.RouteRequest.FromString(wire)
+    request = route_input_from_pb(msg)
+    return replace(request, token_ids=tuple(msg.token_ids)) if copy_ids else request
 
 
 def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0] for s in STEPS)) -> dict:
     """Every step of `steps` over the same state; the decisions of each step must be the same (checked)."""
     found, reference = {}, None
-    for name, what, arrays, gateway_hashes in STEPS:
+    for name, what, arrays, gateway_hashes, copy_ids in STEPS:
         if name not in steps:
             continue
-        step = time_step(cfg, arrays, gateway_hashes)
+        step = time_step(cfg, arrays, gateway_hashes, copy_ids)
         picks = step.pop("picks")
         reference = reference or picks
         found[name] = {"what": what, **step, "same_decisions": picks == reference}
@@ -132,7 +155,7 @@ def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0]
     return {
         "benchmark": "router", "config": asdict(cfg),
         "machine": f"{platform.node()} python {platform.python_version()}",
-        "measures": "RouterCore.route in-process (policy + index + registry), gRPC and proto parsing excluded",
+        "measures": "RouterCore.route in-process (policy + index + registry); parsing the RouteRequest timed apart",
         "load_average": os.getloadavg(), "cpu_flags": _cpu_flags(),
         "num_indexed_blocks": final["num_indexed_blocks"], "steps": found, "final_step": FINAL_STEP,
         "decision_us": d, "target_p50_us": TARGET_P50_US, "target_p99_us": TARGET_P99_US,
@@ -173,9 +196,14 @@ def format_router_report(report: dict) -> str:
         s, c = step["decision_us"], step["decision_cpu_us"]
         lines.append(f"{name:22}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['mean']:>10.1f}{c['p50']:>10.1f}{c['p99']:>10.1f}"
                      f"{'yes' if step['same_decisions'] else 'NO':>12}  {step['what']}")
+        lines.append(f"{'  (parse + convert)':22}{step['wire_us']['p50']:>10.1f}{step['wire_us']['p99']:>10.1f}"
+                     f"{'':>42}  the servicer's RouteRequest -> RouteInput, before the decision")
+        if step["deferred_touch_us"]:
+            lines.append(f"{'  (deferred LRU touch)':22}{step['deferred_touch_us']['p50']:>10.1f}"
+                         f"{step['deferred_touch_us']['p99']:>10.1f}{'':>42}  replayed at the next KV event")
         if step["gateway_hash_us"]:
             lines.append(f"{'  (gateway hashing)':22}{step['gateway_hash_us']['p50']:>10.1f}"
-                         f"{step['gateway_hash_us']['p99']:>10.1f}{'':>10}{'':>12}  moved off the router")
+                         f"{step['gateway_hash_us']['p99']:>10.1f}{'':>42}  moved off the router")
     lines.append(f"target p50 <= {report['target_p50_us']:.0f} µs and p99 <= {report['target_p99_us']:.0f} µs "
                  f"({report['final_step']}): {verdict}")
     return "\n".join(lines)

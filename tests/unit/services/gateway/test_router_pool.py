@@ -1,6 +1,7 @@
 """Router replicas seen from the gateway: Route calls spread over them in turn, a dead replica is skipped, a
 router's refusal is not retried elsewhere, and Complete goes to the replica that routed the request; router
 addresses as a comma list or every record of a DNS name."""
+import asyncio
 import socket
 
 import grpc
@@ -65,3 +66,45 @@ def test_addresses_from_a_list_and_from_dns():
         router_addresses(" , ")
     with pytest.raises(RouterAddressError, match="expected dns:NAME:PORT"):
         router_addresses("dns:routers")
+
+
+async def test_replicas_named_by_dns_are_looked_up_again_when_one_fails():
+    routers, servers, addresses = [], [], []
+    for _ in range(3):
+        router = FakeRouter()
+        server, address = await start_server(router_pb2_grpc.add_RouterServicer_to_server, router)
+        routers.append(router), servers.append(server), addresses.append(address)
+    answers = [addresses[:2]]  # what the name resolves to: replicas 0 and 1, later 1 and 2
+    pool = RouterPool([grpc.aio.insecure_channel(a) for a in addresses[:2]], lambda: answers[-1],
+                      grpc.aio.insecure_channel, addresses[:2], min_resolve_interval_s=0)
+    await servers[0].stop(None)  # its pod is replaced: the name now lists replica 2 instead
+    answers.append(addresses[1:])
+    for i in range(4):  # replica 0 fails, another answers, and the name is looked up again meanwhile
+        await pool.route(route(f"r{i}"), timeout_s=5)
+    await asyncio.wait_for(pool._refreshing, 5)
+    assert list(pool.channels) == addresses[1:]
+    for i in range(4, 8):
+        await pool.route(route(f"r{i}"), timeout_s=5)
+    late = [[r.req_id for r in router.routes if r.req_id in ("r4", "r5", "r6", "r7")] for router in routers]
+    assert [len(ids) for ids in late] == [0, 2, 2]  # in turn over the replicas the name lists now
+    assert len(routers[1].routes) + len(routers[2].routes) == 8
+    await pool.close()
+    for server in servers[1:]:
+        await server.stop(None)
+
+
+async def test_a_single_replica_that_moved_is_found_again():
+    routers, servers, addresses = [], [], []
+    for _ in range(2):
+        router = FakeRouter()
+        server, address = await start_server(router_pb2_grpc.add_RouterServicer_to_server, router)
+        routers.append(router), servers.append(server), addresses.append(address)
+    answers = [addresses[:1]]
+    pool = RouterPool([grpc.aio.insecure_channel(addresses[0])], lambda: answers[-1], grpc.aio.insecure_channel,
+                      addresses[:1], min_resolve_interval_s=0)
+    await servers[0].stop(None)
+    answers.append(addresses[1:])
+    await pool.route(route("r0"), timeout_s=1)  # waits for the old one, looks the name up, asks the new one
+    assert [r.req_id for r in routers[1].routes] == ["r0"] and list(pool.channels) == addresses[1:]
+    await pool.close()
+    await servers[1].stop(None)

@@ -64,6 +64,30 @@ async def test_the_router_source_turns_counters_into_a_window(router_and_worker)
     await source.close()
 
 
+async def test_the_router_source_adds_up_every_replica_and_skips_one_that_is_down(router_and_worker):
+    router, worker, stub = router_and_worker
+    other = RouterService(RouterSettings(host="127.0.0.1", port=0))
+    await other.start()
+    clock = {"now": 0.0}
+    source = RouterSource(f"127.0.0.1:{router.port},127.0.0.1:{other.port}", clock=lambda: clock["now"])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as channel:
+        stub2 = router_pb2_grpc.RouterStub(channel)
+        await stub2.Register(router_pb2.RegisterRequest(worker=router_pb2.WorkerInfo(
+            worker_id="d1", role=common_pb2.WORKER_ROLE_DECODE, address="127.0.0.1:1", model="m", max_num_seqs=8)))
+        assert (await source.observe(REPLICAS)).num_requests == 0  # the baseline of both
+        for i, replica in enumerate([stub, stub, stub, stub2, stub2]):  # each replica counts only its own routes
+            await replica.Route(router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=range(10 * (i + 1))))
+        clock["now"] = 10.0
+        obs = await source.observe(REPLICAS)
+        assert (obs.window_s, obs.num_requests, obs.mean_isl) == (10.0, 5, 30.0)
+        await other.stop(0)
+        await stub.Route(router_pb2.RouteRequest(req_id="r9", model="m", token_ids=range(50)))
+        clock["now"] = 20.0
+        obs = await asyncio.wait_for(source.observe(REPLICAS), 10)
+        assert (obs.num_requests, obs.mean_isl) == (1, 50.0) and obs.workers  # the replica left counts alone
+    await source.close()
+
+
 async def test_an_unreachable_router_is_a_missing_observation():
     source = RouterSource("127.0.0.1:1")
     obs = await asyncio.wait_for(source.observe(REPLICAS), 10)

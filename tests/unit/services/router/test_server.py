@@ -210,3 +210,24 @@ async def test_after_a_restart_an_empty_pool_is_waited_on_while_workers_register
                                "no live decode worker for model 'm' (excluding d1)")
     finally:
         await service.stop(grace_s=0)
+
+
+async def test_a_kv_decision_replays_its_deferred_lru_touch_after_the_reply(clock):
+    from dataclasses import replace
+
+    from engines.base.block_hash import NONE_HASH
+    from engines.base.events import KvEvent, KvEventKind
+
+    service = RouterService(replace(SETTINGS, policy="kv"), clock)
+    await service.start()
+    index = service.core.policy.event_index
+    async with make_channel(f"127.0.0.1:{service.port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        await stub.Register(router_pb2.RegisterRequest(worker=worker("d1")))
+        index.apply("d1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(chain_block_hashes(range(32), 16)))])
+        pending = []
+        flush = index.flush_touches
+        index.flush_touches = lambda: pending.append(len(index._touches)) or flush()
+        reply = await route(stub, "r1")
+        assert reply.num_cached_tokens == 32 and pending == [1] and not index._touches
+    await service.stop(grace_s=0)
