@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from tandem.supervisor import CrashLoopError, Supervisor
 
 _PR_SET_PDEATHSIG = 1
 PROMETHEUS_CONFIG = Path(__file__).resolve().parents[1] / "observability" / "prometheus" / "prometheus-local.yml"
+KV_KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class Stack:
         self.metrics_ports["gateway"] = cfg.port  # the gateway serves /metrics on its API port
         self.retired: list[Child] = []  # workers the planner removed: draining, then gone
         self.control = None  # the planner's control endpoint, with cfg.planner
+        self._kv_key_path = ""  # the KV signing key this stack made (none when the caller gave one)
 
     @property
     def url(self) -> str:
@@ -81,6 +84,7 @@ class Stack:
 
     def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        self._maybe_make_kv_key()
         router = ",".join(f"127.0.0.1:{port}" for port in self.router_ports.values())  # every replica
         for name, port in self.router_ports.items():
             self._spawn(name, ["router", "--port", str(port), *self._metrics_args(name), *self.cfg.router_args])
@@ -96,6 +100,16 @@ class Stack:
                                 "--host", self.cfg.host, "--port", str(self.cfg.port), *self._gateway_workers_args(),
                                 *self.cfg.gateway_args])
         self.write_targets()
+
+    def _maybe_make_kv_key(self) -> None:
+        """Without TANDEM_KV_SIGNING_KEY_FILE, a fresh key for this stack's KV handles (0600, under the cache
+        directory, removed at stop), handed to every child."""
+        if os.environ.get(KV_KEY_ENV) or self.cfg.env.get(KV_KEY_ENV):
+            return
+        fd, path = tempfile.mkstemp(prefix="kv-signing-", suffix=".key", dir=self.cfg.log_dir.parent)
+        with os.fdopen(fd, "w") as f:  # NOTE: mkstemp makes it 0600
+            f.write(os.urandom(32).hex())
+        self._kv_key_path = path
 
     @property
     def metrics_urls(self) -> dict[str, str]:
@@ -158,6 +172,8 @@ class Stack:
         """SIGTERM in reverse start order (gateway first, router last), then SIGKILL stragglers."""
         if self.control is not None:
             self.control.close()
+        if self._kv_key_path:
+            Path(self._kv_key_path).unlink(missing_ok=True)
         children = [*self.retired, *self.children]
         for child in reversed(children):
             if child.proc.poll() is None:
@@ -183,7 +199,8 @@ class Stack:
         """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
         dies with the launcher. NOTE: no preexec_fn: forking a process whose gRPC threads are busy (tests, the
         readiness probe) can abort the child before exec; the child arms its own death signal instead."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, PARENT_PID_ENV: str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, PARENT_PID_ENV: str(os.getpid()),
+               **({KV_KEY_ENV: self._kv_key_path} if self._kv_key_path else {})}
         with open(log_path, mode) as log_file:
             return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
