@@ -200,6 +200,7 @@ class EngineStats:
     prefill_tokens_per_s: float = 0.0  # measured; what a load is weighed against
     kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
     kv_disk_bytes_per_s: float = 0.0
+    num_disk_blocks_refused: int = 0  # disk tier files refused: planted, another worker's, tampered or corrupt
 
     @property
     def prefix_hit_rate(self) -> float:

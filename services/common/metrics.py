@@ -124,6 +124,8 @@ def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
              s.onboard_seconds),
             (CounterMetricFamily, "tandem_worker_kv_disk_write_errors", "Failed writes to the disk tier",
              s.num_disk_write_errors),
+            (CounterMetricFamily, "tandem_worker_kv_disk_blocks_refused", "Disk tier files refused and removed: "
+             "planted, another worker's, tampered or corrupt", s.num_disk_blocks_refused),
             (GaugeMetricFamily, "tandem_worker_kv_prefill_tokens_per_second", "Measured prefill rate (the cost "
              "check's yardstick)", s.prefill_tokens_per_s)):
         metric = family(name, doc, labels=labels)
