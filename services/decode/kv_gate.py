@@ -1,6 +1,7 @@
 """The decode worker's gate for KV handles: the signature, lease, prompt and replay checks (kv_signing), then the
 source — a prefill worker the router has registered at that address — before any pull or READ. The router's pool
-is cached and asked again only when it is stale or a verified handle names a worker the cache has not seen."""
+is cached and asked again only when it is stale or a verified handle names a worker the cache has not seen (a
+forged handle never gets that far, so strangers cannot make it call the router)."""
 import asyncio
 import logging
 import time
@@ -14,16 +15,16 @@ from services.common.router_addresses import router_addresses
 
 log = logging.getLogger(__name__)
 POOL_TTL_S = 5.0  # the cached pool is refreshed when older than this
-MISS_REFRESH_S = 0.5  # and on a miss, at most this often (a new prefill worker is seen within it)
+MISS_REFRESH_S = 0.5  # and on a miss, at most this often (a miss waits for its turn)
 LIST_TIMEOUT_S = 2.0
 
 
 class PrefillPool:
     """(worker_id, address) of the router's registered prefill workers, from ListWorkers."""
 
-    def __init__(self, router_address: str, clock=time.monotonic):
+    def __init__(self, router_address: str, clock=time.monotonic, sleep=asyncio.sleep):
         self._addresses = router_addresses(router_address)
-        self._clock = clock
+        self._clock, self._sleep = clock, sleep
         self._known: frozenset[tuple[str, str]] = frozenset()
         self._fetched_at = -1e9
         self._lock = asyncio.Lock()
@@ -38,8 +39,9 @@ class PrefillPool:
 
     async def _refresh(self, min_age_s: float) -> None:
         async with self._lock:  # NOTE: concurrent misses share one ListWorkers
-            if self._clock() - self._fetched_at < min_age_s:
-                return
+            wait_s = min_age_s - (self._clock() - self._fetched_at)
+            if wait_s > 0:  # NOTE: a miss waits its turn rather than refusing a worker that registered just now
+                await self._sleep(wait_s)
             self._fetched_at = self._clock()
             for address in self._addresses:  # the first replica that answers
                 try:

@@ -67,16 +67,24 @@ async def test_a_source_the_router_does_not_list_as_a_prefill_worker_is_refused(
     assert info.value.reason == "unregistered_source"
 
 
-async def test_misses_ask_the_router_at_most_every_half_second_and_see_new_workers():
+async def test_misses_ask_the_router_at_most_every_half_second_and_wait_for_their_turn():
     router, clock = FakeRouter([]), Clock()
-    pool = pool_with(router, clock)
-    assert not await pool.is_registered("prefill-0", "a:1")
-    assert not await pool.is_registered("prefill-0", "a:1")
-    assert router.num_calls == 1  # the second miss came too soon
-    router.workers = [("prefill-0", "a:1", PREFILL)]
-    clock.t += kv_gate.MISS_REFRESH_S + 0.01
-    assert await pool.is_registered("prefill-0", "a:1")
-    assert router.num_calls == 2
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        clock.t += seconds
+
+    pool = PrefillPool("127.0.0.1:1", clock=clock, sleep=sleep)
+    pool._stub = lambda address: router
+    assert not await pool.is_registered("prefill-0", "a:1")  # the first look: stale, then a miss that waits
+    assert router.num_calls == 2 and slept == [kv_gate.MISS_REFRESH_S]
+    router.workers = [("prefill-0", "a:1", PREFILL)]  # registered just after the last look
+    clock.t += 0.1
+    assert await pool.is_registered("prefill-0", "a:1")  # waits out the rest of the half second, then sees it
+    assert router.num_calls == 3 and slept[-1] == pytest.approx(kv_gate.MISS_REFRESH_S - 0.1)
+    assert await pool.is_registered("prefill-0", "a:1")  # cached
+    assert router.num_calls == 3
 
 
 async def test_a_deregistered_worker_is_forgotten_once_the_cache_is_stale():
