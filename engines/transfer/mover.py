@@ -48,13 +48,19 @@ class KvMover:
         self.num_bytes_loaded = 0
 
     # -- the prefill side --------------------------------------------------------------------
-    def describe(self, block_ids, token_ids: tuple[int, ...]) -> bytes:
-        """kv_params naming held blocks for a decode engine's NIXL READ; b"" without NIXL (bytes are pulled)."""
+    def describe(self, req_id: str, block_ids, token_ids: tuple[int, ...]) -> bytes:
+        """kv_params naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
+        only (until `release`); b"" without NIXL (bytes are pulled)."""
         if self.link is None:
             return b""
         g = self.cache.geometry
+        metadata = self.link.expose(req_id, block_ids)
         return descriptor.encode(KvDescriptor(NIXL, self.layout, tuple(token_ids), tuple(block_ids), self.link.name,
-                                              self.link.metadata, g.base, g.num_blocks, g.mem, g.device_id))
+                                              metadata, g.base, g.num_blocks, g.mem, g.device_id))
+
+    def release(self, req_id: str) -> None:
+        if self.link is not None:
+            self.link.conceal(req_id)
 
     def export_to(self, block_ids, path: str, offset: int) -> None:
         """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
@@ -117,8 +123,12 @@ class MovedLoads(TieredLoads):
     def kv_source(self, kv_params: bytes):
         return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
 
-    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
-        return self.mover.describe(block_ids, token_ids) if self.mover else b""
+    def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        return self.mover.describe(req_id, block_ids, token_ids) if self.mover else b""
+
+    def release_described(self, req_id: str) -> None:
+        if self.mover is not None:
+            self.mover.release(req_id)
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
         if self.mover is None:

@@ -28,5 +28,6 @@ def test_signed_over_unsigned_is_computed_per_transport_measured_both_ways():
     from tandem.bench.kv_bench import KvResult, signed_ratios
 
     results = [KvResult("nixl", False, 1, 1, 0.1, 4.0), KvResult("nixl", True, 1, 1, 0.1, 3.9),
-               KvResult("grpc", True, 1, 1, 0.1, 1.0)]
-    assert signed_ratios(results) == {"nixl": 3.9 / 4.0}  # grpc ran signed only: no anchor
+               KvResult("grpc", True, 1, 1, 0.1, 1.0), KvResult("nixl", False, 1, 1, 0.1, 2.0),
+               KvResult("nixl", True, 1, 1, 0.1, 2.1)]
+    assert signed_ratios(results) == {"nixl": pytest.approx(3.0 / 3.0)}  # means; grpc ran signed only: no anchor
