@@ -98,13 +98,13 @@ class KvMover:
             if state == "PROC":
                 continue
             del self._inflight[req_id]
-            self._done.append(self._finished(load, state))
+            self._done.append(self._finished(load, state, getattr(handle, "error", "")))
         done, self._done = self._done, []
         return done
 
-    def _finished(self, load: KvLoad, state: str) -> LoadDone:
+    def _finished(self, load: KvLoad, state: str, error: str = "") -> LoadDone:
         if state != "DONE":
-            return LoadDone(load.req_id, False, f"{load.source.kind} transfer failed")
+            return LoadDone(load.req_id, False, error or f"{load.source.kind} transfer failed")
         if load.source.kind == NIXL and _lapsed(load.source):
             return LoadDone(load.req_id, False, "the source's lease ended during the READ: its blocks may be reused")
         error = self.verify(load) if self.verify is not None else ""

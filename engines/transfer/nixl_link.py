@@ -67,6 +67,7 @@ class NixlSettings:
 class Transfer:
     """A READ in flight: its post on the link's poster thread, which yields NIXL's handle and first state."""
     posted: Future
+    error: str = ""  # why it failed to post (the request's error)
 
 
 class NixlLink:
@@ -107,11 +108,15 @@ class NixlLink:
             self.agent.deregister_memory(regions, backends=["UCX"])
 
     def read(self, desc: KvDescriptor, block_ids) -> Transfer:
-        """Start one READ of `desc`'s blocks into local `block_ids`; the transfer to poll with `state`."""
-        self._remote(desc)
+        """Start one READ of `desc`'s blocks into local `block_ids`; the transfer to poll with `state`. An agent
+        seen for the first time is loaded here (DescriptorError when its metadata is not its own); a known one's
+        further regions are loaded on the poster thread, off the engine's."""
+        is_new = desc.agent not in self._remote_loads
+        if is_new:
+            self._remote(desc)
         local, remote = merge_runs(self.geometry.pieces(block_ids), self._remote_geometry(desc).pieces(desc.block_ids))
         self._num_inflight += 1
-        return Transfer(self._poster.submit(self._post, local, remote, desc))
+        return Transfer(self._poster.submit(self._post, local, remote, desc, not is_new))
 
     def state(self, transfer: Transfer) -> str:
         """"DONE", "PROC" or "ERR"; a transfer that is done or failed is released."""
@@ -121,6 +126,7 @@ class NixlLink:
             handle, state = transfer.posted.result()
         except Exception as exc:  # NOTE: NIXL refuses pieces outside what either side registered
             log.warning("NIXL could not post a READ: %r", exc)
+            transfer.error = str(exc) if isinstance(exc, DescriptorError) else ""
             self._num_inflight -= 1
             return "ERR"
         try:
@@ -134,9 +140,11 @@ class NixlLink:
             self._poster.submit(self.agent.release_xfer_handle, handle)
         return state
 
-    def _post(self, local, remote, desc: KvDescriptor) -> tuple[object, str]:
+    def _post(self, local, remote, desc: KvDescriptor, is_load_due: bool) -> tuple[object, str]:
         """On the poster thread, as the agent's lock is held while a shared-memory READ is copied inside its post
         (CMA): the engine's thread never waits on a copy."""
+        if is_load_due:  # NOTE: here, not on the engine's thread: loading metadata takes a millisecond or two
+            self._remote(desc)
         handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.geometry.mem),
                                             self.agent.get_xfer_descs(remote, desc.mem), desc.agent)
         try:
@@ -146,8 +154,9 @@ class NixlLink:
             raise
 
     def _remote(self, desc: KvDescriptor) -> None:
-        """Load the request's metadata (its blocks' regions) into our view of the source agent."""
-        if self._remote_loads.get(desc.agent, 0) >= MAX_REMOTE_LOADS and self._num_inflight == 0:
+        """Load the request's metadata (its blocks' regions) into our view of the source agent (on the poster
+        thread; the READ being posted is the one in flight when the view is dropped)."""
+        if self._remote_loads.get(desc.agent, 0) >= MAX_REMOTE_LOADS and self._num_inflight <= 1:
             self.forget(desc.agent)
         try:
             name = self.agent.add_remote_agent(desc.metadata)
