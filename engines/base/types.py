@@ -205,6 +205,7 @@ class EngineStats:
     grammar_wait_seconds: float = 0.0
     kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
     kv_disk_bytes_per_s: float = 0.0
+    num_disk_blocks_refused: int = 0  # disk tier files refused: planted, another worker's, tampered or corrupt
 
     @property
     def prefix_hit_rate(self) -> float:

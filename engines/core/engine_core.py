@@ -116,6 +116,7 @@ class EngineCore:
             return None
         if seq.status is SequenceStatus.HELD:
             del self.held[req_id]
+            self.runner.release_described(req_id)  # NOTE: before the blocks can go to another request
             self.scheduler.release(seq)
             return None
         seq.finish_reason = FinishReason.ABORT
@@ -320,7 +321,7 @@ class EngineCore:
         if seq.status is SequenceStatus.HELD:
             seq.held_until = self.clock() + self.config.held_kv_ttl_s
             self.held[seq.req_id] = seq
-            return self._output(seq, kv_params=self.runner.describe_kv(*self._computed_kv(seq)))
+            return self._output(seq, kv_params=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
         if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)

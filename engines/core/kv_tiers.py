@@ -71,6 +71,7 @@ class TierCounters:
     num_host_offloaded: int = 0  # device -> host copies
     num_disk_written: int = 0  # host -> disk writes that succeeded
     num_disk_errors: int = 0
+    num_disk_refused: int = 0  # files the disk tier refused: planted, another worker's, tampered or corrupt
     num_onboards: int = 0  # loads that ended well, and their summed latency
     onboard_s: float = 0.0
 
@@ -240,6 +241,7 @@ class TierReport:
 
     disk_written: list[tuple[int, bool]] = field(default_factory=list)  # (hash, ok)
     corrupt: list[int] = field(default_factory=list)  # disk blocks whose files failed their checks (removed)
+    num_refused: int = 0  # disk files refused (planted, foreign, tampered or corrupt) since the last poll
 
 
 class TieredLoads(NoLoads):

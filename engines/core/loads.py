@@ -44,8 +44,11 @@ class NoLoads:
     def kv_source(self, kv_params: bytes) -> object:
         raise InvalidRequestError("this engine reads no kv_params")
 
-    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+    def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
         return b""
+
+    def release_described(self, req_id: str) -> None:
+        pass
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
         data = self.export_kv(block_ids, token_ids).data

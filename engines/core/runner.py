@@ -56,8 +56,11 @@ class Runner(Protocol):
     def kv_source(self, kv_params: bytes) -> object:
         """The load source `kv_params` name (it has `token_ids`); InvalidRequestError for what it cannot read."""
 
-    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+    def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
         """kv_params by which another engine of this kind loads these held blocks itself; b"" for none."""
+
+    def release_described(self, req_id: str) -> None:
+        """The held blocks `describe_kv` named for `req_id` are freed: whatever exposed them ends."""
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
         """Write the KV of `block_ids` into the file at `path` from `offset` on, in the KvExport byte order."""

@@ -190,6 +190,7 @@ class Tiering:
         report = self.runner.poll_tiers()
         for block_hash, ok in report.disk_written:
             self.tiers.disk_written(block_hash, ok)
+        self.tiers.counters.num_disk_refused += report.num_refused
         if report.corrupt:
             log.warning("KV disk tier: %d corrupt block(s) dropped; their tokens are recomputed", len(report.corrupt))
             self.tiers.drop(KvTier.DISK, report.corrupt)
@@ -213,6 +214,7 @@ class Tiering:
             num_blocks_offloaded_disk=c.num_disk_written, num_blocks_onboarded_host=c.onboarded_blocks[KvTier.HOST],
             num_blocks_onboarded_disk=c.onboarded_blocks[KvTier.DISK], num_onboards=c.num_onboards,
             onboard_seconds=c.onboard_s, num_disk_write_errors=c.num_disk_errors,
+            num_disk_blocks_refused=c.num_disk_refused,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             kv_host_bytes_per_s=self.runner.bytes_per_s[KvTier.HOST],
             kv_disk_bytes_per_s=self.runner.bytes_per_s[KvTier.DISK],

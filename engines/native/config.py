@@ -39,6 +39,7 @@ class EngineConfig:
     kv_host_gb: float = 0.0  # G2: host memory for KV blocks evicted from the device pool; 0: none
     kv_disk_dir: str = ""  # G3: a directory for KV blocks seen twice (needs kv_host_gb); "": none
     kv_disk_gb: float = 0.0
+    kv_disk_key: bytes = field(default=b"", repr=False)  # authenticates disk block headers (the deployment key)
     kv_transport: str = ""  # how other engines' KV reaches this cache: "nixl", "grpc" (staging files), "": bytes
 
     def __post_init__(self) -> None:

@@ -77,7 +77,7 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
     block_bytes = bytes_per_block(kv_cache.layout)
     spec = TierSpec(num_host_blocks=int(config.kv_host_gb * GB) // block_bytes,
                     num_disk_blocks=int(config.kv_disk_gb * GB) // block_bytes, block_bytes=block_bytes)
-    return NativeTiers(kv_cache, spec, config.kv_disk_dir, model_fingerprint(config.model))
+    return NativeTiers(kv_cache, spec, config.kv_disk_dir, model_fingerprint(config.model), config.kv_disk_key)
 
 
 def core_config(config: EngineConfig) -> CoreConfig:

@@ -48,13 +48,19 @@ class KvMover:
         self.num_bytes_loaded = 0
 
     # -- the prefill side --------------------------------------------------------------------
-    def describe(self, block_ids, token_ids: tuple[int, ...]) -> bytes:
-        """kv_params naming held blocks for a decode engine's NIXL READ; b"" without NIXL (bytes are pulled)."""
+    def describe(self, req_id: str, block_ids, token_ids: tuple[int, ...]) -> bytes:
+        """kv_params naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
+        only (until `release`); b"" without NIXL (bytes are pulled)."""
         if self.link is None:
             return b""
         g = self.cache.geometry
+        metadata = self.link.expose(req_id, block_ids)
         return descriptor.encode(KvDescriptor(NIXL, self.layout, tuple(token_ids), tuple(block_ids), self.link.name,
-                                              self.link.metadata, g.base, g.num_blocks, g.mem, g.device_id))
+                                              metadata, g.base, g.num_blocks, g.mem, g.device_id))
+
+    def release(self, req_id: str) -> None:
+        if self.link is not None:
+            self.link.conceal(req_id)
 
     def export_to(self, block_ids, path: str, offset: int) -> None:
         """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
@@ -92,13 +98,13 @@ class KvMover:
             if state == "PROC":
                 continue
             del self._inflight[req_id]
-            self._done.append(self._finished(load, state))
+            self._done.append(self._finished(load, state, getattr(handle, "error", "")))
         done, self._done = self._done, []
         return done
 
-    def _finished(self, load: KvLoad, state: str) -> LoadDone:
+    def _finished(self, load: KvLoad, state: str, error: str = "") -> LoadDone:
         if state != "DONE":
-            return LoadDone(load.req_id, False, f"{load.source.kind} transfer failed")
+            return LoadDone(load.req_id, False, error or f"{load.source.kind} transfer failed")
         if load.source.kind == NIXL and _lapsed(load.source):
             return LoadDone(load.req_id, False, "the source's lease ended during the READ: its blocks may be reused")
         error = self.verify(load) if self.verify is not None else ""
@@ -117,8 +123,12 @@ class MovedLoads(TieredLoads):
     def kv_source(self, kv_params: bytes):
         return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
 
-    def describe_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
-        return self.mover.describe(block_ids, token_ids) if self.mover else b""
+    def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
+        return self.mover.describe(req_id, block_ids, token_ids) if self.mover else b""
+
+    def release_described(self, req_id: str) -> None:
+        if self.mover is not None:
+            self.mover.release(req_id)
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
         if self.mover is None:

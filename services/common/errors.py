@@ -5,8 +5,11 @@ from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, 
                                  KvLayoutMismatchError, ModelNotFoundError, NoWorkerAvailableError,
                                  RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError,
                                  WorkersBusyError)
+from services.common.kv_signing import HandleInvalid, HandleNotTrusted
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (HandleNotTrusted, grpc.StatusCode.PERMISSION_DENIED),  # forged, foreign, replayed, or from a stranger
+    (HandleInvalid, grpc.StatusCode.INVALID_ARGUMENT),  # expired, or for other tokens
     (EngineDiedError, grpc.StatusCode.UNAVAILABLE),  # another worker can take it
     (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
     (WorkersBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # shed load: retry later

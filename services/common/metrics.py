@@ -130,6 +130,8 @@ def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
              s.onboard_seconds),
             (CounterMetricFamily, "tandem_worker_kv_disk_write_errors", "Failed writes to the disk tier",
              s.num_disk_write_errors),
+            (CounterMetricFamily, "tandem_worker_kv_disk_blocks_refused", "Disk tier files refused and removed: "
+             "planted, another worker's, tampered or corrupt", s.num_disk_blocks_refused),
             (GaugeMetricFamily, "tandem_worker_kv_prefill_tokens_per_second", "Measured prefill rate (the cost "
              "check's yardstick)", s.prefill_tokens_per_s)):
         metric = family(name, doc, labels=labels)
@@ -152,6 +154,13 @@ class WorkerMetrics:
         self.kv_seconds = Histogram("tandem_worker_kv_transfer_seconds", "Time of one request's KV transfer",
                                     [*labels, "direction", "transport"], buckets=LATENCY_BUCKETS,
                                     registry=self.registry)
+        self.kv_handles_refused = Counter("tandem_worker_kv_handles_refused", "KV handles a decode worker refused "
+                                          "before any pull or READ, by reason", [*labels, "reason"],
+                                          registry=self.registry)
+
+    def kv_handle_refused(self, reason: str) -> None:
+        """A decode worker refused a KV handle (kv_signing.py names the reasons)."""
+        self.kv_handles_refused.labels(self._worker_id(), self.role, reason).inc()
 
     def start_at_zero(self, rpcs: tuple[str, ...], directions: tuple[str, ...], transport: str) -> None:
         """Create this worker's RPC (status OK) and KV-transfer series (over its own transport), so each exists

@@ -1,11 +1,14 @@
 """WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags."""
 import argparse
+import ipaddress
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.common.roles import WorkerRole
 from engines.native.config import check_tier_sizes
 from engines.transfer.nixl_link import NixlSettings
+from services.common.kv_signing import parse_key
 from services.common.settings import SettingsError, env
 
 ENGINES = ("native", "zero", "sim", "trtllm")
@@ -15,6 +18,8 @@ TRTLLM_QUANT = ("", "fp8", "nvfp4")
 TRTLLM_KV_DTYPES = ("auto", "fp8")
 TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
 KV_TRANSPORTS = ("auto", "nixl", "grpc")  # auto: nixl when it imports
+KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
+INSECURE_ENV = "TANDEM_GRPC_INSECURE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class WorkerSettings:
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
+    kv_signing_key_file: str = ""  # TANDEM_KV_SIGNING_KEY_FILE: the deployment's shared key (hex) for KV handles
 
     def __post_init__(self) -> None:
         try:
@@ -93,6 +99,24 @@ class WorkerSettings:
             raise SettingsError("engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
                                 "--trtllm-options instead of --kv-host-gb / --kv-disk-gb")
         self._check_trtllm()
+        self._check_kv_key()
+
+    def _check_kv_key(self) -> None:
+        """A key that reads; no key only on loopback or in the explicit plaintext mode (handles go unsigned)."""
+        if self.kv_signing_key_file:
+            self.kv_signing_key()
+        elif not _is_loopback(self.host) and not env(INSECURE_ENV, False):
+            raise SettingsError(f"no KV signing key: set {KEY_ENV} (a file of >= 32 random bytes in hex, e.g. "
+                                f"`tandem certs init`) or, for plaintext development only, {INSECURE_ENV}=1")
+
+    def kv_signing_key(self) -> bytes | None:
+        """The deployment's KV signing key; None without one (unsigned handles, plaintext dev mode)."""
+        if not self.kv_signing_key_file:
+            return None
+        try:
+            return parse_key(Path(self.kv_signing_key_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"{KEY_ENV}={self.kv_signing_key_file!r}: {exc}") from None
 
     def _check_trtllm(self) -> None:
         for name, allowed in (("trtllm_backend", TRTLLM_BACKENDS), ("trtllm_quant", TRTLLM_QUANT),
@@ -117,6 +141,15 @@ class WorkerSettings:
         if host in ("0.0.0.0", "::", ""):
             host = _own_address()
         return f"{host}:{self.advertise_port or port}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _own_address() -> str:
@@ -144,8 +177,9 @@ _HELP = {
     "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
+    "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
 }
-_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT"}
+_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV}
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
@@ -158,7 +192,8 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
-                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", *_TRTLLM_FLAGS):
+                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "kv_signing_key_file",
+                 *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))

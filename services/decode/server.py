@@ -14,11 +14,13 @@ from engines.transfer.paged import staging_nbytes
 from services.common.convert import finish_to_pb, layout_from_pb, logprob_to_pb, params_from_pb
 from services.common.drain import drainable
 from services.common.errors import abort_with
+from services.common.kv_signing import KvHandleError, KvVerifier
 from services.common.protos import worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
 from services.common.streams import coalesced
 from services.common.tracing import span, timed_span
 from services.common.worker_base import WorkerService, main_for, observed, wall_clock
+from services.decode.kv_gate import KvGate, PrefillPool
 from services.decode.kv_import import KvPuller
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.puller = KvPuller()
+        key = settings.kv_signing_key() if settings is not None else None
+        self.gate = KvGate(KvVerifier(key), PrefillPool(settings.router_address) if settings is not None else None)
         self.transport = getattr(engine, "kv_transport", "")  # "": the engine takes KV as bytes
         self.staging = StagingBudget(settings.kv_staging_mb << 20, "tandem-kv-import") if self.transport else None
         self._tasks: set[asyncio.Task] = set()
@@ -47,10 +51,11 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
     @drainable
     async def Generate(self, request, context):
         start = time.monotonic()
-        kv, kv_params, landed = None, request.kv_params, None
-        if request.HasField("kv") and self.transport == "nixl" and request.kv_params:
+        kv, landed = None, None
+        kv_params = await self._verified_params(request, context)
+        if request.HasField("kv") and self.transport == "nixl" and kv_params:
             landed = self._spawn_after(self.puller.release(request.kv))  # NOTE: the engine READs; then released
-            kv_params = descriptor.with_expiry(request.kv_params, request.kv.lease_expires_unix_s)
+            kv_params = descriptor.with_expiry(kv_params, request.kv.lease_expires_unix_s)
         elif request.HasField("kv") and self.transport:  # the gRPC fallback, into the staging buffer
             kv_params, landed = await self._pull_staged(request)
         elif request.HasField("kv") and not request.kv.engine_params:  # NOTE: engine params: its engine moves it
@@ -85,6 +90,23 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             if first_at:
                 _decode_spans(start, first_at, time.monotonic(), queue_s, num_tokens)
 
+    async def _verified_params(self, request, context) -> bytes:
+        """The engine params of a handle that passed the gate (refused otherwise, before any pull or READ); a
+        request's own kv_params count only as the verified handle's, and are ignored without one."""
+        if not request.HasField("kv"):
+            if request.kv_params:
+                log.warning("kv_params without a KV handle for %s: ignored", request.req_id)
+            return b""
+        try:
+            await self.gate.admit(request.kv, tuple(request.token_ids) + tuple(request.output_token_ids))
+        except KvHandleError as exc:
+            self.metrics.kv_handle_refused(exc.reason)
+            log.warning("KV handle for %s refused (%s): %s", request.req_id, exc.reason, exc)
+            await abort_with(context, exc)
+        if request.kv_params and request.kv_params != request.kv.engine_params:
+            log.warning("kv_params for %s differ from its verified handle's: the handle's are used", request.req_id)
+        return request.kv.engine_params
+
     async def _pull_staged(self, request):
         """Pull the KV into a staging region; (kv_params naming it, what frees it) — or (b"", None) to prefill
         locally when the pull fails or the budget has no room in time."""
@@ -113,7 +135,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         if landed is None:
             return
         landed()
-        if self.transport == "nixl" and request.kv_params:  # NOTE: a staged pull counted itself
+        if self.transport == "nixl" and request.kv.engine_params:  # NOTE: a staged pull counted itself
             layout = layout_from_pb(request.kv.layout)
             num_bytes = staging_nbytes(layout, request.kv.num_blocks)
             self.kv_moved("import", num_bytes, seconds, "nixl")

@@ -8,6 +8,7 @@ from engines.base import EngineRequest, FinishReason
 from engines.transfer.budget import StagingBudget, StagingFull
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
+from services.common.kv_signing import KvSigner
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
 from services.common.tracing import timed_span
@@ -25,6 +26,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
     def __init__(self, settings, engine):
         super().__init__(settings, engine)
         self.leases = Leases(settings.kv_lease_s)
+        self.signer = KvSigner(settings.kv_signing_key() if settings is not None else None)
         # NOTE: an engine that loads KV exports it through shared memory, never through its pipe
         self.staging = (StagingBudget(settings.kv_staging_mb << 20, "tandem-kv-export")
                         if getattr(engine, "kv_transport", "") else None)
@@ -53,7 +55,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         if last.logprobs:
             reply.first_logprob.CopyFrom(logprob_to_pb(last.logprobs[0]))
         if last.finish_reason is FinishReason.PREFILLED:
-            reply.kv.CopyFrom(self._handle(request.req_id, len(request.token_ids), last.kv_params))
+            reply.kv.CopyFrom(self._handle(request.req_id, request.token_ids, last.kv_params))
         else:  # the first token ended the request: nothing is held
             reply.finish_reason = finish_to_pb(last.finish_reason)
         return reply
@@ -122,14 +124,17 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         await self.engine.abort(request.req_id)  # drops held KV; unknown ids are ignored
         return worker_pb2.ReleaseKvResponse()
 
-    def _handle(self, req_id: str, num_prompt_tokens: int, engine_params: bytes) -> common_pb2.KvHandle:
-        layout = self.engine.kv_layout
-        self._num_blocks[req_id] = -(-num_prompt_tokens // layout.block_size)
-        return common_pb2.KvHandle(
+    def _handle(self, req_id: str, token_ids, engine_params: bytes) -> common_pb2.KvHandle:
+        """The signed handle for a held request's KV (kv_signing.py: what the decode worker checks)."""
+        layout, num_tokens = self.engine.kv_layout, len(token_ids)
+        self._num_blocks[req_id] = -(-num_tokens // layout.block_size)
+        handle = common_pb2.KvHandle(
             worker_id=self.worker_id, address=self.address, req_id=req_id, layout=layout_to_pb(layout),
-            num_tokens=num_prompt_tokens, num_blocks=-(-num_prompt_tokens // layout.block_size),
+            num_tokens=num_tokens, num_blocks=-(-num_tokens // layout.block_size),
             lease_expires_unix_s=self.leases.grant(req_id), engine_params=engine_params,
         )
+        self.signer.seal(handle, token_ids)
+        return handle
 
 
 async def _failure(call) -> Exception | None:

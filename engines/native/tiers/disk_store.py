@@ -1,7 +1,10 @@
 """G3 on a local filesystem: one file per block, sharded by block hash (DIR/ab/abcd....kvb), written whole then
 renamed into place by one writer thread, read and checked by the loader, re-indexed at start-up (a warm restart).
-A full or unwritable disk stops writes with one warning and serving goes on; a corrupt or foreign file is never
-served. The I/O shell only: which blocks live here is the core's (engines/core/kv_tiers.py)."""
+The directory is this worker's alone (0700, locked while it runs; files 0600) and every header is authenticated
+with the deployment key bound to it: a planted or foreign file is refused, removed and counted. A full or
+unwritable disk stops writes with one warning and serving goes on. The I/O shell only: which blocks live here is
+the core's (engines/core/kv_tiers.py)."""
+import fcntl
 import logging
 import os
 import queue
@@ -9,8 +12,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from engines.native.tiers.disk_format import (PREFIX_BYTES, BlockHeader, BlockIdentity, CorruptBlockError,
-                                               ForeignBlockError, decode, encode, header_length, parse_header)
+from engines.native.tiers.disk_format import (MAC_BYTES, PREFIX_BYTES, BlockHeader, BlockIdentity, BlockSeal,
+                                               CorruptBlockError, ForeignBlockError, decode, encode, header_length,
+                                               parse_header)
 
 log = logging.getLogger(__name__)
 SUFFIX = ".kvb"
@@ -19,20 +23,42 @@ _STOP = object()
 Restored = tuple[int, int, tuple[int, ...]]  # (hash, parent hash, tokens), what the core indexes
 
 
+class DirectoryInUseError(RuntimeError):
+    """Another live worker holds this disk tier's directory: each worker needs its own."""
+
+
 class DiskStore:
-    def __init__(self, root: str | Path, identity: BlockIdentity):
+    def __init__(self, root: str | Path, identity: BlockIdentity, key: bytes | None = None):
         self.root, self.identity = Path(root), identity
         self.is_writable = True
         self.num_bytes_written = 0
+        self.num_refused = 0  # files refused: planted, foreign, tampered or corrupt
         self._acks: list[tuple[int, bool]] = []  # (hash, ok) of writes since the last poll
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
+        self._lock_fd = -1
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self._own_directory()
         except OSError as exc:
             self._stop_writes(exc)
+        self.seal = BlockSeal(key, os.fsencode(os.path.realpath(self.root)))
         self._thread = threading.Thread(target=self._work, name="kv-disk-writer", daemon=True)
         self._thread.start()
+
+    def _own_directory(self) -> None:
+        """0700, owned by this process's user, locked by it; DirectoryInUseError when another process holds it."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.root.stat().st_uid != os.getuid():
+            raise PermissionError(f"{self.root} belongs to another user")
+        os.chmod(self.root, 0o700)  # NOTE: an older directory made with the umask's mode is tightened
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # NOTE: a POSIX record lock: held per process (its engine's stores may reopen it), freed when it dies
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            os.close(fd)
+            raise DirectoryInUseError(f"the KV disk directory {self.root} is in use by another worker: give each "
+                                      "worker its own --kv-disk-dir") from None
+        self._lock_fd = fd
 
     def path(self, block_hash: int) -> Path:
         name = f"{block_hash:016x}"
@@ -50,7 +76,8 @@ class DiskStore:
             try:
                 header, mtime = self._read_header(path), path.stat().st_mtime
             except CorruptBlockError as exc:
-                log.warning("KV disk tier: removing %s: %s", path, exc)
+                log.warning("KV disk tier: refusing and removing %s: %s", path, exc)
+                self._refused()
                 _unlink(path)
                 continue
             except (ForeignBlockError, OSError):
@@ -62,8 +89,9 @@ class DiskStore:
 
     def _read_header(self, path: Path) -> BlockHeader:
         with open(path, "rb") as f:
-            length = header_length(f.read(PREFIX_BYTES))
-            return parse_header(f.read(length))
+            prefix = f.read(PREFIX_BYTES)
+            raw = f.read(header_length(prefix))
+            return parse_header(prefix, raw, f.read(MAC_BYTES), self.seal)[0]
 
     # -- reads (the loader's thread) ---------------------------------------------------------
     def read(self, block_hash: int, parent_hash: int, token_ids: tuple[int, ...]) -> tuple[memoryview, tuple]:
@@ -71,11 +99,13 @@ class DiskStore:
         block asked for, intact."""
         path = self.path(block_hash)
         try:
-            header, payload = decode(path.read_bytes(), self.identity)
+            header, payload = decode(path.read_bytes(), self.identity, self.seal)
         except (CorruptBlockError, ForeignBlockError, OSError) as exc:
+            self._refused()
             _unlink(path)
             raise CorruptBlockError(f"disk block {block_hash:016x}: {exc}") from None
         if (header.block_hash, header.parent_hash, header.token_ids) != (block_hash, parent_hash, token_ids):
+            self._refused()
             _unlink(path)
             raise CorruptBlockError(f"disk block {block_hash:016x} holds another block")
         return payload, header.scales
@@ -101,6 +131,13 @@ class DiskStore:
     def close(self) -> None:
         self._jobs.put(_STOP)
         self._thread.join(timeout=10)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # NOTE: releases the directory's lock
+            self._lock_fd = -1
+
+    def _refused(self) -> None:
+        with self._lock:
+            self.num_refused += 1
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not _STOP:
@@ -124,9 +161,9 @@ class DiskStore:
         path = self.path(header.block_hash)
         tmp = path.with_name(path.name + ".tmp")
         try:
-            path.parent.mkdir(exist_ok=True)
-            parts = encode(header, payload())
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            parts = encode(header, payload(), self.seal)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 written = os.writev(fd, parts)
             finally:

@@ -40,7 +40,7 @@ def model_fingerprint(model_dir: str | Path) -> str:
 
 
 class NativeTiers:
-    def __init__(self, kv_cache: KvCache, spec: TierSpec, disk_dir: str, model_id: str):
+    def __init__(self, kv_cache: KvCache, spec: TierSpec, disk_dir: str, model_id: str, disk_key: bytes = b""):
         self.kv, self.spec = kv_cache, spec
         layout = kv_cache.layout
         self.device = kv_cache.tensor.device
@@ -49,7 +49,8 @@ class NativeTiers:
         self.host = HostPool(spec.num_host_blocks, spec.block_bytes, pin=self.device.type == "cuda")
         identity = BlockIdentity(model_id, layout.dtype, layout.block_size,
                                  (layout.num_layers, layout.num_kv_heads, layout.head_dim))
-        self.disk = DiskStore(disk_dir, identity) if spec.num_disk_blocks else None
+        self.disk = DiskStore(disk_dir, identity, disk_key) if spec.num_disk_blocks else None
+        self._num_refused_reported = 0
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._offloaded = None  # CUDA: the event of the last write-through, which a disk write waits for
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-onboard")
@@ -102,7 +103,11 @@ class NativeTiers:
     def poll_tiers(self) -> TierReport:
         with self._lock:
             corrupt, self._corrupt = self._corrupt, []
-        return TierReport(self.disk.poll() if self.disk is not None else [], corrupt)
+        if self.disk is None:
+            return TierReport([], corrupt)
+        refused, self._num_refused_reported = (self.disk.num_refused - self._num_refused_reported,
+                                               self.disk.num_refused)
+        return TierReport(self.disk.poll(), corrupt, refused)
 
     # -- onboarding --------------------------------------------------------------------------
     def start_load(self, load: KvLoad) -> None:

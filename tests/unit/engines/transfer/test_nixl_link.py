@@ -20,10 +20,12 @@ def cache(num_blocks: int, fill) -> HostCache:
     return c
 
 
-def describe(link: NixlLink, source: HostCache, block_ids) -> KvDescriptor:
+def describe(link: NixlLink, source: HostCache, block_ids, exposed=None) -> KvDescriptor:
+    """A descriptor of `block_ids`, with metadata exposing `exposed` (default: those blocks)."""
     g = source.geometry
     tokens = tuple(range(len(block_ids) * LAYOUT.block_size))
-    return KvDescriptor(NIXL, LAYOUT, tokens, tuple(block_ids), link.name, link.metadata, g.base, g.num_blocks)
+    metadata = link.expose(f"req-{tuple(block_ids)}-{exposed}", block_ids if exposed is None else exposed)
+    return KvDescriptor(NIXL, LAYOUT, tokens, tuple(block_ids), link.name, metadata, g.base, g.num_blocks)
 
 
 def wait(link: NixlLink, transfer, timeout_s: float = 30.0) -> str:
@@ -62,6 +64,21 @@ def test_blocks_beyond_what_the_source_registered_fail_that_read(pair):
     lying = KvDescriptor(NIXL, LAYOUT, desc.token_ids, (0, 40), desc.agent, desc.metadata, desc.base, 64)
     assert wait(dst_link, dst_link.read(lying, (0, 1))) == "ERR"
     assert wait(dst_link, dst_link.read(desc, (2, 3))) == "DONE"  # the link still works
+
+
+@needs_nixl
+def test_a_reader_given_one_requests_metadata_cannot_read_the_sources_other_blocks():
+    rng = np.random.default_rng(11)
+    src = cache(12, lambda shape: rng.integers(0, 256, shape, dtype=np.uint8))
+    dst = cache(10, lambda shape: np.zeros(shape, np.uint8))
+    src_link, dst_link = NixlLink(src.geometry, "test-src2"), NixlLink(dst.geometry, "test-dst2")
+    assert wait(dst_link, dst_link.read(describe(src_link, src, (4, 5), exposed=(4, 5)), (0, 1))) == "DONE"
+    # the same agent's metadata, exposing blocks 4 and 5 only, used to ask for other blocks of its cache
+    assert wait(dst_link, dst_link.read(describe(src_link, src, (6, 7), exposed=(4, 5)), (2, 3))) == "ERR"
+    assert wait(dst_link, dst_link.read(describe(src_link, src, (0, 4), exposed=(4,)), (2, 3))) == "ERR"
+    assert not dst.blocks[:, [2, 3]].any()
+    src_link.conceal("req-(4, 5)-(4, 5)")
+    assert not src_link._exposed.get("req-(4, 5)-(4, 5)")
 
 
 def test_the_progress_thread_is_off_unless_asked_for(monkeypatch):
