@@ -2,6 +2,7 @@
 container's command parsed as `tandem` parses it."""
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,19 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "compose.yaml"
 OBSERVABILITY = REPO / "observability"
 
+# files a container reads from its secret volumes, which this host does not have: a stand-in of the same kind, so
+# the settings' start-up checks (the KV signing key is read and parsed) run as they do in the container
+_STAND_INS = {"TANDEM_KV_SIGNING_KEY_FILE": "00" * 32}
+
 _VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?([-?])([^}]*))?\}|\$(\w+)")
+
+
+def _stand_in(name: str, value: str) -> str:
+    if name not in _STAND_INS or not value:
+        return value
+    path = Path(tempfile.gettempdir()) / f"tandem-deploy-test-{name.lower()}"
+    path.write_text(_STAND_INS[name])
+    return str(path)
 
 
 def interpolate(value):
@@ -60,7 +73,7 @@ def check_command(argv: list[str], env: dict[str, str], monkeypatch: pytest.Monk
     for name in [k for k in os.environ if k.startswith(("TANDEM_", "OTEL_"))]:
         monkeypatch.delenv(name)
     for name, value in env.items():
-        monkeypatch.setenv(name, value)
+        monkeypatch.setenv(name, _stand_in(name, value))
     assert argv[0] == "tandem", argv
     args = build_parser().parse_args(argv[1:])
     if args.command != "serve":

@@ -141,13 +141,10 @@ def test_the_name_check_knows_the_settings_and_flags_a_typo():
     assert "TANDEM_WORKER_DRAIN_SECONDS" not in names
 
 
-# set on both sides for code another branch of issue 24 brings; the coordinator drops an entry at that merge
-NOT_MERGED_YET = {"TANDEM_KV_SIGNING_KEY_FILE": "the KV handles' HMAC key, read by the workers (branch kvtrust)"}
-
-
 def known_names() -> set[str]:
     """Every TANDEM_* variable some part of tandem reads: each service's settings, and the process-wide ones (each
     checked to appear in the module said to read it)."""
+    from services.common.worker_settings import _ENV_NAMES as WORKER_ENV_NAMES
     from services.common.worker_settings import WorkerSettings
     from services.gateway.settings import _ENV
     from services.planner.settings import PlannerSettings
@@ -164,7 +161,7 @@ def known_names() -> set[str]:
     from services.common import tls
 
     names |= {tls.ENV_PREFIX + n for n in ("CA", "CERT", "KEY", "CLIENT_AUTH", "SERVER_NAME")}  # every gRPC process
-    names |= set(NOT_MERGED_YET)
+    names |= set(WORKER_ENV_NAMES.values())  # worker fields whose variable has no TANDEM_WORKER_ prefix
     return names | set(process_wide)
 
 
