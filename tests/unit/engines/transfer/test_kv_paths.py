@@ -179,3 +179,21 @@ def test_a_read_within_the_lease_is_used():
 
 def test_with_expiry_leaves_what_is_not_a_descriptor_for_the_engine_to_refuse():
     assert descriptor.with_expiry(b"\x93garbage", 5.0) == b"\x93garbage"
+
+
+@needs_nixl
+@pytest.mark.parametrize("end", ["release", "abort", "expiry"])
+def test_a_held_requests_blocks_are_exposed_to_readers_only_until_its_lease_ends(end):
+    p = core("nixl")
+    prefill(p, "held", prompt())
+    prefill(p, "other", prompt(1))
+    link = p.runner.mover.link
+    assert set(link._exposed) == {"held", "other"}  # one registration per held request, none for the cache
+    if end == "release":
+        p.release_kv("held")
+    elif end == "abort":
+        p.abort("held")
+    else:
+        p.expire_held(time.monotonic() + 3600)
+    assert "held" not in link._exposed  # deregistered before its blocks can go to another request
+    assert ("other" in link._exposed) is (end != "expiry")
