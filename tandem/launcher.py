@@ -192,12 +192,15 @@ class Stack:
         self.children.append(Child(name, self._popen(name, command, log_path, "w"), log_path, command))
 
     def _security_env(self, name: str) -> dict[str, str]:
-        """The child's own certificate and the KV signing key; plaintext (no TLS variables) when insecure."""
+        """The child's own certificate and the stack's KV signing key (a key the caller names wins); plaintext (no TLS
+        variables) when insecure."""
         if self.pki is None:
             return {}
-        if not self.is_mutual_tls:
-            return {**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)}
-        return self.pki.child_env(name)
+        env = ({**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)} if not self.is_mutual_tls
+               else self.pki.child_env(name))
+        if os.environ.get(KV_KEY_ENV) or self.cfg.env.get(KV_KEY_ENV):
+            env.pop(KV_KEY_ENV, None)
+        return env
 
     def _popen(self, name: str, command: list[str], log_path: Path, mode: str) -> subprocess.Popen:
         """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
