@@ -1,7 +1,6 @@
-"""Optional TLS and mutual TLS on every gRPC hop (prompts and KV cross hosts), from TANDEM_GRPC_TLS_* variables.
-One process, one certificate: it serves with it and, under mTLS, presents it as a client too.
-
-Reads files and builds grpc credentials; it opens no connection. Unset, every hop stays plaintext.
+"""TLS and mutual TLS on every gRPC hop (prompts and KV cross hosts), from TANDEM_GRPC_TLS_* variables, and the rule
+that a server without mTLS stays on loopback unless TANDEM_GRPC_INSECURE=1. One process, one certificate: it serves
+with it and, under mTLS, presents it as a client too. Reads files and builds grpc credentials; opens no connection.
 """
 import functools
 import ipaddress
@@ -28,10 +27,10 @@ class GrpcTls:
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
             raise SettingsError(f"{ENV_PREFIX}CERT and {ENV_PREFIX}KEY go together; got only one")
-        if self.client_auth and not (self.ca and self.cert):
-            raise SettingsError(f"{ENV_PREFIX}CLIENT_AUTH needs {ENV_PREFIX}CA and this process's own CERT/KEY")
         if self.cert and not self.ca:
             raise SettingsError(f"{ENV_PREFIX}CA is required with TLS: clients check servers against it")
+        if self.client_auth and not (self.ca and self.cert):
+            raise SettingsError(f"{ENV_PREFIX}CLIENT_AUTH needs {ENV_PREFIX}CA and this process's own CERT/KEY")
         for name in ("cert", "key", "ca"):
             path = getattr(self, name)
             if path and not Path(path).is_file():

@@ -211,3 +211,18 @@ async def test_reflection_only_when_asked_for(monkeypatch, enabled):
         await server.stop(0)
         tls.process_tls.cache_clear()
     assert (code, "tandem.v1.Router" in names) == (("OK", True) if enabled else ("UNIMPLEMENTED", False))
+
+
+def test_a_plaintext_router_on_every_interface_stops_at_start_with_one_line(monkeypatch, capsys):
+    from services.router.server import main
+
+    for name in ("TANDEM_GRPC_TLS_CA", "TANDEM_GRPC_TLS_CERT", "TANDEM_GRPC_TLS_KEY", "TANDEM_GRPC_INSECURE"):
+        monkeypatch.delenv(name, raising=False)
+    tls.process_tls.cache_clear()
+    try:
+        assert main(["--host", "0.0.0.0", "--port", "0"]) == 2
+    finally:
+        tls.process_tls.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "refusing to serve gRPC on 0.0.0.0:0 without mutual TLS" in err
+    assert "TANDEM_GRPC_INSECURE=1" in err
