@@ -56,8 +56,8 @@ def test_a_killed_worker_is_started_again_and_the_stack_keeps_serving(tmp_path):
         assert launcher.poll() is None
         new_pid = wait_for(lambda: _pid_of(launcher.pid, "decode-0"), lambda pid: pid not in (0, victim), 30,
                            "a new decode-0")
-        wait_for(lambda: sorted(registered_workers(router_port)), lambda ids: ids == ["decode-0", "decode-1"], 60,
-                 "decode-0 registered again")
+        wait_for(lambda: sorted(registered_workers(router_port, tmp_path / "pki")),
+                 lambda ids: ids == ["decode-0", "decode-1"], 60, "decode-0 registered again")
         assert not alive(victim) and alive(new_pid)
         pids = children_of(launcher.pid)
         launcher.send_signal(signal.SIGTERM)

@@ -185,3 +185,29 @@ def test_client_auth_defaults_on_with_a_certificate(monkeypatch, certs):
     assert tls.from_env().is_mutual and not tls.from_env().reflection
     monkeypatch.setenv("TANDEM_GRPC_TLS_CLIENT_AUTH", "0")
     assert not tls.from_env().is_mutual
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+async def test_reflection_only_when_asked_for(monkeypatch, enabled):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for name in ("TANDEM_GRPC_TLS_CA", "TANDEM_GRPC_TLS_CERT", "TANDEM_GRPC_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TANDEM_GRPC_REFLECTION", "1" if enabled else "0")
+    tls.process_tls.cache_clear()
+    server = GrpcServer("127.0.0.1:0", ["tandem.v1.Router"])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                             timeout=5)
+            try:
+                names = [s.name async for reply in call for s in reply.list_services_response.service]
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                names, code = [], exc.code().name
+    finally:
+        await server.stop(0)
+        tls.process_tls.cache_clear()
+    assert (code, "tandem.v1.Router" in names) == (("OK", True) if enabled else ("UNIMPLEMENTED", False))
