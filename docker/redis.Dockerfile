@@ -7,7 +7,8 @@ RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server \
  && rm -rf /var/lib/apt/lists/* \
  && mkdir -p /data && chown redis:redis /data && chmod 0700 /data
-COPY redis.conf /etc/redis/tandem.conf
+# outside /etc/redis (Debian makes it 0750 redis:redis): a pod runs it as uid 10001
+COPY redis.conf /usr/local/etc/tandem-redis.conf
 USER redis
 EXPOSE 6379
-CMD ["redis-server", "/etc/redis/tandem.conf"]
+CMD ["redis-server", "/usr/local/etc/tandem-redis.conf"]

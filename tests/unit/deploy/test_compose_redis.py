@@ -14,7 +14,7 @@ def test_redis_is_built_from_debians_package_in_its_own_profile():
     assert REDIS["profiles"] == ["redis"] and "image" in REDIS and "build" in REDIS
     dockerfile = (REPO / REDIS["build"]["context"] / REDIS["build"]["dockerfile"]).read_text()
     assert "apt-get install" in dockerfile and "redis-server" in dockerfile
-    assert "\nUSER redis\n" in dockerfile and "COPY redis.conf /etc/redis/tandem.conf" in dockerfile
+    assert "\nUSER redis\n" in dockerfile and "redis.conf /usr/local/etc/tandem-redis.conf" in dockerfile
     assert (REPO / REDIS["build"]["context"] / "redis.conf").is_file()
     assert REDIS["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"] and REDIS["restart"] == "unless-stopped"
     assert "redis-data:/data" in REDIS["volumes"] and "redis-data" in COMPOSE["volumes"]
