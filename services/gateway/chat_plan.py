@@ -16,7 +16,7 @@ from services.gateway.tool_parsers import ToolParser
 # NOTE: what the tools and the reasoning allow of a grammar: it applies after </think>. The reasoning is a lazy
 # lexeme ending at the first </think> (a suffix, so nothing is backtracked); a plain regex there, even `.*?`, would
 # let the text run on past </think> and leave the answer free
-_AFTER_THINK = 'start: "<think>" think /[ \\n]*/ answer\nthink[suffix="</think>"]: /(?s:.*)/\nanswer: %s\n'
+_AFTER_THINK = 'start: "<think>" think /[ \\n]*/ answer\nthink[suffix="</think>"]: /(?s:.*)/\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +52,27 @@ def plan_chat(req, chat_template: str | None, parser: ToolParser, reasoning: boo
     if spec is not None:
         grammar_text(spec)  # NOTE: compiles it once here: a grammar that does not compile is the client's 400
     if spec is not None and reasoning:
-        spec = StructuredSpec("grammar", _AFTER_THINK % _as_rule(spec), spec.field)
+        spec = StructuredSpec("grammar", _AFTER_THINK + _answer_rules(spec), spec.field)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if has_tools and native else None
     return ChatPlan(messages, tools, spec, parser if has_tools else None, reasoning)
+
+
+def _answer_rules(spec: StructuredSpec) -> str:
+    """`spec` as Lark rules whose `answer` rule is what follows the reasoning."""
+    if spec.kind != "grammar":
+        return f"answer: {_as_rule(spec)}\n"
+    # NOTE: a forced tool call's grammar is the gateway's own (tool_parsers): `start` is its first rule and no rule
+    # refers back to it, and its other rule names (call, body) are not the wrapper's; a client's Lark grammar makes
+    # no such promise
+    if spec.field != "tool_choice" or not spec.value.startswith("start:"):
+        raise InvalidRequestError("a grammar cannot be combined with a reasoning model yet", param=spec.field)
+    return "answer:" + spec.value.removeprefix("start:")
 
 
 def _as_rule(spec: StructuredSpec) -> str:
     """`spec` as one Lark rule body, for wrapping after the reasoning."""
     import json
 
-    if spec.kind == "grammar":
-        raise InvalidRequestError("a grammar cannot be combined with a reasoning model yet", param=spec.field)
     if spec.kind == "json_object":
         return '%json {"type": "object"}'
     if spec.kind == "json_schema":

@@ -158,3 +158,20 @@ def test_the_grammar_after_reasoning_holds_from_the_first_close_tag(model_dir):
     assert not accepts("<think>", "hm</think>", "\n", "Paris")  # free text after the close tag
     assert not accepts("<think>", "hm</think>", "yes", "</think>")
     assert not accepts("Paris")  # the reasoning opens first
+
+
+@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
+def test_a_forced_call_after_reasoning(parser, model_dir):
+    """A forced call's grammar (the gateway's own) follows </think>; a client's Lark grammar is still refused."""
+    from tokenizers import Tokenizer
+
+    plan = plan_chat(chat(tools=[TOOL], tool_choice="required"), SMOL_TEMPLATE, parser, True)
+    text = (model_dir / "tokenizer.json").read_text()
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(text), grammar_text(plan.spec))
+    call = parser.render_call("get_weather", ARGS).strip().replace('": ', '":').replace(', "', ',"')  # compact JSON
+    output = "<think>a tool, then</think>\n" + call
+    assert matcher.consume_tokens(Tokenizer.from_str(text).encode(output, add_special_tokens=False).ids)
+    assert not matcher.is_error() and matcher.is_accepting()
+    with pytest.raises(InvalidRequestError, match="reasoning") as info:
+        plan_chat(chat(structured_outputs={"grammar": 'start: "a"'}), SMOL_TEMPLATE, parser, True)
+    assert info.value.param == "structured_outputs"
