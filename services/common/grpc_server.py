@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.grpc_limits import server_options
 from services.common.tls import process_tls
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ def make_sync_channel(address: str) -> grpc.Channel:
 class GrpcServer:
     """One aio server with the standard health and reflection services."""
 
-    def __init__(self, address: str, service_names: list[str]):
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+    def __init__(self, address: str, service_names: list[str], limits: str = ""):
+        # `limits`: the service whose grpc_limits apply (streams, message sizes); "": the shared options only
+        self.server = grpc.aio.server(options=server_options(SERVER_OPTIONS, limits) if limits else SERVER_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"],

@@ -1,7 +1,7 @@
 """WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags."""
 import argparse
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.roles import WorkerRole
 from engines.native.config import check_tier_sizes
@@ -57,6 +57,8 @@ class WorkerSettings:
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
+    # TANDEM_KV_HASH_SECRET: keys every block hash's root; gateway, router and workers must share it (repr: hidden)
+    kv_hash_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -144,8 +146,9 @@ _HELP = {
     "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
+    "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
 }
-_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT"}
+_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
@@ -158,7 +161,8 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
-                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", *_TRTLLM_FLAGS):
+                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "kv_hash_secret",
+                 *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))

@@ -51,7 +51,7 @@ class ArrayKvPolicy(KvAwarePolicy):
         """The gateway's hashes when it sent them for this block size, else hashed here (the one function)."""
         if request.block_hashes and request.hash_block_size == block_size:
             return request.block_hashes
-        return chain_block_hashes(request.token_ids, block_size)
+        return chain_block_hashes(request.token_ids, block_size, request.hash_root)
 
     def _overlap(self, hashes: Sequence[int], group: GroupArrays) -> np.ndarray | None:
         """Per row: the longer of the events' cached prefix and the router's recent routes, in blocks."""
