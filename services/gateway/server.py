@@ -38,6 +38,9 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
     is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
     model = load_model_info(settings.model_dir, settings.model_name, int(time.time()))
+    if not settings.kv_hash_secret:
+        log.warning("TANDEM_KV_HASH_SECRET is unset: KV block hashes and tenant ids are not keyed "
+                    "(docs/security-tenants.md)")
     admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight,
                           limits=KeyLimits(settings.max_inflight_per_key, settings.tokens_per_minute_per_key),
                           secret=settings.kv_hash_secret)

@@ -172,3 +172,18 @@ async def test_one_key_at_its_limit_gets_429_while_another_key_is_served(stack_w
         assert limited.json()["error"]["code"] == "key_concurrency_exceeded"
         assert [r.status_code for r in flood[6:]] == [200, 200]
         assert (await post(KEYS[0], n=3)).status_code == 429  # n=3 needs three of its two slots
+
+
+async def test_a_key_past_its_token_rate_waits_while_another_key_is_served(stack_with, reply_ids):
+    async with stack_with(api_keys=KEYS, tokens_per_minute_per_key=60) as s:
+        def post(key: str):
+            return s.http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": MODEL, "prompt": list(range(1, 41)), "max_tokens": 30})
+
+        first = await post(KEYS[0])
+        assert first.status_code == 200, first.text
+        assert first.json()["usage"]["total_tokens"] > 60  # 40 prompt tokens charged at admission, the rest after
+        refused = await post(KEYS[0])
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "key_token_rate_exceeded"
+        assert int(refused.headers["retry-after"]) >= 2  # what it overspent, refilled at one token a second
+        assert (await post(KEYS[1])).status_code == 200

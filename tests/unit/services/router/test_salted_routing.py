@@ -37,3 +37,11 @@ def test_route_requests_derive_the_root_from_the_salt_and_the_routers_secret():
     assert route_input_from_pb(msg, SECRET).hash_root == ROOT_A
     assert route_input_from_pb(msg, "another-secret").hash_root != ROOT_A
     assert route_input_from_pb(router_pb2.RouteRequest(req_id="r", model="m")).hash_root == NONE_HASH
+
+
+def test_the_router_reads_the_shared_secret_and_hides_it(monkeypatch):
+    from services.router.settings import RouterSettings
+
+    monkeypatch.setenv("TANDEM_KV_HASH_SECRET", "hunter2")
+    settings = RouterSettings.from_env()
+    assert settings.kv_hash_secret == "hunter2" and "hunter2" not in repr(settings)
