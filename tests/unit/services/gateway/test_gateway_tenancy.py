@@ -187,3 +187,13 @@ async def test_a_key_past_its_token_rate_waits_while_another_key_is_served(stack
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "key_token_rate_exceeded"
         assert int(refused.headers["retry-after"]) >= 2  # what it overspent, refilled at one token a second
         assert (await post(KEYS[1])).status_code == 200
+
+
+async def test_a_disaggregated_request_carries_its_salt_to_both_workers(stack_with):
+    async with stack_with(api_keys=KEYS) as s:
+        s.disaggregate()
+        reply = await s.http.post("/v1/completions", headers={"Authorization": f"Bearer {KEYS[1]}"},
+                                  json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+        assert reply.status_code == 200, reply.text
+        (prefill,), (generate,) = s.prefill.prefill_requests, s.decode.generate_requests
+        assert prefill.params.cache_salt == generate.params.cache_salt == tenant_id(KEYS[1])
