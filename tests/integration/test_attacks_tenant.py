@@ -5,7 +5,12 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.conftest import ENDLESS_CONTEXT, running_stack
+from engines.base.block_hash import chain_block_hashes, chain_root
+from services.common.grpc_server import make_sync_channel
+from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
+from services.gateway.tenancy import tenant_id
+from tandem.launcher import KV_HASH_SECRET_ENV
+from tests.integration.conftest import ENDLESS_CONTEXT, running_stack, workers
 from tests.integration.helpers import assert_error
 
 KEYS = ("sk-tenant-a", "sk-tenant-b", "sk-tenant-flood")
@@ -20,8 +25,8 @@ def _auth(key: str) -> dict:
 
 @pytest.fixture(scope="module")
 def stack(endless_model, tmp_path_factory):
-    # NOTE: 16 uncached tokens or more go to the prefill worker: a first request is disaggregated, and a repeat
-    # whose blocks the decode worker imported under its tenant's salt is prefilled there, from those blocks
+    # NOTE: 16 uncached tokens or more go to the prefill worker: a first request is disaggregated, so the decode
+    # worker's copy of its blocks arrives by import
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "16", "TANDEM_KV_TRANSPORT": "grpc"}
     gateway_args = ("--api-keys", ",".join(KEYS), "--max-inflight-per-key", str(MAX_INFLIGHT_PER_KEY),
                     "--max-prompt-chars", str(MAX_PROMPT_CHARS))
@@ -42,11 +47,35 @@ def _cached_tokens(stack, model: str, key: str) -> int:
     return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+def _stored_events(address: str) -> list:
+    """Every STORED event the worker has published so far (the first batch of its event stream holds them all)."""
+    with make_sync_channel(address) as channel:
+        stream = worker_pb2_grpc.WorkerControlStub(channel).StreamKvEvents(worker_pb2.StreamKvEventsRequest(),
+                                                                           timeout=10)
+        batch = next(stream)
+        stream.cancel()
+    return [e for e in batch.events if e.kind == common_pb2.KV_EVENT_KIND_STORED]
+
+
 def test_a_tenant_cannot_see_anothers_cached_prompt(stack, model):
     assert _cached_tokens(stack, model, KEYS[0]) == 0
     assert _cached_tokens(stack, model, KEYS[1]) == 0  # the probe: same prompt, other key, no hit
     assert _cached_tokens(stack, model, KEYS[0]) == 48  # the owner's repeat hits its three full blocks
     assert _cached_tokens(stack, model, KEYS[1]) == 48  # and so does the prober's own, on its own blocks
+
+
+def test_every_worker_publishes_each_tenants_salted_hashes_and_never_a_root(stack, model):
+    for key in KEYS[:2]:
+        _cached_tokens(stack, model, key)  # cached already when the test above ran: then nothing new is stored
+    secret = stack.cfg.env[KV_HASH_SECRET_ENV]
+    salted = {key: chain_block_hashes(PROMPT, 16, chain_root(tenant_id(key, secret), secret)) for key in KEYS[:2]}
+    public = chain_block_hashes(PROMPT, 16) + chain_block_hashes(PROMPT, 16, chain_root("", secret))
+    for worker in workers(stack):  # NOTE: the decode worker's blocks came by import: they landed salted too
+        events = _stored_events(worker.worker.address)
+        stored = {h for e in events for h in e.block_hashes}
+        assert all(set(hashes) <= stored for hashes in salted.values()), worker.worker.worker_id
+        assert not stored & set(public)
+        assert {e.parent_hash for e in events} <= stored | {0}  # a chain starts at 0: its root is never published
 
 
 def test_a_client_salt_splits_one_keys_cache(stack, model):
