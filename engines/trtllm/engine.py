@@ -66,7 +66,7 @@ class TrtllmEngine:
         self._held: dict[str, tuple[float, Any]] = {}  # req_id -> (let go at, result): prefilled, KV held
         self._counts = Counts()
         self._stat: dict = {}
-        self._kv = TrtllmKvEvents(config.block_size)
+        self._kv = TrtllmKvEvents(config.block_size, root=config.kv_hash_root)
         self._kv_changed = asyncio.Event()
         self._pollers: list[asyncio.Task] = []
         self._failure: str | None = None  # why the executor is gone; then nothing more is served
