@@ -14,7 +14,7 @@ def test_each_service_gets_one_value_per_option():
         names = [name for name, _ in options]
         assert len(names) == len(set(names)), service
         assert dict(options)["grpc.max_receive_message_length"] == limits.max_receive_bytes
-        assert dict(options)["grpc.max_concurrent_streams"] == limits.max_concurrent_streams
+        assert dict(options)["grpc.max_send_message_length"] == limits.max_send_bytes
         assert dict(options)["grpc.http2.max_ping_strikes"] == 0  # the shared keepalive options stay
 
 
