@@ -3,7 +3,9 @@ Waits until the stack is ready, prints how to use it, starts again any child tha
 and on Ctrl-C/SIGTERM stops every process it started (children also die with it if it is killed outright)."""
 import ctypes
 import json
+import dataclasses
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -58,7 +60,9 @@ class Child:
 
 class Stack:
     def __init__(self, cfg: StackConfig):
-        self.cfg = cfg
+        # NOTE: one secret per stack keys every KV block hash, so a guessed prompt cannot be confirmed from the events
+        secret = cfg.env.get(KV_HASH_SECRET_ENV) or os.environ.get(KV_HASH_SECRET_ENV) or kv_hash_secret(cfg.log_dir)
+        self.cfg = dataclasses.replace(cfg, env={**cfg.env, KV_HASH_SECRET_ENV: secret})
         self.children: list[Child] = []
         workers = [f"prefill-{i}" for i in range(cfg.num_prefill)] + [f"decode-{i}" for i in range(cfg.num_decode)]
         # NOTE: every port a child listens on is chosen here, all at once and distinct, and no child binds port 0:
@@ -283,6 +287,18 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def kv_hash_secret(log_dir: Path) -> str:
+    """This stack's KV hash secret, kept 0600 beside its logs so a restarted stack finds its disk-tier blocks."""
+    path = log_dir.parent / "kv-hash.secret"
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(16))
+    return path.read_text().strip()
+
+
 def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
     """`n` distinct ports free now and not in `exclude` (each held until all are picked, so none repeats)."""
     sockets, ports = [], []
@@ -300,6 +316,7 @@ def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
 
 
 PARENT_PID_ENV = "TANDEM_PARENT_PID"
+KV_HASH_SECRET_ENV = "TANDEM_KV_HASH_SECRET"  # the block hashes' key: the same for every child of one stack
 _EXEC_SHIM = "import os, sys; from tandem.launcher import die_with_parent; die_with_parent(); os.execv(sys.argv[1], sys.argv[1:])"
 
 

@@ -6,6 +6,7 @@ from enum import Enum
 from engines.base.errors import InvalidRequestError
 from engines.base.structured import StructuredSpec
 
+MAX_CACHE_SALT_CHARS = 1024  # a salt is a label, not a payload (the gateway caps what clients send lower)
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI documents no limit; this bounds the work per step)
 
 
@@ -37,6 +38,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides a positive logit (multiplies a negative one) of any seen token
     min_p: float = 0.0  # drop tokens whose probability is below min_p x the most likely one's
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias) added to the logit, ids ascending
+    # tenant isolation: mixed (with the deployment secret) into the first KV block's hash, so only requests with the
+    # same salt share cached prefixes; "" shares with every unsalted request (engines/base/block_hash.chain_root)
+    cache_salt: str = ""
     structured: StructuredSpec | None = None  # the grammar the output follows (structured outputs, tool calls)
 
     def validate(self) -> None:
@@ -73,6 +77,9 @@ class SamplingParams:
             if token_id < 0 or not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
                 raise InvalidRequestError(f"logit_bias maps token ids >= 0 to biases in [-100, 100], got "
                                           f"{token_id}: {bias}")
+        if len(self.cache_salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequestError(f"cache_salt takes at most {MAX_CACHE_SALT_CHARS} characters, got "
+                                      f"{len(self.cache_salt)}")
         if self.structured is not None:
             self.structured.validate()
 
@@ -135,6 +142,7 @@ class EngineRequest:
     # request's output); the engine continues after them and never sends them again.
     output_token_ids: tuple[int, ...] = ()
     kv_params: bytes = b""  # opaque, from a prefill engine of the same kind; only that kind reads it
+    hash_root: int = 0  # the first KV block's parent hash: block_hash.chain_root(params.cache_salt, secret)
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:

@@ -173,7 +173,9 @@ class BlockManager:
         bs = self.block_size
         while len(seq.block_hashes) < num_blocks:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if i else NONE_HASH
+            # NOTE: the root enters the hash only; Block.parent_hash of a first block stays NONE_HASH, so events
+            # and tiers never carry a tenant's root
+            parent = seq.block_hashes[-1] if i else seq.hash_root
             seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs]))
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:

@@ -89,6 +89,7 @@ class EngineCore:
             num_prompt_tokens=len(request.prompt_token_ids), params=request.params,
             eos_token_ids=self.info.eos_token_ids, max_model_len=self.info.max_model_len,
             hold_kv=request.hold_kv, num_emitted_tokens=len(request.output_token_ids), arrival_s=self.clock(),
+            hash_root=request.hash_root,
         )
         if request.kv_params:
             self._add_import(seq, request)

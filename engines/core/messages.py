@@ -96,13 +96,14 @@ assert _PARAM_FIELDS[-1] == "structured", "SamplingParams.structured must stay i
 def _request(r: EngineRequest) -> tuple:
     # structured travels as a plain tuple (msgpack knows no dataclass); the assert above keeps it last
     params = tuple(getattr(r.params, f) for f in _PARAM_FIELDS[:-1]) + (_structured(r.params.structured),)
-    return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params)
+    return (r.req_id, r.prompt_token_ids, params, r.hold_kv, _kv(r.kv), r.output_token_ids, r.kv_params,
+            r.hash_root)
 
 
-def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params) -> EngineRequest:
+def _request_from(req_id, prompt, params, hold_kv, kv, output_ids, kv_params, hash_root) -> EngineRequest:
     *plain, structured = params
     return EngineRequest(req_id, prompt, SamplingParams(*plain, _structured_from(structured)), hold_kv, _kv_from(kv),
-                         output_ids, kv_params)
+                         output_ids, kv_params, hash_root)
 
 
 def _structured(spec: StructuredSpec | None) -> tuple | None:

@@ -29,6 +29,7 @@ class Sequence:
     was_admitted: bool = False
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, extended lazily
+    hash_root: int = 0  # the first block's parent in the hash chain (block_hash.chain_root: the tenant's salt)
     num_registered_blocks: int = 0  # leading blocks of block_table already in the prefix cache
     finish_reason: FinishReason | None = None
     num_emitted_tokens: int = 0  # generated tokens already sent out (or given with the request)

@@ -25,6 +25,7 @@ class TrtllmConfig:
     cache_transceiver: str = "DEFAULT"  # TensorRT-LLM's KV transfer backend; "off": no disaggregation
     tensor_parallel_size: int = 1
     options_file: str = ""  # JSON object of further LLM(...) keyword arguments, applied last
+    kv_hash_root: int = 0  # KV events' unsalted chain root: block_hash.chain_root("", TANDEM_KV_HASH_SECRET)
 
     @property
     def disaggregation(self) -> bool:

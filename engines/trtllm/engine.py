@@ -66,7 +66,7 @@ class TrtllmEngine:
         self._held: dict[str, tuple[float, Any]] = {}  # req_id -> (let go at, result): prefilled, KV held
         self._counts = Counts()
         self._stat: dict = {}
-        self._kv = TrtllmKvEvents(config.block_size)
+        self._kv = TrtllmKvEvents(config.block_size, root=config.kv_hash_root)
         self._kv_changed = asyncio.Event()
         self._pollers: list[asyncio.Task] = []
         self._failure: str | None = None  # why the executor is gone; then nothing more is served
@@ -121,7 +121,7 @@ class TrtllmEngine:
             raise InvalidRequestError("this trtllm worker runs without a cache transceiver (--trtllm-cache-"
                                       "transceiver off): it neither holds nor takes KV for another worker")
         plan = plan_request(request, self.ckpt.eos_token_ids, secrets.randbits(63))
-        result = self._submit(plan)
+        result = self._submit(plan, request.hash_root)
         p = request.params
         stream = OutputStream(request.req_id, plan, len(request.prompt_token_ids), self.config.block_size,
                               p.top_logprobs, p.logprobs)
@@ -137,14 +137,16 @@ class TrtllmEngine:
             self._count_prompt(live)
             _abort_quietly(live.result)
 
-    def _submit(self, plan) -> Any:
+    def _submit(self, plan, hash_root: int = 0) -> Any:
+        # NOTE: TensorRT-LLM mixes cache_salt into its own first block hash: the tenant's keyed root, never the salt
+        salted = {"cache_salt": f"{hash_root:016x}"} if hash_root else {}
         try:
             guided = plan.sampling.get("guided_decoding")
             sampling = self._api.SamplingParams(**plan.sampling | (
                 {"guided_decoding": self._api.GuidedDecodingParams(**guided)} if guided else {}))
             disagg = self._api.DisaggregatedParams(**plan.disaggregated) if plan.disaggregated else None
             return self._llm.generate_async(list(plan.inputs), sampling_params=sampling, streaming=True,
-                                            disaggregated_params=disagg)
+                                            disaggregated_params=disagg, **salted)
         except (TypeError, ValueError) as exc:  # what TensorRT-LLM's own validation refuses, e.g. a newer kv_params
             raise InvalidRequestError(f"TensorRT-LLM refused the request: {exc}") from None
         except RuntimeError as exc:  # "LLM is shutting down": its executor died since the last look

@@ -29,8 +29,9 @@ def _tier(cache_level) -> KvTier:
 
 
 class TrtllmKvEvents:
-    def __init__(self, block_size: int, log_: KvEventLog | None = None):
+    def __init__(self, block_size: int, log_: KvEventLog | None = None, root: int = NONE_HASH):
         self.block_size = block_size
+        self._root = root  # the deployment's unsalted chain root (block_hash.chain_root("", secret)): hashed, unsaid
         self.log = log_ or KvEventLog()
         self._blocks: dict[int, _Block] = {}  # TensorRT-LLM's block hash -> tandem's view of it
         self._refs: Counter[tuple[int, KvTier]] = Counter()  # blocks of equal tokens share tandem's hash
@@ -73,12 +74,13 @@ class TrtllmKvEvents:
             self.num_dropped += 1
             return []
         parent = NONE_HASH if parent_trt is None else self._blocks[parent_trt].tandem_hash
+        chain = self._root if parent_trt is None else parent  # NOTE: a first block chains on the root, published as 0
         runs: list[tuple[int, KvTier, list[int]]] = []  # (first parent, tier, hashes) per tier run
         for block in data.get("blocks") or ():
             tokens = [t["token_id"] for t in block.get("tokens") or ()]
             if len(tokens) != self.block_size or block.get("block_hash") is None:
                 break  # partial: the last block of a sequence, never a parent
-            tier, tandem_hash = _tier(block.get("cache_level")), hash_block(parent, tokens)
+            tier, tandem_hash = _tier(block.get("cache_level")), hash_block(chain, tokens)
             self._forget(block["block_hash"])
             self._blocks[block["block_hash"]] = _Block(tandem_hash, parent, tier)
             self._refs[(tandem_hash, tier)] += 1
@@ -86,7 +88,7 @@ class TrtllmKvEvents:
                 runs[-1][2].append(tandem_hash)
             else:
                 runs.append((parent, tier, [tandem_hash]))
-            parent = tandem_hash
+            parent = chain = tandem_hash
         return [self.log.stored(first, hashes, tier) for first, tier, hashes in runs]
 
     def _removed(self, trt_hashes: Iterable[int]) -> list[KvEvent]:

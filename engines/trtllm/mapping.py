@@ -16,7 +16,8 @@ from engines.base.types import EngineRequest, SamplingParams
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
 MAPPED = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
                     "logprobs", "top_logprobs", "min_tokens", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "min_p", "logit_bias", "structured"})
+                    "repetition_penalty", "min_p", "logit_bias", "structured",
+                    "cache_salt"})  # NOTE: travels as generate_async's cache_salt (the keyed root, engine.py)
 # tandem's field -> TensorRT-LLM SamplingParams' (tensorrt_llm/sampling_params.py, read 2026-11): the same names.
 # NOTE (assumption, not checked on a GPU here): TensorRT-LLM's sampler may count the prompt in presence/frequency
 # penalties, where OpenAI (and tandem's native engine) count generated tokens only

@@ -52,6 +52,7 @@ def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
         stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
         logprobs=p.logprobs, top_logprobs=p.top_logprobs, presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty, min_p=p.min_p, logit_bias=dict(p.logit_bias),
+        cache_salt=p.cache_salt,
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -70,7 +71,7 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         ignore_eos=msg.ignore_eos, min_tokens=msg.min_tokens, logprobs=msg.logprobs, top_logprobs=msg.top_logprobs,
         presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0, min_p=msg.min_p,
-        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        logit_bias=tuple(sorted(msg.logit_bias.items())), cache_salt=msg.cache_salt,
     )
     if msg.HasField("structured"):
         spec = StructuredSpec(msg.structured.kind, msg.structured.value, msg.structured.field)

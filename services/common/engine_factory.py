@@ -4,6 +4,7 @@ Backends are imported lazily (the runners in the engine process only)."""
 import functools
 
 from engines.base import Engine
+from engines.base.block_hash import chain_root
 from engines.core.client import EngineClient
 from engines.core.loop import EngineSpec
 from services.common.logs import setup_logging
@@ -74,7 +75,7 @@ def make_engine(s: WorkerSettings) -> Engine:
             gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
             backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
-            options_file=s.trtllm_options,
+            options_file=s.trtllm_options, kv_hash_root=chain_root("", s.kv_hash_secret),
         ))
     return EngineClient(engine_spec(s), process=True, overlap=s.is_overlapped,
                         log_setup=functools.partial(setup_logging, s.role.value))

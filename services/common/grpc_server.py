@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from services.common.authz_interceptor import AuthzInterceptor
+from services.common.grpc_limits import server_options
 from services.common.tls import GrpcTls, process_tls
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,16 @@ class GrpcServer:
     """One aio server with the standard health service (open to all), reflection when asked for, and under mutual
     TLS the per-method authorization interceptor, its refusals counted into `registry`."""
 
-    def __init__(self, address: str, service_names: list[str], registry: CollectorRegistry | None = None):
+    def __init__(self, address: str, service_names: list[str], registry: CollectorRegistry | None = None,
+                 limits: str = ""):
+        # `limits`: the service whose grpc_limits apply (message sizes); "": the shared options only
         tls = process_tls()
         tls.check_bind(address)
         self.authz = AuthzInterceptor() if tls.is_mutual else None
         if self.authz is not None and registry is not None:
             registry.register(self.authz.denied)
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[self.authz] if self.authz else None)
+        options = server_options(SERVER_OPTIONS, limits) if limits else SERVER_OPTIONS
+        self.server = grpc.aio.server(options=options, interceptors=[self.authz] if self.authz else None)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if tls.reflection:

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from engines.base import Engine, EngineRequest, EngineUnavailableError, ModelNotFoundError, SamplingParams
+from engines.base.block_hash import chain_root
 from services.common.convert import layout_to_pb, load_to_pb, role_to_pb
 from services.common.drain import Drain
 from services.common.engine_factory import make_engine
@@ -63,6 +64,10 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         # NOTE: model_name is the directory's name, as the gateway serves it unless told another name
         self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value,
                                      model_name=Path(settings.model).name if settings is not None else "")
+
+    def hash_root(self, params: SamplingParams) -> int:
+        """The first KV block's parent hash for a request: its tenant's salt keyed with the deployment secret."""
+        return chain_root(params.cache_salt, self.settings.kv_hash_secret if self.settings is not None else "")
 
     @classmethod
     def add_to(cls, service, server: grpc.aio.Server) -> None:
@@ -194,7 +199,7 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
     engine = make_engine(settings)
     service = service_cls(settings, engine)
     server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name],
-                        service.metrics.registry)
+                        service.metrics.registry, limits=settings.role.value)
     worker_pb2_grpc.add_WorkerControlServicer_to_server(service, server.server)
     service_cls.add_to(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)

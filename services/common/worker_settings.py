@@ -2,7 +2,7 @@
 import argparse
 import ipaddress
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.roles import WorkerRole
@@ -63,6 +63,8 @@ class WorkerSettings:
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
     kv_signing_key_file: str = ""  # TANDEM_KV_SIGNING_KEY_FILE: the deployment's shared key (hex) for KV handles
+    # TANDEM_KV_HASH_SECRET: keys every block hash's root; gateway, router and workers must share it (repr: hidden)
+    kv_hash_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -178,8 +180,10 @@ _HELP = {
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
+    "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
 }
-_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV}
+_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV,
+              "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
@@ -193,6 +197,7 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
                  "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "kv_signing_key_file",
+                 "kv_hash_secret",
                  *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)

@@ -1,12 +1,14 @@
 """Getting a request's KV from the prefill worker named in its KvHandle over gRPC: either as one KvExport (engines
 that take bytes) or, for engines that load KV themselves, received into a region of the worker's shared-memory
 staging buffer (bounded; copies on a thread) that the engine then reads — never through an event loop or the
-engine's pipe. Also tells a prefill worker to release blocks its engine's NIXL READ has taken."""
+engine's pipe. Also tells a prefill worker to release blocks its engine's NIXL READ has taken. A pull never takes more
+than the handle's blocks, nor a handle more blocks than the request's tokens fill."""
 import logging
 
 import grpc
 
 from engines.base import KvExport
+from engines.base.requests import DTYPE_BYTES
 from engines.transfer import descriptor
 from engines.transfer.budget import StagingBudget
 from engines.transfer.descriptor import STAGING, KvDescriptor
@@ -25,16 +27,26 @@ class KvPuller:
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def pull(self, handle: common_pb2.KvHandle) -> KvExport:
+    async def pull(self, handle: common_pb2.KvHandle, num_tokens: int) -> KvExport:
+        """The handle's KV as one export; ValueError for a handle past `num_tokens` (the request's) or a stream
+        sending more bytes than the handle's blocks hold (stopped at once: never buffered)."""
+        max_bytes = handle_nbytes(handle, num_tokens)
         call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
                                                  timeout=self.timeout_s)
-        chunks = [chunk async for chunk in call]
+        chunks, received = [], 0
+        async for chunk in call:
+            received += len(chunk.data)
+            if received > max_bytes:
+                call.cancel()
+                raise ValueError(f"PullKv sent over {max_bytes} bytes, what the handle's {handle.num_blocks} blocks hold")
+            chunks.append(chunk)
         return assemble(chunks)
 
     async def pull_staged(self, handle: common_pb2.KvHandle, token_ids: tuple[int, ...], staging: StagingBudget,
                           offset: int) -> bytes:
         """Receive the handle's blocks into the staging region at `offset`; the kv_params naming it.
         ValueError when the stream does not fit the handle."""
+        handle_nbytes(handle, len(token_ids))
         layout = layout_from_pb(handle.layout)
         view = staging.view(layout, offset, handle.num_blocks)
         call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
@@ -67,6 +79,19 @@ class KvPuller:
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close()
+
+
+def handle_nbytes(handle: common_pb2.KvHandle, num_tokens: int) -> int:
+    """The bytes the handle's blocks hold; ValueError unless it covers a strict prefix of the request's
+    `num_tokens` in exactly the blocks that prefix fills."""
+    layout = layout_from_pb(handle.layout)
+    if layout.block_size < 1 or layout.dtype not in DTYPE_BYTES:
+        raise ValueError(f"KV handle has an unusable layout (block size {layout.block_size}, dtype {layout.dtype})")
+    if not 0 < handle.num_tokens < num_tokens or handle.num_blocks != -(-handle.num_tokens // layout.block_size):
+        raise ValueError(f"KV handle names {handle.num_blocks} blocks / {handle.num_tokens} tokens for a request of "
+                         f"{num_tokens} tokens")
+    per_block = layout.num_layers * 2 * layout.block_size * layout.num_kv_heads * layout.head_dim
+    return handle.num_blocks * per_block * DTYPE_BYTES[layout.dtype]
 
 
 def assemble(chunks: list[worker_pb2.KvChunk]) -> KvExport:

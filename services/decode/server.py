@@ -60,8 +60,10 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             kv_params, landed = await self._pull_staged(request)
         elif request.HasField("kv") and not request.kv.engine_params:  # NOTE: engine params: its engine moves it
             kv = await self._maybe_pull(request)
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), kv=kv,
-                            output_token_ids=tuple(request.output_token_ids), kv_params=kv_params)
+        params = params_from_pb(request.params)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), params, kv=kv,
+                            output_token_ids=tuple(request.output_token_ids), kv_params=kv_params,
+                            hash_root=self.hash_root(params))
         try:
             stream = self.engine.add_request(req)
         except Exception as exc:
@@ -159,7 +161,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         try:
             with span("kv.transfer", **{"tandem.kv.source": request.kv.worker_id,
                                         "tandem.kv.blocks": request.kv.num_blocks}):
-                kv = await self.puller.pull(request.kv)
+                kv = await self.puller.pull(request.kv, len(request.token_ids) + len(request.output_token_ids))
         except (grpc.aio.AioRpcError, ValueError) as exc:
             log.warning("KV pull for %s failed (%s); prefilling locally", request.req_id, exc)
             return None

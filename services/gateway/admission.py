@@ -1,22 +1,25 @@
-"""Admission control before any work starts: API keys, the request body limit, the in-flight limit, which holds
-across every gateway process on one port (SharedInflight).
+"""Admission control before any work starts: API keys, the request body limit, each key's limits (tenancy.py),
+and the in-flight limit, which holds across every gateway process on one port (SharedInflight); a request takes one
+slot per choice (`n`).
 
 Raises typed errors only; errors.py turns them into 401/413/429.
 """
 import hmac
+from collections.abc import Callable
 from typing import Protocol
 
 from starlette.requests import Request
 
 from services.gateway.errors import AuthenticationError, InvalidRequestError, RateLimitError, RequestTooLargeError
+from services.gateway.tenancy import KeyLimits, tenant_id
 
 
 class Inflight(Protocol):
     """Requests in flight against one limit: `try_acquire` counts one more unless the limit is reached."""
 
-    def try_acquire(self) -> bool: ...
+    def try_acquire(self, num: int = 1) -> bool: ...
 
-    def release(self) -> None: ...
+    def release(self, num: int = 1) -> None: ...
 
     def count(self) -> int: ...
 
@@ -27,14 +30,14 @@ class LocalInflight:
     def __init__(self, max_inflight: int):
         self.max_inflight, self._num = max_inflight, 0
 
-    def try_acquire(self) -> bool:
-        if self._num >= self.max_inflight:
+    def try_acquire(self, num: int = 1) -> bool:
+        if self._num + num > self.max_inflight:
             return False
-        self._num += 1
+        self._num += num
         return True
 
-    def release(self) -> None:
-        self._num -= 1
+    def release(self, num: int = 1) -> None:
+        self._num -= num
 
     def count(self) -> int:
         return self._num
@@ -48,59 +51,73 @@ class SharedInflight:
     def __init__(self, slots, index: int, max_inflight: int):
         self._slots, self._index, self.max_inflight = slots, index, max_inflight
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, num: int = 1) -> bool:
         with self._slots.get_lock():
-            if sum(self._slots) >= self.max_inflight:
+            if sum(self._slots) + num > self.max_inflight:
                 return False
-            self._slots[self._index] += 1
+            self._slots[self._index] += num
             return True
 
-    def release(self) -> None:
+    def release(self, num: int = 1) -> None:
         with self._slots.get_lock():
-            self._slots[self._index] -= 1
+            self._slots[self._index] -= num
 
     def count(self) -> int:
         return sum(self._slots)
 
 
 class Admission:
-    def __init__(self, *, max_inflight: int, api_keys: tuple[str, ...] = (), inflight: Inflight | None = None):
+    def __init__(self, *, max_inflight: int, api_keys: tuple[str, ...] = (), inflight: Inflight | None = None,
+                 limits: KeyLimits | None = None, secret: str = ""):
         self.max_inflight = max_inflight
         self.inflight = inflight or LocalInflight(max_inflight)
+        self.limits = limits or KeyLimits()
         self._keys = tuple(k.encode() for k in api_keys)
+        self._tenants = tuple(tenant_id(k, secret) for k in api_keys)  # NOTE: computed once; keys never leave here
 
     @property
     def num_inflight(self) -> int:
         return self.inflight.count()
 
-    def check_key(self, authorization: str | None) -> None:
-        """With keys configured, the request must carry one as `Authorization: Bearer KEY`."""
+    def check_key(self, authorization: str | None) -> str:
+        """With keys configured, the request must carry one as `Authorization: Bearer KEY`; returns its tenant id
+        ("" without keys)."""
         if not self._keys:
-            return
+            return ""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError("Missing API key: send `Authorization: Bearer YOUR_KEY`.")
         given = token.strip().encode()
         # NOTE: compare against every key, in constant time, so timing reveals nothing
-        if not any([hmac.compare_digest(given, key) for key in self._keys]):
+        matches = [hmac.compare_digest(given, key) for key in self._keys]
+        if not any(matches):
             raise AuthenticationError("Incorrect API key provided.")
+        return self._tenants[matches.index(True)]
 
-    def acquire(self) -> "Slot":
-        if not self.inflight.try_acquire():
-            raise RateLimitError(f"This gateway is serving its limit of {self.max_inflight} requests; retry shortly.")
-        return Slot(self.inflight)
+    def acquire(self, tenant: str = "", num_seqs: int = 1) -> "Slot":
+        """`num_seqs` slots of the key's limits and of the gateway's, or a 429 that takes none."""
+        self.limits.acquire(tenant, num_seqs)
+        if not self.inflight.try_acquire(num_seqs):
+            self.limits.release(tenant, num_seqs)
+            raise RateLimitError(f"This gateway is serving its limit of {self.max_inflight} sequences (n={num_seqs} "
+                                 "asked); retry shortly.")
+        return Slot([lambda: self.inflight.release(num_seqs), lambda: self.limits.release(tenant, num_seqs)])
 
 
 class Slot:
-    """One admitted request; release() is idempotent so every exit path may call it."""
+    """One admitted request; release() is idempotent so every exit path may call it. `on_release` runs first (e.g.
+    charging the tokens the request generated to its key)."""
 
-    def __init__(self, inflight: Inflight):
-        self._inflight: Inflight | None = inflight
+    def __init__(self, releases: list[Callable[[], None]]):
+        self._releases = releases
+        self.on_release: Callable[[], None] | None = None
 
     def release(self) -> None:
-        if self._inflight is not None:
-            self._inflight.release()
-            self._inflight = None
+        releases, self._releases = self._releases, []
+        if releases and self.on_release is not None:
+            self.on_release()
+        for release in releases:
+            release()
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

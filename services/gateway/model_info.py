@@ -24,20 +24,24 @@ class ModelInfo:
     vocab_size: int  # the embedding's rows: token ids a prompt may hold
     created: int  # unix time the gateway loaded it, for /v1/models
 
-    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, max_chars: int = 0) -> list[int]:
         """The chat template with the assistant's turn opened, as token ids; `tools` for templates that render
-        them (tool_calls.template_renders_tools)."""
+        them (tool_calls.template_renders_tools). `max_chars` caps the messages and the template's output, before
+        either is rendered or tokenized (0: no cap)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
+        check_chars(sum(len(str(v)) for m in messages for v in m.values()), max_chars, "messages", "the messages")
         try:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                       **({"tools": tools} if tools else {}))
         except TemplateError as exc:
             raise InvalidRequestError(f"messages do not fit the chat template: {exc}", param="messages") from None
+        check_chars(len(text), max_chars, "messages", "the chat template's output")
         # NOTE: the template already wrote any BOS it wants; adding special tokens again would double it
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def text_prompt(self, text: str) -> list[int]:
+    def text_prompt(self, text: str, max_chars: int = 0) -> list[int]:
+        check_chars(len(text), max_chars, "prompt", "the prompt")
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def check_prompt(self, token_ids: list[int], param: str, max_model_len: int) -> None:
@@ -66,6 +70,13 @@ class ModelInfo:
                 f"This model's maximum context length is {max_model_len} tokens; the prompt has {num_prompt_tokens} "
                 f"tokens, so {param} may be at most {left}, got {requested}.", param=param)
         return left if requested is None else requested
+
+
+def check_chars(num_chars: int, max_chars: int, param: str, what: str) -> None:
+    """A 400 for text too long to template or tokenize: both cost time in proportion to it."""
+    if max_chars and num_chars > max_chars:
+        raise InvalidRequestError(f"{what} hold {num_chars} characters; this server takes at most {max_chars} "
+                                  "before tokenizing", param=param)
 
 
 def load_model_info(model_dir: str, name: str, created: int) -> ModelInfo:

@@ -7,12 +7,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engines.base.structured import StructuredSpec
 from engines.base.types import MAX_LOGIT_BIAS, SamplingParams
+from services.gateway.tenancy import MAX_CACHE_SALT_CHARS
 from services.gateway.tool_calls import Tool, ToolCall, ToolChoice
 from services.gateway.errors import InvalidRequestError, from_validation_errors
 
 MAX_N = 16
-MAX_CHOICES = 64  # prompts x n of one completions request, which holds one admission slot
+MAX_CHOICES = 64  # prompts x n of one completions request, each choice one admission slot
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # NOTE: the stop matcher's work per token grows with the longest stop string
 MAX_TOP_LOGPROBS = 20
 MAX_TOKENS_LIMIT = 2**32 - 1  # the wire's uint32; the context left after the prompt is checked once it is known
 MAX_TOP_K = 2**31 - 1
@@ -94,6 +96,7 @@ class _Common(_Strict):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)  # vLLM's: cache isolation
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -298,6 +301,9 @@ def _check_consistent(req: _Common) -> None:
     stops = req.stop_strings()
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
         raise InvalidRequestError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise InvalidRequestError(f"each stop string takes at most {MAX_STOP_CHARS} characters, got "
+                                  f"{max(len(s) for s in stops)}", param="stop")
     if req.stream_options is not None and not req.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:

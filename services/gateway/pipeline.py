@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engines.base.block_hash import chain_block_hashes
+from engines.base.block_hash import chain_block_hashes, chain_root
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.grpc_server import make_channel
@@ -38,7 +38,8 @@ class TokenDelta:
 class Pipeline:
     def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool, *, model: str,
                  request_timeout_s: float,
-                 route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None):
+                 route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None,
+                 kv_hash_secret: str = ""):
         self._routers = router_channel if isinstance(router_channel, RouterPool) else RouterPool(
             router_channel if isinstance(router_channel, list) else [router_channel])
         self._model = model
@@ -48,6 +49,7 @@ class Pipeline:
         self._background: set[asyncio.Task] = set()
         self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
         self._block_size = 0  # the decode workers' one KV block size (0: unknown or mixed): the router's hashes
+        self._kv_hash_secret = kv_hash_secret  # keys the hashes' root, as the router and workers do
 
     async def generate(self, req_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta]:
         """One request, start to finish, across as many workers as it takes; Router.Complete follows whatever
@@ -57,7 +59,7 @@ class Pipeline:
         journey = Journey(self._max_migrations)
         try:
             while True:
-                route = await self._route(req_id, journey.route_tokens(prompt), journey.excluded)
+                route = await self._route(req_id, journey.route_tokens(prompt), journey.excluded, params.cache_salt)
                 try:
                     async with aclosing(self._attempt(route, req_id, prompt, params, journey)) as stream:
                         async for delta in stream:
@@ -141,12 +143,14 @@ class Pipeline:
             await channel.close()
         self._channels.clear()
 
-    async def _route(self, req_id: str, prompt: list[int], excluded: list[str]) -> router_pb2.RouteResponse:
+    async def _route(self, req_id: str, prompt: list[int], excluded: list[str], salt: str = ""
+                     ) -> router_pb2.RouteResponse:
         # NOTE: the prompt's block hashes go along once the workers' block size is known: the router skips hashing
-        hashes = chain_block_hashes(prompt, self._block_size) if self._block_size else []
+        root = chain_root(salt, self._kv_hash_secret)
+        hashes = chain_block_hashes(prompt, self._block_size, root) if self._block_size else []
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
                                           exclude_worker_ids=excluded, block_hashes=hashes,
-                                          hash_block_size=self._block_size if hashes else 0)
+                                          hash_block_size=self._block_size if hashes else 0, cache_salt=salt)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
             try:  # NOTE: the pool fails over between replicas, and waits for a restarting one (up to the timeout)
                 reply = await self._routers.route(request, self._route_timeout_s)

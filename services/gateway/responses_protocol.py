@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.gateway.errors import InvalidRequestError, from_validation_errors
+from services.gateway.tenancy import MAX_CACHE_SALT_CHARS
 
 
 class _Strict(BaseModel):
@@ -138,6 +139,7 @@ class ResponsesRequest(_Strict):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
     truncation: Literal["disabled"] | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)  # vLLM's, as in chat
     # known OpenAI fields this server does not implement (see _UNSUPPORTED)
     include: Any = None
     reasoning: Any = None
@@ -160,7 +162,8 @@ class ResponsesRequest(_Strict):
         """The chat completion request this response runs as (streaming with usage when this one streams)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         optional = {"max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
-                    "top_p": self.top_p, "user": self.user, "response_format": self.text.format.response_format()}
+                    "top_p": self.top_p, "user": self.user, "cache_salt": self.cache_salt,
+                    "response_format": self.text.format.response_format()}
         body.update({k: v for k, v in optional.items() if v is not None})
         if self.tools:
             body["tools"] = [t.chat_tool() for t in self.tools]

@@ -27,6 +27,7 @@ from services.gateway.responses_api import make_api as make_responses_api
 from services.gateway.router_pool import RouterPool
 from services.gateway.serving import REQUEST_ID, Serving
 from services.gateway.settings import GatewaySettings, parse_args
+from services.gateway.tenancy import KeyLimits
 
 log = logging.getLogger(__name__)
 OPENAPI_VERSION = "1.0.0"  # of the HTTP API this document describes
@@ -37,7 +38,12 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
     is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
     model = load_model_info(settings.model_dir, settings.model_name, int(time.time()))
-    admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight)
+    if not settings.kv_hash_secret:
+        log.warning("TANDEM_KV_HASH_SECRET is unset: KV block hashes and tenant ids are not keyed "
+                    "(docs/security-tenants.md)")
+    admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight,
+                          limits=KeyLimits(settings.max_inflight_per_key, settings.tokens_per_minute_per_key),
+                          secret=settings.kv_hash_secret)
     metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
     metrics.start_at_zero(model.name)
     serving = Serving(settings, model, admission, metrics)
@@ -47,7 +53,8 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
         serving.pipeline = Pipeline(channel, model=settings.router_model,
                                     request_timeout_s=settings.request_timeout_s,
                                     route_timeout_s=settings.route_timeout_s, max_migrations=settings.max_migrations,
-                                    on_migration=lambda: metrics.migrated(model.name))
+                                    on_migration=lambda: metrics.migrated(model.name),
+                                    kv_hash_secret=settings.kv_hash_secret)
         return serving.pipeline
 
     if router_channel is not None:

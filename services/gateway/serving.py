@@ -29,6 +29,7 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses import ChatFormat, ChoiceTotal, CompletionFormat
 from services.gateway.settings import GatewaySettings
+from services.gateway.tenancy import cache_salt
 from services.gateway.tool_parsers import parser_for
 from services.gateway.sse import SseResponse
 
@@ -71,18 +72,20 @@ class Serving:
         timer = self.metrics.start(route, self.model.name)
         slot: Slot | None = None
         try:
-            self.admission.check_key(request.headers.get("authorization"))
+            tenant = self.admission.check_key(request.headers.get("authorization"))
             req = parse_request(kind, await read_body(request, self.settings.max_body_bytes))
             self.check_model(req.model)
-            slot = self.admission.acquire()
+            slot = self.admission.acquire(tenant, _num_choices(req))  # NOTE: one slot per choice: n=16 takes 16
             header = request.headers.get(REQUEST_ID_HEADER)
             is_unique = header is None or response_id is not None
             response_id = response_id or _response_id(req, header)
             timer.request_id = response_id
             current_request_id.set(response_id)  # NOTE: this request's task only; tags its log records
             # NOTE: two clients may send one x-request-id: the workers' ids get a random part so they never collide
-            job, plan = await self._job(req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}")
+            job, plan = await self._job(req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}",
+                                        tenant)
             timer.num_prompt_tokens = job.num_prompt_tokens
+            self._charge(slot, tenant, job, timer)
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
                 response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
             if req.stream:
@@ -98,18 +101,24 @@ class Serving:
             if slot is not None and timer.is_finished:
                 slot.release()
 
-    async def _job(self, req: ChatCompletionRequest | CompletionRequest, request_id: str
+    def _charge(self, slot: Slot, tenant: str, job: Job, timer: RequestTimer) -> None:
+        """The key's token rate pays each choice's prompt now and the generated tokens when the slot is freed."""
+        limits = self.admission.limits
+        limits.charge(tenant, job.num_prompt_tokens * job.n)
+        slot.on_release = lambda: limits.charge(tenant, timer.num_completion_tokens)
+
+    async def _job(self, req: ChatCompletionRequest | CompletionRequest, request_id: str, tenant: str = ""
                    ) -> tuple[Job, ChatPlan | None]:
-        plan = None
+        plan, max_chars = None, self.settings.max_prompt_chars
         with span("tokenize") as current:
             if isinstance(req, ChatCompletionRequest):
                 param = "messages"
                 plan = plan_chat(req, self.model.tokenizer.chat_template, self.tool_parser,
                                  self.settings.reasoning_parser == "think")
-                prompts = [await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools)]
+                prompts = [await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools, max_chars)]
             else:
                 param = "prompt"
-                prompts = [p if isinstance(p, list) else await self._off_loop(self.model.text_prompt, p)
+                prompts = [p if isinstance(p, list) else await self._off_loop(self.model.text_prompt, p, max_chars)
                            for p in req.prompts()]
             current.set_attribute("tandem.prompt_tokens", sum(map(len, prompts)))
         limit = await self.max_model_len()
@@ -118,7 +127,8 @@ class Serving:
         # NOTE: a batch shares its sampling parameters: the longest prompt bounds max_tokens for all
         max_tokens = self.model.max_new_tokens(max(map(len, prompts)), req.requested_max_tokens(), limit,
                                                req.max_tokens_param())
-        params = req.sampling_params(max_tokens)
+        params = dataclasses.replace(req.sampling_params(max_tokens), cache_salt=cache_salt(
+            tenant, req.cache_salt, self.settings.cache_sharing))
         self.model.check_logit_bias(params.logit_bias)
         spec = plan.spec if plan is not None else req.format_spec()
         if spec is not None:
@@ -130,6 +140,7 @@ class Serving:
         return Job(request_id, tuple(prompts), params, req.n, req.stop_strings()), plan
 
     async def _off_loop(self, fn: Callable[..., list[int]], *args) -> list[int]:
+        # NOTE: templating and tokenizing run in the one tokenizer thread: a long prompt never stalls the loop
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
 
     def _deltas(self, job: Job, timer: RequestTimer, plan: ChatPlan | None = None) -> AsyncIterator[ChoiceDelta]:
@@ -180,6 +191,11 @@ class _UsageIn:
     at_end: bool
     in_every_chunk: bool
     num_prompt_tokens: int
+
+
+def _num_choices(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Choices the request asks for: n per prompt (a completions request may send several prompts)."""
+    return req.n * (len(req.prompts()) if isinstance(req, CompletionRequest) else 1)
 
 
 def _response_id(req: ChatCompletionRequest | CompletionRequest, header: str | None) -> str:

@@ -4,11 +4,12 @@ A bad value raises SettingsError at start-up; nothing changes the settings after
 """
 import argparse
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from services.common.settings import SettingsError, env
 from services.gateway.chat_output import REASONING_PARSERS
+from services.gateway.tenancy import SHARING_MODES
 from services.gateway.tool_parsers import PARSER_NAMES
 
 MAX_WORKERS = 64
@@ -41,6 +42,12 @@ class GatewaySettings:
     response_store_path: str = ""  # sqlite's file; "" = responses.sqlite3 under the cache directory
     redis_url: str = ""  # the redis store's server, e.g. redis://host:6379/0
     response_ttl_s: float = 30 * 24 * 3600.0  # how long a stored response may be read back (OpenAI keeps 30 days)
+    # tenants (docs/security-tenants.md): per-key: each API key's prompts share cached KV only with its own
+    cache_sharing: str = "per-key"
+    kv_hash_secret: str = field(default="", repr=False)  # keys block hashes and tenant ids; the same on every service
+    max_inflight_per_key: int = 64  # sequences one API key may have in flight (n counts each); 0: no per-key limit
+    tokens_per_minute_per_key: int = 0  # prompt + generated tokens one API key may spend per minute; 0: no limit
+    max_prompt_chars: int = 1 << 19  # messages (and the chat template's output) or a prompt, before tokenizing
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -60,6 +67,7 @@ class GatewaySettings:
         if not 1 <= self.num_workers <= MAX_WORKERS:
             raise SettingsError(f"num_workers must be in [1, {MAX_WORKERS}], got {self.num_workers}")
         _check_store(self)
+        _check_tenancy(self)
 
     @property
     def model_name(self) -> str:
@@ -88,6 +96,16 @@ def _check_store(s: GatewaySettings) -> None:
                             f"rediss://... or unix://...; got {s.redis_url!r}")
     if s.response_ttl_s <= 0:
         raise SettingsError(f"response_ttl_s must be > 0, got {s.response_ttl_s}")
+
+
+def _check_tenancy(s: GatewaySettings) -> None:
+    if s.cache_sharing not in SHARING_MODES:
+        raise SettingsError(f"cache_sharing must be one of {', '.join(SHARING_MODES)}, got {s.cache_sharing!r}")
+    if s.max_inflight_per_key < 0 or s.tokens_per_minute_per_key < 0:
+        raise SettingsError(f"max_inflight_per_key and tokens_per_minute_per_key must be >= 0 (0: off), got "
+                            f"{s.max_inflight_per_key} and {s.tokens_per_minute_per_key}")
+    if s.max_prompt_chars < 1:
+        raise SettingsError(f"max_prompt_chars must be >= 1, got {s.max_prompt_chars}")
 
 
 def _keys(raw: str) -> tuple[str, ...]:
@@ -133,6 +151,11 @@ _ENV = {
     "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
     "redis_url": ("TANDEM_REDIS_URL", str),
     "response_ttl_s": ("TANDEM_RESPONSE_TTL_S", float),
+    "cache_sharing": ("TANDEM_CACHE_SHARING", str),
+    "kv_hash_secret": ("TANDEM_KV_HASH_SECRET", str),
+    "max_inflight_per_key": ("TANDEM_GATEWAY_MAX_INFLIGHT_PER_KEY", int),
+    "tokens_per_minute_per_key": ("TANDEM_GATEWAY_TOKENS_PER_MINUTE_PER_KEY", int),
+    "max_prompt_chars": ("TANDEM_GATEWAY_MAX_PROMPT_CHARS", int),
 }
 _FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
 

@@ -42,7 +42,7 @@ class PlannerService:
         self.source = source or make_source(settings)
         self.metrics = PlannerMetrics(self.connector.name, {"ttft": settings.slo_ttft_s, "itl": settings.slo_itl_s})
         self.plan = planner_pb2.Plan(connector=self.connector.name)
-        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry)
+        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry, limits="planner")
         planner_pb2_grpc.add_PlannerServicer_to_server(PlannerServicer(self), self.server.server)
         self._warnings: tuple[str, ...] = ()
         self._task: asyncio.Task | None = None

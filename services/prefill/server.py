@@ -38,7 +38,9 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
 
     @observed("Prefill")
     async def Prefill(self, request, context):
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params_from_pb(request.params), hold_kv=True)
+        params = params_from_pb(request.params)
+        req = EngineRequest(request.req_id, tuple(request.token_ids), params, hold_kv=True,
+                            hash_root=self.hash_root(params))
         start = time.monotonic()
         try:
             outputs = [out async for out in self.engine.add_request(req)]

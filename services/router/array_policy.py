@@ -59,4 +59,4 @@ class ArrayKvPolicy(KvAwarePolicy):
         """The gateway's hashes when it sent them for this block size, else hashed here (the one function)."""
         if request.block_hashes and request.hash_block_size == block_size:
             return request.block_hashes
-        return chain_block_hashes(request.token_ids, block_size)
+        return chain_block_hashes(request.token_ids, block_size, request.hash_root)

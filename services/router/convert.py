@@ -1,4 +1,5 @@
 """Router protobuf messages <-> router domain types. The only router module that knows both shapes."""
+from engines.base.block_hash import chain_root
 from services.common.convert import layout_from_pb, layout_to_pb, role_to_pb
 from services.common.convert import role_from_pb as _role_from_pb
 from services.common.protos import common_pb2, router_pb2
@@ -37,11 +38,11 @@ def load_to_pb(load: WorkerLoad) -> common_pb2.WorkerLoad:
     return common_pb2.WorkerLoad(**{name: getattr(load, name) for name in _LOAD_FIELDS})
 
 
-def route_input_from_pb(msg: router_pb2.RouteRequest) -> RouteInput:
+def route_input_from_pb(msg: router_pb2.RouteRequest, secret: str = "") -> RouteInput:
     # NOTE: the token ids stay in the message's repeated field (a read-only sequence): copying 8k of them into a
     # tuple costs far more than the decision, which reads only their count when the gateway sent block hashes
     return RouteInput(msg.req_id, msg.model, msg.token_ids, frozenset(msg.exclude_worker_ids),
-                      tuple(msg.block_hashes), msg.hash_block_size)
+                      tuple(msg.block_hashes), msg.hash_block_size, chain_root(msg.cache_salt, secret))
 
 
 def worker_ref(view: WorkerView) -> router_pb2.WorkerRef:

@@ -218,7 +218,7 @@ class KvAwarePolicy:
         if request.block_hashes and request.hash_block_size == block_size:
             hashes = request.block_hashes
         else:
-            hashes = chain_block_hashes(request.token_ids, block_size)
+            hashes = chain_block_hashes(request.token_ids, block_size, request.hash_root)
         tiers = self.index.match(hashes) if self.config.use_events else {}
         return hashes, tiers, self.predicted.overlap(hashes)
 

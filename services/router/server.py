@@ -110,7 +110,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             start = time.perf_counter()
             try:
-                decision = await self._decide(route_input_from_pb(request))
+                decision = await self._decide(route_input_from_pb(request, self.settings.kv_hash_secret))
             except RouterError as exc:
                 outcome = status_for(exc).name.lower()
                 self.metrics.failed(self.settings.policy, outcome)
@@ -179,7 +179,7 @@ class RouterService:
         index = self.core.policy.event_index
         self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
         self.metrics.start_at_zero(settings.policy)
-        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry)
+        self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry, limits="router")
         router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics,
                                                                     self.loads),
                                                      self.server.server)

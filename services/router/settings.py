@@ -44,6 +44,8 @@ class RouterSettings:
     # prefill workers' load streamed as it changes (StreamLoad), checked this often; 0: heartbeats only
     load_stream_interval_s: float = 0.01
     busy_kv_threshold: float = 0.0  # ... or this share of its KV blocks in use (0: off, as the load one)
+    # TANDEM_KV_HASH_SECRET: keys the block hashes' roots, as gateway and workers do (repr: hidden)
+    kv_hash_secret: str = dataclasses.field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -97,7 +99,7 @@ class RouterSettings:
 
     @classmethod
     def from_env(cls) -> "RouterSettings":
-        values = {f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(cls)}
+        values = {f.name: env(_env_name(f.name), f.default) for f in dataclasses.fields(cls)}
         return cls(**values)
 
 
@@ -107,7 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, dest=f.name, type=_parse_bool if isinstance(f.default, bool) else type(f.default),
                             default=None,
-                            help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+                            help=f"(env {_env_name(f.name)}, default {f.default})")
+
+
+def _env_name(name: str) -> str:
+    return "TANDEM_KV_HASH_SECRET" if name == "kv_hash_secret" else ENV_PREFIX + name.upper()
 
 
 def _parse_bool(raw: str) -> bool:

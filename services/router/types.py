@@ -83,6 +83,7 @@ class RouteInput:
     # `hash_block_size` tokens; empty: the router hashes the prompt itself
     block_hashes: tuple[int, ...] = ()
     hash_block_size: int = 0
+    hash_root: int = 0  # the first block's parent: block_hash.chain_root(the request's cache_salt, the secret)
 
     def validate(self) -> None:
         if not self.req_id:

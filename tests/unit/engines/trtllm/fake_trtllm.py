@@ -155,7 +155,7 @@ EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's
     "_tensorrt_engine/__init__.py": ("LLM",),
 }
 LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
-    "generate_async": ("inputs", "sampling_params", "streaming", "disaggregated_params"),
+    "generate_async": ("inputs", "sampling_params", "streaming", "disaggregated_params", "cache_salt"),
     "get_stats_async": ("timeout",), "get_kv_cache_events_async": ("timeout",), "shutdown": (),
 }
 LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
@@ -341,6 +341,7 @@ class LLM:
         self.live: list[GenerationResult] = []
         self.stats: list[dict] = []
         self.submitted: list[tuple[list[int], SamplingParams, Optional[DisaggregatedParams]]] = []
+        self.cache_salts: list[Optional[str]] = []  # generate_async's cache_salt, per request
         self.is_shut_down = False
         self._executor: Optional[GenerationExecutor] = GenerationExecutor()
         self.failure: Optional[BaseException] = None  # fail(): what live requests raise at their next step
@@ -348,13 +349,14 @@ class LLM:
         LLM.instances.append(self)
 
     def generate_async(self, inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
-                       streaming=False, kv_cache_retention_config=None, disaggregated_params=None):
+                       streaming=False, kv_cache_retention_config=None, disaggregated_params=None, cache_salt=None):
         if self._executor is None or self._executor.is_shutdown():
             raise RuntimeError("LLM is shutting down")  # as the real generate_async does
         if not isinstance(inputs, list) or not inputs:
             raise TypeError("the fake takes token ids")
         self._ids += 1
         self.submitted.append((list(inputs), sampling_params, disaggregated_params))
+        self.cache_salts.append(cache_salt)
         result = GenerationResult(self, self._ids, inputs, sampling_params or SamplingParams(), disaggregated_params)
         self.live.append(result)
         return result

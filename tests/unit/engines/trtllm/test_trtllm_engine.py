@@ -247,3 +247,14 @@ async def test_shutdown_ends_live_requests_with_abort(tiny_llama):
     await engine.shutdown()
     assert [o.finish_reason async for o in stream][-1] is FinishReason.ABORT
     assert fake_trtllm.LLM.instances[0].is_shut_down
+
+
+async def test_a_salted_request_reaches_tensorrt_llm_as_its_keyed_root_never_the_salt(tiny_llama):
+    from engines.base.block_hash import chain_root
+
+    engine = await make(tiny_llama)
+    root = chain_root("tenant-a", "secret")
+    await collect(engine, EngineRequest("s", PROMPT, greedy(2, cache_salt="tenant-a"), hash_root=root))
+    await collect(engine, EngineRequest("u", PROMPT, greedy(2)))
+    assert fake_trtllm.LLM.instances[0].cache_salts == [f"{root:016x}", None]
+    await engine.shutdown()

@@ -95,3 +95,15 @@ def test_events_are_numbered_in_tandems_log():
     m = TrtllmKvEvents(BS)
     m.ingest([stored(1, None, block(901, TOKENS[:4])), removed(2, 901)])
     assert [e.seq for e in m.log.since(0)] == [1, 2]
+
+
+def test_under_a_deployment_secret_the_chain_starts_at_its_root_which_is_never_published():
+    from engines.base.block_hash import chain_root
+
+    root = chain_root("", "secret")
+    m = TrtllmKvEvents(BS, root=root)
+    events = m.ingest([created(), stored(1, None, block(901, TOKENS[:4]), block(902, TOKENS[4:8]))])
+    salted = chain_block_hashes(TOKENS, BS, root)  # what the router computes for an unsalted prompt
+    assert [(e.parent_hash, e.block_hashes) for e in events] == [(NONE_HASH, tuple(salted[:2]))]
+    assert m.ingest([stored(2, 902, block(903, TOKENS[8:]))])[0].block_hashes == (salted[2],)
+    assert [e.parent_hash for e in m.ingest([moved(3, 901, 1, 0)]) if e.kind is KvEventKind.STORED] == [NONE_HASH]

@@ -57,3 +57,12 @@ def test_the_flags_are_in_the_help(capsys):
                  "--trtllm-kv-cache-dtype", "--trtllm-cache-transceiver", "--trtllm-tensor-parallel-size",
                  "--trtllm-options"):
         assert flag in out, flag
+
+
+def test_the_kv_hash_secret_comes_from_its_shared_variable_and_stays_out_of_repr(monkeypatch):
+    from services.common.roles import WorkerRole
+    from services.common.worker_settings import parse_worker_settings
+
+    monkeypatch.setenv("TANDEM_KV_HASH_SECRET", "hunter2")
+    settings = parse_worker_settings(WorkerRole.DECODE, ["--model", "m"])
+    assert settings.kv_hash_secret == "hunter2" and "hunter2" not in repr(settings)

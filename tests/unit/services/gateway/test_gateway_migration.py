@@ -144,3 +144,13 @@ async def test_no_worker_left_to_migrate_to_is_a_clean_503_event(stack):
     stack.decode.generate_error = (2, grpc.StatusCode.UNAVAILABLE)
     _, chunks, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100})
     assert len(chunks) == 2 and error["code"] == "no_worker_available" and error["type"] == "service_unavailable_error"
+
+
+async def test_a_migrated_request_keeps_its_cache_salt(stack, reply_ids):
+    stack.decode.generate_error = (3, grpc.StatusCode.UNAVAILABLE)
+    async with spares(stack, reply_ids) as (d1,):
+        text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
+                                                     "cache_salt": "team-x"})
+    assert error is None and d1.generate_requests
+    assert [r.params.cache_salt for r in stack.decode.generate_requests + d1.generate_requests] == ["team-x"] * 2
+    assert [r.cache_salt for r in stack.router.routes] == ["team-x"] * 2  # routed again under the same salt

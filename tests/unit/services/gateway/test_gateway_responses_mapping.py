@@ -175,3 +175,8 @@ def test_input_records_give_every_item_an_id_and_text_as_parts():
     assert items.page(records, limit=2) == {"object": "list", "data": [{"id": "4"}, {"id": "3"}], "first_id": "4",
                                             "last_id": "3", "has_more": True}
     assert [r["id"] for r in items.page(records, "asc", 10, after="2")["data"]] == ["3", "4"]
+
+
+def test_cache_salt_travels_to_the_chat_request():
+    assert json.loads(request(cache_salt="team-x").chat_body([]))["cache_salt"] == "team-x"
+    assert "cache_salt" not in json.loads(request().chat_body([]))
