@@ -22,7 +22,9 @@ class Streamer(worker_pb2_grpc.DecodeWorkerServicer):
             for i in range(request.params.max_tokens):
                 await asyncio.sleep(self.tick_s)
                 yield worker_pb2.GenerateResponse(token_ids=[i])
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # NOTE: a stream waiting for its next tick is cancelled; one caught at its yield (grpc still sending,
+            # likely on a loaded host) is closed after the send instead: either way the work stops
             self.cancelled.append(request.req_id)
             raise
 
