@@ -88,3 +88,28 @@ async def test_seeded_sampling_is_reproducible_with_speculation(tiny_llama):
     again, _ = await generate(tiny_llama, prompts[::-1], params, "ngram")
     assert spec.num_proposed > 0
     assert again[::-1] == first
+
+
+async def test_disaggregated_and_migrated_requests_speculate_on_their_decode_engine(tiny_llama):
+    """A prefill-only request does not speculate (one token, then its KV waits); the decode engine that imports
+    its KV does, and so does one continuing a migrated request (prompt + tokens already sent): output unchanged."""
+    p = copy_heavy_prompts(256)[1]
+    plain = await started(tiny_llama)
+    prefill, decode = await started(tiny_llama, speculative="ngram"), await started(tiny_llama, speculative="ngram")
+    try:
+        reference, _ = await collect(plain, EngineRequest("ref", tuple(p), greedy(40)))
+        first, _ = await collect(prefill, EngineRequest("pre", tuple(p), greedy(40), hold_kv=True))
+        kv = await prefill.export_kv("pre")
+        await prefill.release_kv("pre")
+        rest, last = await collect(decode, EngineRequest("dec", tuple(p), greedy(40), kv=kv,
+                                                         output_token_ids=tuple(first)))
+        assert last.num_cached_tokens == len(p)
+        migrated, _ = await collect(decode, EngineRequest("mig", tuple(p), greedy(40),
+                                                          output_token_ids=tuple(reference[:9])))
+        assert prefill.channel.core.scheduler.speculator.num_proposed == 0
+        assert decode.channel.core.scheduler.speculator.num_accepted > 0
+    finally:
+        for engine in (plain, prefill, decode):
+            await engine.shutdown()
+    assert first + rest == reference
+    assert reference[:9] + migrated == reference

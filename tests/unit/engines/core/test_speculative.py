@@ -2,6 +2,7 @@
 proposals and their commit — accepted tokens only, rejected positions' blocks given back, nothing rejected cached."""
 import pytest
 
+from engines.base.structured import StructuredSpec
 from engines.base.types import FinishReason, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.scheduler import Scheduler, SchedulerConfig
@@ -128,6 +129,9 @@ def test_what_does_not_speculate():
         sched = make(**kw)
         decoding(sched, [1, 2, 3, 1, 2])
         assert sched.schedule().scheduled[0].spec_token_ids == ()
+    sched = make()  # NOTE: structured outputs: the grammar's mask is per token, so they decode plainly
+    decoding(sched, [1, 2, 3, 1, 2], structured=StructuredSpec("json_object"))
+    assert sched.schedule().scheduled[0].spec_token_ids == ()
     sched = make(spec=SpecConfig("ngram", max_num_seqs=1, draft_cost=0.0))  # the batch is too large
     decoding(sched, [1, 2, 3, 1, 2])
     decoding(sched, [1, 2, 3, 1, 2]).req_id = "r2"
