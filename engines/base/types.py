@@ -198,6 +198,11 @@ class EngineStats:
     onboard_seconds: float = 0.0  # their summed latency, start to the step loop seeing the end
     num_disk_write_errors: int = 0
     prefill_tokens_per_s: float = 0.0  # measured; what a load is weighed against
+    # speculative decoding (all 0 without it): tokens proposed and verified, of them accepted, and the
+    # sequence-steps that verified (accepted / verify steps = mean accepted length, before the one bonus token)
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
+    num_spec_verify_steps: int = 0
     kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
     kv_disk_bytes_per_s: float = 0.0
 

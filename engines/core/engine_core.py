@@ -311,8 +311,15 @@ class EngineCore:
             prefix_hits=sched.prefix_hits, num_preemptions=sched.num_preemptions,
             num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
             num_generated_tokens=sched.num_generated_tokens,
-            **(self.tiering.stats() if self.tiering is not None else {}),
+            **(self.tiering.stats() if self.tiering is not None else {}), **self._spec_stats(),
         )
+
+    def _spec_stats(self) -> dict:
+        spec = self.scheduler.speculator
+        if spec is None:
+            return {}
+        return {"num_spec_proposed": spec.num_proposed, "num_spec_accepted": spec.num_accepted,
+                "num_spec_verify_steps": spec.num_verify_steps}
 
     # -- internals ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence) -> RequestOutput:

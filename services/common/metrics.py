@@ -72,6 +72,12 @@ class EngineCollector(Collector):
         yield counter("tandem_worker_prompt_tokens", "Prompt tokens computed", s.num_prompt_tokens_computed)
         yield counter("tandem_worker_generated_tokens", "Tokens generated", s.num_generated_tokens)
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
+        yield counter("tandem_worker_spec_proposed_tokens", "Speculative decoding: tokens proposed and verified",
+                      s.num_spec_proposed)
+        yield counter("tandem_worker_spec_accepted_tokens", "Speculative decoding: proposed tokens accepted",
+                      s.num_spec_accepted)
+        yield counter("tandem_worker_spec_verify_steps", "Speculative decoding: sequence-steps that verified proposals",
+                      s.num_spec_verify_steps)
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
         yield from model_server_metrics(s, self._model_name)

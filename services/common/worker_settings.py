@@ -4,6 +4,7 @@ import socket
 from dataclasses import dataclass
 
 from services.common.roles import WorkerRole
+from engines.core.speculative import SpecConfig
 from engines.native.config import check_tier_sizes
 from engines.transfer.nixl_link import NixlSettings
 from services.common.settings import SettingsError, env
@@ -57,6 +58,8 @@ class WorkerSettings:
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
+    speculative: str = ""  # engine native: speculative decoding's proposer, "ngram" (prompt lookup); "": off
+    num_speculative_tokens: int = 4  # engine native: the most tokens proposed per request and step
 
     def __post_init__(self) -> None:
         try:
@@ -93,6 +96,15 @@ class WorkerSettings:
             raise SettingsError("engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
                                 "--trtllm-options instead of --kv-host-gb / --kv-disk-gb")
         self._check_trtllm()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        try:
+            SpecConfig(self.speculative, self.num_speculative_tokens)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if self.speculative and self.engine != "native":
+            raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
     def _check_trtllm(self) -> None:
         for name, allowed in (("trtllm_backend", TRTLLM_BACKENDS), ("trtllm_quant", TRTLLM_QUANT),
@@ -144,6 +156,7 @@ _HELP = {
     "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
+    "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup); '' (default): off",
 }
 _ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT"}
 
@@ -158,7 +171,8 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
-                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", *_TRTLLM_FLAGS):
+                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "speculative",
+                 "num_speculative_tokens", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
