@@ -48,9 +48,9 @@ def add_stack_commands(commands) -> None:
                     help="per worker: disk for KV blocks seen twice, under --kv-disk-dir (>= --kv-host-gb)")
     up.add_argument("--kv-disk-dir", default=os.environ.get("TANDEM_WORKER_KV_DISK_DIR", ""),
                     help="the disk KV tier's directory; each worker keeps its blocks in DIR/<worker name>")
-    up.add_argument("--speculative", default=os.environ.get("TANDEM_WORKER_SPECULATIVE", ""), choices=["", "ngram"],
-                    help="per worker (native engine): speculative decoding by prompt lookup; see "
-                         "docs/speculative-decoding.md")
+    up.add_argument("--speculative", default=os.environ.get("TANDEM_WORKER_SPECULATIVE", ""),
+                    help="per worker (native engine): speculative decoding, ngram (prompt lookup) or draft:DIR (a "
+                         "small model with the target's tokenizer); see docs/speculative-decoding.md")
     up.set_defaults(func=_up)
 
 

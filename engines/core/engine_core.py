@@ -16,7 +16,7 @@ from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepTokens
-from engines.core.speculative import SpecConfig
+from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.tiering import Tiering
 
@@ -62,7 +62,9 @@ def check_shaping(params: SamplingParams, info: RunnerInfo) -> None:
 
 
 class EngineCore:
-    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic,
+                 proposer: Proposer | None = None):
+        """`proposer`: speculative decoding's, when not the config's default (n-gram prompt lookup)."""
         self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.info.max_model_len:
             raise ValueError("without chunked prefill, max_num_batched_tokens must be >= max_model_len "
@@ -72,7 +74,8 @@ class EngineCore:
         self.block_manager = BlockManager(self.info.num_blocks, self.info.kv_layout.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   config.enable_chunked_prefill, config.spec), self.block_manager)
+                                                   config.enable_chunked_prefill, config.spec), self.block_manager,
+                                   proposer)
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
         self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills

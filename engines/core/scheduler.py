@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from engines.base.types import FinishReason, TokenLogprob
 from engines.core.block_manager import BlockManager
 from engines.core.sequence import Sequence, SequenceStatus
-from engines.core.speculative import SpecConfig, Speculator
+from engines.core.speculative import Proposer, SpecConfig, Speculator
 
 # what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order: one token, or for a sequence
 # that verified proposed tokens, the tokens it accepted (the agreeing proposals and one more)
@@ -58,7 +58,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None):
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -69,7 +69,7 @@ class Scheduler:
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
         self.num_held = 0
-        self.speculator = Speculator(config.spec) if config.spec.is_enabled else None
+        self.speculator = Speculator(config.spec, proposer) if config.spec.is_enabled else None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -127,6 +127,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out; a prefilled one keeps its blocks, held for export."""
+        if self.speculator is not None:
+            self.speculator.proposer.forget(seq.req_id)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
@@ -173,7 +175,7 @@ class Scheduler:
         if self.speculator is None or seq.num_uncomputed_tokens != 1 or seq.hold_kv or seq.params.structured:
             return ()
         room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - seq.num_tokens, budget) - 1
-        return self.speculator.propose(seq.token_ids, seq.spec, room, len(self.running))
+        return self.speculator.propose(seq.req_id, seq.token_ids, seq.spec, room, len(self.running))
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

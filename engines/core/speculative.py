@@ -1,10 +1,11 @@
-"""Speculative decoding's scheduler half: proposers (n-gram prompt lookup), the per-request adaptive draft length,
-and the counters. Pure: no torch, no I/O — the runner verifies what is proposed here."""
+"""Speculative decoding's scheduler half: the proposer interface and n-gram prompt lookup, the per-request adaptive
+draft length, and the counters. Pure: no torch, no I/O — the runner verifies what is proposed here (a draft model
+proposer, engines/native/draft.py, plugs in through `Proposer`)."""
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
-METHODS = ("", "ngram")  # "": off
+METHODS = ("", "ngram", "draft")  # "": off; "draft": a small model with the target's tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +33,23 @@ class SpecConfig:
         return bool(self.method)
 
 
+def parse_speculative(value: str) -> tuple[str, str]:
+    """A `--speculative` value ("", "ngram" or "draft:DIR") as (method, draft model directory)."""
+    method, _, draft_dir = value.partition(":")
+    if method == "draft" and not draft_dir:
+        raise ValueError("speculative draft needs its model directory: draft:DIR")
+    if method != "draft" and draft_dir:
+        raise ValueError(f"speculative {method!r} takes no argument, got {value!r}")
+    SpecConfig(method)  # NOTE: raises the one clear error for an unknown method
+    return method, draft_dir
+
+
 class Proposer(Protocol):
-    def propose(self, token_ids: Seq[int], k: int) -> list[int]:
-        """Up to `k` tokens likely to follow `token_ids` (prompt + output so far); [] for none."""
+    def propose(self, req_id: str, token_ids: Seq[int], k: int) -> list[int]:
+        """Up to `k` tokens likely to follow `token_ids` (request `req_id`'s prompt + output so far); [] for none."""
+
+    def forget(self, req_id: str) -> None:
+        """The request ended: drop whatever was kept for it."""
 
 
 class NgramProposer:
@@ -44,13 +59,16 @@ class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, token_ids: Seq[int], k: int) -> list[int]:
+    def propose(self, req_id: str, token_ids: Seq[int], k: int) -> list[int]:
         n_tokens = len(token_ids)
         for n in range(min(self.ngram_max, n_tokens - 1), self.ngram_min - 1, -1):
             start = _latest_match(token_ids, n)
             if start >= 0:
                 return list(token_ids[start + n : start + n + k])
         return []
+
+    def forget(self, req_id: str) -> None:
+        pass  # NOTE: stateless: the context is the request's own tokens
 
 
 def _latest_match(token_ids: Seq[int], n: int) -> int:
@@ -97,6 +115,8 @@ class Speculator:
     """What the scheduler asks before each decode: the tokens to verify with it. Keeps the counters."""
 
     def __init__(self, config: SpecConfig, proposer: Proposer | None = None):
+        if proposer is None and config.method != "ngram":
+            raise ValueError(f"speculative {config.method!r} needs its proposer")
         self.config = config
         self.proposer = proposer or NgramProposer(config.ngram_min, config.ngram_max)
         self.num_proposed = 0  # tokens proposed (and verified)
@@ -113,11 +133,12 @@ class Speculator:
             state.cooldown, state.proposed, state.accepted = self.config.cooldown_steps, 2.0, 1.0
         return k
 
-    def propose(self, token_ids: Seq[int], state: SpecState, max_k: int, num_running: int) -> tuple[int, ...]:
+    def propose(self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int,
+                num_running: int) -> tuple[int, ...]:
         if num_running > self.config.max_num_seqs or max_k < 1:
             return ()
         k = self.draft_len(state, max_k)
-        return tuple(self.proposer.propose(token_ids, k)) if k else ()
+        return tuple(self.proposer.propose(req_id, token_ids, k)[:k]) if k else ()
 
     def record(self, state: SpecState, num_proposed: int, num_accepted: int) -> None:
         state.record(num_proposed, num_accepted)

@@ -4,7 +4,7 @@ import socket
 from dataclasses import dataclass
 
 from services.common.roles import WorkerRole
-from engines.core.speculative import SpecConfig
+from engines.core.speculative import SpecConfig, parse_speculative
 from engines.native.config import check_tier_sizes
 from engines.transfer.nixl_link import NixlSettings
 from services.common.settings import SettingsError, env
@@ -58,7 +58,7 @@ class WorkerSettings:
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
-    speculative: str = ""  # engine native: speculative decoding's proposer, "ngram" (prompt lookup); "": off
+    speculative: str = ""  # engine native: speculative decoding, "ngram" (prompt lookup) or "draft:DIR"; "": off
     num_speculative_tokens: int = 4  # engine native: the most tokens proposed per request and step
 
     def __post_init__(self) -> None:
@@ -100,7 +100,7 @@ class WorkerSettings:
 
     def _check_speculative(self) -> None:
         try:
-            SpecConfig(self.speculative, self.num_speculative_tokens)
+            SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         if self.speculative and self.engine != "native":
@@ -156,7 +156,8 @@ _HELP = {
     "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
-    "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup); '' (default): off",
+    "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
+                   "the target's tokenizer); '' (default): off",
 }
 _ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT"}
 

@@ -115,3 +115,41 @@ async def test_disaggregated_and_migrated_requests_speculate_on_their_decode_eng
             await engine.shutdown()
     assert first + rest == reference
     assert reference[:9] + migrated == reference
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """A tiny llama of other random weights: the target's tokenizer, proposals mostly wrong."""
+    from tandem.models.init import init_model
+
+    return init_model(tmp_path_factory.mktemp("draft"), "llama", tiny=True, seed=1)
+
+
+async def test_a_draft_model_proposes_and_greedy_output_is_unchanged(tiny_llama, other_draft):
+    prompts = copy_heavy_prompts(256)
+    plain, _ = await generate(tiny_llama, prompts, greedy(32), "", max_num_batched_tokens=16)
+    same, _ = await generate(tiny_llama, prompts, greedy(32), f"draft:{tiny_llama}", max_num_batched_tokens=16)
+    other, _ = await generate(tiny_llama, prompts, greedy(32), f"draft:{other_draft}", max_num_batched_tokens=16)
+    engine = await started(tiny_llama, speculative=f"draft:{tiny_llama}")
+    try:
+        await run_batch(engine, prompts[:1], greedy(32))
+        stats = engine.stats()
+    finally:
+        await engine.shutdown()
+    assert same == plain and other == plain
+    # NOTE: the target as its own draft: every proposal is the target's own argmax
+    assert stats.num_spec_accepted >= 0.9 * stats.num_spec_proposed > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
+    import json
+    import shutil
+
+    from engines.native.draft import DraftError, check_draft
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    with pytest.raises(DraftError, match="token ids"):
+        check_draft(str(tiny_llama), str(other))

@@ -7,7 +7,8 @@ from engines.base.types import FinishReason, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.scheduler import Scheduler, SchedulerConfig
 from engines.core.sequence import Sequence, SequenceStatus
-from engines.core.speculative import NgramProposer, SpecConfig, SpecState, Speculator, best_draft_len
+from engines.core.speculative import (NgramProposer, SpecConfig, SpecState, Speculator, best_draft_len,
+                                      parse_speculative)
 
 BS = 4
 NGRAM = SpecConfig("ngram", max_draft_tokens=4, draft_cost=0.0)
@@ -23,13 +24,13 @@ NGRAM = SpecConfig("ngram", max_draft_tokens=4, draft_cost=0.0)
     ([1, 2, 3, 1, 2], 1, [3]),
 ])
 def test_ngram_proposes_what_followed_the_latest_match(tokens, k, expected):
-    assert NgramProposer(1, 3).propose(tokens, k) == expected
+    assert NgramProposer(1, 3).propose("r", tokens, k) == expected
 
 
 def test_ngram_prefers_the_longest_suffix():
     tokens = [4, 2, 8, 1, 2, 9, 1, 2]
-    assert NgramProposer(1, 3).propose(tokens + [8, 1, 2], 2) == [9, 1]  # trigram (8, 1, 2); the bigram says 8, 1
-    assert NgramProposer(3, 3).propose([1, 2, 3, 4], 2) == []  # min 3: no trigram repeats
+    assert NgramProposer(1, 3).propose("r", tokens + [8, 1, 2], 2) == [9, 1]  # trigram (8, 1, 2); the bigram says 8, 1
+    assert NgramProposer(3, 3).propose("r", [1, 2, 3, 4], 2) == []  # min 3: no trigram repeats
 
 
 # -- the adaptive draft length -----------------------------------------------------------------
@@ -54,6 +55,11 @@ def test_a_request_whose_proposals_fail_rests_then_tries_again():
 def test_spec_config_is_validated():
     with pytest.raises(ValueError, match="speculative method"):
         SpecConfig("eagle")
+    assert parse_speculative("draft:/m/small") == ("draft", "/m/small")
+    assert parse_speculative("ngram") == ("ngram", "") and parse_speculative("") == ("", "")
+    for bad in ("draft", "ngram:3", "medusa:x"):
+        with pytest.raises(ValueError):
+            parse_speculative(bad)
     with pytest.raises(ValueError):
         SpecConfig("ngram", ngram_min=3, ngram_max=2)
 

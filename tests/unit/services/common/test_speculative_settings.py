@@ -19,11 +19,14 @@ def test_the_flag_and_the_environment_reach_the_native_engine(monkeypatch):
     monkeypatch.setenv("TANDEM_WORKER_SPECULATIVE", "ngram")
     assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).speculative == "ngram"
     assert engine_spec(WorkerSettings(role="decode", model="m")).config.speculative == ""
+    assert WorkerSettings(role="decode", model="m", speculative="draft:/models/small").speculative == "draft:/models/small"
 
 
 def test_bad_values_are_refused_at_start():
     with pytest.raises(SettingsError, match="speculative method must be one of"):
         WorkerSettings(role="decode", model="m", speculative="medusa")
+    with pytest.raises(SettingsError, match="needs its model directory"):
+        WorkerSettings(role="decode", model="m", speculative="draft")
     with pytest.raises(SettingsError, match="max_draft_tokens must be >= 1"):
         WorkerSettings(role="decode", model="m", speculative="ngram", num_speculative_tokens=0)
     with pytest.raises(SettingsError, match="runs in the native engine"):
