@@ -1,6 +1,8 @@
 """Speculative decoding through the native engine: greedy output identical to plain decoding on every supported
 architecture, in batches shared with chunked prefills, with logprobs, penalties, min_tokens and stop tokens applied
 to accepted tokens only."""
+import asyncio
+
 import pytest
 import torch
 
@@ -153,3 +155,23 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
     (other / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
     with pytest.raises(DraftError, match="token ids"):
         check_draft(str(tiny_llama), str(other))
+
+
+async def test_every_published_block_holds_accepted_tokens_only(tiny_llama):
+    from engines.base import chain_block_hashes
+    from engines.base.events import KvEventKind
+
+    prompts = copy_heavy_prompts(256)
+    engine = await started(tiny_llama, speculative="ngram", block_size=4)  # small blocks: many fill with output
+    try:
+        outputs = await run_batch(engine, prompts, greedy(40))
+        await asyncio.sleep(0.2)  # NOTE: the loop publishes a step's events after its outputs
+        events = await engine.kv_events_since(0)
+        stats = engine.stats()
+    finally:
+        await engine.shutdown()
+    real = {h for p, o in zip(prompts, outputs) for h in chain_block_hashes(tuple(p + o), 4)}
+    stored = {h for e in events if e.kind is KvEventKind.STORED for h in e.block_hashes}
+    assert stats.num_spec_proposed > stats.num_spec_accepted > 0  # some proposals were rejected
+    assert len(stored) > sum(len(p) for p in prompts) // 4  # output blocks were published too
+    assert stored <= real
