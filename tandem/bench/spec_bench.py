@@ -2,12 +2,14 @@
 without it, in one run, on a copy-heavy workload (edit a given text) and a no-copy chat workload, greedy; plus
 transformers' own prompt lookup (`prompt_lookup_num_tokens`) at batch 1. Checks the outputs are identical."""
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base.types import EngineRequest, SamplingParams
 
+log = logging.getLogger(__name__)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TOPICS = ("the sea", "autumn", "a lighthouse", "bread", "a city at night", "snow", "a library", "the moon",
           "a train journey", "gardens", "rain", "mountains", "a market", "bees", "the desert", "a river")
@@ -148,6 +150,7 @@ def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_
         for _ in range(repeats):
             for method in ("", speculative):
                 run = asyncio.run(run_native(model_dir, prompts, w.osl, method, threads, w.concurrency))
+                log.info("%s, %s: %.1f tok/s", w.name, method or "plain", run.tokens_per_s)
                 runs[method or "plain"].append(run)
         row = _row(w, max(runs["plain"], key=lambda r: r.tokens_per_s), max(runs[speculative],
                                                                              key=lambda r: r.tokens_per_s))
