@@ -102,11 +102,12 @@ async def _generate(engine, prompts: list[list[int]], osl: int, prefix: str) -> 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
-def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, lookup: int) -> Run:
+def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, lookup: int, threads: int) -> Run:
     """Batch 1, one prompt after another: greedy `generate`, with prompt lookup when `lookup` > 0."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
     outputs, seconds = [], 0.0
@@ -136,31 +137,45 @@ WORKLOADS = (SpecWorkload("copy-heavy, batch 1", "copy", 4, 1, 256),
              SpecWorkload("chat, 32 concurrent", "chat", 32, 32, 128))
 
 
-def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_transformers: bool) -> dict:
+def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_transformers: bool,
+            on_row=lambda report: None) -> dict:
     """Every workload on the plain and the speculating engine, alternating, `repeats` times (the best run of each
-    kept: the machine may be shared); transformers' prompt lookup on the copy-heavy one."""
+    kept: the machine may be shared), each run in a fresh process; transformers' prompt lookup on the copy-heavy
+    one. `on_row` sees the report after each workload (a long run on a loaded host keeps what it measured)."""
+    from tandem.bench.engine_bench import _in_fresh_process
+
     from tokenizers import Tokenizer  # noqa: F401  (transformers' tokenizer needs it; fail early and clearly)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    rows = []
+    rows: list[dict] = []
+    report = {"model": str(model_dir), "speculative": speculative, "threads": threads, "repeats": repeats,
+              "greedy": True, "workloads": rows}
     for w in WORKLOADS:
         prompts = (copy_prompts if w.kind == "copy" else chat_prompts)(tokenizer, w.num_requests)
         runs: dict[str, list[Run]] = {"plain": [], speculative: []}
         for _ in range(repeats):
             for method in ("", speculative):
-                run = asyncio.run(run_native(model_dir, prompts, w.osl, method, threads, w.concurrency))
+                run = _in_fresh_process(_native_main, model_dir, prompts, w.osl, method, threads, w.concurrency)
                 log.info("%s, %s: %.1f tok/s", w.name, method or "plain", run.tokens_per_s)
                 runs[method or "plain"].append(run)
         row = _row(w, max(runs["plain"], key=lambda r: r.tokens_per_s), max(runs[speculative],
                                                                              key=lambda r: r.tokens_per_s))
         if with_transformers and w.kind == "copy":
-            row["transformers_tok_s"] = run_transformers(model_dir, prompts, w.osl, 0).tokens_per_s
-            lookup = run_transformers(model_dir, prompts, w.osl, 10)
+            row["transformers_tok_s"] = _in_fresh_process(run_transformers, model_dir, prompts, w.osl, 0,
+                                                          threads).tokens_per_s
+            lookup = _in_fresh_process(run_transformers, model_dir, prompts, w.osl, 10, threads)
             row["transformers_prompt_lookup_tok_s"] = lookup.tokens_per_s
         rows.append(row)
-    return {"model": str(model_dir), "speculative": speculative, "threads": threads, "repeats": repeats,
-            "greedy": True, "workloads": rows}
+        on_row(report)
+    return report
+
+
+def _native_main(*args) -> Run:
+    import torch
+
+    torch.set_num_threads(args[4])
+    return asyncio.run(run_native(*args))
 
 
 def _row(w: SpecWorkload, plain: Run, spec: Run) -> dict:
@@ -191,11 +206,14 @@ def cmd_bench_spec(args) -> int:
     from tandem.bench.engine_bench import _resolve_model
     from tandem.bench.jsonsafe import json_safe
 
+    def write(report: dict) -> None:
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
+
     report = compare(_resolve_model(args.model), args.speculative, args.threads, args.repeats,
-                     "transformers" in args.engines)
+                     "transformers" in args.engines, on_row=write)
     print(format_table(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0
