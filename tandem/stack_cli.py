@@ -49,6 +49,9 @@ def add_stack_commands(commands) -> None:
                     help="per worker: disk for KV blocks seen twice, under --kv-disk-dir (>= --kv-host-gb)")
     up.add_argument("--kv-disk-dir", default=os.environ.get("TANDEM_WORKER_KV_DISK_DIR", ""),
                     help="the disk KV tier's directory; each worker keeps its blocks in DIR/<worker name>")
+    up.add_argument("--speculative", default=os.environ.get("TANDEM_WORKER_SPECULATIVE", ""),
+                    help="per worker (native engine): speculative decoding, ngram (prompt lookup) or draft:DIR (a "
+                         "small model with the target's tokenizer); see docs/speculative-decoding.md")
     up.set_defaults(func=_up)
 
 
@@ -72,7 +75,8 @@ def _up(args) -> int:
                       port=args.port,
                       host=args.host, engine=args.engine, dtype=args.dtype, num_threads=args.num_threads,
                       log_dir=args.log_dir, prometheus_port=args.prometheus, num_gateway_workers=args.gateway_workers,
-                      planner=args.planner, worker_args=(*tiers, *_device_args(args)), kv_disk_dir=args.kv_disk_dir)
+                      planner=args.planner, worker_args=(*tiers, *_device_args(args), *_spec_args(args)),
+                      kv_disk_dir=args.kv_disk_dir)
     return run_stack(cfg)
 
 
@@ -81,6 +85,10 @@ def _device_args(args) -> tuple[str, ...]:
     share = (("--gpu-memory-utilization", str(args.gpu_memory_utilization))
              if args.gpu_memory_utilization is not None else ())
     return (*device, *share)
+
+
+def _spec_args(args) -> tuple[str, ...]:
+    return ("--speculative", args.speculative) if args.speculative else ()
 
 
 def _default_model() -> Path:

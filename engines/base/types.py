@@ -211,6 +211,11 @@ class EngineStats:
     num_grammar_masks: int = 0
     grammar_mask_seconds: float = 0.0
     grammar_wait_seconds: float = 0.0
+    # speculative decoding (all 0 without it): tokens proposed and verified, of them accepted, and the
+    # sequence-steps that verified (accepted / verify steps = mean accepted length, before the one bonus token)
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
+    num_spec_verify_steps: int = 0
     kv_host_bytes_per_s: float = 0.0  # measured onboarding bandwidth per tier (0: not yet measured)
     kv_disk_bytes_per_s: float = 0.0
     num_disk_blocks_refused: int = 0  # disk tier files refused: planted, another worker's, tampered or corrupt

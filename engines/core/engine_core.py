@@ -15,7 +15,8 @@ from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExpor
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.runner import PendingStep, Runner, RunnerInfo
-from engines.core.scheduler import Sampled, Scheduler, SchedulerConfig, SchedulerOutput
+from engines.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepTokens
+from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.tiering import Tiering
 
@@ -28,6 +29,7 @@ class CoreConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     held_kv_ttl_s: float = 30.0  # a prefilled request's blocks are freed if not exported by then
+    spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -60,15 +62,20 @@ def check_shaping(params: SamplingParams, info: RunnerInfo) -> None:
 
 
 class EngineCore:
-    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic,
+                 proposer: Proposer | None = None):
+        """`proposer`: speculative decoding's, when not the config's default (n-gram prompt lookup)."""
         self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.info.max_model_len:
             raise ValueError("without chunked prefill, max_num_batched_tokens must be >= max_model_len "
                              f"({config.max_num_batched_tokens} < {self.info.max_model_len})")
+        if config.spec.is_enabled and not self.info.can_speculate:
+            raise ValueError("this engine cannot verify proposed tokens: speculative decoding needs the native engine")
         self.block_manager = BlockManager(self.info.num_blocks, self.info.kv_layout.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   config.enable_chunked_prefill), self.block_manager)
+                                                   config.enable_chunked_prefill, config.spec), self.block_manager,
+                                   proposer)
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
         self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
@@ -273,7 +280,7 @@ class EngineCore:
     def launch(self, out: SchedulerOutput) -> PendingStep:
         return self.runner.launch(out)
 
-    def commit(self, out: SchedulerOutput, sampled: list[Sampled]) -> list[RequestOutput]:
+    def commit(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[RequestOutput]:
         """Apply a step's tokens; the deltas of every sequence that got one."""
         completed = self.tiering.completed(out) if self.tiering is not None else None
         outputs = [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
@@ -310,12 +317,19 @@ class EngineCore:
             num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
             num_generated_tokens=sched.num_generated_tokens,
             **(self.tiering.stats() if self.tiering is not None else {}),
-            **self._grammar_stats(),
+            **self._grammar_stats(), **self._spec_stats(),
         )
 
     def _grammar_stats(self) -> dict:
         grammar_stats = getattr(self.runner, "grammar_stats", None)  # a runner that constrains sampling
         return grammar_stats() if grammar_stats is not None else {}
+
+    def _spec_stats(self) -> dict:
+        spec = self.scheduler.speculator
+        if spec is None:
+            return {}
+        return {"num_spec_proposed": spec.num_proposed, "num_spec_accepted": spec.num_accepted,
+                "num_spec_verify_steps": spec.num_verify_steps}
 
     # -- internals ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence) -> RequestOutput:

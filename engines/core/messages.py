@@ -137,7 +137,7 @@ def _event_from(t: tuple) -> KvEvent:
 
 def _info(i: RunnerInfo) -> tuple:
     return (_layout(i.kv_layout), i.num_blocks, i.max_model_len, i.vocab_size, i.eos_token_ids, i.kv_transport,
-            i.no_logits, i.can_constrain)
+            i.no_logits, i.can_constrain, i.can_speculate)
 
 
 def _ext(value):

@@ -7,7 +7,7 @@ from typing import Protocol
 from engines.base.requests import DTYPE_BYTES
 from engines.base.types import KvExport, KvLayout
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.scheduler import Sampled, SchedulerOutput
+from engines.core.scheduler import Sampled, SchedulerOutput, StepTokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +22,13 @@ class RunnerInfo:
     kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
     no_logits: str = ""  # the engine's name when it draws tokens without logits (sim, zero): shaping is refused
     can_constrain: bool = False  # it masks sampling to a request's grammar (StructuredSpec); else it refuses one
+    can_speculate: bool = False  # it verifies ScheduledSeq.spec_token_ids (speculative decoding)
 
 
 class PendingStep(Protocol):
-    def wait(self) -> list[Sampled]:
-        """Block until the step is done; (token, logprob) per sampling sequence, in `out.sampling` order."""
+    def wait(self) -> list[StepTokens]:
+        """Block until the step is done; (token, logprob) per sampling sequence, in `out.sampling` order (a list
+        of them for a sequence that verified proposed tokens: the ones it accepted)."""
 
 
 class Runner(Protocol):

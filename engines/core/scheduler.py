@@ -1,15 +1,18 @@
 """Continuous-batching scheduler: a per-step token budget shared by decodes and (chunked) prefills,
 prefix-cache hits on admission, preemption by recompute, and committing a step's sampled tokens
-(`update_from_output`). No torch, no I/O, no clock."""
+(`update_from_output`), with speculative decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
 from collections import deque
 from dataclasses import dataclass, field
 
 from engines.base.types import FinishReason, TokenLogprob
 from engines.core.block_manager import BlockManager
 from engines.core.sequence import Sequence, SequenceStatus
+from engines.core.speculative import Proposer, SpecConfig, Speculator
 
-# what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order
+# what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order: one token, or for a sequence
+# that verified proposed tokens, the tokens it accepted (the agreeing proposals and one more)
 Sampled = tuple[int, TokenLogprob | None]
+StepTokens = Sampled | list[Sampled]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,18 +20,25 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    spec: SpecConfig = SpecConfig()
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on (proposed ones included)
     start: int  # seq.num_computed_tokens when scheduled
+    spec_token_ids: tuple[int, ...] = ()  # proposed tokens verified after the last one; never in seq.token_ids
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so a new token is sampled."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+        return self.start + self.num_new_tokens - len(self.spec_token_ids) == self.seq.num_tokens
+
+    def input_ids(self) -> list[int]:
+        """The token ids this step computes: the sequence's, then the proposed ones."""
+        end = self.start + self.num_new_tokens - len(self.spec_token_ids)
+        return self.seq.token_ids[self.start : end] + list(self.spec_token_ids)
 
 
 @dataclass(slots=True)
@@ -48,7 +58,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None):
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -59,6 +69,7 @@ class Scheduler:
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
         self.num_held = 0
+        self.speculator = Speculator(config.spec, proposer) if config.spec.is_enabled else None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -77,30 +88,47 @@ class Scheduler:
         out.num_blocks_used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
         return out
 
-    def update_from_output(self, out: SchedulerOutput, sampled: list[Sampled]) -> list[Sequence]:
-        """Commit a step: computed tokens advance, each sampling sequence gets its token (`sampled`, in
+    def update_from_output(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[Sequence]:
+        """Commit a step: computed tokens advance, each sampling sequence gets its token(s) (`sampled`, in
         `out.sampling` order), finished ones leave. Returns the sequences that got a token."""
         for s in out.scheduled:
             seq = s.seq
-            seq.num_computed_tokens = s.start + s.num_new_tokens
+            seq.num_computed_tokens = s.start + s.num_new_tokens - len(s.spec_token_ids)
             if s.start < seq.num_prompt_tokens:
                 self.num_prompt_tokens_computed += min(s.num_new_tokens, seq.num_prompt_tokens - s.start)
         emitted = []
-        for s, (token_id, logprob) in zip(out.sampling, sampled, strict=True):
+        for s, tokens in zip(out.sampling, sampled, strict=True):
             seq = s.seq
             if seq.is_finished:  # NOTE: aborted between schedule and commit; its blocks are gone
                 continue
-            seq.append_token(token_id)
-            if logprob is not None:
-                seq.pending_logprobs.append(logprob)
+            num_before = seq.num_tokens
+            for token_id, logprob in tokens if isinstance(tokens, list) else (tokens,):
+                seq.append_token(token_id)
+                if logprob is not None:
+                    seq.pending_logprobs.append(logprob)
+                if seq.is_finished:  # NOTE: accepted tokens past a stop or max_tokens are dropped
+                    break
+            self.num_generated_tokens += seq.num_tokens - num_before
+            if s.spec_token_ids:
+                self._settle_spec(s, seq.num_tokens - num_before)
             if seq.is_finished:
                 self.finish(seq)
             emitted.append(seq)
-        self.num_generated_tokens += len(emitted)
         return emitted
+
+    def _settle_spec(self, s: ScheduledSeq, num_appended: int) -> None:
+        """After verification: the KV of the accepted tokens stays, the blocks past them go back (their KV, of
+        rejected proposals, is never read: nothing was registered past the sequence's own tokens)."""
+        seq = s.seq
+        self.speculator.record(seq.spec, len(s.spec_token_ids), min(num_appended, len(s.spec_token_ids) + 1) - 1)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        if not seq.is_finished:
+            self.block_manager.truncate(seq, self.block_manager.num_blocks_for(seq.num_tokens))
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out; a prefilled one keeps its blocks, held for export."""
+        if self.speculator is not None:
+            self.speculator.proposer.forget(seq.req_id)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
@@ -125,6 +153,12 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_uncomputed_tokens, budget)
             start = seq.num_computed_tokens
+            spec = self._maybe_propose(seq, budget)
+            if spec and self.block_manager.allocate_slots(seq, 1 + len(spec)):
+                out.scheduled.append(ScheduledSeq(seq, 1 + len(spec), start, spec))
+                budget -= 1 + len(spec)
+                i += 1
+                continue
             while not self.block_manager.allocate_slots(seq, num_new):
                 victim = self.running.pop()  # the latest admitted goes first
                 self._preempt(victim, out)
@@ -134,6 +168,14 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _maybe_propose(self, seq: Sequence, budget: int) -> tuple[int, ...]:
+        """Tokens to verify with `seq`'s next decode: only a decoding, unconstrained sequence speculates, and never
+        past its budget, its max_tokens or the model's length (one token more comes with every verification)."""
+        if self.speculator is None or seq.num_uncomputed_tokens != 1 or seq.hold_kv or seq.params.structured:
+            return ()
+        room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - seq.num_tokens, budget) - 1
+        return self.speculator.propose(seq.req_id, seq.token_ids, seq.spec, room, len(self.running))
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

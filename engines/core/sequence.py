@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+from engines.core.speculative import SpecState
 
 
 class SequenceStatus(Enum):
@@ -38,6 +39,7 @@ class Sequence:
     arrival_s: float = 0.0  # time.monotonic() when added
     first_scheduled_s: float = 0.0  # when a step first computed it; 0: not yet
     may_onboard: bool = True  # its prefix may still be looked up in the lower KV tiers
+    spec: SpecState = field(default_factory=SpecState)  # its speculative decoding record (this engine's only)
 
     @property
     def num_tokens(self) -> int:

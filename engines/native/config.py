@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
+from engines.core.speculative import SpecConfig, parse_speculative
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -41,6 +42,8 @@ class EngineConfig:
     kv_disk_gb: float = 0.0
     kv_disk_key: bytes = field(default=b"", repr=False)  # authenticates disk block headers (the deployment key)
     kv_transport: str = ""  # how other engines' KV reaches this cache: "nixl", "grpc" (staging files), "": bytes
+    speculative: str = ""  # speculative decoding's proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
+    num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -54,6 +57,7 @@ class EngineConfig:
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
+        SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
 

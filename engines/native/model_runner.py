@@ -95,11 +95,17 @@ class ModelRunner:
         samplers = out.sampling
         if not samplers:
             return None
-        rows = torch.tensor([last_rows[id(s)] for s in samplers], device=self.device)
-        logits = self.model.compute_logits(hidden[rows]).float()  # [num_samplers, vocab_size]
-        return sample(logits, [SampleRow(s.seq.params, s.seq.num_output_tokens, s.seq.banned_token_ids(),
-                                         s.seq.token_ids, s.seq.num_prompt_tokens) for s in samplers], self.generator,
-                      masks.wait() if masks is not None else None)
+        sizes = [1 + len(s.spec_token_ids) for s in samplers]
+        # NOTE: a verifying sequence's rows are its last 1 + k positions: each scores the next proposal
+        rows = torch.tensor([r for s, n in zip(samplers, sizes) for r in range(last_rows[id(s)] - n + 1,
+                                                                               last_rows[id(s)] + 1)], device=self.device)
+        logits = self.model.compute_logits(hidden[rows]).float()  # [num_rows, vocab_size]
+        allowed = masks.wait() if masks is not None else None
+        is_verifying = len(sizes) != len(rows)
+        if allowed is not None and is_verifying:  # one mask per sampler, repeated over its rows
+            allowed = allowed.repeat_interleave(torch.tensor(sizes, device=allowed.device), dim=0)
+        return sample(logits, [r for s in samplers for r in _sample_rows(s)], self.generator, allowed,
+                      tuple(sizes) if is_verifying else ())
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:
@@ -120,7 +126,7 @@ class ModelRunner:
                 decodes.append(s)
             else:
                 spans.append((s, len(ids)))
-            ids.extend(s.seq.token_ids[start:end])
+            ids.extend(s.input_ids() if s.spec_token_ids else s.seq.token_ids[start:end])
             pos.extend(range(start, end))
             slots.extend(self._slot(s.seq.block_table, p) for p in range(start, end))
             last_rows[id(s)] = len(ids) - 1
@@ -185,6 +191,23 @@ class ModelRunner:
         q_pos = torch.arange(s.start, ctx_len, device=self.device)
         mask = torch.arange(ctx_len, device=self.device)[None, :] <= q_pos[:, None]  # [q_len, ctx_len]
         return PrefillSpan(q_start, q_len, ctx_len, table, mask)
+
+
+def _sample_rows(s: ScheduledSeq) -> list[SampleRow]:
+    """One row per token the step may generate for `s`: the next token, and after each proposal the one after it
+    (index, banned stop tokens and penalty history as if the proposals before it were accepted)."""
+    seq, spec = s.seq, s.spec_token_ids
+    if not spec:
+        return [SampleRow(seq.params, seq.num_output_tokens, seq.banned_token_ids(), seq.token_ids,
+                          seq.num_prompt_tokens)]
+    rows = []
+    for j in range(len(spec) + 1):
+        index = seq.num_output_tokens + j
+        banned = seq.stop_token_ids if index < seq.params.min_tokens else ()
+        history = seq.token_ids + list(spec[:j]) if seq.params.has_penalties else seq.token_ids
+        rows.append(SampleRow(seq.params, index, banned, history, seq.num_prompt_tokens,
+                              spec[j] if j < len(spec) else -1))
+    return rows
 
 
 def _is_decode(s: ScheduledSeq) -> bool:

@@ -11,6 +11,8 @@ from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
 from engines.core.kv_tiers import TierSpec
 from engines.core.sequence import Sequence
+from engines.core.speculative import SpecConfig, parse_speculative
+from engines.native.draft import DraftProposer
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import KvCache, bytes_per_block
 from engines.native.kv_transfer import make_mover
@@ -39,7 +41,7 @@ class NativeRunner(MovedLoads):
         self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
                                self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids,
                                kv_transport=config.kv_transport if self.mover else "",
-                               can_constrain=self.model_runner.grammars is not None)
+                               can_constrain=self.model_runner.grammars is not None, can_speculate=True)
         self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 
     @property
@@ -81,13 +83,19 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
 
 
 def core_config(config: EngineConfig) -> CoreConfig:
+    spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
     return CoreConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                      config.enable_prefix_caching, config.held_kv_ttl_s)
+                      config.enable_prefix_caching, config.held_kv_ttl_s, spec)
 
 
 def build_core(config: EngineConfig) -> EngineCore:
-    """What the engine process (or thread) calls: the model, its KV cache and the core over them."""
-    return EngineCore(core_config(config), NativeRunner(config))
+    """What the engine process (or thread) calls: the model, its KV cache and the core over them (and a draft
+    model's, for speculative decoding with one)."""
+    runner = NativeRunner(config)
+    method, draft_dir = parse_speculative(config.speculative)
+    # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller
+    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks) if method == "draft" else None
+    return EngineCore(core_config(config), runner, proposer=proposer)
 
 
 def prompt_logits(core: EngineCore, token_ids: list[int]) -> torch.Tensor:

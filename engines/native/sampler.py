@@ -1,6 +1,7 @@
 """Token sampling: greedy, temperature, top-k, top-p, min-p (after penalties.py's shaping), and log-probabilities
 (of the unmodified distribution) for the chosen token and top-N alternatives. A seeded row draws from a generator
 keyed on (seed, index of the token it generates), so a request continued elsewhere samples what it would have here.
+A row that verifies a proposed token (speculative decoding) applies the speculative-sampling acceptance rule.
 
 `sample` only enqueues device work; `SampledTokens.to_host` is where the host waits for the device.
 """
@@ -22,6 +23,7 @@ class SampleRow:
     banned: tuple[int, ...] = ()  # token ids it must not produce (stop tokens before min_tokens)
     token_ids: Sequence[int] = ()  # prompt + generated so far (read at `sample`, for penalties)
     num_prompt_tokens: int = 0  # of token_ids
+    draft: int = -1  # the token proposed for this row's position, which the row accepts or rejects; -1: none
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -39,14 +41,28 @@ class SampledTokens:
     tokens: torch.Tensor  # [num_rows] long
     logits: torch.Tensor  # [num_rows, vocab_size] float32, unmodified
     rows: list[SampleRow]
+    group_sizes: tuple[int, ...] = ()  # rows per sampling sequence when some verify proposals; (): one each
 
-    def to_host(self) -> list[tuple[int, TokenLogprob | None]]:
+    def to_host(self) -> list:
+        """(token, logprob) per sampling sequence; for a group of verifying rows, the list of the tokens it accepts:
+        each row's token while it equals the row's proposal, then the first that does not (or the last row's)."""
         token_list = self.tokens.tolist()
-        return list(zip(token_list, _logprobs(self.logits, [r.params for r in self.rows], token_list)))
+        flat = list(zip(token_list, _logprobs(self.logits, [r.params for r in self.rows], token_list)))
+        if not self.group_sizes:
+            return flat
+        out, first = [], 0
+        for size in self.group_sizes:
+            if size == 1:
+                out.append(flat[first])
+            else:
+                n = next((j for j in range(size - 1) if token_list[first + j] != self.rows[first + j].draft), size - 1)
+                out.append(flat[first : first + n + 1])
+            first += size
+        return out
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator,
-           allowed: torch.Tensor | None = None) -> SampledTokens:
+           allowed: torch.Tensor | None = None, group_sizes: tuple[int, ...] = ()) -> SampledTokens:
     """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties and bias shape it in place
     unless a row asks for log-probabilities; `generator` draws for unseeded rows; `allowed` [num_rows, vocab_size]
     bool, when given, is each row's grammar mask (False: never sampled), applied after the shaping."""
@@ -61,11 +77,14 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
         for i, r in enumerate(rows):
             if r.banned:
                 masked[i, list(r.banned)] = float("-inf")
-    tokens = masked.argmax(dim=-1)  # greedy for every row; sampled rows are overwritten below
+    tokens = masked.argmax(dim=-1)  # greedy for every row (a greedy proposal is accepted iff it is the argmax)
     for i, r in enumerate(rows):
-        if not r.params.is_greedy:
-            tokens[i] = _sample_row(masked[i], r.params, _generator_for(r, generator))
-    return SampledTokens(tokens, logits, rows)
+        if r.params.is_greedy:
+            continue
+        probs = _probs_row(masked[i], r.params)
+        gen = _generator_for(r, generator)
+        tokens[i] = _verify_row(probs, r.draft, gen) if r.draft >= 0 else torch.multinomial(probs, 1, generator=gen)[0]
+    return SampledTokens(tokens, logits, rows, group_sizes)
 
 
 def _generator_for(row: SampleRow, shared: torch.Generator) -> torch.Generator:
@@ -76,7 +95,26 @@ def _generator_for(row: SampleRow, shared: torch.Generator) -> torch.Generator:
     return gen
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+def _verify_row(probs: torch.Tensor, draft: int, gen: torch.Generator) -> torch.Tensor:
+    """Speculative sampling's rule for a proposal drawn from q = a point mass on `draft` (prompt lookup): accept it
+    with probability min(1, p/q) = p(draft); else draw from the residual norm(max(0, p - q)), which is p without
+    `draft`. Either way the token is distributed as p."""
+    if torch.rand((), generator=gen, device=probs.device) * probs.sum() < probs[draft]:  # NOTE: min-p leaves p unnormalized
+        return torch.tensor(draft, device=probs.device)
+    return torch.multinomial(residual(probs, draft), 1, generator=gen)[0]
+
+
+def residual(probs: torch.Tensor, draft: int) -> torch.Tensor:
+    """max(0, p - q) for q the point mass on `draft` (multinomial renormalizes)."""
+    out = probs.clone()
+    out[draft] = 0.0
+    if not out.sum() > 0:  # NOTE: p was all on `draft`, which was then accepted with probability 1: unreachable
+        out[draft] = 1.0
+    return out
+
+
+def _probs_row(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled row draws from (unnormalized after min-p): temperature, top-k, top-p, min-p."""
     row = row / p.temperature
     if p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.shape[-1])).values[-1]
@@ -90,7 +128,7 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> t
     probs = row.softmax(-1)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)  # multinomial renormalizes
-    return torch.multinomial(probs, 1, generator=gen)[0]
+    return probs
 
 
 def _logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]):

@@ -35,6 +35,12 @@ class TimingProfile:
     # measured step times; when present they replace the coefficients (engines/sim/measured.py)
     prefill_ms_points: Points1D = ()  # (prompt tokens in the step, ms)
     decode_ms_points: Points2D = ()  # (running sequences, mean context tokens, ms)
+    # speculative decoding, modelled in time only (tokens stay one per step): a decode step proposing
+    # spec_num_tokens tokens, each accepted with spec_acceptance_rate, costs 1 + spec_verify_cost * k plain steps and
+    # yields 1 + a + ... + a^k tokens, so the decode part of a step is scaled by their ratio; 0 tokens: off
+    spec_num_tokens: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_verify_cost: float = 0.05
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_num_seqs, self.max_num_batched_tokens) < 1:
@@ -44,6 +50,17 @@ class TimingProfile:
         if min(self.kv_transfer_gb_per_s, self.kv_host_gb_per_s, self.kv_disk_gb_per_s) <= 0 or self.min_step_ms < 0:
             raise ProfileError(f"profile {self.name!r}: need copy bandwidths (kv_*_gb_per_s) > 0 and "
                                "min_step_ms >= 0")
+        if self.spec_num_tokens < 0 or not 0 <= self.spec_acceptance_rate < 1 or self.spec_verify_cost < 0:
+            raise ProfileError(f"profile {self.name!r}: need spec_num_tokens >= 0, 0 <= spec_acceptance_rate < 1 "
+                               "and spec_verify_cost >= 0")
+
+    @property
+    def spec_decode_factor(self) -> float:
+        """What speculation multiplies a decode step's time by: its cost over the tokens it yields (1: off)."""
+        k, a = self.spec_num_tokens, self.spec_acceptance_rate
+        if k == 0:
+            return 1.0
+        return (1.0 + self.spec_verify_cost * k) / sum(a**j for j in range(k + 1))
 
     def prefill_s(self, num_tokens: int) -> float:
         """Time to prefill `num_tokens` uncached tokens in one step (0 for none)."""
@@ -75,8 +92,8 @@ class TimingProfile:
         if not num_decodes:
             return self.prefill_s(num_prefill_tokens)
         if not self.decode_ms_points:
-            return self.prefill_s(num_prefill_tokens) + self.decode_s(active_fraction)
-        decode = self.decode_step_s(num_decodes, active_fraction * self.kv_capacity_tokens)
+            return self.prefill_s(num_prefill_tokens) + self.decode_s(active_fraction) * self.spec_decode_factor
+        decode = self.decode_step_s(num_decodes, active_fraction * self.kv_capacity_tokens) * self.spec_decode_factor
         if num_prefill_tokens <= 0:
             return decode
         # NOTE: measured prefill times include one pass over the weights (min_step_ms) that a step which also

@@ -172,6 +172,21 @@ WORKERS = (
         Panel("Decode tokens per second", (per_worker_rate("tandem_worker_generated_tokens_total"),), width=8),
         Panel("RPCs by status", (per_worker_rate("tandem_worker_rpcs_total", "rpc, code"),), unit="reqps", width=8),
     )),
+    Row("Speculative decoding", (
+        Panel("Acceptance rate", (
+            Target(f"sum by (worker_id) (rate(tandem_worker_spec_accepted_tokens_total{{{WK}}}[{RATE}]))"
+                   f" / sum by (worker_id) (rate(tandem_worker_spec_proposed_tokens_total{{{WK}}}[{RATE}]))",
+                   "{{worker_id}}"),),
+            unit="percentunit", width=8, description="Proposed tokens accepted / proposed (workers with --speculative)."),
+        Panel("Mean accepted length", (
+            Target(f"sum by (worker_id) (rate(tandem_worker_spec_accepted_tokens_total{{{WK}}}[{RATE}]))"
+                   f" / sum by (worker_id) (rate(tandem_worker_spec_verify_steps_total{{{WK}}}[{RATE}]))",
+                   "{{worker_id}}"),),
+            width=8, description="Proposed tokens accepted per verifying step (each step also adds one token)."),
+        Panel("Proposed and accepted tokens per second", (
+            per_worker_rate("tandem_worker_spec_proposed_tokens_total"),
+            per_worker_rate("tandem_worker_spec_accepted_tokens_total")), width=8),
+    )),
     Row("KV transfer", (
         Panel("KV transfer bytes per second", (per_worker_rate("tandem_worker_kv_transfer_bytes_total",
                                                               "worker_id, direction, transport"),),

@@ -41,6 +41,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
         num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
         kv_disk_gb=s.kv_disk_gb, kv_disk_key=s.kv_signing_key() or b"", kv_transport=kv_transport(s),
+        speculative=s.speculative, num_speculative_tokens=s.num_speculative_tokens,
         gpu_memory_utilization=s.gpu_memory_utilization if s.device.startswith("cuda") else 0.0,
     ))
 

@@ -78,6 +78,12 @@ class EngineCollector(Collector):
                       s.grammar_mask_seconds)
         yield counter("tandem_worker_grammar_wait_seconds", "Step-thread time on grammar masks: starting them, and "
                       "waiting for them after the forward pass", s.grammar_wait_seconds)
+        yield counter("tandem_worker_spec_proposed_tokens", "Speculative decoding: tokens proposed and verified",
+                      s.num_spec_proposed)
+        yield counter("tandem_worker_spec_accepted_tokens", "Speculative decoding: proposed tokens accepted",
+                      s.num_spec_accepted)
+        yield counter("tandem_worker_spec_verify_steps", "Speculative decoding: sequence-steps that verified proposals",
+                      s.num_spec_verify_steps)
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
         yield from model_server_metrics(s, self._model_name)

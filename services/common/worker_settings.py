@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.roles import WorkerRole
+from engines.core.speculative import SpecConfig, parse_speculative
 from engines.native.config import check_tier_sizes
 from engines.transfer.nixl_link import NixlSettings
 from services.common.kv_signing import parse_key
@@ -65,6 +66,8 @@ class WorkerSettings:
     kv_signing_key_file: str = ""  # TANDEM_KV_SIGNING_KEY_FILE: the deployment's shared key (hex) for KV handles
     # TANDEM_KV_HASH_SECRET: keys every block hash's root; gateway, router and workers must share it (repr: hidden)
     kv_hash_secret: str = field(default="", repr=False)
+    speculative: str = ""  # engine native: speculative decoding, "ngram" (prompt lookup) or "draft:DIR"; "": off
+    num_speculative_tokens: int = 4  # engine native: the most tokens proposed per request and step
 
     def __post_init__(self) -> None:
         try:
@@ -102,6 +105,7 @@ class WorkerSettings:
                                 "--trtllm-options instead of --kv-host-gb / --kv-disk-gb")
         self._check_trtllm()
         self._check_kv_key()
+        self._check_speculative()
 
     def _check_kv_key(self) -> None:
         """A key that reads; no key only on loopback or in the explicit plaintext mode (handles go unsigned)."""
@@ -119,6 +123,14 @@ class WorkerSettings:
             return parse_key(Path(self.kv_signing_key_file).read_text())
         except (OSError, ValueError) as exc:
             raise SettingsError(f"{KEY_ENV}={self.kv_signing_key_file!r}: {exc}") from None
+
+    def _check_speculative(self) -> None:
+        try:
+            SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if self.speculative and self.engine != "native":
+            raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
     def _check_trtllm(self) -> None:
         for name, allowed in (("trtllm_backend", TRTLLM_BACKENDS), ("trtllm_quant", TRTLLM_QUANT),
@@ -181,6 +193,8 @@ _HELP = {
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
     "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
+    "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
+                   "the target's tokenizer); '' (default): off",
 }
 _ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV,
               "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}
@@ -197,8 +211,7 @@ def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSet
                  "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
                  "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
                  "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "kv_signing_key_file",
-                 "kv_hash_secret",
-                 *_TRTLLM_FLAGS):
+                 "kv_hash_secret", "speculative", "num_speculative_tokens", *_TRTLLM_FLAGS):
         default = getattr(defaults, name)
         value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))

@@ -39,6 +39,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", default=",".join(ENGINE_NAMES),
                         help="comma-separated subset of " + ",".join(ENGINE_NAMES))
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--speculative", choices=("ngram",), default=None,
+                        help="instead: speculative decoding against the same engine without it (copy-heavy and "
+                             "chat workloads, batch 1 and 32 concurrent; transformers' prompt lookup at batch 1)")
+    parser.add_argument("--repeats", type=int, default=2, help="--speculative: runs of each engine, best kept")
 
 
 def all_cores() -> int:
@@ -47,6 +51,10 @@ def all_cores() -> int:
 
 
 def run_bench_engine(args: argparse.Namespace) -> int:
+    if args.speculative:
+        from tandem.bench.spec_bench import cmd_bench_spec
+
+        return cmd_bench_spec(args)
     from tandem.bench.engine_bench import cmd_bench_engine  # NOTE: torch and transformers load here
 
     return cmd_bench_engine(args)

@@ -10,7 +10,7 @@ from tandem.bench.stats import RequestTrace
 BLOCK_SIZE = 16
 
 
-def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len: int):
+def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len: int, speculative: str = ""):
     """A native engine (its loop on a thread) sized for the run: a KV cache of just enough blocks, not a share
     of all memory."""
     from engines.core.client import EngineClient
@@ -22,6 +22,7 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
         model=str(model_dir), dtype=dtype, num_threads=threads, block_size=BLOCK_SIZE,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,
         num_blocks=2 * max_num_seqs * blocks_per_seq,  # twice: finished warm-up blocks may linger as cache
+        speculative=speculative,
     )
     return EngineClient(native_spec(config))
 

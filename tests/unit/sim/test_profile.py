@@ -76,3 +76,19 @@ def test_a_negative_sim_time_factor_stops_the_worker_at_start_up():
 
     with pytest.raises(SettingsError, match="sim_time_factor"):
         WorkerSettings(role="decode", model="m", engine="sim", sim_time_factor=-1)
+
+
+def test_speculation_scales_the_decode_part_by_its_cost_over_its_tokens():
+    base = load_profile().to_dict()
+    plain = TimingProfile.from_dict(base)
+    spec = TimingProfile.from_dict({**base, "spec_num_tokens": 4, "spec_acceptance_rate": 0.5,
+                                    "spec_verify_cost": 0.1})
+    factor = 1.4 / (1 + 0.5 + 0.25 + 0.125 + 0.0625)  # 1.4 plain steps' cost for 1.9375 tokens
+    assert spec.spec_decode_factor == pytest.approx(factor)
+    assert spec.step_s(0, 8, 0.5) == pytest.approx(plain.step_s(0, 8, 0.5) * factor)
+    assert spec.step_s(100, 0, 0.5) == plain.step_s(100, 0, 0.5)  # prefill alone: unchanged
+    never = TimingProfile.from_dict({**base, "spec_num_tokens": 4, "spec_acceptance_rate": 0.0})
+    assert never.spec_decode_factor > 1  # proposals that never land only cost
+    assert plain.spec_decode_factor == 1.0
+    with pytest.raises(ProfileError, match="spec_acceptance_rate"):
+        TimingProfile.from_dict({**base, "spec_acceptance_rate": 1.0})
