@@ -108,7 +108,8 @@ async def transfer_all(args, transport: str, address: str, key: bytes | None = N
             tokens = [(i * 7919 + j * 31) % 500 + 10 for j in range(args.tokens)]
             reply = await stub.Prefill(worker_pb2.PrefillRequest(
                 req_id=f"kv{i}", token_ids=tokens, params=common_pb2.SamplingParams(max_tokens=2)), timeout=120)
-            took, n = await side.move(reply.kv, tuple(tokens))
+            # NOTE: a decode worker's request holds the prompt and the first token the prefill worker sampled
+            took, n = await side.move(reply.kv, tuple(tokens), (*tokens, reply.first_token_id))
             seconds.append(took)
             num_bytes += n
             await stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=f"kv{i}"), timeout=10)
@@ -145,8 +146,9 @@ class DecodeSide:
         else:
             self.staging, self.puller = StagingBudget(args.cache_mb << 20, "tandem-kv-bench"), KvPuller()
 
-    async def move(self, handle, tokens: tuple[int, ...]) -> tuple[float, int]:
-        """(seconds, bytes) to bring one request's KV here."""
+    async def move(self, handle, tokens: tuple[int, ...], request_tokens: tuple[int, ...]) -> tuple[float, int]:
+        """(seconds, bytes) to bring one request's KV here: `tokens` the prompt the handle signs, `request_tokens`
+        what the decode worker's request holds (the prompt and the first token)."""
         from engines.core.loads import KvLoad
         from engines.core.loop import LOAD_WAIT_S
         from engines.transfer.paged import staging_nbytes
@@ -166,7 +168,7 @@ class DecodeSide:
             return time.perf_counter() - start, num_bytes
         offset = await self.staging.acquire(layout_from_pb(handle.layout), handle.num_blocks, 30)
         try:
-            await self.puller.pull_staged(handle, tokens, self.staging, offset)
+            await self.puller.pull_staged(handle, request_tokens, self.staging, offset)
         finally:
             self.staging.release(offset)
         return time.perf_counter() - start, num_bytes
