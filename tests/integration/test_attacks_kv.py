@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.grpc_server import make_sync_channel  # NOTE: the stack's own credentials (TANDEM_GRPC_TLS_*)
+from services.common.identity import Identity
 from services.common.kv_signing import KvSigner, signed_bytes
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.integration.conftest import running_stack, workers
@@ -24,6 +24,9 @@ IMPORTED = len(PROMPT)  # cached tokens of a request whose KV came from the pref
 # covers whole blocks only: 32 at most; the staging and NIXL paths do not set kv_imported)
 LEGIT = {"prompt": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], "max_tokens": 8,
          "temperature": 0}
+
+
+GATEWAY = Identity("gateway", "gateway-0")  # under mutual TLS only a gateway may call Prefill and Generate
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def _address(stack, role: str) -> str:
 
 def _prefill(stack, req_id: str) -> worker_pb2.PrefillResponse:
     """A genuine handle: what the gateway gets from the prefill worker."""
-    with make_sync_channel(_address(stack, "prefill")) as channel:
+    with stack.channel(_address(stack, "prefill"), GATEWAY) as channel:
         request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=PROMPT,
                                             params=common_pb2.SamplingParams(max_tokens=4))
         reply = worker_pb2_grpc.PrefillWorkerStub(channel).Prefill(request, timeout=30)
@@ -60,7 +63,7 @@ def _generate(stack, req_id: str, kv: common_pb2.KvHandle | None, first_token: i
               ) -> tuple[grpc.StatusCode, list[worker_pb2.GenerateResponse]]:
     request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=PROMPT, output_token_ids=[first_token],
                                          params=common_pb2.SamplingParams(max_tokens=4), kv=kv, kv_params=kv_params)
-    with make_sync_channel(_address(stack, "decode")) as channel:
+    with stack.channel(_address(stack, "decode"), GATEWAY) as channel:
         try:
             return grpc.StatusCode.OK, list(worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=30))
         except grpc.RpcError as exc:
