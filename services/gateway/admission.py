@@ -95,13 +95,21 @@ class Admission:
         return self._tenants[matches.index(True)]
 
     def acquire(self, tenant: str = "", num_seqs: int = 1) -> "Slot":
-        """`num_seqs` slots of the key's limits and of the gateway's, or a 429 that takes none."""
+        """`num_seqs` slots of the key's limits and of the gateway's, or a 429 that takes none. Without API keys
+        (tenant "") there is no key to limit: the gateway's own limit alone applies."""
+        if not tenant:
+            if not self.inflight.try_acquire(num_seqs):
+                raise self._full(num_seqs)
+            return Slot([lambda: self.inflight.release(num_seqs)])
         self.limits.acquire(tenant, num_seqs)
         if not self.inflight.try_acquire(num_seqs):
             self.limits.release(tenant, num_seqs)
-            raise RateLimitError(f"This gateway is serving its limit of {self.max_inflight} sequences (n={num_seqs} "
-                                 "asked); retry shortly.")
+            raise self._full(num_seqs)
         return Slot([lambda: self.inflight.release(num_seqs), lambda: self.limits.release(tenant, num_seqs)])
+
+    def _full(self, num_seqs: int) -> RateLimitError:
+        return RateLimitError(f"This gateway is serving its limit of {self.max_inflight} sequences (n={num_seqs} "
+                              "asked); retry shortly.")
 
 
 class Slot:

@@ -102,7 +102,10 @@ class Serving:
                 slot.release()
 
     def _charge(self, slot: Slot, tenant: str, job: Job, timer: RequestTimer) -> None:
-        """The key's token rate pays each choice's prompt now and the generated tokens when the slot is freed."""
+        """The key's token rate pays each choice's prompt now and the generated tokens when the slot is freed (no key,
+        no rate: without API keys only the gateway's own limit applies)."""
+        if not tenant:
+            return
         limits = self.admission.limits
         limits.charge(tenant, job.num_prompt_tokens * job.n)
         slot.on_release = lambda: limits.charge(tenant, timer.num_completion_tokens)
