@@ -65,7 +65,7 @@ class RouterCore:
                 or self.registry.has_quarantine()):
             return None
         group = self.registry.arrays(request.model, WorkerRole.DECODE)
-        if self.busy.all_busy(group, self.registry.now()):
+        if not group.worker_ids or self.busy.all_busy(group, self.registry.now()):  # none: the per-view path says so
             return None
         picked = self.policy.choose_arrays(request, group)
         if picked is None:

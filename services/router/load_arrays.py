@@ -37,5 +37,7 @@ class GroupArrays:
 
 
 def common_block_size(sizes: list[int]) -> int:
-    """The one block size all of a group's layouts name (0: none names one), or -1 when they differ."""
+    """The one block size all of a group's layouts name (0: none names one, or no workers), or -1 when they differ."""
+    if not sizes:
+        return 0
     return sizes[0] if all(s == sizes[0] for s in sizes) else -1

@@ -212,3 +212,16 @@ def test_a_route_request_decides_alike_with_its_ids_left_in_the_message():
                                                tuple(chain_block_hashes(tokens[:12], BS)))])
     a, b = cores[0].route(request), cores[1].route(RouteInput("r", "m", tuple(tokens)))
     assert (a.decode.worker_id, a.num_cached_tokens) == (b.decode.worker_id, b.num_cached_tokens) == ("w2", 12)
+
+
+def test_an_empty_decode_pool_is_refused_alike_on_both_paths():
+    """A router that has just restarted has no workers yet: both paths refuse the same way (never an IndexError,
+    which gRPC turned into UNKNOWN and the gateway into 500)."""
+    clock = FakeClock()
+    config = KvPolicyConfig(block_size=BS)
+    refusals = []
+    for policy in (KvAwarePolicy(PrefixIndex(), clock, config=config), ArrayKvPolicy(SlotIndex(), clock, config=config)):
+        with pytest.raises(Exception) as raised:
+            make_core(policy, clock, []).route(RouteInput("r0", "m", tuple(range(2 * BS))))
+        refusals.append(type(raised.value))
+    assert refusals[0] is refusals[1] and refusals[0] is not IndexError
