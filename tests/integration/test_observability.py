@@ -95,6 +95,7 @@ def stack(tiny_stack_model, tmp_path_factory, otlp, prometheus_port):
            "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", **PLANNER_ENV,
            "TANDEM_PLANNER_PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}"}
     tiers = ("--kv-host-gb", "0.01")  # the Workers dashboard's "KV tiers" row needs a host tier
+    tiers += ("--speculative", "ngram")  # and its "Speculative decoding" row a worker that speculates
     with running_stack(tiny_stack_model, tmp_path_factory.mktemp("observed"), num_prefill=1, num_decode=1,
                        env=env, planner=True,
                        worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", *tiers)) as s:
