@@ -28,8 +28,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 class City(BaseModel):
     # NOTE: bounded, so that a 135M model's answer ends: unbounded, greedy SmolLM2 writes 1111... for good
-    name: str = Field(max_length=40)
-    country: str = Field(max_length=40)
+    # and non-empty: instructor samples (temperature 1), and the grammar must then hold the schema's minLength too
+    name: str = Field(min_length=1, max_length=40)
+    country: str = Field(min_length=1, max_length=40)
     population: int = Field(ge=0, le=10**9)
 
 
