@@ -1,13 +1,13 @@
-"""llm-d's precise-prefix benchmark replayed in tandem's simulator: its published shape (8 pods, 150 tenants x a
-6k-token context, 5 users each with 1.2k-token queries, QPS stages 3 to 60, KV demand ~73% of the cluster) through
-the kv policy, a load-only policy and random; output tok/s and TTFT p90 per QPS beside llm-d's figures.
+"""llm-d's precise-prefix benchmark replayed in tandem's simulator: its published shape and load (8 pods of
+Qwen3-32B on 2 x H100, 307,328 KV tokens each; 150 tenants x a 6k-token context, 5 users each with a 1.2k-token
+question of their own; a 15 QPS warm-up, then stages from 3 to 60 QPS) through the kv policy, a load-only policy and
+random; output tok/s and TTFT p90 per QPS beside llm-d's published figures.
 
-    python bench/llmd_precise_prefix.py --json bench/results/llmd_precise_prefix.json
+    python bench/llmd_precise_prefix.py --jobs 3 --json bench/results/llmd_precise_prefix.json
 """
 import argparse
 import datetime
 import json
-import math
 import multiprocessing
 import platform
 import sys
@@ -23,18 +23,38 @@ from engines.sim.profile import TimingProfile, load_profile  # noqa: E402
 from tandem.bench.trace_gen import PrefixShape, precise_prefix  # noqa: E402
 from tandem.sim.des import ClusterSim, SimConfig  # noqa: E402
 
-# llm-d.ai, "KV-cache wins you can see" (see /work/shared ANCHORS): precise / approximate / random scheduling
-LLMD = {"precise": {"output_tok_s": 8730.0, "ttft_p90_s": 0.54}, "approximate": {"output_tok_s": 6944.0,
-        "ttft_p90_s": 31.1}, "random": {"output_tok_s": 4429.0, "ttft_p90_s": 92.6}}
-POLICIES = {"kv": "precise", "least_loaded": "approximate", "random": "random"}  # tandem's policy: llm-d's column
+# llm-d.ai, "KV-cache wins you can see", and its inference-perf report: whole run, then per QPS stage
+# (output tok/s, TTFT p90 s). Their "load" scheduler (queue + KV-usage scorers) is the load-only one.
+LLMD = {"precise": {"output_tok_s": 8730.0, "ttft_p90_s": 0.542}, "approximate": {"output_tok_s": 6944.4,
+        "ttft_p90_s": 31.083}, "load": {"output_tok_s": 4266.4, "ttft_p90_s": 94.865},
+        "random": {"output_tok_s": 4428.7, "ttft_p90_s": 92.551}}
+_QPS = (3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60)
+LLMD_STAGES = {name: dict(zip(_QPS, rows)) for name, rows in {
+    "precise": ((1219.1, 0.498), (3902.1, 0.600), (5761.1, 0.400), (9184.5, 0.600), (9382.0, 0.500), (9242.2, 0.583),
+                (9221.8, 0.509), (9780.6, 0.500), (10270.8, 0.488), (10054.8, 0.500), (10128.7, 0.589),
+                (10296.5, 0.600), (10284.6, 0.507), (10140.9, 0.600), (10313.9, 0.600), (10496.9, 0.500)),
+    "approximate": ((1310.9, 0.497), (3842.4, 0.499), (5152.9, 0.400), (8082.6, 0.600), (8415.7, 0.700),
+                    (8445.1, 0.609), (8435.9, 0.708), (7443.5, 2.459), (8045.9, 43.018), (7969.6, 43.515),
+                    (7695.2, 44.930), (7455.9, 46.335), (7452.3, 47.284), (7100.7, 50.108), (7013.8, 49.930),
+                    (7247.9, 50.226)),
+    "random": ((1314.0, 0.820), (3568.5, 1.398), (3791.1, 2.299), (4933.1, 70.273), (4765.4, 78.420), (4781.3, 82.943),
+               (4636.3, 86.182), (4332.6, 91.519), (4773.8, 101.272), (4844.6, 101.142), (4969.5, 101.265),
+               (4783.2, 103.514), (4845.1, 105.004), (4921.7, 104.321), (4764.2, 106.816), (4835.2, 105.988))}.items()}
+POLICIES = {"kv": "precise", "kv-approx": "approximate", "least_loaded": "load", "random": "random"}
+LLMD_KV_TOKENS_PER_POD = 307_328  # their config: 8 x 307,328; 150 x 12,000 resident tokens = 73.2% of it
+# Qwen3-32B (32.8B parameters) on two H100s against an 8B model on one: per GPU, 2.05x the FLOPs per token and 2.05x
+# the weight bytes per decode step; the KV bytes per token per GPU are equal (64 layers x 8 KV heads over 2 GPUs
+# against 32 x 8 on one), so the part of a decode step that reads KV stays as it is
+QWEN32B_TP2_OVER_8B = 32.8 / 8.0 / 2
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    shape = PrefixShape(num_tenants=args.tenants, qps=args.qps, stage_s=args.stage_s,
-                        output_tokens=args.output_tokens)
+    kw = {"num_tenants": args.tenants, "output_tokens": args.output_tokens}
+    shape = PrefixShape.uniform(args.qps, args.stage_s, **kw) if args.qps else PrefixShape(**kw)
     rows = precise_prefix(args.seed, shape)
-    profile = sized_profile(load_profile(args.profile), shape, args.workers, args.kv_demand)
+    profile = pod_profile(load_profile(args.profile), args.compute_factor, args.kv_tokens)
+    print(calibration(profile, shape), flush=True)
     with ProcessPoolExecutor(max(args.jobs, 1), multiprocessing.get_context("fork")) as pool:
         futures = {p: pool.submit(replay, profile, rows, shape, args.workers, args.seed, p) for p in args.policies}
         results = {policy: future.result() for policy, future in futures.items()}
@@ -55,13 +75,16 @@ def replay(profile: TimingProfile, rows, shape: PrefixShape, workers: int, seed:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--qps", type=lambda s: tuple(float(q) for q in s.split(",")), default=PrefixShape().qps)
-    p.add_argument("--stage-s", type=float, default=PrefixShape().stage_s)
+    p.add_argument("--qps", type=lambda s: tuple(float(q) for q in s.split(",")), default=None,
+                   help="uniform stages of --stage-s each, no warm-up (default: llm-d's published stages)")
+    p.add_argument("--stage-s", type=float, default=60.0)
     p.add_argument("--tenants", type=int, default=PrefixShape().num_tenants)
     p.add_argument("--output-tokens", type=int, default=PrefixShape().output_tokens)
     p.add_argument("--workers", type=int, default=8, help="pods")
-    p.add_argument("--kv-demand", type=float, default=0.73, help="the tenants' contexts over the cluster's KV")
-    p.add_argument("--profile", default="h100-native-llama3.1-8b-bf16")
+    p.add_argument("--kv-tokens", type=int, default=LLMD_KV_TOKENS_PER_POD, help="KV capacity per pod, in tokens")
+    p.add_argument("--profile", default="h100-llama3.1-8b", help="the per-GPU base profile (8B on one H100)")
+    p.add_argument("--compute-factor", type=float, default=QWEN32B_TP2_OVER_8B,
+                   help="a pod's prefill and weights-pass time over the base profile's")
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="replay the policies in this many processes")
@@ -69,21 +92,37 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def sized_profile(profile: TimingProfile, shape: PrefixShape, workers: int, demand: float) -> TimingProfile:
-    """The profile with each worker's KV cut so that the tenants' contexts fill `demand` of the cluster's."""
-    tokens = shape.context_demand_tokens() / demand / workers
-    num_blocks = math.ceil(tokens / profile.block_size)
-    return TimingProfile.from_dict({**profile.to_dict(), "num_blocks": num_blocks})
+def pod_profile(base: TimingProfile, factor: float, kv_tokens: int) -> TimingProfile:
+    """The base profile as one pod: prefill and the decode step's weights pass `factor` times as long, the
+    decode step's KV-reading part as it is, and `kv_tokens` of KV."""
+    if base.prefill_ms_points or base.decode_ms_points:
+        raise SystemExit(f"profile {base.name!r} carries measured tables; give a coefficient profile")
+    a, b, c = base.prefill_ms_coeffs
+    da, db, dc = base.decode_ms_coeffs
+    return TimingProfile.from_dict({
+        **base.to_dict(), "name": f"{base.name} x{factor:.3g} compute, {kv_tokens} KV tokens",
+        "num_blocks": -(-kv_tokens // base.block_size), "prefill_ms_coeffs": (a * factor, b * factor, c * factor),
+        "decode_ms_coeffs": (da, db, dc * factor), "min_step_ms": base.min_step_ms * factor})
+
+
+def calibration(profile: TimingProfile, shape: PrefixShape) -> str:
+    """The modelled pod beside what llm-d measured on theirs."""
+    isl = shape.context_tokens + shape.query_tokens
+    return (f"pod model: prefill of a whole {isl}-token prompt {profile.prefill_s(isl):.2f} s (llm-d, random at "
+            f"3 QPS: TTFT mean 0.62 s); decode step {profile.decode_s(0.1) * 1e3:.0f} ms at 10% of the KV active, "
+            f"{profile.decode_s(0.6) * 1e3:.0f} ms at 60% (llm-d: ITL mean 11 ms at 3 QPS, 29 ms at 60 QPS, "
+            f"KV 59% used on average); KV {profile.kv_capacity_tokens:,} tokens per pod, the residents "
+            f"{shape.resident_tokens():,} tokens = {shape.resident_tokens() / 8 / profile.kv_capacity_tokens:.1%} "
+            "of 8 pods")
 
 
 def summarize(records, shape: PrefixShape, wall_s: float) -> dict:
-    """Per QPS stage (by arrival): output tok/s from the stage's start to its last request's finish, TTFT p90;
+    """Per stage (by arrival): output tok/s from the stage's start to its last request's finish, TTFT p90;
     and the same over the whole run."""
-    stages = []
-    for k, qps in enumerate(shape.qps):
-        start = k * shape.stage_s
-        group = [r for r in records if start <= r.arrival_s < start + shape.stage_s]
-        stages.append({"qps": qps, **_figures(group, start)})
+    stages, starts = [], shape.stage_starts()
+    for k, (qps, _) in enumerate(shape.stages):
+        group = [r for r in records if starts[k] <= r.arrival_s < starts[k + 1]]
+        stages.append({"qps": qps, "warmup": k < shape.num_warmup_stages, **_figures(group, starts[k])})
     return {"stages": stages, "overall": _figures(records, 0.0), "sim_wall_s": wall_s}
 
 
@@ -94,7 +133,7 @@ def _figures(group, start: float) -> dict:
     end = max(r.finish_s for r in done)
     ttft = np.array([r.first_token_s - r.arrival_s for r in done])
     return {"num_requests": len(group), "output_tok_s": sum(r.num_output_tokens for r in done) / (end - start),
-            "ttft_p90_s": float(np.quantile(ttft, 0.9)),
+            "ttft_p90_s": float(np.quantile(ttft, 0.9)), "ttft_mean_s": float(ttft.mean()),
             "prefix_hit_rate": sum(r.num_cached_tokens for r in done) / sum(r.num_prompt_tokens for r in done)}
 
 
@@ -112,14 +151,20 @@ def compare(results: dict) -> dict:
 
 def format_table(results: dict, shape: PrefixShape, ratios: dict) -> str:
     names = list(results)
-    lines = [f"{'QPS':>6}" + "".join(f"{n + ' tok/s':>20}{n + ' TTFT p90':>20}" for n in names)]
+    lines = [f"{'QPS':>8}" + "".join(f"{n + ' tok/s':>20}{n + ' p90':>16}" for n in names)
+             + "   llm-d precise / approximate / random (tok/s, p90 s)"]
     for k, qps in enumerate(shape.qps):
         cells = [(results[n]["stages"][k]["output_tok_s"], results[n]["stages"][k]["ttft_p90_s"]) for n in names]
-        lines.append(f"{qps:>6g}" + "".join(f"{t:>20,.0f}{p:>19.2f}s" for t, p in cells))
+        label = f"{qps:g}" + ("w" if k < shape.num_warmup_stages else "")
+        published = [LLMD_STAGES[p].get(qps) for p in ("precise", "approximate", "random")]
+        theirs = "" if k < shape.num_warmup_stages or None in published else "   " + " / ".join(
+            f"{t:,.0f}, {q:.2f}" for t, q in published)
+        lines.append(f"{label:>8}" + "".join(f"{t:>20,.0f}{p:>15.2f}s" for t, p in cells) + theirs)
     cells = [(results[n]["overall"]["output_tok_s"], results[n]["overall"]["ttft_p90_s"]) for n in names]
-    lines.append(f"{'all':>6}" + "".join(f"{t:>20,.0f}{p:>19.2f}s" for t, p in cells))
-    lines.append("llm-d published (precise / approximate / random): " + " / ".join(
-        f"{v['output_tok_s']:,.0f} tok/s, TTFT p90 {v['ttft_p90_s']} s" for v in LLMD.values()))
+    lines.append(f"{'all':>8}" + "".join(f"{t:>20,.0f}{p:>15.2f}s" for t, p in cells) + "   " + " / ".join(
+        f"{LLMD[p]['output_tok_s']:,.0f}, {LLMD[p]['ttft_p90_s']:.2f}" for p in ("precise", "approximate", "random")))
+    lines.append("(w: warm-up stage)  prefix hit rate: " + ", ".join(
+        f"{n} {results[n]['overall']['prefix_hit_rate']:.1%}" for n in names))
     for who in ("tandem", "llmd"):
         if who in ratios:
             r = ratios[who]
@@ -131,13 +176,15 @@ def format_table(results: dict, shape: PrefixShape, ratios: dict) -> str:
 def write(args, shape: PrefixShape, profile: TimingProfile, num_rows: int, results: dict, ratios: dict) -> None:
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+           "command": "python bench/llmd_precise_prefix.py " + " ".join(sys.argv[1:]),
            "shape": {"tenants": shape.num_tenants, "users_per_tenant": shape.users_per_tenant,
                      "context_tokens": shape.context_tokens, "query_tokens": shape.query_tokens,
-                     "output_tokens": shape.output_tokens, "qps": list(shape.qps), "stage_s": shape.stage_s},
-           "workers": args.workers, "kv_demand": args.kv_demand, "num_requests": num_rows, "seed": args.seed,
-           "profile": profile.name, "num_blocks_per_worker": profile.num_blocks, "block_size": profile.block_size,
-           "heartbeat_interval_s": SimConfig(1).heartbeat_interval_s, "llmd_published": LLMD, "results": results,
-           "ratios": ratios}
+                     "output_tokens": shape.output_tokens, "stages": [list(s) for s in shape.stages],
+                     "num_warmup_stages": shape.num_warmup_stages, "resident_tokens": shape.resident_tokens()},
+           "workers": args.workers, "num_requests": num_rows, "seed": args.seed, "profile": profile.to_dict(),
+           "calibration": calibration(profile, shape),
+           "heartbeat_interval_s": SimConfig(1).heartbeat_interval_s, "policies_as_llmd": POLICIES,
+           "llmd_published": {"overall": LLMD, "stages": LLMD_STAGES}, "results": results, "ratios": ratios}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=lambda x: None) + "\n")
     print(f"wrote {args.json}")
@@ -150,13 +197,19 @@ def plot(path: Path, results: dict, shape: PrefixShape) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (tok, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (tok, ttft) = plt.subplots(1, 2, figsize=(12, 4.6))
+    ladder = range(shape.num_warmup_stages, len(shape.stages))
+    qps = [shape.qps[k] for k in ladder]
+    colors = {"kv": "C0", "kv-approx": "C1", "least_loaded": "C3", "random": "C2"}
     for name, res in results.items():
-        tok.plot(shape.qps, [s["output_tok_s"] for s in res["stages"]], marker="o", label=f"tandem {name}")
-        ttft.plot(shape.qps, [s["ttft_p90_s"] for s in res["stages"]], marker="o", label=f"tandem {name}")
-    for (label, v), color in zip(LLMD.items(), ("C0", "C1", "C2")):
-        tok.axhline(v["output_tok_s"], ls=":", color=color, label=f"llm-d {label} (published)")
-        ttft.axhline(v["ttft_p90_s"], ls=":", color=color, label=f"llm-d {label} (published)")
+        style = {"marker": "o", "color": colors.get(name), "label": f"tandem {name} (simulated)"}
+        tok.plot(qps, [res["stages"][k]["output_tok_s"] for k in ladder], **style)
+        ttft.plot(qps, [res["stages"][k]["ttft_p90_s"] for k in ladder], **style)
+    for name, mine in (("precise", "kv"), ("approximate", "kv-approx"), ("random", "random")):
+        pts = sorted(LLMD_STAGES[name].items())
+        style = {"ls": ":", "marker": "x", "color": colors[mine], "label": f"llm-d {name} (published)"}
+        tok.plot([q for q, _ in pts], [v[0] for _, v in pts], **style)
+        ttft.plot([q for q, _ in pts], [v[1] for _, v in pts], **style)
     tok.set(xlabel="QPS stage", ylabel="output tokens / s", title="throughput per QPS stage")
     ttft.set(xlabel="QPS stage", ylabel="TTFT p90 (s)", yscale="log", title="TTFT p90 per QPS stage")
     for ax in (tok, ttft):

@@ -1,6 +1,7 @@
 """Synthetic request traces from a seed: a diurnal load with bursts, a constant load, and llm-d's precise-prefix
 benchmark shape (tenants sharing long contexts). Rows in the Mooncake schema (ms timestamps, 512-token hash ids),
 so `tandem sim` reads them like the public traces. Pure: rows out, no I/O (writing is `write_jsonl`'s)."""
+import itertools
 import json
 import math
 import random
@@ -87,39 +88,63 @@ def _rows(arrivals: Iterator[float], rng: random.Random, lengths: Lengths) -> li
     return rows
 
 
+# llm-d's published load (inference-perf's poisson stages, (QPS, seconds)): a warm-up that seats the residents
+# (15 QPS x 50 s = one request per (tenant, user) on average), then the ladder 3 -> 60 QPS
+LLMD_WARMUP = ((15.0, 50.0),)
+LLMD_LADDER = ((3.0, 20.0), (10.0, 20.0), (15.0, 20.0), (20.0, 38.0), (22.0, 34.0), (25.0, 30.0), (30.0, 25.0),
+               (35.0, 21.0), (40.0, 38.0), (43.0, 36.0), (46.0, 33.0), (49.0, 30.0), (52.0, 29.0), (55.0, 27.0),
+               (57.0, 26.0), (60.0, 25.0))
+# NOTE: mean output per request, derived: llm-d's precise run kept up with its arrivals (TTFT p90 0.54 s, queue ~0),
+# so its completions track its arrivals and output tok/s / requests/s is the mean output: 8,730 / 35.562 = 245.5
+LLMD_OUTPUT_TOKENS = 245
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixShape:
-    """llm-d's precise-prefix benchmark: tenants each with one shared context, users each sending new queries."""
+    """llm-d's precise-prefix benchmark (inference-perf's shared-prefix data): tenants each with one shared
+    context, and users each with one question of their own that they send again and again."""
 
     num_tenants: int = 150
     users_per_tenant: int = 5
-    context_tokens: int = 6144  # "6k": 12 whole 512-token blocks, so the whole context is shareable
+    context_tokens: int = 6144  # published 6,000; 12 whole 512-token blocks, so the whole context is shareable
     query_tokens: int = 1200
-    output_tokens: int = 512  # NOTE: not in llm-d's published shape; our choice, stated with every result
-    qps: tuple[float, ...] = (3.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0)
-    stage_s: float = 60.0  # each QPS stage lasts this long, back to back
+    output_tokens: int = LLMD_OUTPUT_TOKENS
+    stages: tuple[tuple[float, float], ...] = LLMD_WARMUP + LLMD_LADDER  # (QPS, seconds), back to back
+    num_warmup_stages: int = len(LLMD_WARMUP)
 
-    def context_demand_tokens(self) -> int:
-        """KV the shared contexts need held at once across the cluster."""
-        return self.num_tenants * self.context_tokens
+    @classmethod
+    def uniform(cls, qps: tuple[float, ...], stage_s: float, **kwargs) -> "PrefixShape":
+        """Stages of one length each, no warm-up."""
+        return cls(stages=tuple((q, stage_s) for q in qps), num_warmup_stages=0, **kwargs)
+
+    @property
+    def qps(self) -> tuple[float, ...]:
+        return tuple(q for q, _ in self.stages)
+
+    def stage_starts(self) -> list[float]:
+        """Each stage's start time (s), and the trace's end last."""
+        return list(itertools.accumulate((s for _, s in self.stages), initial=0.0))
+
+    def resident_tokens(self) -> int:
+        """KV the shape's distinct prompts need held at once: each tenant's context plus its users' questions."""
+        return self.num_tenants * (self.context_tokens + self.users_per_tenant * self.query_tokens)
 
 
 def precise_prefix(seed: int, shape: PrefixShape = PrefixShape()) -> list[TraceRow]:
-    """Poisson arrivals at each QPS stage in turn; each request a random tenant's context plus a new query (which
-    of the tenant's users sent it changes no block: every query is new text). Hash ids 1.. are the contexts'
-    blocks; queries take fresh ids above them."""
+    """Poisson arrivals at each stage's QPS in turn; each request one (tenant, user) drawn uniformly: the tenant's
+    context, then that user's own question (the same text each time, as inference-perf's shared-prefix data sends
+    it). Hash ids 1.. are the contexts' blocks; the questions' blocks follow."""
     rng = random.Random(seed)
-    ctx_blocks = _blocks(shape.context_tokens)
+    ctx_blocks, q_blocks = _blocks(shape.context_tokens), _blocks(shape.context_tokens + shape.query_tokens)
     contexts = [tuple(range(1 + k * ctx_blocks, 1 + (k + 1) * ctx_blocks)) for k in range(shape.num_tenants)]
     ids = _Ids(1 + shape.num_tenants * ctx_blocks)
-    rows, start = [], 0.0
+    prompts = [[ctx + ids.take(q_blocks - ctx_blocks) for _ in range(shape.users_per_tenant)] for ctx in contexts]
+    rows = []
     isl = shape.context_tokens + shape.query_tokens
-    for qps in shape.qps:
-        for t in poisson_arrivals(lambda _: qps, qps, shape.stage_s, rng):
-            tenant = rng.randrange(shape.num_tenants)
-            query = ids.take(_blocks(isl) - ctx_blocks)
-            rows.append(TraceRow(round(start + t, 3), isl, shape.output_tokens, contexts[tenant] + query))
-        start += shape.stage_s
+    for (qps, seconds), start in zip(shape.stages, shape.stage_starts()):
+        for t in poisson_arrivals(lambda _, q=qps: q, qps, seconds, rng):
+            prompt = prompts[rng.randrange(shape.num_tenants)][rng.randrange(shape.users_per_tenant)]
+            rows.append(TraceRow(round(start + t, 3), isl, shape.output_tokens, prompt))
     return rows
 
 

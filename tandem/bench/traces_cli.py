@@ -22,8 +22,9 @@ def add_traces_command(sub) -> None:
     p.add_argument("--burst-s", type=float, default=60.0)
     p.add_argument("--isl-median", type=float, default=Lengths().isl_median)
     p.add_argument("--osl-median", type=float, default=Lengths().osl_median)
-    p.add_argument("--qps", default=",".join(f"{q:g}" for q in PrefixShape().qps), help="precise-prefix: stages")
-    p.add_argument("--stage-s", type=float, default=PrefixShape().stage_s, help="precise-prefix: each stage's length")
+    p.add_argument("--qps", default=None, help="precise-prefix: QPS stages (default: llm-d's published warm-up and "
+                   "ladder, 15 then 3 to 60 QPS with their own lengths)")
+    p.add_argument("--stage-s", type=float, default=60.0, help="precise-prefix with --qps: each stage's length")
     p.add_argument("--output-tokens", type=int, default=PrefixShape().output_tokens, help="precise-prefix")
     p.set_defaults(func=run_traces)
 
@@ -47,10 +48,12 @@ def build(args: argparse.Namespace):
                               args.bursts_per_hour, args.burst_factor, args.burst_s, lengths)
     if args.kind == "constant":
         return constant_load(args.seed, args.seconds, args.rate, lengths)
+    if args.qps is None:
+        return precise_prefix(args.seed, PrefixShape(output_tokens=args.output_tokens))
     try:
         qps = tuple(float(q) for q in args.qps.split(","))
     except ValueError:
         raise SystemExit(f"tandem bench traces: --qps {args.qps!r}: expected numbers separated by commas") from None
     if not qps or min(qps) <= 0:
         raise SystemExit("tandem bench traces: every --qps must be > 0")
-    return precise_prefix(args.seed, PrefixShape(qps=qps, stage_s=args.stage_s, output_tokens=args.output_tokens))
+    return precise_prefix(args.seed, PrefixShape.uniform(qps, args.stage_s, output_tokens=args.output_tokens))

@@ -1,18 +1,25 @@
-"""llm-d's precise-prefix benchmark at a tiny size: the cluster's KV is cut to the demanded share, every QPS stage
+"""llm-d's precise-prefix benchmark at a tiny size: a pod is the base profile scaled as stated, every QPS stage
 gets its figures for each policy, kv reuses the tenants' contexts more than random, and the JSON and PNG are
 written beside llm-d's published figures."""
 import json
+
+import pytest
 
 from bench import llmd_precise_prefix as llmd
 from engines.sim.profile import load_profile
 from tandem.bench.trace_gen import PrefixShape
 
 
-def test_the_kv_cache_is_sized_so_that_the_contexts_fill_the_demanded_share():
-    shape = PrefixShape()
-    profile = llmd.sized_profile(load_profile("h100-native-llama3.1-8b-bf16"), shape, 8, 0.73)
-    share = shape.context_demand_tokens() / (8 * profile.kv_capacity_tokens)
-    assert 0.72 < share <= 0.73
+def test_a_pod_is_the_base_profile_with_its_compute_scaled_and_llm_ds_kv():
+    base = load_profile("h100-llama3.1-8b")
+    pod = llmd.pod_profile(base, 2.0, llmd.LLMD_KV_TOKENS_PER_POD)
+    assert pod.kv_capacity_tokens == pytest.approx(307_328, abs=base.block_size)
+    assert pod.prefill_s(4096) == pytest.approx(2.0 * base.prefill_s(4096))
+    # the weights pass doubles, the KV-reading part of a decode step does not
+    assert pod.decode_s(0.0) == pytest.approx(2.0 * base.decode_s(0.0))
+    assert pod.decode_s(0.5) - pod.decode_s(0.0) == pytest.approx(base.decode_s(0.5) - base.decode_s(0.0))
+    share = PrefixShape().resident_tokens() / (8 * pod.kv_capacity_tokens)
+    assert 0.73 < share < 0.75  # llm-d: 150 x 12,000 tokens = 73.2% of 8 x 307,328; our context is 6,144
 
 
 def test_a_tiny_replay_reports_every_stage_and_policy_beside_llmds_figures(tmp_path, capsys):
@@ -20,12 +27,13 @@ def test_a_tiny_replay_reports_every_stage_and_policy_beside_llmds_figures(tmp_p
     assert llmd.main(["--qps", "2,6", "--stage-s", "6", "--tenants", "6", "--workers", "4",
                       "--output-tokens", "16", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "llm-d published" in printed and "kv/random" in printed
+    assert "pod model" in printed and "kv/random" in printed
     doc = json.loads(out.read_text())
-    assert set(doc["results"]) == {"kv", "least_loaded", "random"}
+    assert set(doc["results"]) == {"kv", "kv-approx", "least_loaded", "random"}
     for res in doc["results"].values():
         assert [s["qps"] for s in res["stages"]] == [2.0, 6.0] and all(s["output_tok_s"] > 0 for s in res["stages"])
     kv, rnd = doc["results"]["kv"]["overall"], doc["results"]["random"]["overall"]
     assert kv["prefix_hit_rate"] > rnd["prefix_hit_rate"]  # kv sends a tenant's requests where its context is
-    assert doc["ratios"]["llmd"]["tok_s_ratio"] == 8730 / 4429 and "tandem" in doc["ratios"]
+    assert doc["ratios"]["llmd"]["tok_s_ratio"] == 8730 / 4428.7 and "tandem" in doc["ratios"]
+    assert doc["llmd_published"]["stages"]["precise"]["60"] == [10496.9, 0.5]
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
