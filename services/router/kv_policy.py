@@ -141,8 +141,8 @@ class KvAwarePolicy:
     `cost = prefill + inflight_weight * inflight`, in blocks. A host or disk block's tier weight is what it saves
     against recomputing on that worker (`tier_credit`), unless the config fixes it. `queued` is the uncached blocks
     of the worker's routes it has likely not prefilled yet (`WorkerView.num_queued_prefill_tokens`), `inflight` the
-    prompt blocks of all its routes not yet completed (`WorkerView.num_inflight_tokens`). With inflight_weight 1
-    this is Dynamo's cost; either way the loads are the router's own account, so a burst of siblings spreads before
+    blocks its routes not yet completed added (`WorkerView.num_inflight_tokens`: a prefix they share counts once, as
+    Dynamo counts a worker's unique active blocks). With inflight_weight 1 this is Dynamo's cost; either way the loads are the router's own account, so a burst of siblings spreads before
     any event or heartbeat arrives, and a finished request stops counting at once."""
 
     name = "kv"

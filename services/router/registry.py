@@ -17,8 +17,8 @@ Clock = Callable[[], float]
 @dataclass(frozen=True, slots=True)
 class _Route:
     seq: int  # the route sequence number
-    num_tokens: int  # prompt tokens: the KV the request holds on the worker
-    num_uncached: int  # of those, the tokens the worker must prefill
+    num_tokens: int  # prompt tokens
+    num_uncached: int  # of those, the tokens the worker must prefill: the KV the request adds to what it holds
 
 
 @dataclass(slots=True)
@@ -28,17 +28,20 @@ class _Worker:
     expires_at: float
     load_seq: int  # the route sequence number when `load` was reported
     inflight: dict[str, _Route] = field(default_factory=dict)  # req_id -> route, oldest first
-    num_inflight_tokens: int = 0  # the sum of `inflight`'s num_tokens
+    # the sum of `inflight`'s num_uncached: the KV they added. NOTE: not their whole prompts: a cached prefix is
+    # held once however many requests share it, and counting it per request made siblings of a busy tenant spill
+    # to workers without its context, whose second copies overflowed the KV at high load (docs/llmd-replay.md)
+    num_inflight_tokens: int = 0
     num_extensions: int = 0  # leases granted by a probe since the last heartbeat
 
     def add(self, req_id: str, route: _Route) -> None:
         self.inflight[req_id] = route
-        self.num_inflight_tokens += route.num_tokens
+        self.num_inflight_tokens += route.num_uncached
 
     def pop(self, req_id: str) -> None:
         route = self.inflight.pop(req_id, None)
         if route is not None:
-            self.num_inflight_tokens -= route.num_tokens
+            self.num_inflight_tokens -= route.num_uncached
 
     def queued_prefill(self) -> tuple[int, int]:
         """(routes since the last load report, uncached tokens of those and of the newest `num_waiting` before

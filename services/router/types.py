@@ -61,7 +61,7 @@ class WorkerView:
     num_inflight: int = 0  # routed here and not yet completed
     num_unreflected: int = 0  # of those, routed after the last load report
     lease_expires_in_s: float = 0.0
-    num_inflight_tokens: int = 0  # prompt tokens of the in-flight requests: their KV, tracked by the router
+    num_inflight_tokens: int = 0  # the KV the in-flight requests added (uncached tokens), tracked by the router
     num_queued_prefill_tokens: int = 0  # uncached tokens of the requests it likely has not prefilled yet
 
     @property

@@ -124,19 +124,20 @@ def test_inflight_counts_until_complete_and_heartbeat_reflects_it(reg):
 
 
 def test_inflight_tokens_and_queued_prefill_follow_routes_heartbeats_and_completions(reg):
+    # in-flight tokens are the KV the routes added (their uncached tokens): a cached prefix they share counts once
     reg.register(info("d1"), WorkerLoad())
     for req_id, tokens, uncached in (("r1", 100, 100), ("r2", 50, 10), ("r3", 70, 30)):
         reg.add_inflight(req_id, ["d1"], tokens, uncached)
     (d1,) = reg.views()
-    assert (d1.num_inflight_tokens, d1.num_queued_prefill_tokens) == (220, 140)  # none reported yet
+    assert (d1.num_inflight_tokens, d1.num_queued_prefill_tokens) == (140, 140)  # none reported yet
     reg.heartbeat("d1", WorkerLoad(num_running=2, num_waiting=1))  # one still waits: the newest, r3
     reg.add_inflight("r4", ["d1"], 40, 40)
     (d1,) = reg.views()
-    assert (d1.num_unreflected, d1.num_inflight_tokens, d1.num_queued_prefill_tokens) == (1, 260, 40 + 30)
+    assert (d1.num_unreflected, d1.num_inflight_tokens, d1.num_queued_prefill_tokens) == (1, 180, 40 + 30)
     reg.complete("r3")  # its slot in `num_waiting` now falls on r2 (an estimate from route order)
     reg.register(info("d1", max_num_seqs=8), WorkerLoad())  # re-registering keeps the account
     (d1,) = reg.views()
-    assert (d1.num_inflight, d1.num_inflight_tokens) == (3, 190)
+    assert (d1.num_inflight, d1.num_inflight_tokens) == (3, 150)
 
 
 def test_reroute_of_same_req_id_replaces_entry(reg):
