@@ -18,6 +18,9 @@ def test_a_pod_is_the_base_profile_with_its_compute_scaled_and_llm_ds_kv():
     # the weights pass doubles, the KV-reading part of a decode step does not
     assert pod.decode_s(0.0) == pytest.approx(2.0 * base.decode_s(0.0))
     assert pod.decode_s(0.5) - pod.decode_s(0.0) == pytest.approx(base.decode_s(0.5) - base.decode_s(0.0))
+    calibrated = llmd.pod_profile(base, 2.0, llmd.LLMD_KV_TOKENS_PER_POD, kv_read_factor=0.5)
+    assert calibrated.decode_s(0.5) - calibrated.decode_s(0.0) == pytest.approx(
+        0.5 * (base.decode_s(0.5) - base.decode_s(0.0)))
     share = PrefixShape().resident_tokens() / (8 * pod.kv_capacity_tokens)
     assert 0.73 < share < 0.75  # llm-d: 150 x 12,000 tokens = 73.2% of 8 x 307,328; our context is 6,144
 
