@@ -253,7 +253,8 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
     except (ServerError, OSError) as exc:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
-    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per row")
+    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per "
+          "row (at least the concurrency)")
     print(format_structured(report))
     if args.json is not None:
         write_json(args.json, report | {"config": _config_dict(cfg)})
