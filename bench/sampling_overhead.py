@@ -7,6 +7,7 @@ one run so that drift on a shared machine hits both. Decode throughput is counte
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -75,6 +76,12 @@ async def measure(model: Path, concurrency: int, isl: int, osl: int, rounds: int
     return runs
 
 
+def paired_costs(runs: dict[str, list[float]]) -> list[float]:
+    """Per round, the throughput the shaping cost against the plain run of the same round (negative: it was
+    faster): the rounds alternate which goes first, so each pair shares its moment's load."""
+    return [1 - s / p for p, s in zip(runs["plain"], runs["shaped"])]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="", help="checkpoint directory (default: the cached SmolLM2)")
@@ -91,21 +98,28 @@ def main() -> None:
         from tandem.models.fetch import fetch_model
 
         model = fetch_model()
+    load_before = os.getloadavg()
     runs = asyncio.run(measure(model, args.concurrency, args.isl, args.osl, args.rounds, args.threads))
+    load_after = os.getloadavg()
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
     sampler = sampler_ms(vocab_size, args.concurrency, args.isl + args.osl)
     plain, shaped = statistics.median(runs["plain"]), statistics.median(runs["shaped"])
     cost = 1 - shaped / plain
+    paired = paired_costs(runs)
     print(f"{'mode':<8} {'decode tok/s (median)':>22} {'rounds':>40}")
     for name, value in (("plain", plain), ("shaped", shaped)):
         print(f"{name:<8} {value:>22.1f} {', '.join(f'{v:.1f}' for v in runs[name]):>40}")
-    print(f"cost of penalties + logit_bias: {100 * cost:.2f}% of decode throughput (target <= 3%)")
+    print(f"cost of penalties + logit_bias: {100 * cost:.2f}% of decode throughput (medians; target <= 3%)")
+    print(f"per round (1 - shaped/plain of the same round): {', '.join(f'{100 * c:.2f}%' for c in paired)}; "
+          f"median {100 * statistics.median(paired):.2f}%, spread {100 * min(paired):.2f}% to {100 * max(paired):.2f}%")
     print(f"sampler alone, {args.concurrency} rows x {vocab_size} vocab: plain {sampler['plain']:.2f} ms, shaped "
           f"{sampler['shaped']:.2f} ms per step (a decode step here: {1000 * args.concurrency / plain:.0f} ms)")
     result = {"model": str(model), "concurrency": args.concurrency, "isl": args.isl, "osl": args.osl,
               "threads": args.threads, "shaping": {k: v for k, v in SHAPED.items() if k != "logit_bias"} |
               {"logit_bias_tokens": len(SHAPED["logit_bias"])}, "rounds": runs,
               "median_tok_s": {"plain": plain, "shaped": shaped}, "cost_fraction": cost,
+              "paired_cost_fractions": paired, "paired_cost_median": statistics.median(paired),
+              "load_average_before": load_before, "load_average_after": load_after,
               "sampler_ms": sampler, "step_ms_plain": 1000 * args.concurrency / plain,
               "host": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                        time.gmtime())}

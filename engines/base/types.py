@@ -206,8 +206,8 @@ class EngineStats:
     onboard_seconds: float = 0.0  # their summed latency, start to the step loop seeing the end
     num_disk_write_errors: int = 0
     prefill_tokens_per_s: float = 0.0  # measured; what a load is weighed against
-    # grammar masks (structured outputs): rows masked, time filling them (beside the forward pass), step-thread time
-    # on them (starting them; waiting for them after the forward pass)
+    # grammar masks (structured outputs): rows masked, time on them (building matchers on the grammar thread, filling
+    # masks on the step thread), and the step thread's share (starting them; filling them after the forward pass)
     num_grammar_masks: int = 0
     grammar_mask_seconds: float = 0.0
     grammar_wait_seconds: float = 0.0

@@ -58,7 +58,7 @@ class NativeRunner(MovedLoads):
         if grammars is None:
             return {}
         c = grammars.counters
-        return {"num_grammar_masks": c.num_masks, "grammar_mask_seconds": c.mask_seconds,
+        return {"num_grammar_masks": c.num_masks, "grammar_mask_seconds": c.mask_seconds + c.build_seconds,
                 "grammar_wait_seconds": c.wait_seconds}
 
     def launch(self, out: SchedulerOutput) -> _Pending:

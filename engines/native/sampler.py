@@ -63,17 +63,19 @@ class SampledTokens:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator,
            allowed: torch.Tensor | None = None, group_sizes: tuple[int, ...] = ()) -> SampledTokens:
-    """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties and bias shape it in place
+    """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties, bias and the mask apply in place
     unless a row asks for log-probabilities; `generator` draws for unseeded rows; `allowed` [num_rows, vocab_size]
     bool, when given, is each row's grammar mask (False: never sampled), applied after the shaping."""
     params = [r.params for r in rows]
     wants_logprobs = any(p.logprobs or p.top_logprobs for p in params)  # then the unmodified logits are kept
     masked = shape_logits(logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows],
                           in_place=not wants_logprobs)
+    has_banned = any(r.banned for r in rows)
+    if (allowed is not None or has_banned) and masked is logits and wants_logprobs:
+        masked = logits.clone()  # NOTE: log-probabilities read the unmodified logits
     if allowed is not None:
-        masked = masked.masked_fill(~allowed, float("-inf"))  # a new tensor
-    if any(r.banned for r in rows):
-        masked = masked.clone() if masked is logits else masked
+        masked.masked_fill_(~allowed, float("-inf"))  # in place: a fresh [rows, vocab] copy costs more than the fill
+    if has_banned:
         for i, r in enumerate(rows):
             if r.banned:
                 masked[i, list(r.banned)] = float("-inf")

@@ -74,10 +74,11 @@ class EngineCollector(Collector):
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
         yield counter("tandem_worker_grammar_masks", "Sampling rows masked by a grammar (one per constrained token)",
                       s.num_grammar_masks)
-        yield counter("tandem_worker_grammar_mask_seconds", "Time filling grammar masks, beside the forward pass",
+        yield counter("tandem_worker_grammar_mask_seconds", "Time on grammar masks: building matchers (grammar thread), "
+                      "feeding them and filling masks (step thread)",
                       s.grammar_mask_seconds)
         yield counter("tandem_worker_grammar_wait_seconds", "Step-thread time on grammar masks: starting them, and "
-                      "waiting for them after the forward pass", s.grammar_wait_seconds)
+                      "filling them after the forward pass", s.grammar_wait_seconds)
         yield counter("tandem_worker_spec_proposed_tokens", "Speculative decoding: tokens proposed and verified",
                       s.num_spec_proposed)
         yield counter("tandem_worker_spec_accepted_tokens", "Speculative decoding: proposed tokens accepted",

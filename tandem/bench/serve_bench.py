@@ -166,8 +166,18 @@ def add_structured_arguments(p: argparse.ArgumentParser) -> None:
                         "--structured-concurrency, in one run (ITL p50 ratio; mask time per token with --metrics-url)")
     p.add_argument("--structured-concurrency", type=_ints, default=(1, 16), metavar="N,N",
                    help="--structured: the concurrencies to run at (default 1,16)")
+    p.add_argument("--structured-rounds", type=_positive, default=1, metavar="N",
+                   help="--structured: rounds of (plain, json_schema) per concurrency, alternating which runs first "
+                        "(default 1); the ratio is of the rounds' median ITL p50s")
     p.add_argument("--metrics-url", action="append", default=[],
                    help="--structured: a worker's /metrics URL to read the grammar mask counters from (repeatable)")
+
+
+def _positive(text: str) -> int:
+    (value,) = _ints(text) if "," not in text else (0,)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return value
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -237,12 +247,14 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
     args.concurrency = args.structured_concurrency[0]
     try:
         cfg = config_from_args(args)
-        report = run_structured_sync(cfg, args.structured_concurrency, tuple(args.metrics_url), run_serve)
+        report = run_structured_sync(cfg, args.structured_concurrency, tuple(args.metrics_url), run_serve,
+                                     args.structured_rounds)
     except ValueError as exc:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
     except (ServerError, OSError) as exc:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
-    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per row")
+    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per "
+          "row (at least the concurrency)")
     print(format_structured(report))
     if args.json is not None:
         write_json(args.json, report | {"config": _config_dict(cfg)})

@@ -85,16 +85,19 @@ def test_overhead_runs_every_phase_with_the_same_load(tmp_path):
 
 def test_structured_runs_plain_and_json_schema_and_reads_the_mask_time(tiny_stack_model, tmp_path):
     """A native stack (random weights: a grammar holds whatever the model prefers): both modes at two
-    concurrencies, every constrained token masked once, the plain rows never."""
+    concurrencies in two rounds that alternate which goes first, every constrained token masked once, the plain rows
+    never."""
     out = tmp_path / "structured.json"
     with running_stack(tiny_stack_model, tmp_path, num_prefill=0) as stack:
         run = bench_serve("--url", stack.url, "--tokenizer", str(tiny_stack_model), "--structured",
                           "--structured-concurrency", "1,3", "--num-requests", "3", "--isl", "16", "--osl", "12",
+                          "--structured-rounds", "2",
                           "--metrics-url", stack.metrics_urls["decode-0"], "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
-    rows = [(r["concurrency"], r["json_schema"], r["num_completed"], r["num_errors"]) for r in report["rows"]]
-    assert rows == [(1, False, 3, 0), (1, True, 3, 0), (3, False, 3, 0), (3, True, 3, 0)]
+    rows = [(r["concurrency"], r["round"], r["json_schema"], r["num_completed"], r["num_errors"]) for r in report["rows"]]
+    assert rows == [(c, i, js, 3, 0) for c in (1, 3) for i, order in enumerate(((False, True), (True, False)))
+                    for js in order]
     for row in report["rows"]:
         assert row["num_output_tokens"] == 3 * 12  # ignore_eos: every request makes --osl tokens
         assert row["num_masks"] == (row["num_output_tokens"] if row["json_schema"] else 0)
@@ -103,5 +106,6 @@ def test_structured_runs_plain_and_json_schema_and_reads_the_mask_time(tiny_stac
         else:
             assert row["mask_s_per_token"] is None  # no mask made: no cost per token (NaN, written as null)
     assert set(report["ratios"]) == {"1", "3"} and all(v > 0 for v in report["ratios"].values())
+    assert [len(report["round_ratios"][c]) for c in ("1", "3")] == [2, 2]
     assert report["schema"]["properties"]["story"]["minLength"] == 16 * 12
     assert "mask µs/token" in run.stdout and "ITL p50 ratio" in run.stdout

@@ -1,4 +1,5 @@
-"""Real clients of /v1/responses against a live disaggregated stack serving the real SmolLM2: the `openai` SDK
+"""Real clients of /v1/responses against live stacks serving the real SmolLM2, aggregated and disaggregated (every
+prompt prefilled on the prefill worker): the `openai` SDK
 (whole, streamed, and a conversation continued by previous_response_id) and the `openai-agents` SDK (which calls
 the Responses API by default) get, token for token, what the chat endpoint answers for the same conversation;
 forced tool calls and `text.format` json_schema come back valid against their schemas (the grammar), and an agent
@@ -18,11 +19,12 @@ MAX_TOKENS = 24
 QUESTION, FOLLOW_UP = "What is the capital of France?", "And what is the capital of Italy?"
 
 
-@pytest.fixture(scope="module")
-def stack(smollm2_dir, tmp_path_factory):
-    work = tmp_path_factory.mktemp("responses")
+@pytest.fixture(scope="module", params=["aggregated", "disaggregated"])
+def stack(smollm2_dir, tmp_path_factory, request):
+    work = tmp_path_factory.mktemp(f"responses-{request.param}")
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", "TANDEM_RESPONSE_STORE_PATH": str(work / "responses.sqlite3")}
-    with running_stack(smollm2_dir, work, num_prefill=1, num_decode=1, env=env) as running:
+    num_prefill = 1 if request.param == "disaggregated" else 0
+    with running_stack(smollm2_dir, work, num_prefill=num_prefill, num_decode=1, env=env) as running:
         yield running
 
 

@@ -120,3 +120,36 @@ def test_a_tokenizer_llguidance_cannot_read_leaves_the_model_serving_without_gra
     tokenizer = Tokenizer(WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>"))  # no decoder at all
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert Grammars.maybe_load(str(tmp_path), 3, (2,)) is None
+
+
+def _grammars_and_seq(model_dir, req_id: str, spec: StructuredSpec):
+    from engines.core.sequence import Sequence
+    from engines.native.grammar import Grammars
+
+    vocab = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size()
+    grammars = Grammars.maybe_load(str(model_dir), vocab, (0,))
+    return grammars, Sequence(req_id, [5, 6, 7], 3, SamplingParams(max_tokens=8, structured=spec))
+
+
+def test_after_its_first_step_a_request_masks_without_the_grammar_thread(tiny_llama, monkeypatch):
+    spec = StructuredSpec("choice", json.dumps(["alpha", "beta"]), "structured_outputs")
+    grammars, seq = _grammars_and_seq(tiny_llama, "a", spec)
+    submitted = []
+    real_submit = grammars._thread.submit
+    monkeypatch.setattr(grammars._thread, "submit", lambda *a: submitted.append(a[0]) or real_submit(*a))
+    first = grammars.start([seq]).wait()  # [1, vocab]
+    seq.token_ids.append(int(first[0].nonzero()[0]))  # any allowed token
+    second = grammars.start([seq]).wait()
+    assert len(submitted) == 1  # the matcher's build, once per request
+    assert grammars.counters.num_masks == 2 and first.shape == second.shape == (1, first.shape[1])
+    assert 0 < int(second[0].sum()) < second.shape[1]  # still constrained, by the grammar's next state
+
+
+def test_a_grammar_that_does_not_compile_stops_its_own_row_only(tiny_llama):
+    from engines.core.sequence import Sequence
+
+    grammars, bad = _grammars_and_seq(tiny_llama, "bad", StructuredSpec("grammar", "start: {{{", "structured_outputs"))
+    good = Sequence("good", [5, 6], 2, SamplingParams(max_tokens=8))
+    allowed = grammars.start([good, bad]).wait()
+    assert bool(allowed[0].all())  # the unconstrained row: everything
+    assert allowed[1].nonzero().flatten().tolist() == [0]  # the stop token alone
