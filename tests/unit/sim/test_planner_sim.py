@@ -131,7 +131,8 @@ def test_bad_planner_flags_exit_with_a_clear_message(tmp_path):
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": []}) + "\n")
     base = ["sim", "--trace", str(trace), "--planner", "sla"]
     for extra, message in ((["--planner-profile-scale", "0.7,-1"], "> 0"), (["--initial-decode", "99"], "outside"),
-                           (["--planner-profile", "nope"], "no profile")):
+                           (["--planner-profile", "nope"], "no profile"),
+                           (["--feedback-down-factor", "2"], "--feedback-\\*: need up_gain")):
         with pytest.raises(SystemExit, match=message):
             main(base + extra)
 
