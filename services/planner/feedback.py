@@ -14,9 +14,12 @@ class FeedbackError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FeedbackConfig:
+    # NOTE: off by default (gain 0, factor 1): with up_gain 1.0 and down_factor 0.9 it cost 110-220% of the cheapest
+    # static fleet on the scoring traces, chasing a per-tick latency quantile no fleet brings under the SLO
+    # (docs/planner.md, "Second pass")
     is_enabled: bool = True
-    up_gain: float = 1.0  # after an interval: factor *= 1 + up_gain x (share of its ticks that broke the SLO)
-    down_factor: float = 0.9  # factor *= this after an interval calm with one worker fewer ...
+    up_gain: float = 0.0  # after an interval: factor *= 1 + up_gain x (share of its ticks that broke the SLO)
+    down_factor: float = 1.0  # factor *= this after an interval calm with one worker fewer ...
     min_calm_share: float = 0.75  # ... on at least this share of its ticks, and none broke the SLO
     min_factor: float = 0.5
     max_factor: float = 3.0

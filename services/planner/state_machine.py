@@ -33,7 +33,8 @@ class PlannerConfig:
     predictor_window: int = 3  # moving_average
     season_length: int = 0  # holt_winters, in adjustment intervals (0: no seasonality)
     feedback: FeedbackConfig = FeedbackConfig()  # headroom from the observed SLO error
-    is_proportional_up: bool = True  # the fast loop adds in proportion to the violation (a climb), not one
+    is_proportional_up: bool = False  # True: the fast loop adds in proportion to the violation, not one (measured
+    # with the feedback on, never alone: docs/planner.md)
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode

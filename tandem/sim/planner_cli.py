@@ -41,12 +41,13 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--down-stabilization", type=int, default=PlannerConfig().down_stabilization,
                    help="the model's count is the highest of its last N adjustments")
     g.add_argument("--feedback-up-gain", type=float, default=FeedbackConfig().up_gain,
-                   help="headroom from the SLO error: factor x (1 + gain x share of an interval's ticks violated)")
+                   help="headroom from the SLO error: factor x (1 + gain x share of an interval's ticks violated); "
+                        "default 0: off")
     g.add_argument("--feedback-down-factor", type=float, default=FeedbackConfig().down_factor,
                    help="... and x this after an interval calm with one worker fewer (1 with gain 0: no feedback)")
     g.add_argument("--feedback-max-factor", type=float, default=FeedbackConfig().max_factor)
-    g.add_argument("--one-up-per-violation", action="store_true",
-                   help="the fast loop adds one replica per violation (default: in proportion to it)")
+    g.add_argument("--proportional-up", action="store_true",
+                   help="the fast loop adds in proportion to a violation (default: one replica per violation)")
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
     g.add_argument("--jobs", type=int, default=1, help="run the planner runs and the search in this many processes")
     g.add_argument("--no-baseline", action="store_true",
@@ -64,7 +65,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
         raise SystemExit(f"tandem sim: --feedback-*: {exc}") from None
     planner = PlannerConfig(adjustment_interval_s=args.adjustment_interval_s, prefill=prefill, decode=decode,
                             predictor=args.predictor, down_stabilization=args.down_stabilization,
-                            feedback=feedback, is_proportional_up=not args.one_up_per_violation)
+                            feedback=feedback, is_proportional_up=args.proportional_up)
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
         initial = (prefill.min_replicas if args.initial_prefill is None else args.initial_prefill,
