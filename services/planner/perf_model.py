@@ -55,12 +55,16 @@ class PerfModel:
     # -- replicas ----------------------------------------------------------------------------
     def replicas(self, load: Load, has_prefill: bool) -> dict[WorkerRole, int]:
         """Workers per role for `load`; without a prefill role, decode workers also prefill every prompt."""
+        return {role: ceil_workers(busy) for role, busy in self.busy(load, has_prefill).items()}
+
+    def busy(self, load: Load, has_prefill: bool) -> dict[WorkerRole, float]:
+        """Workers per role `load` keeps busy at the sizing's targets, before rounding up."""
         prefill_busy = load.request_rate * self.prefill_s(load.isl)  # worker-seconds of prefill per second
         decode_busy = load.request_rate * load.osl / self.decode_tokens_per_s(load.isl + load.osl / 2)
         if not has_prefill:
-            return {WorkerRole.DECODE: _ceil(prefill_busy + decode_busy)}
-        return {WorkerRole.PREFILL: _ceil(prefill_busy / self.sizing.prefill_max_utilization),
-                WorkerRole.DECODE: _ceil(decode_busy)}
+            return {WorkerRole.DECODE: prefill_busy + decode_busy}
+        return {WorkerRole.PREFILL: prefill_busy / self.sizing.prefill_max_utilization,
+                WorkerRole.DECODE: decode_busy}
 
     def covers(self, isl: float) -> bool:
         """False when `isl` lies past the profile's longest measured prompt (the model extrapolates)."""
@@ -80,5 +84,6 @@ class PerfModel:
         return step / self.slo.itl_s
 
 
-def _ceil(workers: float) -> int:
+def ceil_workers(workers: float) -> int:
+    """Whole workers for a busy count (a hair over an integer from float error is that integer)."""
     return math.ceil(workers - 1e-9)

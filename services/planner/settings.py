@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from engines.sim.profile import DEFAULT_PROFILE
 from services.common.settings import SettingsError, env
+from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
 from services.planner.state_machine import PlannerConfig, RoleBounds
@@ -46,6 +47,10 @@ class PlannerSettings:
     max_correction: int = 4
     itl_headroom: float = 0.8
     prefill_max_utilization: float = 0.8
+    # headroom from the observed SLO error (services/planner/feedback.py); up gain 0 and down factor 1: off
+    feedback_up_gain: float = FeedbackConfig().up_gain
+    feedback_down_factor: float = FeedbackConfig().down_factor
+    feedback_max_factor: float = FeedbackConfig().max_factor
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
     connector_backoff_s: float = 1.0
     local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
@@ -91,6 +96,10 @@ class PlannerSettings:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_correction < 0 or self.season_length < 0 or self.k8s_gpu_budget < 0:
             raise SettingsError("max_correction, season_length and k8s_gpu_budget must be >= 0")
+        try:
+            self.feedback
+        except FeedbackError as exc:
+            raise SettingsError(f"feedback_*: {exc}") from None
 
     @property
     def address(self) -> str:
@@ -105,13 +114,19 @@ class PlannerSettings:
         return Sizing(self.itl_headroom, self.prefill_max_utilization)
 
     @property
+    def feedback(self) -> FeedbackConfig:
+        return FeedbackConfig(up_gain=self.feedback_up_gain, down_factor=self.feedback_down_factor,
+                              max_factor=self.feedback_max_factor)
+
+    @property
     def planner_config(self) -> PlannerConfig:
         return PlannerConfig(
             adjustment_interval_s=self.adjustment_interval_s,
             prefill=RoleBounds(self.min_prefill if self.max_prefill else 0, self.max_prefill),
             decode=RoleBounds(self.min_decode, self.max_decode), up_ticks=self.up_ticks, down_ticks=self.down_ticks,
             max_correction=self.max_correction, down_stabilization=self.down_stabilization,
-            predictor=self.predictor, predictor_window=self.predictor_window, season_length=self.season_length)
+            predictor=self.predictor, predictor_window=self.predictor_window, season_length=self.season_length,
+            feedback=self.feedback)
 
     @classmethod
     def from_env(cls) -> "PlannerSettings":

@@ -6,7 +6,8 @@ well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no t
 """
 from dataclasses import dataclass, field
 
-from services.planner.perf_model import PerfModel
+from services.planner.feedback import FeedbackConfig, SloFeedback
+from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
 
@@ -31,6 +32,9 @@ class PlannerConfig:
     predictor: str = "constant"
     predictor_window: int = 3  # moving_average
     season_length: int = 0  # holt_winters, in adjustment intervals (0: no seasonality)
+    feedback: FeedbackConfig = FeedbackConfig()  # headroom from the observed SLO error
+    is_proportional_up: bool = False  # True: the fast loop adds in proportion to the violation, not one (measured
+    # with the feedback on, never alone: docs/planner.md)
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -86,6 +90,7 @@ class PlannerCore:
         self.state = {role: _RoleState() for role in self.roles}
         self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
                            for k in ("rate", "isl", "osl")}
+        self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
         self._window = _Window()
         self._next_adjust_at: float | None = None
@@ -129,9 +134,11 @@ class PlannerCore:
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
+        factors = self.feedback.update()
         if self._is_warm:
-            for role, count in self.model.replicas(predicted, WorkerRole.PREFILL in self.roles).items():
+            for role, busy in self.model.busy(predicted, WorkerRole.PREFILL in self.roles).items():
                 if role in self.state:
+                    count = ceil_workers(busy * factors[role])
                     bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
                     self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
         self._is_warm = True
@@ -175,17 +182,39 @@ class PlannerCore:
     def _correct(self, obs: Observation, budgets: dict[WorkerRole, float]) -> None:
         over, under = self._over(obs, budgets), self._under(obs, budgets)
         for role, s in self.state.items():
-            if obs.replicas[role].starting > 0:  # NOTE: what it asked for is still coming: judge afresh once it serves
+            is_starting = obs.replicas[role].starting > 0
+            # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
+            self.feedback.record(role, over[role], under[role] and not is_starting)
+            if is_starting:  # NOTE: what it asked for is still coming: judge afresh once it serves
                 s.num_over = s.num_under = 0
                 continue
             s.num_over = s.num_over + 1 if over[role] else 0
             s.num_under = s.num_under + 1 if under[role] else 0
-            top = self.config.bounds(role).max_replicas
-            if s.num_over >= self.config.up_ticks and s.correction < self.config.max_correction \
-                    and s.base + s.correction < top:
-                s.correction, s.num_over, s.reason = s.correction + 1, 0, "SLO violated"
+            room = min(self.config.max_correction - s.correction,
+                       self.config.bounds(role).max_replicas - s.base - s.correction)
+            if s.num_over >= self.config.up_ticks and room > 0:
+                step = min(self._up_step(role, obs, budgets), room)
+                s.correction, s.num_over, s.reason = s.correction + step, 0, "SLO violated"
             elif s.num_under >= self.config.down_ticks and s.correction > -self.config.min_correction:
                 s.correction, s.num_under, s.reason = s.correction - 1, 0, "every worker under budget"
+
+    def _up_step(self, role: WorkerRole, obs: Observation, budgets: dict[WorkerRole, float]) -> int:
+        """Replicas to add on a violation: one, or on a climb as many as the latency's excess over the SLO asks
+        (latency / SLO - 1 of today's count, at most doubling it)."""
+        n = max(obs.replicas[role].desired, 1)
+        if not self.config.is_proportional_up:
+            return 1
+        excess = self._excess(role, obs, budgets)
+        return max(1, min(n, ceil_workers(n * (excess - 1))))
+
+    def _excess(self, role: WorkerRole, obs: Observation, budgets: dict[WorkerRole, float]) -> float:
+        """The observed latency over its SLO that the role is blamed for (the model's budget when unobserved)."""
+        slo = self.model.slo
+        ttft = obs.ttft_s / slo.ttft_s if obs.ttft_s is not None else budgets.get(WorkerRole.PREFILL, 0.0)
+        if role is WorkerRole.PREFILL:
+            return ttft
+        itl = obs.itl_s / slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0)
+        return max(itl, ttft if self._blames_decode(obs) else 0.0)
 
     def _over(self, obs: Observation, budgets: dict[WorkerRole, float]) -> dict[WorkerRole, bool]:
         slo = self.model.slo

@@ -4,6 +4,7 @@ orchestration only."""
 import argparse
 
 from engines.sim.profile import ProfileError, TimingProfile
+from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
 from services.planner.state_machine import PlannerConfig, RoleBounds
@@ -39,6 +40,14 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-max-utilization", type=float, default=Sizing().prefill_max_utilization)
     g.add_argument("--down-stabilization", type=int, default=PlannerConfig().down_stabilization,
                    help="the model's count is the highest of its last N adjustments")
+    g.add_argument("--feedback-up-gain", type=float, default=FeedbackConfig().up_gain,
+                   help="headroom from the SLO error: factor x (1 + gain x share of an interval's ticks violated); "
+                        "default 0: off")
+    g.add_argument("--feedback-down-factor", type=float, default=FeedbackConfig().down_factor,
+                   help="... and x this after an interval calm with one worker fewer (1 with gain 0: no feedback)")
+    g.add_argument("--feedback-max-factor", type=float, default=FeedbackConfig().max_factor)
+    g.add_argument("--proportional-up", action="store_true",
+                   help="the fast loop adds in proportion to a violation (default: one replica per violation)")
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
     g.add_argument("--jobs", type=int, default=1, help="run the planner runs and the search in this many processes")
     g.add_argument("--no-baseline", action="store_true",
@@ -49,8 +58,14 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
     prefill = RoleBounds(args.min_prefill if args.max_prefill else 0, args.max_prefill)
     decode = RoleBounds(args.min_decode, args.max_decode)
     _check_bounds(args, prefill, decode)
+    try:
+        feedback = FeedbackConfig(up_gain=args.feedback_up_gain, down_factor=args.feedback_down_factor,
+                                  max_factor=args.feedback_max_factor)
+    except FeedbackError as exc:
+        raise SystemExit(f"tandem sim: --feedback-*: {exc}") from None
     planner = PlannerConfig(adjustment_interval_s=args.adjustment_interval_s, prefill=prefill, decode=decode,
-                            predictor=args.predictor, down_stabilization=args.down_stabilization)
+                            predictor=args.predictor, down_stabilization=args.down_stabilization,
+                            feedback=feedback, is_proportional_up=args.proportional_up)
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
         initial = (prefill.min_replicas if args.initial_prefill is None else args.initial_prefill,
@@ -100,7 +115,10 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
             "adjustment_interval_s": cfg.planner.adjustment_interval_s, "tick_s": cfg.tick_s,
             "predictor": cfg.planner.predictor, "itl_headroom": cfg.sizing.itl_headroom,
             "prefill_max_utilization": cfg.sizing.prefill_max_utilization,
-            "down_stabilization": cfg.planner.down_stabilization, "disagg_min_tokens": cfg.disagg_min_tokens,
+            "down_stabilization": cfg.planner.down_stabilization,
+            "feedback": {"up_gain": cfg.planner.feedback.up_gain, "down_factor": cfg.planner.feedback.down_factor,
+                         "max_factor": cfg.planner.feedback.max_factor},
+            "is_proportional_up": cfg.planner.is_proportional_up, "disagg_min_tokens": cfg.disagg_min_tokens,
             "bounds": {"prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],
                        "decode": [cfg.planner.decode.min_replicas, cfg.planner.decode.max_replicas]},
             "initial": cfg.start_counts(), "planner_profile": args.planner_profile or "the engine's --profile",

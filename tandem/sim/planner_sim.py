@@ -119,19 +119,51 @@ def run_planned(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfi
         for d in result.decisions:
             connector.scale(d.role, d.target)
             decisions.append({"t_s": round(now, 3), "role": d.role.value, "from": d.current, "to": d.target,
-                              "reason": d.reason})
+                              "reason": d.reason, "headroom": {r.value: round(f, 3)
+                                                               for r, f in core.feedback.factors.items()}})
         return connector.replicas()
 
     run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
     return {**run, "model": model.name}
 
 
+class _Hopeless(Exception):
+    """A static replay has already missed the SLO on more requests than the target allows."""
+
+    def __init__(self, now: float, num_missed: int):
+        super().__init__(f"{num_missed} requests missed by {now:.0f} s")
+        self.now, self.num_missed = now, num_missed
+
+
 def run_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, counts: dict) -> dict:
+    """A fixed fleet's replay. One that has missed more requests than the target allows stops there: its
+    attainment can only be below the target (an overloaded fleet's queues make the rest of it the slowest part)."""
     sim = _cluster(truth, cfg, counts)
     fixed = {role: Replicas(counts.get(role, 0)) for role in ROLES}
     total = sum(counts.values())
-    return _replay(sim, rows, cfg, lambda: fixed, lambda now, replicas, obs: replicas,
-                   lambda end: total * end / 3600, [], counts)
+    most_missed = int((1.0 - cfg.target_attainment) * len(rows))
+    sim.every(cfg.tick_s, lambda now: _give_up_if_hopeless(sim, cfg, now, most_missed))
+    try:
+        return _replay(sim, rows, cfg, lambda: fixed, lambda now, replicas, obs: replicas,
+                       lambda end: total * end / 3600, [], counts)
+    except _Hopeless as stop:
+        return {"sla_attainment": 1.0 - stop.num_missed / len(rows), "stopped_early_s": stop.now,
+                "replicas": {role.value: count for role, count in counts.items()}}
+
+
+def _give_up_if_hopeless(sim: ClusterSim, cfg: PlannerSimConfig, now: float, most_missed: int) -> None:
+    """Count the requests already sure to miss: a first token later than the TTFT SLO (or none yet, past it), or a
+    finished request whose mean ITL broke its SLO."""
+    missed = 0
+    for r in sim.records.values():
+        first = r.first_token_s if r.first_token_s >= 0 else now
+        if first - r.arrival_s > cfg.slo.ttft_s:
+            missed += 1
+        elif r.finish_s >= 0 and r.num_output_tokens > 1 and \
+                (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) > cfg.slo.itl_s:
+            missed += 1
+    if missed > most_missed:
+        raise _Hopeless(now, missed)
 
 
 def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replicas: Callable[[], dict],

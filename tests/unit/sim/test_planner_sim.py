@@ -131,6 +131,19 @@ def test_bad_planner_flags_exit_with_a_clear_message(tmp_path):
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": []}) + "\n")
     base = ["sim", "--trace", str(trace), "--planner", "sla"]
     for extra, message in ((["--planner-profile-scale", "0.7,-1"], "> 0"), (["--initial-decode", "99"], "outside"),
-                           (["--planner-profile", "nope"], "no profile")):
+                           (["--planner-profile", "nope"], "no profile"),
+                           (["--feedback-down-factor", "2"], "--feedback-\\*: need up_gain")):
         with pytest.raises(SystemExit, match=message):
             main(base + extra)
+
+
+def test_a_static_pair_past_hope_stops_early_with_an_upper_bound_below_the_target():
+    """The search only asks whether a pair meets the target: one that has already missed more requests than the
+    target allows stops there, and the attainment it reports bounds the full replay's from above."""
+    from dataclasses import replace
+
+    small = {WorkerRole.PREFILL: 1, WorkerRole.DECODE: 1}
+    stopped = run_static(PROFILE, STEP, CONFIG, small)
+    full = run_static(PROFILE, STEP, replace(CONFIG, target_attainment=0.0), small)
+    assert stopped["stopped_early_s"] < full["end_s"] and "stopped_early_s" not in full
+    assert full["sla_attainment"] <= stopped["sla_attainment"] < CONFIG.target_attainment

@@ -121,6 +121,7 @@ async def test_missing_metrics_or_replicas_hold_every_count(tmp_path):
     ({"TANDEM_PLANNER_MIN_DECODE": "0"}, "need 1 <= min_decode <= max_decode"),
     ({"TANDEM_PLANNER_SOURCE": "graphite"}, "source must be one of router, prometheus"),
     ({"TANDEM_PLANNER_PROFILE": "/nonexistent.json"}, "no profile"),
+    ({"TANDEM_PLANNER_FEEDBACK_DOWN_FACTOR": "1.5"}, "feedback_*: need up_gain >= 0, down_factor in (0, 1]"),
 ])
 def test_a_bad_setting_is_one_line_and_exit_2(env, message):
     done = subprocess.run([sys.executable, "-m", "tandem.cli", "serve", "planner"], capture_output=True, text=True,

@@ -2,6 +2,7 @@
 the fast loop moves one replica with hysteresis, bounds hold, missing metrics hold every count."""
 from dataclasses import replace
 
+from services.planner.feedback import FeedbackConfig
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore, RoleBounds
 from services.planner.types import Observation, Replicas, WorkerRole, WorkerSample
@@ -12,7 +13,8 @@ SLO = Slo(ttft_s=0.5, itl_s=0.05)
 # 20 ms decode steps (101 sequences of 1,000 tokens: 5,050 tokens/s); prefill busy at most half the time
 MODEL = PerfModel(round_profile(), SLO, Sizing(itl_headroom=0.4, prefill_max_utilization=0.5))
 CONFIG = PlannerConfig(adjustment_interval_s=10.0, prefill=RoleBounds(1, 6), decode=RoleBounds(1, 6),
-                       up_ticks=2, down_ticks=3, predictor="constant", down_stabilization=1)
+                       up_ticks=2, down_ticks=3, predictor="constant", down_stabilization=1,
+                       feedback=FeedbackConfig(is_enabled=False), is_proportional_up=False)  # the model alone
 
 
 def obs(rate=4.0, isl=990.0, osl=20.0, prefill=1, decode=1, window=5.0, **kw):
