@@ -18,7 +18,7 @@ class SpecConfig:
     # proposes only while the tokens it expects to gain outweigh it (CPU, small models: verification is cheap)
     draft_cost: float = 0.1
     max_num_seqs: int = 16  # above this many running requests the batch is compute-bound: nobody speculates
-    cooldown_steps: int = 16  # decode steps a request waits before it tries again, once speculation stopped paying
+    cooldown_steps: int = 16  # decode steps a request first waits before it tries again, once speculation stopped paying
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -89,6 +89,8 @@ class SpecState:
     proposed: float = 2.0
     accepted: float = 1.0
     cooldown: int = 0  # steps left before it speculates again
+    num_rests: int = 0  # rests in a row since its acceptance last beat the prior: each doubles the next
+    is_fresh: bool = True  # nothing recorded since it (re)started: it probes once whatever the cost
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,6 +99,15 @@ class SpecState:
     def record(self, num_proposed: int, num_accepted: int, decay: float = 0.8) -> None:
         self.proposed = decay * self.proposed + num_proposed
         self.accepted = decay * self.accepted + num_accepted
+        self.is_fresh = False
+        if self.acceptance_rate > 0.5:  # NOTE: better than the prior: copying (again), so rests start short again
+            self.num_rests = 0
+
+    def rest(self, steps: int) -> None:
+        """Stop proposing for `steps` doubled per rest in a row (at most 16x), then try with a fresh prior."""
+        self.cooldown = steps << min(self.num_rests, 4)
+        self.num_rests += 1
+        self.proposed, self.accepted, self.is_fresh = 2.0, 1.0, True
 
 
 def best_draft_len(rate: float, max_k: int, draft_cost: float) -> int:
@@ -129,8 +140,10 @@ class Speculator:
             state.cooldown -= 1
             return 0
         k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens), self.config.draft_cost)
-        if k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more with a fresh prior
-            state.cooldown, state.proposed, state.accepted = self.config.cooldown_steps, 2.0, 1.0
+        if state.is_fresh and max_k > 0:  # NOTE: a costly draft would never start from the prior: measure it once
+            k = max(k, 1)
+        elif k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more (a text that never copies
+            state.rest(self.config.cooldown_steps)  # rests longer and longer, so it costs ever less)
         return k
 
     def propose(self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int,

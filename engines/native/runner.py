@@ -1,6 +1,6 @@
 """The native (PyTorch) runner: EngineCore's Runner over a ModelRunner, and the builders an engine process
 calls. Builds the model where it is called (the engine process or thread)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -93,9 +93,15 @@ def build_core(config: EngineConfig) -> EngineCore:
     model's, for speculative decoding with one)."""
     runner = NativeRunner(config)
     method, draft_dir = parse_speculative(config.speculative)
+    core = core_config(config)
+    if method != "draft":
+        return EngineCore(core, runner)
     # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller
-    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks) if method == "draft" else None
-    return EngineCore(core_config(config), runner, proposer=proposer)
+    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks)
+    # NOTE: each proposed token also costs a draft step: the adaptive rule weighs it (a draft too slow for its
+    # acceptance rate switches itself off)
+    cost = core.spec.draft_cost + proposer.relative_cost(runner.model)
+    return EngineCore(replace(core, spec=replace(core.spec, draft_cost=cost)), runner, proposer=proposer)
 
 
 def prompt_logits(core: EngineCore, token_ids: list[int]) -> torch.Tensor:
