@@ -17,16 +17,27 @@ class SpecConfig:
     # NOTE: what verifying one proposed token costs, as a fraction of a plain decode step; the adaptive rule
     # proposes only while the tokens it expects to gain outweigh it (CPU, small models: verification is cheap)
     draft_cost: float = 0.1
+    # what verifying k proposed tokens costs (index k - 1), measured by the runner at start (engines/native/
+    # spec_costs.py); on a CPU it is far from linear. (): draft_cost * k
+    verify_costs: tuple[float, ...] = ()
+    propose_cost: float = 0.0  # what the proposer itself spends per proposed token (a draft model's step)
     max_num_seqs: int = 16  # above this many running requests the batch is compute-bound: nobody speculates
-    cooldown_steps: int = 16  # decode steps a request first waits before it tries again, once speculation stopped paying
+    cooldown_steps: int = 16  # steps a request first waits before it tries again, once speculation stopped paying
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
         if self.max_draft_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("max_draft_tokens must be >= 1 and 1 <= ngram_min <= ngram_max")
-        if self.draft_cost < 0 or self.max_num_seqs < 1 or self.cooldown_steps < 0:
-            raise ValueError("draft_cost and cooldown_steps must be >= 0, max_num_seqs >= 1")
+        if min(self.draft_cost, self.propose_cost, *self.verify_costs) < 0 or self.cooldown_steps < 0:
+            raise ValueError("draft_cost, verify_costs, propose_cost and cooldown_steps must be >= 0")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+    def cost(self, k: int) -> float:
+        """What proposing and verifying k tokens adds to a plain decode step, as a fraction of it."""
+        verify = self.verify_costs[k - 1] if k <= len(self.verify_costs) else self.draft_cost * k
+        return verify + self.propose_cost * k
 
     @property
     def is_enabled(self) -> bool:
@@ -110,13 +121,15 @@ class SpecState:
         self.proposed, self.accepted, self.is_fresh = 2.0, 1.0, True
 
 
-def best_draft_len(rate: float, max_k: int, draft_cost: float) -> int:
-    """The k that maximizes expected tokens per unit of step time, (1 + a + ... + a^k) / (1 + cost * k), for a
-    per-token acceptance rate a; 0 when no k beats a plain decode step."""
+def best_draft_len(rate: float, max_k: int, cost) -> int:
+    """The k that maximizes expected tokens per unit of step time, (1 + a + ... + a^k) / (1 + cost(k)), for a
+    per-token acceptance rate a; 0 when no k beats a plain decode step. `cost`: SpecConfig.cost, or a number
+    (each proposed token costs that much)."""
+    cost_of = cost if callable(cost) else (lambda k: cost * k)
     best_k, best_gain, gain = 0, 1.0, 1.0
     for k in range(1, max_k + 1):
         gain += rate**k
-        speed = gain / (1.0 + draft_cost * k)
+        speed = gain / (1.0 + cost_of(k))
         if speed > best_gain * 1.0001:  # NOTE: a tie is no gain: stay plain
             best_k, best_gain = k, speed
     return best_k
@@ -139,7 +152,7 @@ class Speculator:
         if state.cooldown > 0:
             state.cooldown -= 1
             return 0
-        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens), self.config.draft_cost)
+        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens), self.config.cost)
         if state.is_fresh and max_k > 0:  # NOTE: a costly draft would never start from the prior: measure it once
             k = max(k, 1)
         elif k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more (a text that never copies

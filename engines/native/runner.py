@@ -20,6 +20,7 @@ from engines.native.model_runner import ModelRunner
 from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
 from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
+from engines.native.spec_costs import measure_verify_costs
 from engines.transfer.mover import MovedLoads
 
 
@@ -94,14 +95,20 @@ def build_core(config: EngineConfig) -> EngineCore:
     runner = NativeRunner(config)
     method, draft_dir = parse_speculative(config.speculative)
     core = core_config(config)
-    if method != "draft":
+    if not method:
         return EngineCore(core, runner)
+    costs = config.spec_verify_costs
+    if costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
+        costs = measure_verify_costs(runner.model_runner, config.num_speculative_tokens)
+    spec = replace(core.spec, verify_costs=costs)
+    if method != "draft":
+        return EngineCore(replace(core, spec=spec), runner)
     # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller
     proposer = DraftProposer(config, draft_dir, runner.info.num_blocks)
     # NOTE: each proposed token also costs a draft step: the adaptive rule weighs it (a draft too slow for its
     # acceptance rate switches itself off)
-    cost = core.spec.draft_cost + proposer.relative_cost(runner.model)
-    return EngineCore(replace(core, spec=replace(core.spec, draft_cost=cost)), runner, proposer=proposer)
+    spec = replace(spec, propose_cost=proposer.relative_cost(runner.model))
+    return EngineCore(replace(core, spec=spec), runner, proposer=proposer)
 
 
 def prompt_logits(core: EngineCore, token_ids: list[int]) -> torch.Tensor:
