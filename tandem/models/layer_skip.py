@@ -36,7 +36,10 @@ def layer_skip_checkpoint(src: Path, dst: Path, num_layers: int) -> Path:
         with safe_open(str(path), framework="pt") as f:
             tensors.update({name: f.get_tensor(name) for name in f.keys() if kept(name, num_layers)})
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps({**config, "num_hidden_layers": num_layers}, indent=2) + "\n")
+    config = {**config, "num_hidden_layers": num_layers}
+    if isinstance(config.get("layer_types"), list):  # NOTE: per-layer settings (newer configs) shrink with the stack
+        config["layer_types"] = config["layer_types"][:num_layers]
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in _SIDE_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
@@ -46,7 +49,4 @@ def layer_skip_checkpoint(src: Path, dst: Path, num_layers: int) -> Path:
 def _read_config(src: Path) -> dict:
     if not (src / "config.json").is_file():
         raise ModelError(f"no config.json in {str(src)!r}: not a checkpoint directory")
-    config = json.loads((src / "config.json").read_text())
-    if "layer_types" in config:  # NOTE: per-layer lists (Qwen3 and later) must shrink with the stack
-        raise ModelError(f"{src}: per-layer config (layer_types) is not supported by layer-skip")
-    return config
+    return json.loads((src / "config.json").read_text())

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from engines.native.draft import check_draft
 from tandem.models.errors import ModelError
 from tandem.models.layer_skip import kept, layer_skip_checkpoint
+from tests.conftest import TINY_VARIANTS
 from tests.unit.engines.helpers import greedy, run_batch, started
 
 
@@ -39,12 +40,16 @@ def test_a_layer_count_the_model_cannot_give_is_refused(tiny_llama, tmp_path):
         layer_skip_checkpoint(tmp_path, tmp_path / "d", 1)
 
 
-async def test_a_layer_skip_draft_drafts_with_greedy_output_unchanged(tiny_llama, tmp_path):
-    draft = layer_skip_checkpoint(tiny_llama, tmp_path / "draft", 1)
+@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+async def test_a_layer_skip_draft_drafts_with_greedy_output_unchanged(tiny_model_factory, tmp_path, variant):
+    """Over every supported architecture: the draft proposer (its own paged cache, rolled back) never changes
+    greedy output; the costs are timed at start here, and a fresh request probes whatever they say."""
+    target = tiny_model_factory(variant)
+    draft = layer_skip_checkpoint(target, tmp_path / "draft", 1)
     prompts = [[5, 9, 17, 33, 5, 9, 17], list(range(40, 70))]
     outputs, stats = {}, None
     for method in ("", f"draft:{draft}"):
-        engine = await started(tiny_llama, speculative=method)
+        engine = await started(target, speculative=method)
         try:
             outputs[method] = await run_batch(engine, prompts, greedy(24))
             stats = engine.stats()
@@ -52,3 +57,15 @@ async def test_a_layer_skip_draft_drafts_with_greedy_output_unchanged(tiny_llama
             await engine.shutdown()
     assert outputs[f"draft:{draft}"] == outputs[""]
     assert stats.num_spec_proposed > 0
+
+
+def test_per_layer_settings_shrink_with_the_stack(tiny_llama, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_llama, src)
+    config = json.loads((src / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    (src / "config.json").write_text(json.dumps({**config, "layer_types": ["full_attention"] * layers}))
+    draft = layer_skip_checkpoint(src, tmp_path / "draft", 1)
+    assert json.loads((draft / "config.json").read_text())["layer_types"] == ["full_attention"]
