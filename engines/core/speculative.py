@@ -18,8 +18,10 @@ class SpecConfig:
     # proposes only while the tokens it expects to gain outweigh it (CPU, small models: verification is cheap)
     draft_cost: float = 0.1
     # what verifying k proposed tokens costs (index k - 1), measured by the runner at start (engines/native/
-    # spec_costs.py); on a CPU it is far from linear. (): draft_cost * k
+    # spec_costs.py) for a greedy request and for a sampled one (each verified row is sampled too); on a CPU it is
+    # far from linear. (): draft_cost * k
     verify_costs: tuple[float, ...] = ()
+    verify_costs_sampled: tuple[float, ...] = ()
     propose_cost: float = 0.0  # what the proposer itself spends per proposed token (a draft model's step)
     max_num_seqs: int = 16  # above this many running requests the batch is compute-bound: nobody speculates
     cooldown_steps: int = 16  # steps a request first waits before it tries again, once speculation stopped paying
@@ -29,14 +31,16 @@ class SpecConfig:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
         if self.max_draft_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("max_draft_tokens must be >= 1 and 1 <= ngram_min <= ngram_max")
-        if min(self.draft_cost, self.propose_cost, *self.verify_costs) < 0 or self.cooldown_steps < 0:
+        if min(self.draft_cost, self.propose_cost, *self.verify_costs, *self.verify_costs_sampled) < 0 or \
+                self.cooldown_steps < 0:
             raise ValueError("draft_cost, verify_costs, propose_cost and cooldown_steps must be >= 0")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: int, is_greedy: bool = True) -> float:
         """What proposing and verifying k tokens adds to a plain decode step, as a fraction of it."""
-        verify = self.verify_costs[k - 1] if k <= len(self.verify_costs) else self.draft_cost * k
+        table = self.verify_costs if is_greedy else self.verify_costs_sampled or self.verify_costs
+        verify = table[k - 1] if k <= len(table) else self.draft_cost * k
         return verify + self.propose_cost * k
 
     @property
@@ -101,7 +105,7 @@ class SpecState:
     accepted: float = 1.0
     cooldown: int = 0  # steps left before it speculates again
     num_rests: int = 0  # rests in a row since its acceptance last beat the prior: each doubles the next
-    is_fresh: bool = True  # nothing recorded since it (re)started: it probes once whatever the cost
+    is_fresh: bool = True  # nothing recorded since it started: it probes once whatever the cost
 
     @property
     def acceptance_rate(self) -> float:
@@ -118,7 +122,7 @@ class SpecState:
         """Stop proposing for `steps` doubled per rest in a row (at most 16x), then try with a fresh prior."""
         self.cooldown = steps << min(self.num_rests, 4)
         self.num_rests += 1
-        self.proposed, self.accepted, self.is_fresh = 2.0, 1.0, True
+        self.proposed, self.accepted = 2.0, 1.0
 
 
 def best_draft_len(rate: float, max_k: int, cost) -> int:
@@ -147,12 +151,13 @@ class Speculator:
         self.num_accepted = 0  # of them, accepted
         self.num_verify_steps = 0  # sequence-steps that verified at least one proposed token
 
-    def draft_len(self, state: SpecState, max_k: int) -> int:
+    def draft_len(self, state: SpecState, max_k: int, is_greedy: bool = True) -> int:
         """How many tokens to propose now (0: a plain decode step); counts down a cooldown."""
         if state.cooldown > 0:
             state.cooldown -= 1
             return 0
-        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens), self.config.cost)
+        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens),
+                           lambda n: self.config.cost(n, is_greedy))
         if state.is_fresh and max_k > 0:  # NOTE: a costly draft would never start from the prior: measure it once
             k = max(k, 1)
         elif k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more (a text that never copies
@@ -160,10 +165,10 @@ class Speculator:
         return k
 
     def propose(self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int,
-                num_running: int) -> tuple[int, ...]:
+                num_running: int, is_greedy: bool = True) -> tuple[int, ...]:
         if num_running > self.config.max_num_seqs or max_k < 1:
             return ()
-        k = self.draft_len(state, max_k)
+        k = self.draft_len(state, max_k, is_greedy)
         return tuple(self.proposer.propose(req_id, token_ids, k)[:k]) if k else ()
 
     def record(self, state: SpecState, num_proposed: int, num_accepted: int) -> None:

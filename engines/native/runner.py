@@ -97,10 +97,10 @@ def build_core(config: EngineConfig) -> EngineCore:
     core = core_config(config)
     if not method:
         return EngineCore(core, runner)
-    costs = config.spec_verify_costs
-    if costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
+    costs = {"greedy": config.spec_verify_costs, "sampled": config.spec_verify_costs}
+    if config.spec_verify_costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
         costs = measure_verify_costs(runner.model_runner, config.num_speculative_tokens)
-    spec = replace(core.spec, verify_costs=costs)
+    spec = replace(core.spec, verify_costs=costs["greedy"], verify_costs_sampled=costs["sampled"])
     if method != "draft":
         return EngineCore(replace(core, spec=spec), runner)
     # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller

@@ -13,9 +13,10 @@ def runner(model_dir, num_blocks: int) -> ModelRunner:
     return ModelRunner(config, ModelConfig.from_dir(str(model_dir)))
 
 
-def test_one_cost_per_draft_length_each_a_fraction_of_a_decode_step(tiny_llama):
+def test_one_cost_per_draft_length_and_kind_each_a_fraction_of_a_decode_step(tiny_llama):
     costs = measure_verify_costs(runner(tiny_llama, 16), 4, repeats=2)
-    assert len(costs) == 4 and all(c >= 0.0 for c in costs)
+    assert set(costs) == {"greedy", "sampled"}
+    assert all(len(c) == 4 and min(c) >= 0.0 for c in costs.values())
 
 
 def test_a_cache_too_small_for_the_timed_steps_is_a_clear_error(tiny_llama):
@@ -30,5 +31,8 @@ def test_the_rule_reads_the_measured_table_and_adds_the_proposers_cost():
     assert best_draft_len(0.5, 4, spec.cost) == 4  # 1.94 / 1.54 > 1, while k = 1: 1.5 / 1.75 < 1
     assert best_draft_len(0.25, 4, spec.cost) == 0
     assert SpecConfig("ngram", draft_cost=0.1, propose_cost=0.4).cost(2) == pytest.approx(1.0)
+    sampled = SpecConfig("ngram", verify_costs=(0.75, 1.2, 1.1, 0.54), verify_costs_sampled=(0.9, 1.5, 1.6, 1.2))
+    assert (sampled.cost(4), sampled.cost(4, is_greedy=False)) == (0.54, 1.2)
+    assert best_draft_len(0.5, 4, lambda k: sampled.cost(k, False)) == 0  # sampling each verified row: no k pays
     with pytest.raises(ValueError, match="verify_costs"):
         SpecConfig("ngram", verify_costs=(0.5, -0.1))

@@ -77,6 +77,16 @@ def test_a_fresh_request_probes_once_even_where_the_prior_does_not_pay():
     agreeing.record(1, 1)
     assert spec.draft_len(failing, 4) == 0 and failing.cooldown == 3
     assert spec.draft_len(agreeing, 4) == 1  # measured at 0.69: it pays
+    assert [spec.draft_len(failing, 4) for _ in range(4)] == [0] * 4  # rested; the prior alone pays nothing
+    assert failing.cooldown == 6  # so it rests again, longer, without a second probe
+
+
+def test_a_sampled_request_weighs_its_own_costs():
+    spec = Speculator(SpecConfig("ngram", max_draft_tokens=4, verify_costs=(0.1,) * 4,
+                                 verify_costs_sampled=(1.2,) * 4))
+    greedy, sampled = SpecState(is_fresh=False), SpecState(is_fresh=False)
+    assert spec.draft_len(greedy, 4, is_greedy=True) > 0
+    assert spec.draft_len(sampled, 4, is_greedy=False) == 0 and sampled.cooldown > 0
 
 
 def test_spec_config_is_validated():
