@@ -175,7 +175,8 @@ class Scheduler:
         if self.speculator is None or seq.num_uncomputed_tokens != 1 or seq.hold_kv or seq.params.structured:
             return ()
         room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - seq.num_tokens, budget) - 1
-        return self.speculator.propose(seq.req_id, seq.token_ids, seq.spec, room, len(self.running))
+        return self.speculator.propose(seq.req_id, seq.token_ids, seq.spec, room, len(self.running),
+                                       seq.params.is_greedy)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

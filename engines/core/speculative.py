@@ -17,16 +17,31 @@ class SpecConfig:
     # NOTE: what verifying one proposed token costs, as a fraction of a plain decode step; the adaptive rule
     # proposes only while the tokens it expects to gain outweigh it (CPU, small models: verification is cheap)
     draft_cost: float = 0.1
+    # what verifying k proposed tokens costs (index k - 1), measured by the runner at start (engines/native/
+    # spec_costs.py) for a greedy request and for a sampled one (each verified row is sampled too); on a CPU it is
+    # far from linear. (): draft_cost * k
+    verify_costs: tuple[float, ...] = ()
+    verify_costs_sampled: tuple[float, ...] = ()
+    propose_cost: float = 0.0  # what the proposer itself spends per proposed token (a draft model's step)
     max_num_seqs: int = 16  # above this many running requests the batch is compute-bound: nobody speculates
-    cooldown_steps: int = 16  # decode steps a request waits before it tries again, once speculation stopped paying
+    cooldown_steps: int = 16  # steps a request first waits before it tries again, once speculation stopped paying
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
         if self.max_draft_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("max_draft_tokens must be >= 1 and 1 <= ngram_min <= ngram_max")
-        if self.draft_cost < 0 or self.max_num_seqs < 1 or self.cooldown_steps < 0:
-            raise ValueError("draft_cost and cooldown_steps must be >= 0, max_num_seqs >= 1")
+        if min(self.draft_cost, self.propose_cost, *self.verify_costs, *self.verify_costs_sampled) < 0 or \
+                self.cooldown_steps < 0:
+            raise ValueError("draft_cost, verify_costs, propose_cost and cooldown_steps must be >= 0")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+    def cost(self, k: int, is_greedy: bool = True) -> float:
+        """What proposing and verifying k tokens adds to a plain decode step, as a fraction of it."""
+        table = self.verify_costs if is_greedy else self.verify_costs_sampled or self.verify_costs
+        verify = table[k - 1] if k <= len(table) else self.draft_cost * k
+        return verify + self.propose_cost * k
 
     @property
     def is_enabled(self) -> bool:
@@ -89,6 +104,8 @@ class SpecState:
     proposed: float = 2.0
     accepted: float = 1.0
     cooldown: int = 0  # steps left before it speculates again
+    num_rests: int = 0  # rests in a row since its acceptance last beat the prior: each doubles the next
+    is_fresh: bool = True  # nothing recorded since it started: it probes once whatever the cost
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,15 +114,26 @@ class SpecState:
     def record(self, num_proposed: int, num_accepted: int, decay: float = 0.8) -> None:
         self.proposed = decay * self.proposed + num_proposed
         self.accepted = decay * self.accepted + num_accepted
+        self.is_fresh = False
+        if self.acceptance_rate > 0.5:  # NOTE: better than the prior: copying (again), so rests start short again
+            self.num_rests = 0
+
+    def rest(self, steps: int) -> None:
+        """Stop proposing for `steps` doubled per rest in a row (at most 16x), then try with a fresh prior."""
+        self.cooldown = steps << min(self.num_rests, 4)
+        self.num_rests += 1
+        self.proposed, self.accepted = 2.0, 1.0
 
 
-def best_draft_len(rate: float, max_k: int, draft_cost: float) -> int:
-    """The k that maximizes expected tokens per unit of step time, (1 + a + ... + a^k) / (1 + cost * k), for a
-    per-token acceptance rate a; 0 when no k beats a plain decode step."""
+def best_draft_len(rate: float, max_k: int, cost) -> int:
+    """The k that maximizes expected tokens per unit of step time, (1 + a + ... + a^k) / (1 + cost(k)), for a
+    per-token acceptance rate a; 0 when no k beats a plain decode step. `cost`: SpecConfig.cost, or a number
+    (each proposed token costs that much)."""
+    cost_of = cost if callable(cost) else (lambda k: cost * k)
     best_k, best_gain, gain = 0, 1.0, 1.0
     for k in range(1, max_k + 1):
         gain += rate**k
-        speed = gain / (1.0 + draft_cost * k)
+        speed = gain / (1.0 + cost_of(k))
         if speed > best_gain * 1.0001:  # NOTE: a tie is no gain: stay plain
             best_k, best_gain = k, speed
     return best_k
@@ -123,21 +151,24 @@ class Speculator:
         self.num_accepted = 0  # of them, accepted
         self.num_verify_steps = 0  # sequence-steps that verified at least one proposed token
 
-    def draft_len(self, state: SpecState, max_k: int) -> int:
+    def draft_len(self, state: SpecState, max_k: int, is_greedy: bool = True) -> int:
         """How many tokens to propose now (0: a plain decode step); counts down a cooldown."""
         if state.cooldown > 0:
             state.cooldown -= 1
             return 0
-        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens), self.config.draft_cost)
-        if k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more with a fresh prior
-            state.cooldown, state.proposed, state.accepted = self.config.cooldown_steps, 2.0, 1.0
+        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens),
+                           lambda n: self.config.cost(n, is_greedy))
+        if state.is_fresh and max_k > 0:  # NOTE: a costly draft would never start from the prior: measure it once
+            k = max(k, 1)
+        elif k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more (a text that never copies
+            state.rest(self.config.cooldown_steps)  # rests longer and longer, so it costs ever less)
         return k
 
     def propose(self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int,
-                num_running: int) -> tuple[int, ...]:
+                num_running: int, is_greedy: bool = True) -> tuple[int, ...]:
         if num_running > self.config.max_num_seqs or max_k < 1:
             return ()
-        k = self.draft_len(state, max_k)
+        k = self.draft_len(state, max_k, is_greedy)
         return tuple(self.proposer.propose(req_id, token_ids, k)[:k]) if k else ()
 
     def record(self, state: SpecState, num_proposed: int, num_accepted: int) -> None:

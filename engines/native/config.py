@@ -44,6 +44,8 @@ class EngineConfig:
     kv_transport: str = ""  # how other engines' KV reaches this cache: "nixl", "grpc" (staging files), "": bytes
     speculative: str = ""  # speculative decoding's proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
     num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
+    # None: measured at start (spec_costs.py); (): the fixed rule (SpecConfig.draft_cost), for greedy and sampled
+    spec_verify_costs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -43,6 +43,11 @@ class DraftProposer:
         self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.mirrors: dict[str, Sequence] = {}
 
+    def relative_cost(self, target) -> float:
+        """What one draft step costs, as a fraction of a target step: their parameter counts' ratio (a decode step
+        at small batch reads every weight once)."""
+        return _num_params(self.runner.model) / _num_params(target)
+
     def propose(self, req_id: str, token_ids: Seq[int], k: int) -> list[int]:
         """k greedy draft tokens after `token_ids`; fewer (or none) when the draft's cache or length runs out."""
         if len(token_ids) + k > self.runner.max_model_len:
@@ -80,6 +85,10 @@ class DraftProposer:
         if seq.num_computed_tokens == seq.num_tokens:  # NOTE: one token at least is computed, to sample from
             seq.num_computed_tokens -= 1
         return seq
+
+
+def _num_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def _common_prefix(a: Seq[int], b: Seq[int]) -> int:

@@ -1,6 +1,6 @@
 """The native (PyTorch) runner: EngineCore's Runner over a ModelRunner, and the builders an engine process
 calls. Builds the model where it is called (the engine process or thread)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,7 @@ from engines.native.model_runner import ModelRunner
 from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
 from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
+from engines.native.spec_costs import measure_verify_costs
 from engines.transfer.mover import MovedLoads
 
 
@@ -93,9 +94,21 @@ def build_core(config: EngineConfig) -> EngineCore:
     model's, for speculative decoding with one)."""
     runner = NativeRunner(config)
     method, draft_dir = parse_speculative(config.speculative)
+    core = core_config(config)
+    if not method:
+        return EngineCore(core, runner)
+    costs = {"greedy": config.spec_verify_costs, "sampled": config.spec_verify_costs}
+    if config.spec_verify_costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
+        costs = measure_verify_costs(runner.model_runner, config.num_speculative_tokens)
+    spec = replace(core.spec, verify_costs=costs["greedy"], verify_costs_sampled=costs["sampled"])
+    if method != "draft":
+        return EngineCore(replace(core, spec=spec), runner)
     # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller
-    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks) if method == "draft" else None
-    return EngineCore(core_config(config), runner, proposer=proposer)
+    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks)
+    # NOTE: each proposed token also costs a draft step: the adaptive rule weighs it (a draft too slow for its
+    # acceptance rate switches itself off)
+    spec = replace(spec, propose_cost=proposer.relative_cost(runner.model))
+    return EngineCore(replace(core, spec=spec), runner, proposer=proposer)
 
 
 def prompt_logits(core: EngineCore, token_ids: list[int]) -> torch.Tensor:

@@ -39,10 +39,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", default=",".join(ENGINE_NAMES),
                         help="comma-separated subset of " + ",".join(ENGINE_NAMES))
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--speculative", choices=("ngram",), default=None,
+    parser.add_argument("--speculative", default=None, metavar="ngram|draft:DIR",
                         help="instead: speculative decoding against the same engine without it (copy-heavy and "
                              "chat workloads, batch 1 and 32 concurrent; transformers' prompt lookup at batch 1)")
-    parser.add_argument("--repeats", type=int, default=2, help="--speculative: runs of each engine, best kept")
+    parser.add_argument("--repeats", type=int, default=2, help="--speculative: alternated pairs of runs (medians)")
+    parser.add_argument("--spec-workloads", default="copy,chat,chat32,sampled,sampled32",
+                        help="--speculative: which workloads (copy, chat, chat32, sampled, sampled32)")
 
 
 def all_cores() -> int:

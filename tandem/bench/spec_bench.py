@@ -1,38 +1,19 @@
-"""`tandem bench engine --speculative ngram`: the native engine with speculative decoding against the same engine
-without it, in one run, on a copy-heavy workload (edit a given text) and a no-copy chat workload, greedy; plus
-transformers' own prompt lookup (`prompt_lookup_num_tokens`) at batch 1. Checks the outputs are identical."""
+"""`tandem bench engine --speculative ngram|draft:DIR`: the native engine with speculative decoding against the same
+engine without it, alternated in one run, on a copy-heavy workload (edit a given text) and chat (greedy, and sampled so
+that nothing copies); plus transformers' prompt lookup or assisted generation at batch 1. Greedy outputs must match."""
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base.types import EngineRequest, SamplingParams
+from tandem.bench.spec_report import Run, SpecWorkload, format_table, row
 
 log = logging.getLogger(__name__)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TOPICS = ("the sea", "autumn", "a lighthouse", "bread", "a city at night", "snow", "a library", "the moon",
           "a train journey", "gardens", "rain", "mountains", "a market", "bees", "the desert", "a river")
 ASKS = ("Write a short poem about {}.", "Tell me a story about {}.")
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """One workload on one engine: its outputs, wall time and speculation counters."""
-
-    outputs: list[list[int]]
-    seconds: float
-    proposed: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_tokens / self.seconds
 
 
 def passages(num: int, min_words: int = 90, max_words: int = 150) -> list[str]:
@@ -63,22 +44,29 @@ def chat_prompts(tokenizer, num: int) -> list[list[int]]:
             for i in range(num)]
 
 
-async def run_native(model_dir: Path, prompts: list[list[int]], osl: int, speculative: str, threads: int,
-                     concurrency: int) -> Run:
-    """All prompts at once through a fresh engine, greedy, EOS honoured; a short warm-up first."""
+def params_for(w: SpecWorkload, i: int) -> SamplingParams:
+    """Greedy with EOS honoured; or sampled (top-p 0.95) with request i's own seed, as many tokens each time."""
+    if w.is_greedy:
+        return SamplingParams(max_tokens=w.osl)
+    return SamplingParams(max_tokens=w.osl, temperature=w.temperature, top_p=0.95, seed=i, ignore_eos=True)
+
+
+async def run_native(model_dir: Path, prompts: list[list[int]], w: SpecWorkload, speculative: str,
+                     threads: int) -> Run:
+    """All prompts through a fresh engine (batch 1: one after another); a short warm-up first."""
     from tandem.bench.native_runner import make_engine
 
-    engine = make_engine(model_dir, "float32", threads, max_num_seqs=concurrency,
-                         max_len=max(map(len, prompts)) + osl, speculative=speculative)
+    engine = make_engine(model_dir, "float32", threads, max_num_seqs=w.concurrency,
+                         max_len=max(map(len, prompts)) + w.osl, speculative=speculative)
     await engine.start()
     try:
-        await _generate(engine, prompts[:1], 4, "warm")
+        await _generate(engine, prompts[:1], [SamplingParams(max_tokens=4)], "warm")
         before = engine.stats()
         start = time.perf_counter()
-        if concurrency == 1:  # NOTE: batch 1: one request after another
-            outputs = [(await _generate(engine, [p], osl, f"r{i}-"))[0] for i, p in enumerate(prompts)]
+        if w.concurrency == 1:
+            outputs = [(await _generate(engine, [p], [params_for(w, i)], f"r{i}-"))[0] for i, p in enumerate(prompts)]
         else:
-            outputs = await _generate(engine, prompts, osl, "r")
+            outputs = await _generate(engine, prompts, [params_for(w, i) for i in range(len(prompts))], "r")
         seconds = time.perf_counter() - start
         after = engine.stats()
     finally:
@@ -88,12 +76,10 @@ async def run_native(model_dir: Path, prompts: list[list[int]], osl: int, specul
                after.num_spec_verify_steps - before.num_spec_verify_steps)
 
 
-async def _generate(engine, prompts: list[list[int]], osl: int, prefix: str) -> list[list[int]]:
-    params = SamplingParams(max_tokens=osl)
-
+async def _generate(engine, prompts: list[list[int]], params: list[SamplingParams], prefix: str) -> list[list[int]]:
     async def one(i: int, prompt: list[int]) -> list[int]:
         tokens: list[int] = []
-        async for out in engine.add_request(EngineRequest(f"{prefix}{i}", tuple(prompt), params)):
+        async for out in engine.add_request(EngineRequest(f"{prefix}{i}", tuple(prompt), params[i])):
             if out.error is not None:
                 raise RuntimeError(f"request {prefix}{i} failed: {out.error}")
             tokens.extend(out.new_token_ids)
@@ -102,14 +88,19 @@ async def _generate(engine, prompts: list[list[int]], osl: int, prefix: str) -> 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
-def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, lookup: int, threads: int) -> Run:
-    """Batch 1, one prompt after another: greedy `generate`, with prompt lookup when `lookup` > 0."""
+def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, speculative: str, threads: int) -> Run:
+    """Batch 1, one prompt after another: greedy `generate`, with prompt lookup (ngram) or the draft as assistant."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from engines.core.speculative import parse_speculative
+
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    load = lambda d: AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    model, (method, draft_dir) = load(model_dir), parse_speculative(speculative)
+    extra = {"prompt_lookup_num_tokens": 10} if method == "ngram" else {}
+    if method == "draft":
+        extra = {"assistant_model": load(draft_dir)}
     outputs, seconds = [], 0.0
     with torch.inference_mode():
         model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, **extra)  # warm-up
@@ -123,50 +114,44 @@ def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, lookup
 
 
 # -- the comparison --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SpecWorkload:
-    name: str
-    kind: str  # "copy" | "chat"
-    num_requests: int
-    concurrency: int  # 1: batch 1, one request after another
-    osl: int
-
-
-WORKLOADS = (SpecWorkload("copy-heavy, batch 1", "copy", 4, 1, 256),
-             SpecWorkload("chat, batch 1", "chat", 4, 1, 128),
-             SpecWorkload("chat, 32 concurrent", "chat", 32, 32, 128))
+WORKLOADS = {
+    "copy": SpecWorkload("copy-heavy, batch 1", "copy", 4, 1, 256),
+    "chat": SpecWorkload("chat, batch 1", "chat", 4, 1, 128),
+    "chat32": SpecWorkload("chat, 32 concurrent", "chat", 32, 32, 128),
+    # NOTE: SmolLM2-135M's greedy chat repeats its own lines (prompt lookup finds them); sampled, nothing copies
+    "sampled": SpecWorkload("chat sampled T=0.8, batch 1", "chat", 4, 1, 128, temperature=0.8),
+    "sampled32": SpecWorkload("chat sampled T=0.8, 32 conc.", "chat", 32, 32, 128, temperature=0.8),
+}
 
 
 def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_transformers: bool,
-            on_row=lambda report: None) -> dict:
-    """Every workload on the plain and the speculating engine, alternating, `repeats` times (the best run of each
-    kept: the machine may be shared), each run in a fresh process; transformers' prompt lookup on the copy-heavy
-    one. `on_row` sees the report after each workload (a long run on a loaded host keeps what it measured)."""
-    from tandem.bench.engine_bench import _in_fresh_process
-
-    from tokenizers import Tokenizer  # noqa: F401  (transformers' tokenizer needs it; fail early and clearly)
+            names: list[str], on_row=lambda report: None) -> dict:
+    """Each named workload on the plain and the speculating engine, alternated `repeats` times (a neighbour's burst
+    hits one pair, not one side), each run in a fresh process; transformers at batch 1, greedy. `on_row` sees the
+    report after each workload (a long run on a loaded host keeps what it measured)."""
     from transformers import AutoTokenizer
+
+    from tandem.bench.engine_bench import _in_fresh_process
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     rows: list[dict] = []
     report = {"model": str(model_dir), "speculative": speculative, "threads": threads, "repeats": repeats,
-              "greedy": True, "workloads": rows}
-    for w in WORKLOADS:
+              "workloads": rows}
+    for name in names:
+        w = WORKLOADS[name]
         prompts = (copy_prompts if w.kind == "copy" else chat_prompts)(tokenizer, w.num_requests)
-        runs: dict[str, list[Run]] = {"plain": [], speculative: []}
+        runs: dict[str, list[Run]] = {"": [], speculative: []}
         for _ in range(repeats):
             for method in ("", speculative):
-                run = _in_fresh_process(_native_main, model_dir, prompts, w.osl, method, threads, w.concurrency)
-                log.info("%s, %s: %.1f tok/s", w.name, method or "plain", run.tokens_per_s)
-                runs[method or "plain"].append(run)
-        row = _row(w, max(runs["plain"], key=lambda r: r.tokens_per_s), max(runs[speculative],
-                                                                             key=lambda r: r.tokens_per_s))
-        if with_transformers and w.kind == "copy":
-            row["transformers_tok_s"] = _in_fresh_process(run_transformers, model_dir, prompts, w.osl, 0,
-                                                          threads).tokens_per_s
-            lookup = _in_fresh_process(run_transformers, model_dir, prompts, w.osl, 10, threads)
-            row["transformers_prompt_lookup_tok_s"] = lookup.tokens_per_s
-        rows.append(row)
+                run = _in_fresh_process(_native_main, model_dir, prompts, w, method, threads)
+                log.info("%s, %s: %.2f tok/s", w.name, method or "plain", run.tokens_per_s)
+                runs[method].append(run)
+        result = row(w, runs[""], runs[speculative])
+        if with_transformers and w.concurrency == 1 and w.is_greedy:
+            for key, method in (("transformers_tok_s", ""), ("transformers_spec_tok_s", speculative)):
+                hf = _in_fresh_process(run_transformers, model_dir, prompts, w.osl, method, threads)
+                result[key] = hf.tokens_per_s
+        rows.append(result)
         on_row(report)
     return report
 
@@ -178,33 +163,17 @@ def _native_main(*args) -> Run:
     return asyncio.run(run_native(*args))
 
 
-def _row(w: SpecWorkload, plain: Run, spec: Run) -> dict:
-    return {"workload": w.name, "num_requests": w.num_requests, "concurrency": w.concurrency, "osl": w.osl,
-            "output_tokens": plain.num_tokens, "plain_tok_s": plain.tokens_per_s, "spec_tok_s": spec.tokens_per_s,
-            "speedup": spec.tokens_per_s / plain.tokens_per_s, "identical": spec.outputs == plain.outputs,
-            "proposed": spec.proposed, "accepted": spec.accepted,
-            "acceptance_rate": spec.accepted / spec.proposed if spec.proposed else 0.0,
-            "mean_accepted_len": spec.accepted / spec.verify_steps if spec.verify_steps else 0.0}
-
-
-def format_table(report: dict) -> str:
-    head = (f"{'workload':<22}{'plain tok/s':>12}{'spec tok/s':>12}{'speedup':>9}{'identical':>10}"
-            f"{'accept':>8}{'mean len':>9}{'HF tok/s':>10}{'HF lookup':>10}")
-    lines = [f"model {report['model']}, speculative={report['speculative']}, threads={report['threads']}, "
-             f"best of {report['repeats']}, greedy", head, "-" * len(head)]
-    for r in report["workloads"]:
-        hf = r.get("transformers_tok_s")
-        hf_cells = f"{hf:>10.1f}{r['transformers_prompt_lookup_tok_s']:>10.1f}" if hf else f"{'-':>10}{'-':>10}"
-        lines.append(f"{r['workload']:<22}{r['plain_tok_s']:>12.1f}{r['spec_tok_s']:>12.1f}{r['speedup']:>8.2f}x"
-                     f"{str(r['identical']):>10}{r['acceptance_rate']:>8.2f}{r['mean_accepted_len']:>9.2f}{hf_cells}")
-    return "\n".join(lines)
-
-
 def cmd_bench_spec(args) -> int:
     import json
 
+    from engines.core.speculative import parse_speculative
     from tandem.bench.engine_bench import _resolve_model
     from tandem.bench.jsonsafe import json_safe
+
+    parse_speculative(args.speculative)  # NOTE: a bad value fails before any model loads
+    names = [n for n in args.spec_workloads.split(",") if n]
+    if unknown := set(names) - WORKLOADS.keys():
+        raise SystemExit(f"unknown --spec-workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
 
     def write(report: dict) -> None:
         if args.json is not None:
@@ -212,7 +181,7 @@ def cmd_bench_spec(args) -> int:
             args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
     report = compare(_resolve_model(args.model), args.speculative, args.threads, args.repeats,
-                     "transformers" in args.engines, on_row=write)
+                     "transformers" in args.engines, names, on_row=write)
     print(format_table(report))
     if args.json is not None:
         print(f"\nwrote {args.json}")

@@ -1,5 +1,5 @@
-"""`tandem model fetch|init|quantize|calibrate`: argument parsing and printing only; the work is in fetch.py,
-init.py and the engine's quant package.
+"""`tandem model fetch|init|quantize|calibrate|layer-skip`: argument parsing and printing only; the work is in
+fetch.py, init.py, layer_skip.py and the engine's quant package.
 
 Progress goes to stderr; the model directory is the last line of stdout, so scripts can `tail -n1`.
 """
@@ -41,6 +41,13 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
                           help="fp8: E4M3 weights, one scale per output channel; nvfp4: E2M1 in 16-blocks")
     quantize.add_argument("--device", default="cpu", help="where to quantize (cuda is faster for 8B shapes)")
     quantize.set_defaults(func=_run_quantize)
+
+    skip = actions.add_parser("layer-skip", help="write a model's first N layers (+ norm, LM head) as a draft "
+                                                 "for speculative decoding; prints its directory")
+    skip.add_argument("src", type=Path, help="checkpoint directory (config.json + safetensors)")
+    skip.add_argument("dst", type=Path, help="where the draft goes")
+    skip.add_argument("--layers", type=int, required=True, help="decoder layers kept, from the first")
+    skip.set_defaults(func=_run_layer_skip)
 
     calibrate = actions.add_parser(
         "calibrate", help="measure static FP8 scales (KV cache, activations) into tandem_quant.json; prints it")
@@ -91,6 +98,13 @@ def _run_quantize(args: argparse.Namespace) -> int:
     if not (args.src / "config.json").is_file():
         raise ModelError(f"no config.json in {str(args.src)!r}: not a checkpoint directory")
     print(quantize_checkpoint(args.src, args.dst, args.format, args.device))
+    return 0
+
+
+def _run_layer_skip(args: argparse.Namespace) -> int:
+    from tandem.models.layer_skip import layer_skip_checkpoint  # lazy: pulls in torch
+
+    print(layer_skip_checkpoint(args.src, args.dst, args.layers))
     return 0
 
 

@@ -11,6 +11,10 @@ from tests.conftest import TINY_VARIANTS
 from tests.unit.engines.helpers import collect, greedy, run_batch, started
 
 
+# NOTE: the adaptive rule on its fixed costs, not on costs timed at start: what these tests count stays the same
+FIXED_COSTS = {"spec_verify_costs": ()}
+
+
 def copy_heavy_prompts(vocab_size: int) -> list[list[int]]:
     """Prompts that repeat spans, so prompt lookup has something to propose (and tiny random models, which
     fall into loops, give it more), plus one with no repeats at all."""
@@ -21,7 +25,7 @@ def copy_heavy_prompts(vocab_size: int) -> list[list[int]]:
 
 
 async def generate(model_dir, prompts, params, speculative: str, **kw):
-    engine = await started(model_dir, speculative=speculative, **kw)
+    engine = await started(model_dir, speculative=speculative, **FIXED_COSTS, **kw)
     try:
         tokens = await run_batch(engine, prompts, params)
         spec = engine.channel.core.scheduler.speculator
@@ -49,7 +53,7 @@ async def test_logprobs_penalties_and_min_tokens_apply_to_accepted_tokens(tiny_l
                     frequency_penalty=0.3, min_tokens=12, stop_token_ids=(stop,))
     results = {}
     for method in ("", "ngram"):
-        engine = await started(tiny_llama, speculative=method, max_num_batched_tokens=24)
+        engine = await started(tiny_llama, speculative=method, **FIXED_COSTS, max_num_batched_tokens=24)
         try:
             outs = [await collect(engine, EngineRequest(f"q{i}", tuple(p), params)) for i, p in enumerate(prompts)]
             results[method] = outs
@@ -69,7 +73,7 @@ async def test_logprobs_of_accepted_tokens_are_the_models(tiny_llama):
     params = greedy(24, logprobs=True, top_logprobs=3)
     got = {}
     for method in ("", "ngram"):
-        engine = await started(tiny_llama, speculative=method)
+        engine = await started(tiny_llama, speculative=method, **FIXED_COSTS)
         try:
             got[method] = [o async for o in engine.add_request(EngineRequest("lp", tuple(prompt), params))]
         finally:
@@ -97,8 +101,9 @@ async def test_disaggregated_and_migrated_requests_speculate_on_their_decode_eng
     its KV does, and so does one continuing a migrated request (prompt + tokens already sent): output unchanged."""
     p = copy_heavy_prompts(256)[1]
     plain = await started(tiny_llama)
-    prefill = await started(tiny_llama, speculative="ngram")
-    decode = await started(tiny_llama, speculative="ngram", process=True)  # as a worker runs it: counters cross too
+    prefill = await started(tiny_llama, speculative="ngram", **FIXED_COSTS)
+    # as a worker runs it, in its own process: the counters cross too
+    decode = await started(tiny_llama, speculative="ngram", **FIXED_COSTS, process=True)
     try:
         reference, _ = await collect(plain, EngineRequest("ref", tuple(p), greedy(40)))
         first, _ = await collect(prefill, EngineRequest("pre", tuple(p), greedy(40), hold_kv=True))
@@ -132,7 +137,7 @@ async def test_a_draft_model_proposes_and_greedy_output_is_unchanged(tiny_llama,
     plain, _ = await generate(tiny_llama, prompts, greedy(32), "", max_num_batched_tokens=16)
     same, _ = await generate(tiny_llama, prompts, greedy(32), f"draft:{tiny_llama}", max_num_batched_tokens=16)
     other, _ = await generate(tiny_llama, prompts, greedy(32), f"draft:{other_draft}", max_num_batched_tokens=16)
-    engine = await started(tiny_llama, speculative=f"draft:{tiny_llama}")
+    engine = await started(tiny_llama, speculative=f"draft:{tiny_llama}", **FIXED_COSTS)
     try:
         await run_batch(engine, prompts[:1], greedy(32))
         stats = engine.stats()
@@ -162,7 +167,8 @@ async def test_every_published_block_holds_accepted_tokens_only(tiny_llama):
     from engines.base.events import KvEventKind
 
     prompts = copy_heavy_prompts(256)
-    engine = await started(tiny_llama, speculative="ngram", block_size=4)  # small blocks: many fill with output
+    # small blocks: many fill with output
+    engine = await started(tiny_llama, speculative="ngram", **FIXED_COSTS, block_size=4)
     try:
         outputs = await run_batch(engine, prompts, greedy(40))
         await asyncio.sleep(0.2)  # NOTE: the loop publishes a step's events after its outputs

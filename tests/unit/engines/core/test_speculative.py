@@ -52,6 +52,43 @@ def test_a_request_whose_proposals_fail_rests_then_tries_again():
     assert spec.draft_len(state, 4) > 0  # a fresh prior after the rest
 
 
+def test_rests_in_a_row_grow_and_a_request_that_copies_again_starts_short():
+    spec = Speculator(SpecConfig("ngram", max_draft_tokens=4, draft_cost=0.2, cooldown_steps=3))
+    state = SpecState()
+
+    def fail_until_rest() -> int:
+        while spec.draft_len(state, 4) > 0:
+            state.record(4, 0)
+        steps = 1
+        while spec.draft_len(state, 4) == 0:
+            steps += 1
+        return steps  # decode steps without proposals, the one that decided included
+
+    assert [fail_until_rest() for _ in range(6)] == [4, 7, 13, 25, 49, 49]  # 3, 6, 12, 24, 48 (16x at most)
+    state.record(4, 4)  # it copies: the rate beats the prior
+    assert fail_until_rest() == 4
+
+
+def test_a_fresh_request_probes_once_even_where_the_prior_does_not_pay():
+    spec = Speculator(SpecConfig("draft", max_draft_tokens=4, draft_cost=0.6, cooldown_steps=3), proposer=object())
+    failing, agreeing = SpecState(), SpecState()
+    assert spec.draft_len(failing, 4) == spec.draft_len(agreeing, 4) == 1  # at cost 0.6 the prior 0.5 pays no k
+    failing.record(1, 0)
+    agreeing.record(1, 1)
+    assert spec.draft_len(failing, 4) == 0 and failing.cooldown == 3
+    assert spec.draft_len(agreeing, 4) == 1  # measured at 0.69: it pays
+    assert [spec.draft_len(failing, 4) for _ in range(4)] == [0] * 4  # rested; the prior alone pays nothing
+    assert failing.cooldown == 6  # so it rests again, longer, without a second probe
+
+
+def test_a_sampled_request_weighs_its_own_costs():
+    spec = Speculator(SpecConfig("ngram", max_draft_tokens=4, verify_costs=(0.1,) * 4,
+                                 verify_costs_sampled=(1.2,) * 4))
+    greedy, sampled = SpecState(is_fresh=False), SpecState(is_fresh=False)
+    assert spec.draft_len(greedy, 4, is_greedy=True) > 0
+    assert spec.draft_len(sampled, 4, is_greedy=False) == 0 and sampled.cooldown > 0
+
+
 def test_spec_config_is_validated():
     with pytest.raises(ValueError, match="speculative method"):
         SpecConfig("eagle")
