@@ -1,13 +1,17 @@
 """The router's own recent decisions, held per worker: worker -> {block hash: expires at}. Recording a route is one
 C-level dict update; a prompt's overlap is a binary search per worker that holds its first block. The same answers
-as `ApproximateIndex` (which holds hash -> {worker: expires at} and pays Python work per block to record).
+as `ApproximateIndex` (which holds hash -> {worker: expires at} and pays Python work per block to record). A route
+may be recorded later (after the reply): any read makes pending records first, so no answer differs.
 
 Pure: no I/O, no transport; time is injected.
 """
 from collections.abc import Callable, Sequence
 from itertools import repeat
 
+import numpy as np
+
 Clock = Callable[[], float]
+_MAX_PENDING = 4096  # routes `record_later` holds at most before it records them
 
 
 class RecentRoutes:
@@ -24,36 +28,54 @@ class RecentRoutes:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._until: dict[str, dict[int, float]] = {}  # worker_id -> {hash: expires at}
+        self._pending: list[tuple[Sequence[int], str, float]] = []  # `record_later`'s routes, oldest first
 
     def __len__(self) -> int:
+        self.flush()
         return sum(len(d) for d in self._until.values())
 
     def record(self, block_hashes: Sequence[int], worker_id: str) -> None:
-        entries = self._until.setdefault(worker_id, {})
-        entries.update(zip(block_hashes, repeat(self._clock() + self.ttl_s)))
-        if len(entries) > self.max_entries:
-            self._until[worker_id] = self._newest(entries, self.max_entries // 2)
+        self.flush()
+        self._record(block_hashes, worker_id, self._clock() + self.ttl_s)
+
+    def record_later(self, block_hashes: Sequence[int], worker_id: str) -> None:
+        """`record`, with the expiry of now, made by `flush` or by the next call that reads (so answers are alike)."""
+        if len(self._pending) >= _MAX_PENDING:
+            self.flush()
+        self._pending.append((block_hashes, worker_id, self._clock() + self.ttl_s))
+
+    def flush(self) -> None:
+        """Make the pending records, oldest first."""
+        while self._pending:
+            pending, self._pending = self._pending, []
+            for block_hashes, worker_id, until in pending:
+                self._record(block_hashes, worker_id, until)
 
     def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker: the leading blocks routed to it within the TTL (workers with none are absent)."""
+        self.flush()
         if not block_hashes:
             return {}
         now, first, counts = self._clock(), block_hashes[0], {}
         for worker_id, entries in self._until.items():
-            if entries.get(first, 0.0) <= now:
-                continue
-            lo, hi = 1, len(block_hashes)  # the live prefix's length is in [lo, hi]
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if entries.get(block_hashes[mid - 1], 0.0) > now:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            counts[worker_id] = lo
+            if entries.get(first, 0.0) > now:
+                counts[worker_id] = _live_prefix(entries, block_hashes, now)
         return dict(sorted(counts.items()))
+
+    def overlap_into(self, block_hashes: Sequence[int], row_of: dict[str, int], out: np.ndarray) -> None:
+        """`overlap` written as out[row_of[worker]] (0 for the rest; workers not in `row_of` are left out)."""
+        self.flush()
+        out[:] = 0
+        if not block_hashes:
+            return
+        now, first = self._clock(), block_hashes[0]
+        for worker_id, entries in self._until.items():
+            if entries.get(first, 0.0) > now and (row := row_of.get(worker_id)) is not None:
+                out[row] = _live_prefix(entries, block_hashes, now)
 
     def expire(self) -> None:
         """Drop every lapsed decision."""
+        self.flush()
         now = self._clock()
         for worker_id, entries in list(self._until.items()):
             live = {h: t for h, t in entries.items() if t > now}
@@ -63,9 +85,28 @@ class RecentRoutes:
                 del self._until[worker_id]
 
     def remove_worker(self, worker_id: str) -> None:
+        self.flush()
         self._until.pop(worker_id, None)
+
+    def _record(self, block_hashes: Sequence[int], worker_id: str, until: float) -> None:
+        entries = self._until.setdefault(worker_id, {})
+        entries.update(zip(block_hashes, repeat(until)))
+        if len(entries) > self.max_entries:
+            self._until[worker_id] = self._newest(entries, self.max_entries // 2)
 
     def _newest(self, entries: dict[int, float], keep: int) -> dict[int, float]:
         cut = sorted(entries.values(), reverse=True)[keep - 1]
         now = self._clock()
         return {h: t for h, t in entries.items() if t >= cut and t > now}
+
+
+def _live_prefix(entries: dict[int, float], block_hashes: Sequence[int], now: float) -> int:
+    """How many leading `block_hashes` are live in `entries`, given the first is (expiry never grows with depth)."""
+    lo, hi = 1, len(block_hashes)  # the live prefix's length is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if entries.get(block_hashes[mid - 1], 0.0) > now:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

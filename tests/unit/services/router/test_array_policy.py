@@ -2,6 +2,7 @@
 index's match, recent routes against the approximate index, and whole routers fed the same random history."""
 import random
 
+import numpy as np
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
@@ -111,6 +112,31 @@ def test_recent_routes_answer_as_the_approximate_index():
         assert new.overlap(probe) == old.overlap(probe)
     new.remove_worker("a")
     assert "a" not in new.overlap(chain_block_hashes(prompts[0], BS))
+
+
+@pytest.mark.parametrize("max_pending", [1, 4096])
+def test_recent_routes_recorded_later_answer_as_recorded_at_once(monkeypatch, max_pending):
+    monkeypatch.setattr("services.router.recent_routes._MAX_PENDING", max_pending)
+    rng, clock = random.Random(5), FakeClock()
+    prompts = chains(rng)
+    now, later = RecentRoutes(clock, ttl_s=3.0, max_entries=20), RecentRoutes(clock, ttl_s=3.0, max_entries=20)
+    rows = {w: i for i, w in enumerate("abcd")}
+    for step in range(300):
+        hashes = chain_block_hashes(rng.choice(prompts), BS)
+        worker_id = rng.choice("abcd")
+        now.record(hashes, worker_id)
+        later.record_later(hashes, worker_id)  # the expiry of now, though made when next read
+        assert len(later._pending) <= max_pending
+        clock.advance(rng.random())
+        if step % 3 == 0:  # several routes pending at once
+            continue
+        probe = chain_block_hashes(rng.choice(prompts), BS)
+        out = np.full(5, -1, np.int64)
+        later.overlap_into(probe, rows, out)
+        expected = now.overlap(probe)
+        assert {w: int(out[r]) for w, r in rows.items() if out[r]} == expected and out[4] == 0
+        assert later.overlap(probe) == expected
+    assert len(now) == len(later)
 
 
 def test_recent_routes_keep_the_newest_half_with_their_ancestors():
