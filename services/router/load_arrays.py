@@ -39,7 +39,13 @@ class GroupArrays:
 
     def set_row(self, row: int, expires_at: float, inflight_tokens: int, queued_tokens: int, num_seqs: int,
                 max_num_seqs: int, kv_used: float) -> None:
-        self.state[:, row] = (expires_at, inflight_tokens, queued_tokens, num_seqs, max_num_seqs, kv_used)
+        # NOTE: one store per field: a column assignment from a tuple costs twice as much
+        self.expires_at[row] = expires_at
+        self.inflight_tokens[row] = inflight_tokens
+        self.queued_tokens[row] = queued_tokens
+        self.num_seqs[row] = num_seqs
+        self.max_num_seqs[row] = max_num_seqs
+        self.kv_used[row] = kv_used
 
 
 def common_block_size(sizes: list[int]) -> int:
