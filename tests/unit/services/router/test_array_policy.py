@@ -1,6 +1,7 @@
 """The array-scored kv path decides exactly as today's per-view one: the slot index's depths against the prefix
 index's match, recent routes against the approximate index, and whole routers fed the same random history."""
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -168,8 +169,9 @@ def decide(core: RouterCore, request: RouteInput) -> tuple:
 
 
 # the router's defaults shed load past 2 sequences per slot: 0.5 here makes every worker busy now and then
-@pytest.mark.parametrize("gateway_hashes,busy", [(False, BusyThresholds()), (True, BusyThresholds()),
-                                                 (True, BusyThresholds(load=0.5, kv=0.9))])
+@pytest.mark.parametrize("gateway_hashes,busy", [(None, BusyThresholds()), ("tuple", BusyThresholds()),
+                                                 ("tuple", BusyThresholds(load=0.5, kv=0.9)),
+                                                 ("packed", BusyThresholds(load=0.5, kv=0.9))])
 def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes, busy):
     rng, clock = random.Random(7), FakeClock()
     worker_ids = [f"w{i}" for i in range(6)]
@@ -185,7 +187,8 @@ def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes, busy):
         tokens = tuple(rng.choice(prompts))
         hashes = tuple(chain_block_hashes(tokens, BS)) if gateway_hashes else ()
         request = RouteInput(f"r{i}", "m", tokens, block_hashes=hashes, hash_block_size=BS if hashes else 0)
-        a, b = decide(today, request), decide(arrays, request)
+        packed = replace(request, block_hashes=np.frombuffer(np.array(hashes, "<u8").tobytes(), "<u8"))
+        a, b = decide(today, request), decide(arrays, packed if gateway_hashes == "packed" else request)
         assert a == b, i
         outcomes.append(a[0])
         if a != ("busy",):
@@ -199,6 +202,9 @@ def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes, busy):
             today.registry.heartbeat(worker_id, load), arrays.registry.heartbeat(worker_id, load)
         clock.advance(rng.random() * 0.5)
     assert not taken  # every decision was array-scored (an all-busy pool is refused by the per-view path)
+    arrays.flush_deferred()  # the same LRU order, and the recent routes keyed by Python ints even from packed hashes
+    assert list(arrays.policy.index._holders) == list(today.policy.index._holders)
+    assert all(type(h) is int for entries in arrays.policy.predicted._until.values() for h in entries)
     if busy.load:
         assert 0 < outcomes.count("busy") < 300
 
@@ -212,6 +218,22 @@ def test_exclusions_take_the_per_view_path_with_the_same_state():
     assert again.decode.worker_id != first.decode.worker_id and again.num_cached_tokens == 0
     third = core.route(RouteInput("r3", "m", tokens))  # the recent routes of both paths count
     assert third.num_cached_tokens == 16
+
+
+def test_the_per_view_path_reads_packed_hashes_as_ints():
+    clock = FakeClock()
+    tokens = tuple(range(16))
+    hashes = chain_block_hashes(tokens, BS)
+    packed = np.frombuffer(np.array(hashes, "<u8").tobytes(), "<u8")
+    picks = []
+    for block_hashes in (tuple(hashes), packed):
+        core = make_core(ArrayKvPolicy(SlotIndex(), clock, config=KvPolicyConfig(block_size=BS)), clock, ["w1", "w2"])
+        core.policy.index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(hashes[:3]))])
+        request = RouteInput("r1", "m", tokens, frozenset({"w9"}), block_hashes, BS)  # an exclusion: per view
+        decision = core.route(request)
+        picks.append((decision.decode.worker_id, decision.num_cached_tokens))
+        assert all(type(h) is int for h in core.policy.predicted._until["w2"])
+    assert picks == [("w2", 12)] * 2
 
 
 def test_hashes_that_do_not_fit_the_prompt_are_refused():
