@@ -1,6 +1,9 @@
 """The array-scored kv path decides exactly as today's per-view one: the slot index's depths against the prefix
 index's match, recent routes against the approximate index, and whole routers fed the same random history."""
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -234,6 +237,39 @@ def test_the_per_view_path_reads_packed_hashes_as_ints():
         picks.append((decision.decode.worker_id, decision.num_cached_tokens))
         assert all(type(h) is int for h in core.policy.predicted._until["w2"])
     assert picks == [("w2", 12)] * 2
+
+
+_ROUTES_IN_A_FRESH_PROCESS = """
+import numpy as np
+from engines.base.block_hash import chain_block_hashes
+from services.router.array_scoring import decide_row
+from services.router.policy import make_policy
+from services.router.core import RouterCore
+from services.router.policy import DisaggregationPolicy
+from services.router.registry import Registry
+from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
+from engines.base.types import KvLayout
+
+registry = Registry(lambda: 0.0)
+for w in ("w1", "w2"):
+    registry.register(WorkerInfo(w, WorkerRole.DECODE, w + ":1", "m", KvLayout(1, 1, 8, "float32", 4), 8), WorkerLoad())
+core = RouterCore(registry, make_policy("kv"), DisaggregationPolicy())
+compiled = list(decide_row.signatures)
+tokens = tuple(range(16))
+hashes = chain_block_hashes(tokens, 4)
+for i, block_hashes in enumerate(((), tuple(hashes), np.frombuffer(np.array(hashes, "<u8").tobytes(), "<u8"))):
+    core.route(RouteInput(f"r{i}", "m", tokens, block_hashes=block_hashes, hash_block_size=4))
+print(len(compiled), len(decide_row.signatures))
+"""
+
+
+def test_no_decision_compiles_a_kernel():
+    """The kernels compiled when the policy is made cover every argument type a decision passes: hashes made here,
+    a gateway's tuple, its packed bytes (a read-only array, a type of its own to numba); a missing one would compile
+    inside a live Route (seconds). In a fresh process, so no other test's calls have compiled it already."""
+    out = subprocess.run([sys.executable, "-c", _ROUTES_IN_A_FRESH_PROCESS], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()
+    assert int(out[0]) >= 2 and out[0] == out[1]
 
 
 def test_hashes_that_do_not_fit_the_prompt_are_refused():
