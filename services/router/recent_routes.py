@@ -66,12 +66,12 @@ class RecentRoutes:
 
     def overlap_into(self, block_hashes: Sequence[int], row_of: dict[str, int], out: np.ndarray) -> None:
         """`overlap` written as out[row_of[worker]] (0 for the rest; workers not in `row_of` are left out). NOTE: reads
-    only a few of `block_hashes` per worker, so a packed uint64 array is read as it is, each hash read made an int."""
+    only a few of `block_hashes` per worker, so a packed uint64 array is read as it is (its scalars hash as ints)."""
         self.flush()
         out[:] = 0
         if not len(block_hashes):
             return
-        now, first = self._clock(), int(block_hashes[0])
+        now, first = self._clock(), block_hashes[0]
         for worker_id, entries in self._until.items():
             if entries.get(first, 0.0) > now and (row := row_of.get(worker_id)) is not None:
                 out[row] = _live_prefix(entries, block_hashes, now)
@@ -108,7 +108,7 @@ def _live_prefix(entries: dict[int, float], block_hashes: Sequence[int], now: fl
     lo, hi = 1, len(block_hashes)  # the live prefix's length is in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if entries.get(int(block_hashes[mid - 1]), 0.0) > now:
+        if entries.get(block_hashes[mid - 1], 0.0) > now:
             lo = mid
         else:
             hi = mid - 1
