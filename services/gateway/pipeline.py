@@ -3,7 +3,6 @@ decode worker, or Generate alone; a worker failing mid-stream hands the request 
 token deltas; a cancelled or closed stream aborts the work it started. Knows nothing of HTTP, text or OpenAI."""
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
@@ -150,8 +149,7 @@ class Pipeline:
         root = chain_root(salt, self._kv_hash_secret)
         hashes = chain_block_hashes(prompt, self._block_size, root) if self._block_size else []
         request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
-                                          exclude_worker_ids=excluded,
-                                          packed_block_hashes=struct.pack(f"<{len(hashes)}Q", *hashes),
+                                          exclude_worker_ids=excluded, block_hashes=hashes,
                                           hash_block_size=self._block_size if hashes else 0, cache_salt=salt)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
             try:  # NOTE: the pool fails over between replicas, and waits for a restarting one (up to the timeout)

@@ -46,8 +46,7 @@ class ArrayKvPolicy(KvAwarePolicy):
         if group.index_epoch != self.index.epoch or len(self._depths) <= self.index.capacity:
             group.index_slots, group.index_epoch = self.index.slots_for(group.worker_ids), self.index.epoch
             self._depths = np.zeros(self.index.capacity + 1, np.int64)
-        keys = _NO_KEYS if not self.config.use_events else (
-            hashes if isinstance(hashes, np.ndarray) else np.fromiter(hashes, np.uint64, len(hashes)))
+        keys = np.fromiter(hashes, np.uint64, len(hashes)) if self.config.use_events else _NO_KEYS
         self.predicted.overlap_into(hashes, group.row_of, group.predicted)
         row, overlap, deepest = decide_row(
             *self.index.kernel_args(), keys, self._depths, group.index_slots, group.predicted, group.state,
@@ -66,6 +65,6 @@ class ArrayKvPolicy(KvAwarePolicy):
 
     def prompt_hashes(self, request: RouteInput, block_size: int) -> Sequence[int]:
         """The gateway's hashes when it sent them for this block size, else hashed here (the one function)."""
-        if len(request.block_hashes) and request.hash_block_size == block_size:
+        if request.block_hashes and request.hash_block_size == block_size:
             return request.block_hashes
         return chain_block_hashes(request.token_ids, block_size, request.hash_root)

@@ -57,10 +57,7 @@ def decide_row(table, mult, shift, keys, depths, slots, predicted, state, busy_l
 
 @functools.cache
 def compile_kernels() -> None:
-    """Compile (or load from numba's cache) `decide_row` now, so no live decision waits for it: for the keys of an
-    array built here and for the read-only ones over a RouteRequest's packed hashes (a type of their own to numba)."""
-    table = np.zeros((4, 2), np.uint64)
-    packed = np.frombuffer(bytes(8), "<u8")
-    for keys in (np.zeros(1, np.uint64), packed):
-        decide_row(table, np.uint64(1), np.uint64(62), keys, np.zeros(65, np.int64), np.zeros(1, np.intp),
-                   np.zeros(1, np.int64), np.zeros((NUM_FIELDS, 1)), 0.0, 0.0, 0.0, 1, 1, 1.0, 1.0)
+    """Compile (or load from numba's cache) `decide_row` now, so no live decision waits for it."""
+    decide_row(np.zeros((4, 2), np.uint64), np.uint64(1), np.uint64(62), np.zeros(1, np.uint64),
+               np.zeros(65, np.int64), np.zeros(1, np.intp), np.zeros(1, np.int64), np.zeros((NUM_FIELDS, 1)), 0.0,
+               0.0, 0.0, 1, 1, 1.0, 1.0)

@@ -1,6 +1,4 @@
 """Router protobuf messages <-> router domain types. The only router module that knows both shapes."""
-import numpy as np
-
 from engines.base.block_hash import chain_root
 from services.common.convert import layout_from_pb, layout_to_pb, role_to_pb
 from services.common.convert import role_from_pb as _role_from_pb
@@ -44,17 +42,7 @@ def route_input_from_pb(msg: router_pb2.RouteRequest, secret: str = "") -> Route
     # NOTE: the token ids stay in the message's repeated field (a read-only sequence): copying 8k of them into a
     # tuple costs far more than the decision, which reads only their count when the gateway sent block hashes
     return RouteInput(msg.req_id, msg.model, msg.token_ids, frozenset(msg.exclude_worker_ids),
-                      block_hashes_from_pb(msg), msg.hash_block_size, chain_root(msg.cache_salt, secret))
-
-
-def block_hashes_from_pb(msg: router_pb2.RouteRequest) -> np.ndarray | tuple[int, ...]:
-    """The packed hashes as a read-only uint64 array over the message's bytes (no copy), else the repeated field's."""
-    packed = msg.packed_block_hashes
-    if not packed:
-        return tuple(msg.block_hashes)
-    if len(packed) % 8:
-        raise InvalidArgumentError(f"packed_block_hashes holds {len(packed)} bytes, not a whole number of uint64s")
-    return np.frombuffer(packed, "<u8")
+                      tuple(msg.block_hashes), msg.hash_block_size, chain_root(msg.cache_salt, secret))
 
 
 def worker_ref(view: WorkerView) -> router_pb2.WorkerRef:

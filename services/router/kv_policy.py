@@ -14,7 +14,7 @@ from typing import Protocol
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvTier
 from services.router.prefix_index import CachedPrefix, PrefixIndex, walk
-from services.router.types import Choice, RouteInput, WorkerLoad, WorkerView, as_ints
+from services.router.types import Choice, RouteInput, WorkerLoad, WorkerView
 
 Clock = Callable[[], float]
 DEFAULT_TIER_WEIGHTS = {KvTier.DEVICE: 1.0, KvTier.HOST: 0.75, KvTier.DISK: 0.25}
@@ -215,8 +215,8 @@ class KvAwarePolicy:
 
     def _match(self, request: RouteInput, block_size: int) -> tuple[Sequence[int], dict, dict]:
         # NOTE: the gateway's hashes when it sent them for this block size (it tokenized the prompt already)
-        if len(request.block_hashes) and request.hash_block_size == block_size:
-            hashes = as_ints(request.block_hashes)
+        if request.block_hashes and request.hash_block_size == block_size:
+            hashes = request.block_hashes
         else:
             hashes = chain_block_hashes(request.token_ids, block_size, request.hash_root)
         tiers = self.index.match(hashes) if self.config.use_events else {}

@@ -10,8 +10,6 @@ from itertools import repeat
 
 import numpy as np
 
-from services.router.types import as_ints
-
 Clock = Callable[[], float]
 _MAX_PENDING = 4096  # routes `record_later` holds at most before it records them
 
@@ -56,7 +54,7 @@ class RecentRoutes:
     def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker: the leading blocks routed to it within the TTL (workers with none are absent)."""
         self.flush()
-        if not len(block_hashes):
+        if not block_hashes:
             return {}
         now, first, counts = self._clock(), block_hashes[0], {}
         for worker_id, entries in self._until.items():
@@ -65,11 +63,10 @@ class RecentRoutes:
         return dict(sorted(counts.items()))
 
     def overlap_into(self, block_hashes: Sequence[int], row_of: dict[str, int], out: np.ndarray) -> None:
-        """`overlap` written as out[row_of[worker]] (0 for the rest; workers not in `row_of` are left out). NOTE: reads
-    only a few of `block_hashes` per worker, so a packed uint64 array is read as it is (its scalars hash as ints)."""
+        """`overlap` written as out[row_of[worker]] (0 for the rest; workers not in `row_of` are left out)."""
         self.flush()
         out[:] = 0
-        if not len(block_hashes):
+        if not block_hashes:
             return
         now, first = self._clock(), block_hashes[0]
         for worker_id, entries in self._until.items():
@@ -93,7 +90,7 @@ class RecentRoutes:
 
     def _record(self, block_hashes: Sequence[int], worker_id: str, until: float) -> None:
         entries = self._until.setdefault(worker_id, {})
-        entries.update(zip(as_ints(block_hashes), repeat(until)))
+        entries.update(zip(block_hashes, repeat(until)))
         if len(entries) > self.max_entries:
             self._until[worker_id] = self._newest(entries, self.max_entries // 2)
 

@@ -9,7 +9,6 @@ import numpy as np
 from engines.base.events import KvEvent, KvSnapshot
 from services.router.mask_table import MaskTable, compile_kernels
 from services.router.prefix_index import CachedPrefix, PrefixIndex
-from services.router.types import as_ints
 
 _MAX_PENDING_TOUCHES = 4096  # decisions whose LRU touch waits for the next event (a bound on what they hold)
 
@@ -74,7 +73,7 @@ class SlotIndex(PrefixIndex):
         """Make the LRU touches `depths` deferred, oldest first."""
         touches, self._touches = self._touches, []
         for block_hashes, deepest in touches:
-            self._touch(as_ints(block_hashes[:deepest]))
+            self._touch(block_hashes[:deepest])
 
     def apply(self, worker_id: str, events: Iterable[KvEvent]) -> bool:
         self.flush_touches()

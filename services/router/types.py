@@ -5,8 +5,6 @@ Plain frozen dataclasses with no transport, so the simulator can build them dire
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from engines.base.errors import (EngineError, InvalidRequestError, NoWorkerAvailableError,  # noqa: F401
                                  UnknownModelError, WorkersBusyError)
 from engines.base.types import KvLayout
@@ -82,9 +80,8 @@ class RouteInput:
     token_ids: Sequence[int] = ()  # a tuple, or a RouteRequest's repeated field (not copied: see convert.py)
     exclude_worker_ids: frozenset[str] = frozenset()
     # the prompt's chained block hashes as the gateway computed them (engines/base/block_hash.py), for blocks of
-    # `hash_block_size` tokens: a tuple, or a read-only uint64 array (a RouteRequest's packed hashes, see
-    # convert.py); empty: the router hashes the prompt itself. NOTE: test it with len(), never for truth
-    block_hashes: Sequence[int] = ()
+    # `hash_block_size` tokens; empty: the router hashes the prompt itself
+    block_hashes: tuple[int, ...] = ()
     hash_block_size: int = 0
     hash_root: int = 0  # the first block's parent: block_hash.chain_root(the request's cache_salt, the secret)
 
@@ -93,15 +90,10 @@ class RouteInput:
             raise InvalidArgumentError("req_id is required")
         if not self.model:
             raise InvalidArgumentError("model is required")
-        if len(self.block_hashes) and (self.hash_block_size < 1
+        if self.block_hashes and (self.hash_block_size < 1
                                   or len(self.block_hashes) != len(self.token_ids) // self.hash_block_size):
             raise InvalidArgumentError(f"{len(self.block_hashes)} block hashes do not fit {len(self.token_ids)} "
                                        f"tokens in blocks of {self.hash_block_size}")
-
-
-def as_ints(block_hashes: Sequence[int]) -> Sequence[int]:
-    """Hashes as Python ints (a packed uint64 array's as a list): the keys the dict-held indexes are keyed by."""
-    return block_hashes.tolist() if isinstance(block_hashes, np.ndarray) else block_hashes
 
 
 @dataclass(frozen=True, slots=True)

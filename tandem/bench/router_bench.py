@@ -9,7 +9,6 @@ import os
 import platform
 import random
 import statistics
-import struct
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -32,20 +31,15 @@ from tandem.bench.router_phases import PHASES, cold_start, decide_in_phases
 
 TARGET_P50_US, TARGET_P99_US = 50.0, 100.0
 _CHAIN = 256  # blocks per synthetic STORED event filling the index
-# the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, the gateway's
-# hashes: none (the router hashes), "repeated" (block_hashes) or "packed" (packed_block_hashes), the converter of
-# before (the token ids copied into a tuple)?, replayed phase by phase (router_phases.py)?)
+# the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, gateway hashes?,
+# the converter of before (the token ids copied into a tuple)?, replayed phase by phase (router_phases.py)?)
 STEPS = (
-    ("today", "per-view kv policy, the router hashes the prompt", False, None, True, False),
-    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, "repeated", True, False),
+    ("today", "per-view kv policy, the router hashes the prompt", False, False, True, False),
+    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True, True, False),
     ("arrays", "+ worker state in arrays; index match, busy check and scoring in one compiled call (numba); "
-               "token ids left in the message; bookkeeping after the reply; hashes packed", True, "packed", False,
-     False),
-    ("arrays_repeated", "arrays, the hashes as a repeated field (a gateway of before)", True, "repeated", False,
-     False),
-    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, None, False, False),
-    ("arrays_phases", "arrays, replayed call by call with a timer between calls (a profile)", True, "packed", False,
-     True),
+               "token ids left in the message; bookkeeping after the reply", True, True, False, False),
+    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False, False, False),
+    ("arrays_phases", "arrays, replayed call by call with a timer between calls (a profile)", True, True, False, True),
 )
 FINAL_STEP = "arrays"
 
@@ -101,8 +95,7 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic,
     return core, index, prompt
 
 
-def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: str | None, copy_ids: bool,
-              phased: bool) -> dict:
+def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_ids: bool, phased: bool) -> dict:
     """Times `num_iterations` decisions, each for a fresh prompt that differs from the last in its final token (so
     nothing is memoised across decisions); each request completes, untimed, after its route. Each RouteRequest is
     serialized untimed (the gateway's work, its hashing timed apart), then parsed and converted as the servicer
@@ -117,11 +110,8 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: str | None, 
         tokens = tuple(prompt[:-1]) + (i,)
         t0 = time.perf_counter()
         hashes = chain_block_hashes(tokens, cfg.block_size) if gateway_hashes else []
-        packed = struct.pack(f"<{len(hashes)}Q", *hashes) if gateway_hashes == "packed" else b""
         t1 = time.perf_counter()
-        wire = router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=tokens,
-                                       block_hashes=hashes if gateway_hashes == "repeated" else (),
-                                       packed_block_hashes=packed,
+        wire = router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=tokens, block_hashes=hashes,
                                        hash_block_size=cfg.block_size if gateway_hashes else 0).SerializeToString()
         t2 = time.perf_counter()
         request = _from_wire(wire, copy_ids)

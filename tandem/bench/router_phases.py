@@ -20,7 +20,7 @@ from services.router.types import RouteDecision, RouteInput, WorkerRole
 PHASES = (
     ("checks", "RouteInput.validate, exclusions, quarantine"),
     ("group_arrays", "the registry's arrays for the group (rows dirtied since the last decision refilled)"),
-    ("hash_keys", "the prompt's block hashes (the gateway's, packed) as a uint64 array"),
+    ("hash_keys", "the prompt's block hashes (the gateway's) as a uint64 array"),
     ("recent_routes", "RecentRoutes: each worker's blocks routed to it lately, into the group's array"),
     ("compiled_decide", "one compiled call: index match (prefix depth per slot), busy check, kv cost, pick"),
     ("bookkeeping", "deferring the LRU touch and the recent-route record"),
@@ -44,7 +44,7 @@ def decide_in_phases(core, request: RouteInput, ns: list[int]) -> RouteDecision:
     t.append(clock())
     block_size = group.block_size
     hashes = policy.prompt_hashes(request, block_size)
-    keys = hashes if isinstance(hashes, np.ndarray) else np.fromiter(hashes, np.uint64, len(hashes))
+    keys = np.fromiter(hashes, np.uint64, len(hashes))
     t.append(clock())
     policy.predicted.overlap_into(hashes, group.row_of, group.predicted)
     t.append(clock())

@@ -29,8 +29,7 @@ def test_build_fills_the_index_and_every_worker_holds_a_prefix_of_the_prompt():
 
 def test_report_times_every_step_over_the_same_state_and_they_decide_alike():
     report = run_router_bench(TINY)
-    assert list(report["steps"]) == ["today", "gateway_hashes", "arrays", "arrays_repeated", "arrays_router_hashes",
-                                     "arrays_phases"]
+    assert list(report["steps"]) == ["today", "gateway_hashes", "arrays", "arrays_router_hashes", "arrays_phases"]
     for step in report["steps"].values():
         d = step["decision_us"]
         assert 0 < d["min"] <= d["p50"] <= d["p99"] and step["same_decisions"] is True

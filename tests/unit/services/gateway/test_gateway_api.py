@@ -11,7 +11,6 @@ from engines.base.block_hash import chain_block_hashes
 from services.common.grpc_server import make_channel
 from services.gateway.server import create_app
 from services.gateway.settings import GatewaySettings
-from services.router.convert import block_hashes_from_pb
 from tests.unit.services.gateway.conftest import MODEL, REPLY
 from tests.unit.services.gateway.fakes import logprob_of
 
@@ -49,9 +48,8 @@ async def test_route_carries_the_prompts_block_hashes_once_the_block_size_is_kno
     await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES)
     route = stack.router.routes[0]
     prompt = chat_prompt(tokenizer)
-    hashes = block_hashes_from_pb(route)  # packed: 8 little-endian bytes per hash
-    assert route.hash_block_size == 4 and hashes.tolist() == chain_block_hashes(prompt, 4)
-    assert len(hashes) == len(prompt) // 4 > 0 and not route.block_hashes
+    assert route.hash_block_size == 4 and list(route.block_hashes) == chain_block_hashes(prompt, 4)
+    assert len(route.block_hashes) == len(prompt) // 4 > 0
 
 
 async def test_chat_stream_with_usage(stack, tokenizer, reply_ids):
