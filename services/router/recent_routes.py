@@ -1,5 +1,6 @@
 """The router's own recent decisions, held per worker: worker -> {block hash: expires at}. Recording a route is one
-C-level dict update; a prompt's overlap is a binary search per worker that holds its first block. The same answers
+C-level dict update; a prompt's overlap is a binary search per worker that holds its first block, and only those
+workers are visited (an index of each recorded prompt's first block). The same answers
 as `ApproximateIndex` (which holds hash -> {worker: expires at} and pays Python work per block to record). A route
 may be recorded later (after the reply): any read makes pending records first, so no answer differs.
 
@@ -19,7 +20,8 @@ class RecentRoutes:
     chain a worker's expiry never grows with depth: its live prefix is found by binary search.
 
     NOTE: at most `max_entries` hashes per worker; past that the worker keeps its newest half, cut by expiry, so a
-    kept block's ancestors are always kept too."""
+    kept block's ancestors are always kept too. NOTE: a prompt's first block hash is never a later block's (each
+    hash chains its parent), so the workers that hold a prompt's first block are among those listed under it."""
 
     def __init__(self, clock: Clock, ttl_s: float = 120.0, max_entries: int = 100_000):
         if ttl_s <= 0 or max_entries < 2:
@@ -29,6 +31,9 @@ class RecentRoutes:
         self.max_entries = max_entries
         self._until: dict[str, dict[int, float]] = {}  # worker_id -> {hash: expires at}
         self._pending: list[tuple[Sequence[int], str, float]] = []  # `record_later`'s routes, oldest first
+        # a recorded prompt's first hash -> the workers it went to, and back; a listed worker holds that hash
+        self._by_first: dict[int, dict[str, None]] = {}
+        self._firsts: dict[str, set[int]] = {}
 
     def __len__(self) -> int:
         self.flush()
@@ -57,7 +62,8 @@ class RecentRoutes:
         if not block_hashes:
             return {}
         now, first, counts = self._clock(), block_hashes[0], {}
-        for worker_id, entries in self._until.items():
+        for worker_id in self._by_first.get(first, ()):
+            entries = self._until[worker_id]
             if entries.get(first, 0.0) > now:
                 counts[worker_id] = _live_prefix(entries, block_hashes, now)
         return dict(sorted(counts.items()))
@@ -68,8 +74,9 @@ class RecentRoutes:
         out[:] = 0
         if not block_hashes:
             return
-        now, first = self._clock(), block_hashes[0]
-        for worker_id, entries in self._until.items():
+        now, first, until = self._clock(), block_hashes[0], self._until
+        for worker_id in self._by_first.get(first, ()):
+            entries = until[worker_id]
             if entries.get(first, 0.0) > now and (row := row_of.get(worker_id)) is not None:
                 out[row] = _live_prefix(entries, block_hashes, now)
 
@@ -83,16 +90,35 @@ class RecentRoutes:
                 self._until[worker_id] = live
             else:
                 del self._until[worker_id]
+            self._unlist(worker_id)
 
     def remove_worker(self, worker_id: str) -> None:
         self.flush()
         self._until.pop(worker_id, None)
+        self._unlist(worker_id)
 
     def _record(self, block_hashes: Sequence[int], worker_id: str, until: float) -> None:
         entries = self._until.setdefault(worker_id, {})
         entries.update(zip(block_hashes, repeat(until)))
+        if block_hashes:
+            self._by_first.setdefault(block_hashes[0], {})[worker_id] = None
+            self._firsts.setdefault(worker_id, set()).add(block_hashes[0])
         if len(entries) > self.max_entries:
             self._until[worker_id] = self._newest(entries, self.max_entries // 2)
+            self._unlist(worker_id)
+
+    def _unlist(self, worker_id: str) -> None:
+        """Take `worker_id` off the first hashes it no longer holds (all of them when it holds none)."""
+        held = self._until.get(worker_id, {})
+        firsts = self._firsts.get(worker_id, set())
+        for first in [h for h in firsts if h not in held]:
+            firsts.discard(first)
+            workers = self._by_first[first]
+            del workers[worker_id]
+            if not workers:
+                del self._by_first[first]
+        if not firsts:
+            self._firsts.pop(worker_id, None)
 
     def _newest(self, entries: dict[int, float], keep: int) -> dict[int, float]:
         cut = sorted(entries.values(), reverse=True)[keep - 1]

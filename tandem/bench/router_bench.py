@@ -52,12 +52,15 @@ class RouterBenchConfig:
     block_size: int = 64
     num_iterations: int = 2000
     num_inflight: int = 4  # requests in flight per worker while timing
+    # prompts the router sent to each worker lately (its recent routes): one a prefix of the timed prompt (a shared
+    # system prompt, so every worker's recent routes are searched), the rest other tenants' prompts
+    num_recent: int = 4
     seed: int = 0
 
     def __post_init__(self) -> None:
         if min(self.num_workers, self.num_prompt_tokens, self.block_size, self.num_iterations) < 1:
             raise ValueError(f"workers, prompt tokens, block size and iterations must be >= 1: {self}")
-        if self.num_indexed_blocks < 0 or self.num_inflight < 0:
+        if self.num_indexed_blocks < 0 or self.num_inflight < 0 or self.num_recent < 0:
             raise ValueError(f"indexed blocks and in-flight requests must be >= 0: {self}")
 
 
@@ -92,6 +95,10 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic,
     for worker_id in worker_ids:
         for k in range(cfg.num_inflight):
             registry.add_inflight(f"bg-{worker_id}-{k}", [worker_id], rng.randrange(16384), rng.randrange(4096))
+        for k in range(cfg.num_recent):
+            chain = (prompt_hashes[:rng.randrange(1, len(prompt_hashes))] if k == 0
+                     else [rng.getrandbits(64) for _ in range(len(prompt_hashes))])
+            policy.predicted.record(chain, worker_id)
     return core, index, prompt
 
 
@@ -236,6 +243,8 @@ def add_router_command(bench_commands) -> None:
                    help="tokens per KV block (64: the default sim profile's and Dynamo mocker's)")
     p.add_argument("--iterations", type=int, default=defaults.num_iterations)
     p.add_argument("--inflight", type=int, default=defaults.num_inflight, help="in-flight requests per worker")
+    p.add_argument("--recent", type=int, default=defaults.num_recent,
+                   help="prompts routed to each worker lately (the first shares the timed prompt's prefix)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--step", action="append", choices=[s[0] for s in STEPS], default=None,
                    help="time only these steps (repeatable; default: all, today's path first)")
@@ -248,7 +257,7 @@ def add_router_command(bench_commands) -> None:
 def cmd_bench_router(args: argparse.Namespace) -> int:
     try:
         cfg = RouterBenchConfig(args.workers, args.indexed_blocks, args.prompt_tokens, args.block_size,
-                                args.iterations, args.inflight, args.seed)
+                                args.iterations, args.inflight, num_recent=args.recent, seed=args.seed)
     except ValueError as exc:
         raise SystemExit(f"tandem bench router: error: {exc}") from None
     report = run_router_bench(cfg, tuple(args.step) if args.step else tuple(s[0] for s in STEPS), args.cold_start)

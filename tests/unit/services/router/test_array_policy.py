@@ -139,7 +139,23 @@ def test_recent_routes_recorded_later_answer_as_recorded_at_once(monkeypatch, ma
         expected = now.overlap(probe)
         assert {w: int(out[r]) for w, r in rows.items() if out[r]} == expected and out[4] == 0
         assert later.overlap(probe) == expected
+        assert_first_index_is_exact(later)
     assert len(now) == len(later)
+    later.remove_worker("a")
+    clock.advance(2.0)
+    later.expire()
+    assert_first_index_is_exact(later)
+    clock.advance(2.0)
+    later.expire()
+    assert later._by_first == {} and later._firsts == {}
+
+
+def assert_first_index_is_exact(recent: RecentRoutes) -> None:
+    """Every worker listed under a first hash holds it, and the two maps mirror each other (so neither grows past
+    what the workers hold)."""
+    listed = {(h, w) for h, workers in recent._by_first.items() for w in workers}
+    assert listed == {(h, w) for w, firsts in recent._firsts.items() for h in firsts}
+    assert all(h in recent._until[w] for h, w in listed) and all(recent._by_first.values())
 
 
 def test_recent_routes_keep_the_newest_half_with_their_ancestors():
