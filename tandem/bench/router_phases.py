@@ -5,6 +5,7 @@ against the real path's, and its total against the real path's time, in the same
 Also the compiled kernels' cold start, in fresh processes (the only I/O here: numba's cache directory).
 It reads the router's internals: the point is to time them one by one.
 """
+import itertools
 import os
 import subprocess
 import sys
@@ -68,7 +69,7 @@ def decide_in_phases(core, request: RouteInput, ns: list[int]) -> RouteDecision:
     t.append(clock())
     decision = RouteDecision(view, split.prefill, policy.name, num_cached, split.reason)
     t.append(clock())
-    ns.extend(b - a for a, b in zip(t, t[1:]))
+    ns.extend(b - a for a, b in itertools.pairwise(t))
     return decision
 
 
