@@ -1,7 +1,8 @@
 """The kv policy scored over arrays: every worker of a group costed in one compiled call (`decide_row`, which also
 reads the prompt's prefix depths from the `SlotIndex`'s mask table and runs the busy check) from the registry's
-`GroupArrays` and `RecentRoutes`. The same cost, tie-break and choice as `KvAwarePolicy` (whose per-view path it
-inherits for the cases it declines). Pure: no I/O, no transport.
+`GroupArrays` and `RecentRoutes` (whose compiled table gives every row's recent-route overlap in one more call).
+The same cost, tie-break and choice as `KvAwarePolicy` (whose per-view path it inherits for the cases it declines).
+Pure: no I/O, no transport.
 """
 from collections.abc import Sequence
 
@@ -46,8 +47,13 @@ class ArrayKvPolicy(KvAwarePolicy):
         if group.index_epoch != self.index.epoch or len(self._depths) <= self.index.capacity:
             group.index_slots, group.index_epoch = self.index.slots_for(group.worker_ids), self.index.epoch
             self._depths = np.zeros(self.index.capacity + 1, np.int64)
-        keys = np.fromiter(hashes, np.uint64, len(hashes)) if self.config.use_events else _NO_KEYS
-        self.predicted.overlap_into(hashes, group.row_of, group.predicted)
+        prompt_keys = np.fromiter(hashes, np.uint64, len(hashes))
+        keys = prompt_keys if self.config.use_events else _NO_KEYS
+        self.predicted.flush()  # NOTE: first, as a pending record may give a worker its slot
+        if group.recent_epoch != self.predicted.slot_epoch:
+            group.recent_slots = self.predicted.slots_for(group.worker_ids)
+            group.recent_epoch = self.predicted.slot_epoch
+        self.predicted.overlap_rows(prompt_keys, group.recent_slots, group.predicted)
         row, overlap, deepest = decide_row(
             *self.index.kernel_args(), keys, self._depths, group.index_slots, group.predicted, group.state,
             float(busy_load), float(busy_kv), float(self._clock()), -(-len(request.token_ids) // block_size),

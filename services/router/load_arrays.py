@@ -29,6 +29,8 @@ class GroupArrays:
     index_slots: np.ndarray | None = None  # each row's slot in a SlotIndex (cached by the policy)
     index_epoch: int = -1  # the SlotIndex epoch `index_slots` was read at
     predicted: np.ndarray | None = None  # [rows] int64 scratch: each row's blocks routed to it lately (the policy's)
+    recent_slots: np.ndarray | None = None  # each row's slot in the policy's `RecentRoutes` table (cached by it)
+    recent_epoch: int = -1  # the `RecentRoutes.slot_epoch` `recent_slots` was read at
 
     @classmethod
     def empty(cls, worker_ids: list[str], block_size: int) -> "GroupArrays":

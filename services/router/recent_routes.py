@@ -1,8 +1,8 @@
-"""The router's own recent decisions, held per worker: worker -> {block hash: expires at}. Recording a route is one
-C-level dict update; a prompt's overlap is a binary search per worker that holds its first block, and only those
-workers are visited (an index of each recorded prompt's first block). The same answers
-as `ApproximateIndex` (which holds hash -> {worker: expires at} and pays Python work per block to record). A route
-may be recorded later (after the reply): any read makes pending records first, so no answer differs.
+"""The router's own recent decisions, held per worker: worker -> {block hash: expires at}, mirrored in a compiled
+table (`RecentTable`) that answers a group's overlap in one call (`overlap_rows`). `overlap` (the per-view path's)
+is a binary search per worker that holds the prompt's first block (an index of each recorded prompt's first block).
+The same answers as `ApproximateIndex` (hash -> {worker: expires at}). A route may be recorded later (after the
+reply): any read makes pending records first, so no answer differs.
 
 Pure: no I/O, no transport; time is injected.
 """
@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 
 import numpy as np
+
+from services.router.recent_table import RecentTable, compile_kernels
 
 Clock = Callable[[], float]
 _MAX_PENDING = 4096  # routes `record_later` holds at most before it records them
@@ -34,6 +36,12 @@ class RecentRoutes:
         # a recorded prompt's first hash -> the workers it went to, and back; a listed worker holds that hash
         self._by_first: dict[int, dict[str, None]] = {}
         self._firsts: dict[str, set[int]] = {}
+        # the compiled mirror of `_until`: each worker holding entries has a slot there (never reused)
+        self._table = RecentTable()
+        self._slot_of: dict[str, int] = {}
+        self._next_slot = 0
+        self.slot_epoch = 0  # bumped when a worker gains or loses its slot (`slots_for` answers change)
+        compile_kernels()
 
     def __len__(self) -> int:
         self.flush()
@@ -70,15 +78,21 @@ class RecentRoutes:
 
     def overlap_into(self, block_hashes: Sequence[int], row_of: dict[str, int], out: np.ndarray) -> None:
         """`overlap` written as out[row_of[worker]] (0 for the rest; workers not in `row_of` are left out)."""
+        row_slots = np.full(len(out), -1, np.int64)
+        for worker_id, row in row_of.items():
+            row_slots[row] = self._slot_of.get(worker_id, -1)
+        self.overlap_rows(np.fromiter(block_hashes, np.uint64, len(block_hashes)), row_slots, out)
+
+    def overlap_rows(self, keys: np.ndarray, row_slots: np.ndarray, out: np.ndarray) -> None:
+        """`overlap` of the prompt's hashes `keys` written as out[row], one compiled call; `row_slots` from
+        `slots_for` at the current `slot_epoch`."""
         self.flush()
-        out[:] = 0
-        if not block_hashes:
-            return
-        now, first, until = self._clock(), block_hashes[0], self._until
-        for worker_id in self._by_first.get(first, ()):
-            entries = until[worker_id]
-            if entries.get(first, 0.0) > now and (row := row_of.get(worker_id)) is not None:
-                out[row] = _live_prefix(entries, block_hashes, now)
+        self._table.overlap_rows(keys, row_slots, self._clock(), out)
+
+    def slots_for(self, worker_ids: Sequence[str]) -> np.ndarray:
+        """Each worker's slot in the compiled table (-1: it holds nothing), for `overlap_rows`."""
+        slot_of = self._slot_of
+        return np.fromiter((slot_of.get(w, -1) for w in worker_ids), np.int64, len(worker_ids))
 
     def expire(self) -> None:
         """Drop every lapsed decision."""
@@ -86,15 +100,18 @@ class RecentRoutes:
         now = self._clock()
         for worker_id, entries in list(self._until.items()):
             live = {h: t for h, t in entries.items() if t > now}
+            self._drop(worker_id, [h for h, t in entries.items() if t <= now])
             if live:
                 self._until[worker_id] = live
             else:
                 del self._until[worker_id]
+                self._release(worker_id)
             self._unlist(worker_id)
 
     def remove_worker(self, worker_id: str) -> None:
         self.flush()
-        self._until.pop(worker_id, None)
+        self._drop(worker_id, list(self._until.pop(worker_id, {})))
+        self._release(worker_id)
         self._unlist(worker_id)
 
     def _record(self, block_hashes: Sequence[int], worker_id: str, until: float) -> None:
@@ -103,9 +120,32 @@ class RecentRoutes:
         if block_hashes:
             self._by_first.setdefault(block_hashes[0], {})[worker_id] = None
             self._firsts.setdefault(worker_id, set()).add(block_hashes[0])
+        self._mirror(block_hashes, worker_id, until)
         if len(entries) > self.max_entries:
-            self._until[worker_id] = self._newest(entries, self.max_entries // 2)
+            kept = self._until[worker_id] = self._newest(entries, self.max_entries // 2)
+            self._drop(worker_id, [h for h in entries if h not in kept])
             self._unlist(worker_id)
+
+    def _mirror(self, block_hashes: Sequence[int], worker_id: str, until: float) -> None:
+        """The record in the compiled table (rebuilt from the dicts when it would pass its load)."""
+        if (slot := self._slot_of.get(worker_id)) is None:
+            slot = self._slot_of[worker_id] = self._next_slot
+            self._next_slot += 1
+            self.slot_epoch += 1
+        if self._table.full_after(len(block_hashes)):
+            self._table.rebuild([(self._slot_of[w], _keys(d), np.fromiter(d.values(), np.float64, len(d)))
+                                 for w, d in self._until.items()])
+            return
+        self._table.put(_keys(block_hashes), slot, np.full(len(block_hashes), until))
+
+    def _drop(self, worker_id: str, block_hashes: list[int]) -> None:
+        if block_hashes and (slot := self._slot_of.get(worker_id)) is not None:
+            self._table.drop(_keys(block_hashes), slot)
+
+    def _release(self, worker_id: str) -> None:
+        """`worker_id` holds nothing now: it loses its slot (all its rows were dropped first)."""
+        if self._slot_of.pop(worker_id, None) is not None:
+            self.slot_epoch += 1
 
     def _unlist(self, worker_id: str) -> None:
         """Take `worker_id` off the first hashes it no longer holds (all of them when it holds none)."""
@@ -124,6 +164,10 @@ class RecentRoutes:
         cut = sorted(entries.values(), reverse=True)[keep - 1]
         now = self._clock()
         return {h: t for h, t in entries.items() if t >= cut and t > now}
+
+
+def _keys(block_hashes) -> np.ndarray:
+    return np.fromiter(block_hashes, np.uint64, len(block_hashes))
 
 
 def _live_prefix(entries: dict[int, float], block_hashes: Sequence[int], now: float) -> int:
