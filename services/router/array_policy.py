@@ -49,11 +49,7 @@ class ArrayKvPolicy(KvAwarePolicy):
             self._depths = np.zeros(self.index.capacity + 1, np.int64)
         prompt_keys = np.fromiter(hashes, np.uint64, len(hashes))
         keys = prompt_keys if self.config.use_events else _NO_KEYS
-        self.predicted.flush()  # NOTE: first, as a pending record may give a worker its slot
-        if group.recent_epoch != self.predicted.slot_epoch:
-            group.recent_slots = self.predicted.slots_for(group.worker_ids)
-            group.recent_epoch = self.predicted.slot_epoch
-        self.predicted.overlap_rows(prompt_keys, group.recent_slots, group.predicted)
+        self.recent_overlap_into(prompt_keys, group)
         row, overlap, deepest = decide_row(
             *self.index.kernel_args(), keys, self._depths, group.index_slots, group.predicted, group.state,
             float(busy_load), float(busy_kv), float(self._clock()), -(-len(request.token_ids) // block_size),
@@ -63,6 +59,14 @@ class ArrayKvPolicy(KvAwarePolicy):
         worker_id = group.worker_ids[row]
         self.predicted.record_later(hashes, worker_id)
         return worker_id, int(overlap) * block_size
+
+    def recent_overlap_into(self, prompt_keys: np.ndarray, group: GroupArrays) -> None:
+        """Each row's recent-route overlap into `group.predicted` (one compiled call)."""
+        self.predicted.flush()  # NOTE: first, as a pending record may give a worker its slot
+        if group.recent_epoch != self.predicted.slot_epoch:
+            group.recent_slots = self.predicted.slots_for(group.worker_ids)
+            group.recent_epoch = self.predicted.slot_epoch
+        self.predicted.overlap_rows(prompt_keys, group.recent_slots, group.predicted)
 
     def flush_deferred(self) -> None:
         """The work `choose_arrays` left for after its reply: the index's LRU touches, the recent routes."""

@@ -19,50 +19,47 @@ def _home(key, slot, mult, shift):
     return np.int64(((key ^ (np.uint64(slot) * _SLOT_MIX)) * mult) >> shift)
 
 
-@numba.njit(cache=True)
-def _until(keys, slots, until, mult, shift, key, slot):
-    """`key`'s expiry on `slot`, 0.0 when absent (as `dict.get(key, 0.0)`)."""
-    last = keys.shape[0] - 1
+@numba.njit(cache=True, inline="always")
+def _row(table, mult, shift, key, slot):
+    """`key`'s row on `slot`, or the empty row where it would go. NOTE: column 1 holds slot + 1 (0: empty)."""
+    last, tag = table.shape[0] - 1, np.uint64(slot + 1)
     row = _home(key, slot, mult, shift)
-    while slots[row] >= 0:
-        if keys[row] == key and slots[row] == slot:
-            return until[row]
+    while table[row, 1] != 0 and not (table[row, 0] == key and table[row, 1] == tag):
         row = (row + 1) & last
-    return 0.0
+    return row
 
 
 @numba.njit(cache=True)
-def put(keys, slots, until, mult, shift, hashes, slot, expires_at):
+def _until(table, until, mult, shift, key, slot):
+    """`key`'s expiry on `slot`, 0.0 when absent (as `dict.get(key, 0.0)`)."""
+    row = _row(table, mult, shift, key, slot)
+    return until[row] if table[row, 1] != 0 else 0.0
+
+
+@numba.njit(cache=True)
+def put(table, until, mult, shift, hashes, slot, expires_at):
     """Set every one of `hashes` on `slot` to expire at `expires_at[i]` (adding the absent); the rows added."""
-    last, added = keys.shape[0] - 1, 0
+    added = 0
     for i in range(hashes.shape[0]):
-        key = hashes[i]
-        row = _home(key, slot, mult, shift)
-        while slots[row] >= 0 and not (keys[row] == key and slots[row] == slot):
-            row = (row + 1) & last
-        if slots[row] < 0:
-            keys[row], slots[row] = key, slot
+        row = _row(table, mult, shift, hashes[i], slot)
+        if table[row, 1] == 0:
+            table[row, 0], table[row, 1] = hashes[i], np.uint64(slot + 1)
             added += 1
         until[row] = expires_at[i]
     return added
 
 
 @numba.njit(cache=True)
-def drop(keys, slots, until, mult, shift, hashes, slot):
+def drop(table, until, mult, shift, hashes, slot):
     """Make `hashes` absent on `slot` for reads (expiry 0.0; the row stays in use until the table is rebuilt)."""
-    last = keys.shape[0] - 1
     for i in range(hashes.shape[0]):
-        key = hashes[i]
-        row = _home(key, slot, mult, shift)
-        while slots[row] >= 0:
-            if keys[row] == key and slots[row] == slot:
-                until[row] = 0.0
-                break
-            row = (row + 1) & last
+        row = _row(table, mult, shift, hashes[i], slot)
+        if table[row, 1] != 0:
+            until[row] = 0.0
 
 
 @numba.njit(cache=True)
-def overlap_rows(keys, slots, until, mult, shift, prompt, row_slots, now, out):
+def overlap_rows(table, until, mult, shift, prompt, row_slots, now, out):
     """out[row] = how many leading `prompt` hashes were routed to row's slot and are live (0 for slot -1).
 
     NOTE: the same binary search as `recent_routes._live_prefix`: along a chain a worker's expiry never grows with
@@ -73,12 +70,12 @@ def overlap_rows(keys, slots, until, mult, shift, prompt, row_slots, now, out):
         return
     for row in range(row_slots.shape[0]):
         slot = row_slots[row]
-        if slot < 0 or _until(keys, slots, until, mult, shift, prompt[0], slot) <= now:
+        if slot < 0 or _until(table, until, mult, shift, prompt[0], slot) <= now:
             continue
         lo, hi = 1, n
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _until(keys, slots, until, mult, shift, prompt[mid - 1], slot) > now:
+            if _until(table, until, mult, shift, prompt[mid - 1], slot) > now:
                 lo = mid
             else:
                 hi = mid - 1
@@ -96,14 +93,14 @@ class RecentTable:
 
     def _alloc(self, rows: int) -> None:
         rows = 1 << (max(rows, self.min_rows, 2) - 1).bit_length()
-        self.keys = np.zeros(rows, np.uint64)
-        self.slots = np.full(rows, -1, np.int64)
-        self.until = np.zeros(rows)
+        # NOTE: one row per entry (key, slot + 1, expiry's bits), so a probe reads one cache line, not three
+        self.table = np.zeros((rows, 3), np.uint64)
+        self.until = self.table.view(np.float64)[:, 2]
         self.shift = np.uint64(64 - (rows.bit_length() - 1))
         self.used = 0
 
     def full_after(self, more: int) -> bool:
-        return self.used + more > _MAX_LOAD * len(self.keys)
+        return self.used + more > _MAX_LOAD * len(self.table)
 
     def rebuild(self, entries: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
         """Afresh, holding exactly `entries` ((slot, hashes, expires at) each), at most a quarter full."""
@@ -113,13 +110,13 @@ class RecentTable:
             self.put(hashes, slot, expires_at)
 
     def put(self, hashes: np.ndarray, slot: int, expires_at: np.ndarray) -> None:
-        self.used += put(self.keys, self.slots, self.until, self.mult, self.shift, hashes, slot, expires_at)
+        self.used += put(self.table, self.until, self.mult, self.shift, hashes, slot, expires_at)
 
     def drop(self, hashes: np.ndarray, slot: int) -> None:
-        drop(self.keys, self.slots, self.until, self.mult, self.shift, hashes, slot)
+        drop(self.table, self.until, self.mult, self.shift, hashes, slot)
 
     def overlap_rows(self, prompt: np.ndarray, row_slots: np.ndarray, now: float, out: np.ndarray) -> None:
-        overlap_rows(self.keys, self.slots, self.until, self.mult, self.shift, prompt, row_slots, float(now), out)
+        overlap_rows(self.table, self.until, self.mult, self.shift, prompt, row_slots, float(now), out)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ PHASES = (
     ("checks", "RouteInput.validate, exclusions, quarantine"),
     ("group_arrays", "the registry's arrays for the group (rows dirtied since the last decision refilled)"),
     ("hash_keys", "the prompt's block hashes (the gateway's) as a uint64 array"),
-    ("recent_routes", "RecentRoutes: each worker's blocks routed to it lately, into the group's array"),
+    ("recent_routes", "RecentRoutes' compiled table: each worker's blocks routed to it lately, into the group"),
     ("compiled_decide", "one compiled call: index match (prefix depth per slot), busy check, kv cost, pick"),
     ("bookkeeping", "deferring the LRU touch and the recent-route record"),
     ("chosen_view", "the chosen worker's WorkerView (the reply's address)"),
@@ -47,7 +47,7 @@ def decide_in_phases(core, request: RouteInput, ns: list[int]) -> RouteDecision:
     hashes = policy.prompt_hashes(request, block_size)
     keys = np.fromiter(hashes, np.uint64, len(hashes))
     t.append(clock())
-    policy.predicted.overlap_into(hashes, group.row_of, group.predicted)
+    policy.recent_overlap_into(keys, group)
     t.append(clock())
     row, overlap, deepest = decide_row(
         *policy.index.kernel_args(), keys, policy._depths, group.index_slots, group.predicted, group.state,
