@@ -43,13 +43,17 @@ RUN --mount=type=secret,id=ca_bundle \
 COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
 COPY --from=docker-cli /usr/local/libexec/docker/cli-plugins/docker-compose /usr/local/libexec/docker/cli-plugins/docker-compose
 
+# the router's compiled kernels are cached here at build time, so a router starts without compiling them (~5 s of
+# CPU); the directory stays writable by the service user (numba uses a cache directory only where it can write)
+ENV NUMBA_CACHE_DIR=/var/cache/tandem/numba
 # the project, editable: the generated protobuf modules (tandem/v1) and engine data files live in the tree
 COPY . .
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && pip install --no-deps -e . \
  && python -m services.common.protos --force \
- && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server"
+ && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server" \
+ && python -c "from services.router.policy import make_policy; make_policy('kv')"
 
 # a fresh named volume mounted on one of these takes its owner and mode: the scaler writes its token, compose's
 # `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls;
@@ -57,6 +61,7 @@ RUN --mount=type=secret,id=ca_bundle \
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
  && mkdir -p /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
     /pki/prefill /pki/decode \
+ && chown -R tandem:tandem "$NUMBA_CACHE_DIR" \
  && chown tandem:tandem /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki /pki/* \
  && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/*
 USER tandem

@@ -1,13 +1,10 @@
 """One routing decision: candidates from the registry (quarantined workers only when nothing else is left), a
 decode worker from the policy, a prefill worker from the disaggregation policy, in-flight load recorded; when
 every decode candidate is past the busy threshold, load is shed instead. The array-scored kv policy decides without
-a view per worker where it can. Pure: no I/O, no transport."""
+a view per worker where it can, and leaves its bookkeeping for after the reply. Pure: no I/O, no transport."""
 from dataclasses import dataclass
 
-import numpy as np
-
 from services.router.array_policy import ArrayKvPolicy
-from services.router.load_arrays import GroupArrays
 from services.router.policy import DisaggregationPolicy, RoutingPolicy, load_of
 from services.router.registry import Registry
 from services.router.types import (Choice, NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
@@ -25,18 +22,6 @@ class BusyThresholds:
     def is_busy(self, view: WorkerView) -> bool:
         kv_used = view.load.num_blocks_used / view.load.num_blocks_total if view.load.num_blocks_total else 0.0
         return (0 < self.load <= load_of(view)) or (0 < self.kv <= kv_used)
-
-    def all_busy(self, group: GroupArrays, now: float) -> bool:
-        """`is_busy` for every live row of `group` at once (False when a check is off or no row is live)."""
-        live = group.expires_at > now
-        if not (self.load or self.kv) or not live.any():
-            return False
-        busy = np.zeros(len(live), bool)
-        if self.load > 0:
-            busy |= self.load <= group.num_seqs / group.max_num_seqs
-        if self.kv > 0:
-            busy |= self.kv <= group.kv_used
-        return bool(busy[live].all())
 
 
 class RouterCore:
@@ -65,13 +50,20 @@ class RouterCore:
                 or self.registry.has_quarantine()):
             return None
         group = self.registry.arrays(request.model, WorkerRole.DECODE)
-        if not group.worker_ids or self.busy.all_busy(group, self.registry.now()):  # none: the per-view path says so
+        if not group.worker_ids:  # none: the per-view path says so
             return None
-        picked = self.policy.choose_arrays(request, group)
+        # NOTE: every live worker busy is declined too: the per-view path raises WorkersBusyError
+        picked = self.policy.choose_arrays(request, group, self.busy.load, self.busy.kv)
         if picked is None:
             return None
         view = self.registry.view(picked[0])
         return Choice(view, picked[1]) if view is not None else None
+
+    def flush_deferred(self) -> None:
+        """What the last decisions left for after their reply (the array policy's LRU touches and recent routes);
+        anything that reads that state makes it first anyway, so calling this only moves the work off the reply."""
+        if isinstance(self.policy, ArrayKvPolicy):
+            self.policy.flush_deferred()
 
     def candidates(self, request: RouteInput, role: WorkerRole) -> list[WorkerView]:
         views = [v for v in self.registry.views(request.model, role) if v.worker_id not in request.exclude_worker_ids]

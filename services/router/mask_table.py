@@ -222,6 +222,10 @@ class MaskTable:
         """Twice as many slots per mask (rare: more workers than slots)."""
         self._resize(len(self._table), 1 + 2 * (self._table.shape[1] - 1))
 
+    def kernel_args(self) -> tuple[np.ndarray, np.uint64, np.uint64]:
+        """(table, multiplier, shift): what a compiled caller passes on to `_depths` (valid until the next change)."""
+        return self._table, self._mult, self._shift
+
     def depths(self, keys: np.ndarray, out: np.ndarray) -> int:
         """out[slot] = the leading `keys` (uint64) the slot holds; `out` zeros, at least `num_slots` long."""
         return _depths(self._table, self._mult, self._shift, keys, out)

@@ -7,6 +7,7 @@ Pure: no I/O, no logging, no transport; time comes from an injected clock.
 """
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from services.router.load_arrays import GroupArrays, common_block_size
 from services.router.types import WorkerInfo, WorkerLoad, WorkerRole, WorkerView
@@ -14,8 +15,7 @@ from services.router.types import WorkerInfo, WorkerLoad, WorkerRole, WorkerView
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
+class _Route(NamedTuple):  # NOTE: a tuple, not a frozen dataclass: one is built per Route, and cheaply
     seq: int  # the route sequence number
     num_tokens: int  # prompt tokens
     num_uncached: int  # of those, the tokens the worker must prefill: the KV the request adds to what it holds
@@ -59,8 +59,7 @@ class _Worker:
         return num_unreflected, num_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class _InFlight:
+class _InFlight(NamedTuple):
     worker_ids: tuple[str, ...]
     started_at: float
 
@@ -192,12 +191,14 @@ class Registry:
                      num_uncached: int = 0) -> None:
         """Count `req_id` (a prompt of `num_tokens`, `num_uncached` of them to prefill) against each worker until
         `complete`; a re-route replaces the old entry."""
-        self.complete(req_id)
+        if req_id in self._inflight:
+            self.complete(req_id)
         self._seq += 1
-        live = tuple(w for w in worker_ids if w in self._workers)
+        workers = self._workers
+        live = tuple(w for w in worker_ids if w in workers)
         route = _Route(self._seq, num_tokens, num_uncached)
         for worker_id in live:
-            self._workers[worker_id].add(req_id, route)
+            workers[worker_id].add(req_id, route)
         self._dirty.update(live)
         self._inflight[req_id] = _InFlight(live, self._clock())
 

@@ -117,8 +117,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 log.info("route failed: %s", exc, extra={"outcome": outcome})
                 raise
             self.metrics.decided(decision, len(request.token_ids), time.perf_counter() - start)
-            if (index := self.core.policy.event_index) is not None:  # NOTE: after this reply, not inside the decision
-                asyncio.get_running_loop().call_soon(index.flush_touches)
+            asyncio.get_running_loop().call_soon(self.core.flush_deferred)  # NOTE: after this reply, not inside it
             self.traffic.num_routed += 1
             self.traffic.num_prompt_tokens += len(request.token_ids)
             log.info("routed to %s%s", decision.decode.worker_id,

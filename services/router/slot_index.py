@@ -52,14 +52,22 @@ class SlotIndex(PrefixIndex):
         `match` then counts tiers (the rare, slower path)."""
         out = np.zeros(self.capacity + 1, np.int64)
         keys = np.fromiter(block_hashes, np.uint64, len(block_hashes))
-        deepest = self._table.depths(keys, out)
+        return out if self.touch_later(block_hashes, self._table.depths(keys, out)) else None
+
+    def kernel_args(self) -> tuple[np.ndarray, np.uint64, np.uint64]:
+        """The mask table's arrays, for a compiled caller that computes `depths` itself (then calls `touch_later`)."""
+        return self._table.kernel_args()
+
+    def touch_later(self, block_hashes: Sequence[int], deepest: int) -> bool:
+        """After depths were read: defer their LRU touch; False (nothing touched) when one of the prompt's blocks is
+        held in a host or disk tier somewhere, so the depths must not be used (`match` counts tiers)."""
         if deepest:
             if self._offloaded and not self._offloaded.isdisjoint(block_hashes):
-                return None  # NOTE: also where the offloaded block lies past every prefix: the per-view path decides
+                return False  # NOTE: also where the offloaded block lies past every prefix: the per-view path decides
             if len(self._touches) >= _MAX_PENDING_TOUCHES:
                 self.flush_touches()
             self._touches.append((block_hashes, deepest))
-        return out
+        return True
 
     def flush_touches(self) -> None:
         """Make the LRU touches `depths` deferred, oldest first."""

@@ -27,17 +27,19 @@ from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.slot_index import SlotIndex
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
+from tandem.bench.router_phases import PHASES, cold_start, decide_in_phases
 
 TARGET_P50_US, TARGET_P99_US = 50.0, 100.0
 _CHAIN = 256  # blocks per synthetic STORED event filling the index
 # the steps compared, each in the same run over the same index: (name, what it adds, array-scored?, gateway hashes?,
-# the converter of before (the token ids copied into a tuple)?)
+# the converter of before (the token ids copied into a tuple)?, replayed phase by phase (router_phases.py)?)
 STEPS = (
-    ("today", "per-view kv policy, the router hashes the prompt", False, False, True),
-    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True, True),
-    ("arrays", "+ worker state in arrays; prefix index and scoring compiled (numba); token ids left in the message",
-     True, True, False),
-    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False, False),
+    ("today", "per-view kv policy, the router hashes the prompt", False, False, True, False),
+    ("gateway_hashes", "+ block hashes sent by the gateway in RouteRequest", False, True, True, False),
+    ("arrays", "+ worker state in arrays; index match, busy check and scoring in one compiled call (numba); "
+               "token ids left in the message; bookkeeping after the reply", True, True, False, False),
+    ("arrays_router_hashes", "arrays, but the router hashes the prompt (an old gateway)", True, False, False, False),
+    ("arrays_phases", "arrays, replayed call by call with a timer between calls (a profile)", True, True, False, True),
 )
 FINAL_STEP = "arrays"
 
@@ -50,12 +52,15 @@ class RouterBenchConfig:
     block_size: int = 64
     num_iterations: int = 2000
     num_inflight: int = 4  # requests in flight per worker while timing
+    # prompts the router sent to each worker lately (its recent routes): one a prefix of the timed prompt (a shared
+    # system prompt, so every worker's recent routes are searched), the rest other tenants' prompts
+    num_recent: int = 4
     seed: int = 0
 
     def __post_init__(self) -> None:
         if min(self.num_workers, self.num_prompt_tokens, self.block_size, self.num_iterations) < 1:
             raise ValueError(f"workers, prompt tokens, block size and iterations must be >= 1: {self}")
-        if self.num_indexed_blocks < 0 or self.num_inflight < 0:
+        if self.num_indexed_blocks < 0 or self.num_inflight < 0 or self.num_recent < 0:
             raise ValueError(f"indexed blocks and in-flight requests must be >= 0: {self}")
 
 
@@ -90,19 +95,24 @@ def build(cfg: RouterBenchConfig, clock=time.monotonic,
     for worker_id in worker_ids:
         for k in range(cfg.num_inflight):
             registry.add_inflight(f"bg-{worker_id}-{k}", [worker_id], rng.randrange(16384), rng.randrange(4096))
+        for k in range(cfg.num_recent):
+            chain = (prompt_hashes[:rng.randrange(1, len(prompt_hashes))] if k == 0
+                     else [rng.getrandbits(64) for _ in range(len(prompt_hashes))])
+            policy.predicted.record(chain, worker_id)
     return core, index, prompt
 
 
-def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_ids: bool) -> dict:
+def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_ids: bool, phased: bool) -> dict:
     """Times `num_iterations` decisions, each for a fresh prompt that differs from the last in its final token (so
     nothing is memoised across decisions); each request completes, untimed, after its route. Each RouteRequest is
     serialized untimed (the gateway's work, its hashing timed apart), then parsed and converted as the servicer
-    does ("wire", timed apart from the decision). After each decision, untimed, the slot index replays the LRU
-    touch it deferred (what the next KV event does live), timed apart too."""
+    does ("wire", timed apart from the decision). After each decision, untimed, the array policy makes the LRU touch
+    and the recent-route record it deferred (what the servicer does after its reply), timed apart too. `phased`:
+    each decision is replayed phase by phase (`decide_in_phases`), each phase's time reported."""
     start = time.perf_counter()
     core, index, prompt = build(cfg, arrays=arrays)
     build_s = time.perf_counter() - start
-    samples_us, cpu_us, hash_us, wire_us, touch_us, picks = [], [], [], [], [], []
+    samples_us, cpu_us, hash_us, wire_us, touch_us, picks, phase_ns = [], [], [], [], [], [], []
     for i in range(cfg.num_iterations):
         tokens = tuple(prompt[:-1]) + (i,)
         t0 = time.perf_counter()
@@ -113,12 +123,11 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_i
         t2 = time.perf_counter()
         request = _from_wire(wire, copy_ids)
         c3, t3 = time.thread_time_ns(), time.perf_counter()
-        decision = core.route(request)
+        decision = decide_in_phases(core, request, phase_ns) if phased else core.route(request)
         t4, c4 = time.perf_counter(), time.thread_time_ns()
         core.registry.complete(f"r{i}")
         t5 = time.perf_counter()
-        if arrays:
-            index.flush_touches()
+        core.flush_deferred()
         t6 = time.perf_counter()
         samples_us.append((t4 - t3) * 1e6)
         cpu_us.append((c4 - c3) / 1e3)
@@ -128,8 +137,8 @@ def time_step(cfg: RouterBenchConfig, arrays: bool, gateway_hashes: bool, copy_i
         picks.append((decision.decode.worker_id, decision.num_cached_tokens))
     return {"decision_us": _dist(samples_us), "decision_cpu_us": _dist(cpu_us),
             "gateway_hash_us": _dist(hash_us) if gateway_hashes else None, "wire_us": _dist(wire_us),
-            "deferred_touch_us": _dist(touch_us) if arrays else None,
-            "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
+            "deferred_us": _dist(touch_us) if arrays else None,
+            "phases_us": _phases(phase_ns) if phased else None, "build_s": build_s, "num_indexed_blocks": len(index), "picks": picks}
 
 
 def _from_wire(wire: bytes, copy_ids: bool) -> RouteInput:
@@ -140,13 +149,15 @@ def _from_wire(wire: bytes, copy_ids: bool) -> RouteInput:
     return replace(request, token_ids=tuple(msg.token_ids)) if copy_ids else request
 
 
-def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0] for s in STEPS)) -> dict:
-    """Every step of `steps` over the same state; the decisions of each step must be the same (checked)."""
+def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0] for s in STEPS),
+                     with_cold_start: bool = False) -> dict:
+    """Every step of `steps` over the same state; the decisions of each step must be the same (checked).
+    `with_cold_start`: also the kernels' compile and cached-load times in fresh processes (`cold_start`)."""
     found, reference = {}, None
-    for name, what, arrays, gateway_hashes, copy_ids in STEPS:
+    for name, what, *flags in STEPS:
         if name not in steps:
             continue
-        step = time_step(cfg, arrays, gateway_hashes, copy_ids)
+        step = time_step(cfg, *flags)
         picks = step.pop("picks")
         reference = reference or picks
         found[name] = {"what": what, **step, "same_decisions": picks == reference}
@@ -160,7 +171,13 @@ def run_router_bench(cfg: RouterBenchConfig, steps: tuple[str, ...] = tuple(s[0]
         "num_indexed_blocks": final["num_indexed_blocks"], "steps": found, "final_step": FINAL_STEP,
         "decision_us": d, "target_p50_us": TARGET_P50_US, "target_p99_us": TARGET_P99_US,
         "meets_target": d["p50"] <= TARGET_P50_US and d["p99"] <= TARGET_P99_US,
+        "cold_start": cold_start() if with_cold_start else None,
     }
+
+
+def _phases(ns: list[int]) -> dict[str, dict[str, float]]:
+    columns = zip(*(ns[i:i + len(PHASES)] for i in range(0, len(ns), len(PHASES))))
+    return {name: _dist([v / 1e3 for v in column]) for (name, _), column in zip(PHASES, columns)}
 
 
 def _cpu_flags() -> str:
@@ -198,14 +215,20 @@ def format_router_report(report: dict) -> str:
                      f"{'yes' if step['same_decisions'] else 'NO':>12}  {step['what']}")
         lines.append(f"{'  (parse + convert)':22}{step['wire_us']['p50']:>10.1f}{step['wire_us']['p99']:>10.1f}"
                      f"{'':>42}  the servicer's RouteRequest -> RouteInput, before the decision")
-        if step["deferred_touch_us"]:
-            lines.append(f"{'  (deferred LRU touch)':22}{step['deferred_touch_us']['p50']:>10.1f}"
-                         f"{step['deferred_touch_us']['p99']:>10.1f}{'':>42}  replayed at the next KV event")
+        if step["deferred_us"]:
+            lines.append(f"{'  (after the reply)':22}{step['deferred_us']['p50']:>10.1f}"
+                         f"{step['deferred_us']['p99']:>10.1f}{'':>42}  deferred LRU touch and recent-route record")
+        for phase, what in PHASES if step["phases_us"] else ():
+            p = step["phases_us"][phase]
+            lines.append(f"{'    ' + phase:22}{p['p50']:>10.1f}{p['p99']:>10.1f}{p['mean']:>10.1f}{'':>32}  {what}")
         if step["gateway_hash_us"]:
             lines.append(f"{'  (gateway hashing)':22}{step['gateway_hash_us']['p50']:>10.1f}"
                          f"{step['gateway_hash_us']['p99']:>10.1f}{'':>42}  moved off the router")
     lines.append(f"target p50 <= {report['target_p50_us']:.0f} µs and p99 <= {report['target_p99_us']:.0f} µs "
                  f"({report['final_step']}): {verdict}")
+    if cold := report["cold_start"]:
+        lines.append(f"cold start: kernels compiled in {cold['kernels_s_compile']:.2f} s (empty numba cache), loaded "
+                     f"from the cache in {cold['kernels_s_cached']:.2f} s (import {cold['import_s_cached']:.2f} s)")
     return "\n".join(lines)
 
 
@@ -220,9 +243,13 @@ def add_router_command(bench_commands) -> None:
                    help="tokens per KV block (64: the default sim profile's and Dynamo mocker's)")
     p.add_argument("--iterations", type=int, default=defaults.num_iterations)
     p.add_argument("--inflight", type=int, default=defaults.num_inflight, help="in-flight requests per worker")
+    p.add_argument("--recent", type=int, default=defaults.num_recent,
+                   help="prompts routed to each worker lately (the first shares the timed prompt's prefix)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--step", action="append", choices=[s[0] for s in STEPS], default=None,
                    help="time only these steps (repeatable; default: all, today's path first)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="also time compiling the kernels, and loading them from numba's cache, in fresh processes")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_router)
 
@@ -230,10 +257,10 @@ def add_router_command(bench_commands) -> None:
 def cmd_bench_router(args: argparse.Namespace) -> int:
     try:
         cfg = RouterBenchConfig(args.workers, args.indexed_blocks, args.prompt_tokens, args.block_size,
-                                args.iterations, args.inflight, args.seed)
+                                args.iterations, args.inflight, num_recent=args.recent, seed=args.seed)
     except ValueError as exc:
         raise SystemExit(f"tandem bench router: error: {exc}") from None
-    report = run_router_bench(cfg, tuple(args.step) if args.step else tuple(s[0] for s in STEPS))
+    report = run_router_bench(cfg, tuple(args.step) if args.step else tuple(s[0] for s in STEPS), args.cold_start)
     print(format_router_report(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

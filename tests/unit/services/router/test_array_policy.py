@@ -1,7 +1,11 @@
 """The array-scored kv path decides exactly as today's per-view one: the slot index's depths against the prefix
 index's match, recent routes against the approximate index, and whole routers fed the same random history."""
+import os
 import random
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
@@ -113,6 +117,47 @@ def test_recent_routes_answer_as_the_approximate_index():
     assert "a" not in new.overlap(chain_block_hashes(prompts[0], BS))
 
 
+@pytest.mark.parametrize("max_pending", [1, 4096])
+def test_recent_routes_recorded_later_answer_as_recorded_at_once(monkeypatch, max_pending):
+    monkeypatch.setattr("services.router.recent_routes._MAX_PENDING", max_pending)
+    rng, clock = random.Random(5), FakeClock()
+    prompts = chains(rng)
+    now, later = RecentRoutes(clock, ttl_s=3.0, max_entries=20), RecentRoutes(clock, ttl_s=3.0, max_entries=20)
+    rows = {w: i for i, w in enumerate("abcd")}
+    for step in range(300):
+        hashes = chain_block_hashes(rng.choice(prompts), BS)
+        worker_id = rng.choice("abcd")
+        now.record(hashes, worker_id)
+        later.record_later(hashes, worker_id)  # the expiry of now, though made when next read
+        assert len(later._pending) <= max_pending
+        clock.advance(rng.random())
+        if step % 3 == 0:  # several routes pending at once
+            continue
+        probe = chain_block_hashes(rng.choice(prompts), BS)
+        out = np.full(5, -1, np.int64)
+        later.overlap_into(probe, rows, out)
+        expected = now.overlap(probe)
+        assert {w: int(out[r]) for w, r in rows.items() if out[r]} == expected and out[4] == 0
+        assert later.overlap(probe) == expected
+        assert_first_index_is_exact(later)
+    assert len(now) == len(later)
+    later.remove_worker("a")
+    clock.advance(2.0)
+    later.expire()
+    assert_first_index_is_exact(later)
+    clock.advance(2.0)
+    later.expire()
+    assert later._by_first == {} and later._firsts == {}
+
+
+def assert_first_index_is_exact(recent: RecentRoutes) -> None:
+    """Every worker listed under a first hash holds it, and the two maps mirror each other (so neither grows past
+    what the workers hold)."""
+    listed = {(h, w) for h, workers in recent._by_first.items() for w in workers}
+    assert listed == {(h, w) for w, firsts in recent._firsts.items() for h in firsts}
+    assert all(h in recent._until[w] for h, w in listed) and all(recent._by_first.values())
+
+
 def test_recent_routes_keep_the_newest_half_with_their_ancestors():
     clock = FakeClock()
     recent = RecentRoutes(clock, ttl_s=10.0, max_entries=8)
@@ -173,6 +218,8 @@ def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes, busy):
             today.registry.heartbeat(worker_id, load), arrays.registry.heartbeat(worker_id, load)
         clock.advance(rng.random() * 0.5)
     assert not taken  # every decision was array-scored (an all-busy pool is refused by the per-view path)
+    arrays.flush_deferred()  # what the decisions deferred leaves the LRU order exactly as today's immediate touches
+    assert list(arrays.policy.index._holders) == list(today.policy.index._holders)
     if busy.load:
         assert 0 < outcomes.count("busy") < 300
 
@@ -186,6 +233,41 @@ def test_exclusions_take_the_per_view_path_with_the_same_state():
     assert again.decode.worker_id != first.decode.worker_id and again.num_cached_tokens == 0
     third = core.route(RouteInput("r3", "m", tokens))  # the recent routes of both paths count
     assert third.num_cached_tokens == 16
+
+
+_ROUTES_IN_A_FRESH_PROCESS = """
+from engines.base.block_hash import chain_block_hashes
+from services.router import recent_table
+from services.router.array_scoring import decide_row
+from services.router.policy import make_policy
+from services.router.core import RouterCore
+from services.router.policy import DisaggregationPolicy
+from services.router.registry import Registry
+from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole
+from engines.base.types import KvLayout
+
+registry = Registry(lambda: 0.0)
+for w in ("w1", "w2"):
+    registry.register(WorkerInfo(w, WorkerRole.DECODE, w + ":1", "m", KvLayout(1, 1, 8, "float32", 4), 8), WorkerLoad())
+core = RouterCore(registry, make_policy("kv"), DisaggregationPolicy())
+kernels = (decide_row, recent_table.overlap_rows, recent_table.put, recent_table.drop)
+compiled = sum(len(k.signatures) for k in kernels)
+tokens = tuple(range(16))
+hashes = chain_block_hashes(tokens, 4)
+for i, block_hashes in enumerate(((), tuple(hashes))):
+    core.route(RouteInput(f"r{i}", "m", tokens, block_hashes=block_hashes, hash_block_size=4))
+    core.flush_deferred()  # the recent routes' record, after the reply
+print(compiled, sum(len(k.signatures) for k in kernels))
+"""
+
+
+def test_no_decision_compiles_a_kernel():
+    """The kernels compiled when the policy is made cover every argument type a decision passes (hashes made here,
+    a gateway's); a missing one would compile inside a live Route (seconds). In a fresh process, so no other test's
+    calls have compiled it already."""
+    out = subprocess.run([sys.executable, "-c", _ROUTES_IN_A_FRESH_PROCESS], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()
+    assert int(out[0]) >= 4 and out[0] == out[1]
 
 
 def test_hashes_that_do_not_fit_the_prompt_are_refused():
