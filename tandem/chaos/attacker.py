@@ -26,6 +26,8 @@ OK, DENIED, REFUSED, INVALID = "OK", "PERMISSION_DENIED", "UNAVAILABLE", "INVALI
 KV_PROMPT_LEN = 40  # three blocks of 16, the last one partial
 PROBE_LEN = 264  # four full blocks of 64 (the sim's), 16 of 16: a hit shows in cached_tokens
 GRPC_TIMEOUT_S = 30.0
+FLOOD_TOKENS = 256  # the admitted part of a flood streams this long at most: it is cut once all have answered
+FLOOD_PREFIX = "one key floods at 10x its limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,17 +174,34 @@ async def oversize_attacks(http: httpx.AsyncClient, target: Target) -> list[tupl
 
 
 async def flood_attack(http: httpx.AsyncClient, target: Target) -> tuple[str, str, str]:
-    """One key sends 10x its in-flight limit at once: at least half must be 429 with Retry-After, none else."""
+    """One key sends 10x its in-flight limit at once and holds every admitted stream open until all have answered
+    (then hangs up, which must stop their work): at least half must be 429 with Retry-After, nothing else."""
     num = 10 * target.max_inflight_per_key
-    body = {"model": target.model, "prompt": _prompt(99, 16), "max_tokens": 4, "ignore_eos": True}
-    replies = await asyncio.gather(*(http.post("/v1/completions", headers=_auth(target.keys["flood"]), json=body)
-                                     for _ in range(num)))
-    statuses = [r.status_code for r in replies]
-    refused = [r for r in replies if r.status_code == 429]
-    is_ok = (set(statuses) <= {200, 429} and len(refused) >= num // 2
-             and all(r.headers.get("retry-after") for r in refused))
+    body = {"model": target.model, "prompt": _prompt(99, 16), "max_tokens": FLOOD_TOKENS, "ignore_eos": True,
+            "stream": True}
+    answered, everyone = [], asyncio.Event()
+
+    def count(status: int, retry_after: str | None) -> None:
+        answered.append((status, retry_after))
+        if len(answered) == num:
+            everyone.set()
+
+    async def one() -> None:
+        try:
+            async with http.stream("POST", "/v1/completions", headers=_auth(target.keys["flood"]),
+                                   json=body) as reply:
+                count(reply.status_code, reply.headers.get("retry-after"))
+                await asyncio.wait_for(everyone.wait(), GRPC_TIMEOUT_S)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            if not everyone.is_set():
+                count(0, type(exc).__name__)  # no answer: the statuses show it
+
+    await asyncio.gather(*(one() for _ in range(num)))
+    statuses = [status for status, _ in answered]
+    refused = [retry for status, retry in answered if status == 429]
+    is_ok = set(statuses) <= {200, 429} and len(refused) >= num // 2 and all(refused)
     got = "429 with Retry-After" if is_ok else f"statuses {sorted(set(statuses))}, {len(refused)} of {num} refused"
-    return f"one key floods at 10x its limit ({num} at once)", "429 with Retry-After", got
+    return f"{FLOOD_PREFIX} ({num} at once)", "429 with Retry-After", got
 
 
 async def http_attacks(target: Target, tag: int) -> list[tuple[str, str, str]]:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from services.common.identity import Identity
 from tandem.certs import pki
+from tandem.chaos.attacker import FLOOD_PREFIX
 from tandem.chaos.client import Record
 from tandem.chaos.outcomes import COMPLETED, Check, ScenarioResult
 from tandem.chaos.runner import Run
@@ -29,7 +30,6 @@ CATALOGUE = frozenset({
     "genuine KV handle (control)", "replayed KV handle", "cross-tenant cache probe", "oversize: max_tokens 2^32",
     "oversize: max_tokens 2^64", "oversize: stop string of 257 characters", "oversize: 17 stop strings",
     "oversize: messages past the cap", "oversize: n = 17"})
-FLOOD_PREFIX = "one key floods at 10x its limit"
 
 
 @dataclass(frozen=True, slots=True)
