@@ -44,11 +44,14 @@ class Attempt:
         return self.got == self.expected
 
 
-def phase_ttfts(records: Iterable[Record], windows: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """TTFTs (s) of completed legitimate requests, split by whether they started inside an attack window."""
+def phase_ttfts(records: Iterable[Record], windows: list[tuple[float, float]], since_s: float = -math.inf
+                ) -> tuple[list[float], list[float]]:
+    """TTFTs (s) of completed legitimate requests started at `since_s` or later (the load's ramp, every client at
+    once, would weigh on the first quiet window alone), split by whether they started inside an attack window."""
     quiet, attacked = [], []
     for r in records:
-        if r.status != 200 or r.error is not None or not r.is_done or math.isnan(r.first_token_s):
+        is_served = r.status == 200 and r.error is None and r.is_done and not math.isnan(r.first_token_s)
+        if not is_served or r.start_s < since_s:
             continue
         inside = any(start <= r.start_s <= end for start, end in windows)
         (attacked if inside else quiet).append(r.first_token_s - r.start_s)
@@ -145,6 +148,7 @@ def served(stack) -> str:
 def alternate(window_s: float, num_windows: int):
     """Quiet, attack, quiet, attack, ..., quiet: each attack window runs rounds until it has lasted `window_s`."""
     async def fault(run: Run) -> None:
+        run.facts["ramp_s"] = window_s / 2  # requests started earlier are in neither phase
         attacker = AttackerProcess(await target_of(run))
         await attacker.start()
         attempts, windows = [], []
@@ -168,7 +172,7 @@ def judge_attacks(enforce_latency: bool):
     async def judge_run(run: Run, result: ScenarioResult) -> list[Check]:
         windows = [(run.t0 + a, run.t0 + b) for a, b in json.loads(run.facts.get("attack_windows_s", "[]"))]
         attempts = [Attempt(**a) for a in json.loads(run.facts.get("attempts", "[]"))]
-        quiet, attacked = phase_ttfts((r for r, _ in run.load.records), windows)
+        quiet, attacked = phase_ttfts((r for r, _ in run.load.records), windows, run.t0 + run.facts.get("ramp_s", 0))
         ratio = ttft_ratio(quiet, attacked)
         run.facts.update(ttft_p50_quiet_ms=_p50_ms(quiet), ttft_p50_attacked_ms=_p50_ms(attacked),
                          ttft_ratio=round(ratio, 4), num_quiet=len(quiet), num_attacked=len(attacked),

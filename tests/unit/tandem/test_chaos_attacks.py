@@ -69,5 +69,6 @@ def test_ttfts_split_by_the_window_a_request_started_in():
 
     records = [rec(1.0, 0.1), rec(5.0, 0.2), rec(6.0, 0.3, status=429), rec(9.5, 0.4)]
     quiet, attacked = phase_ttfts(records, [(4.0, 8.0)])
+    assert phase_ttfts(records, [(4.0, 8.0)], since_s=2.0) == ([pytest.approx(0.4)], [pytest.approx(0.2)])
     assert quiet == pytest.approx([0.1, 0.4]) and attacked == pytest.approx([0.2])
     assert math.isclose(ttft_ratio([0.1, 0.3], [0.4]), 2.0) and math.isnan(ttft_ratio([], [0.1]))
