@@ -1,6 +1,6 @@
 """deploy/k8s's `tandem-certs` Job: on its first run, `tandem certs init` (a CA, one certificate per role, role-wide
-for the prefill and decode Deployments, the KV signing key) and one Secret per role holding only that role's files;
-later runs find the CA's Secret and change nothing. Talks to the Kubernetes API only to create those Secrets."""
+for the prefill and decode Deployments, the KV signing key, the KV hash secret) and one Secret per role holding only
+that role's files; later runs find the CA's Secret and change nothing but a missing hash secret. Talks to the Kubernetes API only to create those Secrets."""
 import logging
 import os
 import subprocess
@@ -14,6 +14,8 @@ CA_SECRET = "tandem-pki-ca"
 IDENTITIES = {"gateway": "gateway", "router": "router", "planner": "planner", "prefill": "prefill-any",
               "decode": "decode-any"}
 WORKERS = ("prefill", "decode")
+HASHERS = ("gateway", "router", "prefill", "decode")  # whoever hashes tokens or tenants: the KV hash secret
+HASH_SECRET = "kv-hash.secret"
 
 
 def role_secret_name(role: str) -> str:
@@ -27,8 +29,10 @@ def secret_bodies(pki: Path) -> list[dict]:
         files = {name: (pki / identity / name).read_text() for name in ("tls.crt", "tls.key", "ca.crt")}
         if role in WORKERS:
             files["kv-signing.key"] = (pki / "kv-signing.key").read_text()
+        if role in HASHERS:
+            files[HASH_SECRET] = (pki / HASH_SECRET).read_text()
         bodies.append(_secret(role_secret_name(role), "kubernetes.io/tls", files, role))
-    ca = {name: (pki / name).read_text() for name in ("ca.crt", "ca.key", "kv-signing.key")}
+    ca = {name: (pki / name).read_text() for name in ("ca.crt", "ca.key", "kv-signing.key", HASH_SECRET)}
     bodies.append(_secret(CA_SECRET, "Opaque", ca, "certs"))
     return bodies
 
@@ -46,6 +50,23 @@ def init_pki(folder: Path) -> Path:
     return pki
 
 
+def backfill_hash_secret(core, namespace: str, ca) -> int:
+    """A deployment made before the KV hash secret existed: one secret, added to the CA's Secret and to every
+    hashing role's (pods pick it up at their next restart; until then they hash as before)."""
+    if HASH_SECRET in (ca.data or {}):
+        return 0
+    import base64
+    import secrets
+
+    encoded = base64.b64encode((secrets.token_hex(32) + "\n").encode()).decode()
+    for name in [role_secret_name(role) for role in HASHERS] + [CA_SECRET]:  # NOTE: the CA's last, as at creation
+        secret = core.read_namespaced_secret(name, namespace)
+        secret.data = {**(secret.data or {}), HASH_SECRET: encoded}
+        core.replace_namespaced_secret(name, namespace, secret)
+        log.info("added %s to %s", HASH_SECRET, name)
+    return 0
+
+
 def main() -> int:
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
@@ -55,9 +76,9 @@ def main() -> int:
     config.load_incluster_config()
     core = client.CoreV1Api()
     try:
-        core.read_namespaced_secret(CA_SECRET, namespace)
-        log.info("%s exists: the certificates are made; nothing to do", CA_SECRET)
-        return 0
+        ca = core.read_namespaced_secret(CA_SECRET, namespace)
+        log.info("%s exists: the certificates are made", CA_SECRET)
+        return backfill_hash_secret(core, namespace, ca)
     except ApiException as exc:
         if exc.status != 404:
             raise

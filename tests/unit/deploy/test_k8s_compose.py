@@ -162,6 +162,9 @@ def known_names() -> set[str]:
 
     names |= {tls.ENV_PREFIX + n for n in ("CA", "CERT", "KEY", "CLIENT_AUTH", "SERVER_NAME")}  # every gRPC process
     names |= set(WORKER_ENV_NAMES.values())  # worker fields whose variable has no TANDEM_WORKER_ prefix
+    from services.common.settings import FILE_SECRETS
+
+    names |= {name + "_FILE" for name in FILE_SECRETS if name in names}  # a secret handed over as a file
     return names | set(process_wide)
 
 

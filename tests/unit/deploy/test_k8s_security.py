@@ -238,7 +238,39 @@ def test_the_job_makes_one_secret_per_role_with_only_that_roles_files(tmp_path):
         body = bodies[f"tandem-tls-{role}"]
         worker = role in ("prefill", "decode")
         assert body["type"] == "kubernetes.io/tls"
-        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set())
+        hasher = role != "planner"  # the gateway, router and workers key their block hashes with it
+        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set(
+        )) | ({"kv-hash.secret"} if hasher else set())
         assert "PRIVATE KEY" in body["stringData"]["tls.key"] and body["metadata"]["labels"]["tandem.io/role"] == role
     assert "ca.key" in bodies["tandem-pki-ca"]["stringData"]
+    secrets = {b["stringData"].get("kv-hash.secret") for b in bodies.values()} - {None}
+    assert len(secrets) == 1 and len(bytes.fromhex(secrets.pop().strip())) == 32  # one secret, everywhere
     assert all("ca.key" not in b["stringData"] for n, b in bodies.items() if n != "tandem-pki-ca")
+
+
+def test_a_deployment_from_before_the_hash_secret_gets_one_in_every_hashing_roles_secret():
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("k8s_certs", REPO / "docker" / "k8s-certs.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+
+    class Core:  # the Kubernetes API, as far as the Job uses it
+        def __init__(self):
+            self.store = {n: SimpleNamespace(data={"tls.crt": "x"}) for n in TLS_SECRETS | {"tandem-pki-ca"}}
+
+        def read_namespaced_secret(self, name, namespace):
+            return self.store[name]
+
+        def replace_namespaced_secret(self, name, namespace, body):
+            self.store[name] = body
+
+    core = Core()
+    assert job.backfill_hash_secret(core, "tandem", core.store["tandem-pki-ca"]) == 0
+    has = {n for n, s in core.store.items() if "kv-hash.secret" in s.data}
+    assert has == {f"tandem-tls-{r}" for r in ("gateway", "router", "prefill", "decode")} | {"tandem-pki-ca"}
+    assert len({core.store[n].data["kv-hash.secret"] for n in has}) == 1
+    before = dict(core.store["tandem-tls-router"].data)
+    job.backfill_hash_secret(core, "tandem", core.store["tandem-pki-ca"])  # a later run changes nothing
+    assert core.store["tandem-tls-router"].data == before
