@@ -13,7 +13,7 @@ class SettingsError(ValueError):
 
 # secrets a deployment may hand over as a file (NAME_FILE: compose's volumes, Kubernetes' Secrets) rather than a
 # value in the environment, where `docker inspect` and /proc/<pid>/environ show it
-FILE_SECRETS = frozenset({"TANDEM_KV_HASH_SECRET"})
+FILE_SECRETS = frozenset({"TANDEM_KV_HASH_SECRET", "TANDEM_REDIS_PASSWORD"})
 
 
 def env(name: str, default: T, cast: Callable[[str], T] | None = None) -> T:

@@ -25,7 +25,10 @@ REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:
             "router until it scales them too")
 DIFFERENCES = {
     "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS,
-                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis"},
+                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis",
+                "redis_password": "compose's redis requires a password from the certs service; the cluster's "
+                                  "(components/redis) is reachable by gateway pods alone (its NetworkPolicy) and "
+                                  "has none yet"},
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
@@ -55,7 +58,7 @@ MANIFEST_ONLY = {
 }
 # names compose sets that a cluster does not need
 COMPOSE_ONLY = {"TANDEM_PLANNER_SCALER_URL", "TANDEM_PLANNER_SCALER_TOKEN_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT",
-                "TANDEM_PLANNER_PROMETHEUS_URL",
+                "TANDEM_PLANNER_PROMETHEUS_URL", "TANDEM_REDIS_PASSWORD_FILE",
                 "TANDEM_API_KEYS"}  # a pod reads the keys from a file instead (TANDEM_API_KEYS_FILE)
 # compose services a cluster does without: the planner scales Deployments through the Kubernetes API (RBAC)
 COMPOSE_ONLY_SERVICES = {"scaler"}
