@@ -114,10 +114,15 @@ class AttackerProcess:
             out.append(Attempt(tag, doc["name"], doc["expected"], doc["got"]))
         return out + [Attempt(tag, "the attacker ran its round", "yes", f"it exited ({self.proc.returncode})")]
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """EOF ends it after its round; one stuck past `timeout_s` is killed (it is ours alone)."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.stdin.close()
-            await self.proc.wait()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
 
 
 async def target_of(run: Run) -> dict:
