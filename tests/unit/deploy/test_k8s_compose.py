@@ -26,9 +26,8 @@ REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:
 DIFFERENCES = {
     "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS,
                 "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis",
-                "redis_password": "compose's redis requires a password from the certs service; the cluster's "
-                                  "(components/redis) is reachable by gateway pods alone (its NetworkPolicy) and "
-                                  "has none yet"},
+                "redis_password": "compose's gateway always mounts the password the certs service makes; a "
+                                  "cluster's gateway reads it only with components/redis"},
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
