@@ -1,6 +1,7 @@
 """deploy/k8s's `tandem-certs` Job: on its first run, `tandem certs init` (a CA, one certificate per role, role-wide
 for the prefill and decode Deployments, the KV signing key, the KV hash secret) and one Secret per role holding only
-that role's files; later runs find the CA's Secret and change nothing but a missing hash secret. Talks to the Kubernetes API only to create those Secrets."""
+that role's files, and the Redis password's Secret; later runs find the CA's Secret and add only what an older run did
+not make. Talks to the Kubernetes API only about those Secrets."""
 import logging
 import os
 import subprocess
@@ -36,7 +37,8 @@ def secret_bodies(pki: Path) -> list[dict]:
             files[REDIS_PASSWORD] = (pki / REDIS_PASSWORD).read_text()
         bodies.append(_secret(role_secret_name(role), "kubernetes.io/tls", files, role))
     bodies.append(_secret(REDIS_SECRET, "Opaque", {REDIS_PASSWORD: (pki / REDIS_PASSWORD).read_text()}, "redis"))
-    ca = {name: (pki / name).read_text() for name in ("ca.crt", "ca.key", "kv-signing.key", HASH_SECRET, REDIS_PASSWORD)}
+    ca = {name: (pki / name).read_text()
+          for name in ("ca.crt", "ca.key", "kv-signing.key", HASH_SECRET, REDIS_PASSWORD)}
     bodies.append(_secret(CA_SECRET, "Opaque", ca, "certs"))
     return bodies
 

@@ -131,8 +131,8 @@ def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, w
     from tandem.launcher import Stack, StackConfig, free_port
     from tandem.stack_certs import KV_KEY_ENV
 
-    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}), **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {}),
-           **({} if is_signed else {KV_KEY_ENV: ""})}
+    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}),
+           **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {}), **({} if is_signed else {KV_KEY_ENV: ""})}
     stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=cfg.num_prefill, num_decode=1,
                               port=free_port(), num_threads=1, log_dir=log_dir, ready_timeout_s=120,
                               env=env, num_gateway_workers=workers))

@@ -84,7 +84,8 @@ class Exchange:
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json"
-                f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\n{self.auth}Connection: close\r\n\r\n")
+                f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\n{self.auth}"
+                "Connection: close\r\n\r\n")
         writer.write(head.encode() + self.body)
         await writer.drain()
         headers = await self._head(reader)

@@ -53,7 +53,8 @@ def test_redis_requires_the_password_the_certs_service_made_and_the_gateway_send
     assert "--requirepass" in command and "$(cat /etc/tandem/redis/redis.password)" in command
     assert "tls-redis:/etc/tandem/redis:ro" in REDIS["volumes"]
     assert REDIS["depends_on"]["certs"]["condition"] == "service_completed_successfully"
-    holders = sorted(n for n, s in SERVICES.items() if any(str(v).startswith("tls-redis:") for v in s.get("volumes", [])))
+    holders = sorted(n for n, s in SERVICES.items()
+                     if any(str(v).startswith("tls-redis:") for v in s.get("volumes", [])))
     assert holders == ["certs", "redis"]
     env = environment(SERVICES["gateway"]) | {"TANDEM_RESPONSE_STORE": "redis"}
     assert env["TANDEM_REDIS_PASSWORD_FILE"] == "/etc/tandem/tls/redis.password"  # the gateway's own volume
