@@ -114,21 +114,49 @@ def _mtls_targets(phases: list[Phase], top: int) -> list[dict]:
     return results
 
 
+def paired_rounds(phases: list[Phase]) -> list[dict]:
+    """Each round's secure side against the baseline run next to it: added TTFT p50 at the lowest concurrency, relay
+    ratio and stack CPU per token at the highest. The spread of these pairs says how far the medians can be trusted."""
+    rounds = [p for p in phases if p.security_round >= 0]
+    if not rounds:
+        return []
+    low, top = min(p.concurrency for p in rounds), max(p.concurrency for p in rounds)
+    side = {(p.security_round, p.concurrency, p.is_plaintext): p for p in rounds}
+    pairs = []
+    for r in sorted({p.security_round for p in rounds}):
+        secure, plain = side.get((r, top, False)), side.get((r, top, True))
+        slow, fast = side.get((r, low, False)), side.get((r, low, True))
+        if not (secure and plain and slow and fast):
+            continue
+        pairs.append({"round": r, "added_ttft_p50_s": slow.summary.ttft_s.p50 - fast.summary.ttft_s.p50,
+                      "relay_ratio": secure.summary.output_tokens_per_s / max(plain.summary.output_tokens_per_s, 1e-9),
+                      "stack_cpu_us_per_token": [_stack_cpu_us(secure), _stack_cpu_us(plain)],
+                      "duration_s": [secure.summary.duration_s, plain.summary.duration_s]})
+    return pairs
+
+
+def _stack_cpu_us(p: Phase) -> float:
+    services = sum(s for name, s in p.cpu_s.items() if name != "client")
+    return 1e6 * services / max(1, p.summary.num_output_tokens)
+
+
 def _result(name: str, value: float, target: float, is_met: bool, unit: str) -> dict:
     return {"name": name, "value": value, "target": target, "is_met": is_met, "unit": unit}
 
 
 def build_report(config: dict, phases: list[Phase], host: dict | None = None) -> dict:
-    return {"benchmark": "overhead", "config": config, "host": host or host_info(),
-            "phases": [p.as_dict() for p in phases], "targets": check_targets(phases)}
+    report = {"benchmark": "overhead", "config": config, "host": host or host_info(),
+              "phases": [p.as_dict() for p in phases], "targets": check_targets(phases)}
+    pairs = paired_rounds(phases)
+    return {**report, "rounds": pairs} if pairs else report
 
 
 def format_overhead(report: dict) -> str:
     cfg, host = report["config"], report["host"]
     head = (f"isl {cfg['isl']}, osl {cfg['osl']}, closed loop; {cfg['num_prefill']} prefill + 1 decode zero-engine "
             f"worker; host {host['cores']} cores ({', '.join(host['flags']) or 'no AVX2'}), {host['cpu']}")
-    return "\n\n".join([head, _phase_table(report["phases"]), _target_table(report["targets"]),
-                        _cpu_table(report["phases"])])
+    return "\n\n".join(t for t in [head, _phase_table(report["phases"]), _target_table(report["targets"]),
+                                     _rounds_table(report.get("rounds", [])), _cpu_table(report["phases"])] if t)
 
 
 def _phase_table(phases: list[dict]) -> str:
@@ -169,3 +197,16 @@ def _cpu_table(phases: list[dict]) -> str:
         rows.append((f"c{p['concurrency']}, {p['gateway_workers']} gateway" + _side(p),
                      *(f"{1e6 * p['cpu_s'].get(n, 0.0) / tokens:.1f}" for n in names)))
     return "CPU µs per streamed token, by process\n" + format_rows(("phase", *names), rows) if rows else ""
+
+
+def _rounds_table(pairs: list[dict]) -> str:
+    if not pairs:
+        return ""
+    rows = [(str(q["round"]), ms(q["added_ttft_p50_s"]), f"{q['relay_ratio']:.3f}x",
+             "{:.0f} / {:.0f}".format(*q["stack_cpu_us_per_token"]), "{:.1f} / {:.1f}".format(*q["duration_s"]))
+            for q in pairs]
+    ratios = [q["relay_ratio"] for q in pairs]
+    rows.append(("median", ms(statistics.median(q["added_ttft_p50_s"] for q in pairs)),
+                 f"{statistics.median(ratios):.3f}x (spread {min(ratios):.3f}-{max(ratios):.3f})", "", ""))
+    return "secure against the baseline next to it, round by round\n" + format_rows(
+        ("round", "added TTFT p50 ms", "relay ratio", "stack CPU µs/token", "phase s"), rows)

@@ -106,3 +106,30 @@ def test_security_rounds_are_judged_on_medians_so_one_spike_does_not_decide():
     added = next(t for t in report["targets"] if "added TTFT" in t["name"])
     assert not added["is_met"]
     assert "stack, 1 gateway, plaintext, round 1" in format_overhead(report)
+
+
+def test_security_rounds_report_each_pair_and_the_spread_of_their_ratios():
+    from tandem.bench.overhead_report import paired_rounds
+
+    def pair(r: int, secure_duration: float, plain_duration: float, secure_cpu: float) -> list[Phase]:
+        return [Phase(1, 1, summary(0.0040, 100, 0.01), security_round=r),
+                Phase(1, 1, summary(0.0030, 100, 0.01), is_plaintext=True, security_round=r),
+                Phase(16, 1, summary(0.010, 100, secure_duration), cpu_s={"decode-0": secure_cpu, "client": 9.0},
+                      security_round=r),
+                Phase(16, 1, summary(0.010, 100, plain_duration), cpu_s={"decode-0": 0.001}, is_plaintext=True,
+                      security_round=r)]
+
+    phases = pair(0, 0.020, 0.010, 0.002) + pair(1, 0.010, 0.020, 0.001)
+    got = paired_rounds(phases)
+    assert [q["round"] for q in got] == [0, 1]
+    assert [q["relay_ratio"] for q in got] == [pytest.approx(0.5), pytest.approx(2.0)]
+    assert [q["added_ttft_p50_s"] for q in got] == [pytest.approx(0.001)] * 2
+    # the client's CPU is not the stack's; per streamed token (100 a phase)
+    assert got[0]["stack_cpu_us_per_token"] == [pytest.approx(20.0), pytest.approx(10.0)]
+    # a round missing a side is left out, not paired with another round's
+    assert [q["round"] for q in paired_rounds(phases[:7])] == [0]
+    report = build_report({"isl": 1, "osl": 100, "num_prefill": 1}, phases, host={"cpu": "x", "cores": 2, "flags": []})
+    assert report["rounds"] == got
+    assert "1.250x (spread 0.500-2.000)" in format_overhead(report)
+    assert "rounds" not in build_report({"isl": 1, "osl": 100, "num_prefill": 1}, [Phase(1, 1, summary(0.5, 100, 1.0))],
+                                        host={"cpu": "x", "cores": 2, "flags": []})
