@@ -1,8 +1,8 @@
 #!/bin/sh
 # compose's one-shot `certs` service: on the first start, a CA, one certificate per role (role-wide for the scalable
-# prefill and decode services, so every replica `--scale` starts holds one) and the KV signing key, all made by
-# `tandem certs init` in the CA volume; then, on every start, each role's own files copied into that role's volume,
-# which only that service mounts. The CA's key never leaves the CA volume. Runs as the images' tandem user.
+# prefill and decode services, so every replica `--scale` starts holds one), the KV signing key and the KV hash
+# secret, all made by `tandem certs init` in the CA volume; then, on every start, each role's own files copied into
+# that role's volume, which only that service mounts. The CA's key never leaves the CA volume. Runs as the images' tandem user.
 #   PKI_ROOT (default /pki): ca/ holds the CA; gateway/ router/ planner/ prefill/ decode/ are the role volumes.
 set -eu
 root=${PKI_ROOT:-/pki}
@@ -28,5 +28,20 @@ copy_identity decode decode-any
 for role in prefill decode; do  # the KV handles' signing key: the workers only
   cp "$ca/kv-signing.key" "$root/$role/kv-signing.key.tmp" && mv "$root/$role/kv-signing.key.tmp" "$root/$role/kv-signing.key"
 done
+if [ ! -s "$ca/kv-hash.secret" ]; then  # NOTE: a CA volume made before the secret existed gets one now
+  python -c "import secrets; print(secrets.token_hex(32))" > "$ca/kv-hash.secret.tmp" && mv "$ca/kv-hash.secret.tmp" "$ca/kv-hash.secret"
+fi
+if [ ! -s "$ca/redis.password" ]; then  # the Responses store's requirepass (compose's redis profile)
+  python -c "import secrets; print(secrets.token_hex(24))" > "$ca/redis.password.tmp" && mv "$ca/redis.password.tmp" "$ca/redis.password"
+fi
+mkdir -p "$root/redis"
+cp "$ca/redis.password" "$root/gateway/redis.password.tmp" && mv "$root/gateway/redis.password.tmp" "$root/gateway/redis.password"
+cp "$ca/redis.password" "$root/redis/redis.password.tmp" && mv "$root/redis/redis.password.tmp" "$root/redis/redis.password"
+for role in gateway router prefill decode; do  # the block hashes' secret: whoever hashes tokens or tenants
+  cp "$ca/kv-hash.secret" "$root/$role/kv-hash.secret.tmp" && mv "$root/$role/kv-hash.secret.tmp" "$root/$role/kv-hash.secret"
+done
 chmod 0600 "$root"/*/* 2>/dev/null || true
+# NOTE: the redis image runs as its own `redis` user, not tandem's: its password is readable in the one volume only
+# the redis service mounts
+chmod 0644 "$root/redis/redis.password"
 echo "certs: CA $(sed -n 2p "$ca/ca.crt" | cut -c1-16)...; identities for gateway router planner prefill decode"

@@ -202,7 +202,7 @@ class Stack:
             return {}
         env = ({**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)} if not self.is_mutual_tls
                else self.pki.child_env(name))
-        if os.environ.get(KV_KEY_ENV) or self.cfg.env.get(KV_KEY_ENV):
+        if os.environ.get(KV_KEY_ENV) or KV_KEY_ENV in self.cfg.env:  # NOTE: "" in cfg.env: unsigned (a baseline)
             env.pop(KV_KEY_ENV, None)
         return env
 

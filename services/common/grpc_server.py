@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from services.common.authz_interceptor import AuthzInterceptor
-from services.common.grpc_limits import server_options
+from services.common.grpc_limits import max_concurrent_rpcs, server_options
 from services.common.tls import GrpcTls, process_tls
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,15 @@ class GrpcServer:
 
     def __init__(self, address: str, service_names: list[str], registry: CollectorRegistry | None = None,
                  limits: str = ""):
-        # `limits`: the service whose grpc_limits apply (message sizes); "": the shared options only
+        # `limits`: the service whose grpc_limits apply (message sizes, calls at once); "": the shared options only
         tls = process_tls()
         tls.check_bind(address)
         self.authz = AuthzInterceptor() if tls.is_mutual else None
         if self.authz is not None and registry is not None:
             registry.register(self.authz.denied)
         options = server_options(SERVER_OPTIONS, limits) if limits else SERVER_OPTIONS
-        self.server = grpc.aio.server(options=options, interceptors=[self.authz] if self.authz else None)
+        self.server = grpc.aio.server(options=options, interceptors=[self.authz] if self.authz else None,
+                                      maximum_concurrent_rpcs=max_concurrent_rpcs(limits))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if tls.reflection:

@@ -102,11 +102,13 @@ class SqliteStore:
 class RedisStore:
     """One key per response under REDIS_PREFIX, expiring with Redis's own TTL."""
 
-    def __init__(self, url: str, ttl_s: float):
+    def __init__(self, url: str, ttl_s: float, password: str = ""):
         import redis.asyncio as redis  # NOTE: imported only when Redis is the configured store
 
+        # NOTE: a password given apart wins over one in the URL (which `docker inspect` would show)
         self._redis = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S,
-                                           socket_timeout=REDIS_TIMEOUT_S)
+                                           socket_timeout=REDIS_TIMEOUT_S, **({"password": password} if password
+                                                                              else {}))
         self._ttl_ms = int(ttl_s * 1000)
 
     async def put(self, stored: StoredResponse) -> None:
@@ -123,10 +125,10 @@ class RedisStore:
         await self._redis.aclose()
 
 
-def make_store(kind: str, *, path: Path, redis_url: str, ttl_s: float) -> ResponseStore:
+def make_store(kind: str, *, path: Path, redis_url: str, ttl_s: float, redis_password: str = "") -> ResponseStore:
     """The store the settings name (they were validated at start-up)."""
     if kind == "redis":
         log.info("response store: redis at %s", redis_url.rpartition("@")[2])  # NOTE: never log a password
-        return RedisStore(redis_url, ttl_s)
+        return RedisStore(redis_url, ttl_s, redis_password)
     log.info("response store: sqlite at %s", path)
     return SqliteStore(path, ttl_s)

@@ -131,7 +131,8 @@ class ResponsesApi:
 def make_api(serving: Serving) -> ResponsesApi:
     settings = serving.settings
     return ResponsesApi(serving, make_store(settings.response_store, path=settings.response_store_file,
-                                            redis_url=settings.redis_url, ttl_s=settings.response_ttl_s))
+                                            redis_url=settings.redis_url, ttl_s=settings.response_ttl_s,
+                                            redis_password=settings.redis_password))
 
 
 def add_routes(app: FastAPI, api: ResponsesApi) -> None:

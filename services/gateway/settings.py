@@ -41,6 +41,8 @@ class GatewaySettings:
     response_store: str = "sqlite"  # where /v1/responses keeps stored responses: sqlite (one host) | redis (shared)
     response_store_path: str = ""  # sqlite's file; "" = responses.sqlite3 under the cache directory
     redis_url: str = ""  # the redis store's server, e.g. redis://host:6379/0
+    # the redis server's requirepass (TANDEM_REDIS_PASSWORD, or a file: TANDEM_REDIS_PASSWORD_FILE); "": none
+    redis_password: str = field(default="", repr=False)
     response_ttl_s: float = 30 * 24 * 3600.0  # how long a stored response may be read back (OpenAI keeps 30 days)
     # tenants (docs/security-tenants.md): per-key: each API key's prompts share cached KV only with its own
     cache_sharing: str = "per-key"
@@ -150,6 +152,7 @@ _ENV = {
     "response_store": ("TANDEM_RESPONSE_STORE", str),
     "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
     "redis_url": ("TANDEM_REDIS_URL", str),
+    "redis_password": ("TANDEM_REDIS_PASSWORD", str),
     "response_ttl_s": ("TANDEM_RESPONSE_TTL_S", float),
     "cache_sharing": ("TANDEM_CACHE_SHARING", str),
     "kv_hash_secret": ("TANDEM_KV_HASH_SECRET", str),

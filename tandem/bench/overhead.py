@@ -40,6 +40,9 @@ class OverheadConfig:
     seed: int = 0
     client: str = "raw"  # the load generator: raw (raw_client.py) or httpx (what `bench serve` uses)
     compare_plaintext: bool = False  # also a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs
+    # rounds of (secure, baseline) 1-gateway stacks, their order alternating, judged on medians; secure: mutual TLS
+    # and signed KV handles (the default), baseline: plaintext and unsigned handles
+    security_rounds: int = 0
 
     def num_requests_at(self, concurrency: int) -> int:
         return self.num_requests if concurrency > 1 else max(1, self.num_requests // 4)
@@ -81,8 +84,21 @@ def run_overhead(cfg: OverheadConfig, log_dir: Path | None = None) -> dict:
         if cfg.compare_plaintext:
             phases += _run_through_stack(model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / "gw1-plaintext",
                                          is_plaintext=True)
+        for r, is_plaintext in security_order(cfg.security_rounds):
+            name = f"gw1-round{r}-{'plaintext' if is_plaintext else 'secure'}"
+            for phase in _run_through_stack(model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / name,
+                                            is_plaintext=is_plaintext, is_signed=not is_plaintext):
+                phase.security_round = r
+                phases.append(phase)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     return build_report(config, phases)
+
+
+def security_order(num_rounds: int) -> list[tuple[int, bool]]:
+    """(round, is_plaintext) in run order: secure first in even rounds, plaintext first in odd ones, so a load that
+    drifts during the run favours neither side."""
+    return [(r, is_plaintext) for r in range(num_rounds)
+            for is_plaintext in ((False, True) if r % 2 == 0 else (True, False))]
 
 
 def _tiny_model(out: Path) -> Path:
@@ -111,10 +127,12 @@ async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker
 
 
 def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, workers: int,
-                       log_dir: Path, is_plaintext: bool = False) -> list[Phase]:
+                       log_dir: Path, is_plaintext: bool = False, is_signed: bool = True) -> list[Phase]:
     from tandem.launcher import Stack, StackConfig, free_port
+    from tandem.stack_certs import KV_KEY_ENV
 
-    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}), **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {})}
+    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}),
+           **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {}), **({} if is_signed else {KV_KEY_ENV: ""})}
     stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=cfg.num_prefill, num_decode=1,
                               port=free_port(), num_threads=1, log_dir=log_dir, ready_timeout_s=120,
                               env=env, num_gateway_workers=workers))
@@ -197,6 +215,9 @@ def add_overhead_command(bench_commands) -> None:
                    help="load generator: raw asyncio sockets (lean), or httpx as `bench serve` uses")
     p.add_argument("--plaintext-too", action="store_true",
                    help="also run a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs")
+    p.add_argument("--security-rounds", type=int, default=0,
+                   help="rounds of a secure (mTLS, signed KV handles) and a baseline (plaintext, unsigned) 1-gateway "
+                        "stack, order alternating; the mTLS targets are judged on the rounds' medians")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_overhead)
 
@@ -206,7 +227,7 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
         raise SystemExit("tandem bench overhead: --gateway-workers must include 1 (the reference)")
     cfg = OverheadConfig(args.num_requests, tuple(args.concurrency), tuple(args.gateway_workers), args.isl,
                          args.osl, int(args.prefill), args.warmup, args.model, client=args.client,
-                         compare_plaintext=args.plaintext_too)
+                         compare_plaintext=args.plaintext_too, security_rounds=args.security_rounds)
     report = run_overhead(cfg, args.log_dir)
     print(format_overhead(report))
     if args.json is not None:

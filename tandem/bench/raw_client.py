@@ -34,7 +34,7 @@ class RawStreamingClient(StreamingClient):
         request = (self._head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         record = RequestRecord(submit_s=self.clock(), num_prompt_tokens=spec.isl)
         try:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = self._reusable() or await self._connect()
             await conn.request(request, SseRecorder(record), self.clock)
             if conn.is_reusable:
                 self._idle.append(conn)
@@ -42,6 +42,16 @@ class RawStreamingClient(StreamingClient):
             record.error = f"{type(exc).__name__}: {exc}"
         record.end_s = self.clock()
         return record
+
+    def _reusable(self) -> "_Connection | None":
+        # NOTE: the server may close a keep-alive connection while it sits idle (its keep-alive timeout); a request
+        # written into that closed transport would wait forever for an answer
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.is_reusable and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            conn.close()
+        return None
 
     async def _connect(self) -> "_Connection":
         _, conn = await asyncio.get_running_loop().create_connection(_Connection, self._host, self._port)

@@ -76,6 +76,7 @@ def _run_init(args) -> int:
     except (IdentityError, ValueError) as exc:
         return _fail(str(exc))
     print(pki.write_kv_signing_key(args.dir))
+    print(pki.write_kv_hash_secret(args.dir))
     return 0
 
 

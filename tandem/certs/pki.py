@@ -16,6 +16,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from services.common.identity import Identity, IdentityError, identity_of_cert
 
 CA_CERT, CA_KEY, KV_SIGNING_KEY = "ca.crt", "ca.key", "kv-signing.key"
+KV_HASH_SECRET = "kv-hash.secret"  # TANDEM_KV_HASH_SECRET_FILE: keys the block hashes (gateway, router, workers)
 LEAF_CERT, LEAF_KEY = "tls.crt", "tls.key"
 COMMON_DNS = "tandem"  # in every certificate: TANDEM_GRPC_TLS_SERVER_NAME=tandem where addresses are not known
 CA_DAYS, LEAF_DAYS = 365, 90
@@ -147,5 +148,12 @@ def write_identity(directory: Path, authority: Authority, identity: Identity, da
 def write_kv_signing_key(directory: Path) -> Path:
     """32 random bytes, hex, 0600: the key prefill workers sign KV handles with and decode workers verify."""
     path = directory / KV_SIGNING_KEY
+    write_private(path, (secrets.token_hex(32) + "\n").encode())
+    return path
+
+
+def write_kv_hash_secret(directory: Path) -> Path:
+    """32 random bytes, hex, 0600: the per-deployment secret every KV block hash (and tenant id) is keyed with."""
+    path = directory / KV_HASH_SECRET
     write_private(path, (secrets.token_hex(32) + "\n").encode())
     return path

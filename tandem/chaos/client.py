@@ -50,9 +50,10 @@ class Exchange:
     """One request and its response, read as `behaviour` says."""
 
     def __init__(self, host: str, port: int, body: bytes, behaviour: Behaviour, record: Record,
-                 clock=time.monotonic, keep_events: bool = False):
+                 clock=time.monotonic, keep_events: bool = False, api_key: str = ""):
         self.host, self.port, self.body, self.behaviour, self.record = host, port, body, behaviour, record
         self.clock, self.keep_events = clock, keep_events
+        self.auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._num_events = 0
 
     async def run(self, deadline_s: float) -> Record:
@@ -83,7 +84,8 @@ class Exchange:
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json"
-                f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\nConnection: close\r\n\r\n")
+                f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\n{self.auth}"
+                "Connection: close\r\n\r\n")
         writer.write(head.encode() + self.body)
         await writer.drain()
         headers = await self._head(reader)

@@ -24,6 +24,7 @@ class Load:
     num_prompts: int = 8
     deadline_s: float = 90.0  # a request with no end by then is lost (a hang)
     extra: tuple[tuple[int, Behaviour], ...] = ()  # more closed-loop clients that behave otherwise
+    api_keys: tuple[str, ...] = ()  # client i sends with key i % len (none: no Authorization header)
 
 
 def prompts(num: int, isl: int) -> list[list[int]]:
@@ -64,14 +65,20 @@ class LoadRunner:
         for k in itertools.count():
             if time.monotonic() >= end_s:
                 return
-            rec = await self.send((slot + k) % len(self.prompts), behaviour)
+            rec = await self.send((slot + k) % len(self.prompts), behaviour, key=self._key(slot))
             if rec.status in (429, 503) and rec.retry_after:
                 await asyncio.sleep(min(float(rec.retry_after), max(end_s - time.monotonic(), 0)))
 
-    async def send(self, prompt_index: int, behaviour: Behaviour, keep: bool = True) -> Record:
+    def _key(self, slot: int) -> str:
+        keys = self.load.api_keys
+        return keys[slot % len(keys)] if keys else ""
+
+    async def send(self, prompt_index: int, behaviour: Behaviour, keep: bool = True, key: str | None = None
+                   ) -> Record:
         rec = Record(next(self._counter), behaviour.kind, time.monotonic())
         body = completion_body(self.model, self.prompts[prompt_index], self.load.osl)
-        await Exchange(self.host, self.port, body, behaviour, rec).run(self.load.deadline_s)
+        key = self._key(prompt_index) if key is None else key
+        await Exchange(self.host, self.port, body, behaviour, rec, api_key=key).run(self.load.deadline_s)
         if keep:
             self.records.append((rec, prompt_index))
         return rec

@@ -10,6 +10,7 @@ import signal
 import time
 from dataclasses import replace
 
+from tandem.chaos.attacks import ATTACKER_KEYS, TENANTS, alternate, judge_attacks
 from tandem.chaos.client import NORMAL, Behaviour
 from tandem.chaos.load import Load
 from tandem.chaos.outcomes import COMPLETED, FAILED_CLEANLY, LEFT, Check, ScenarioResult
@@ -21,6 +22,8 @@ OVERLOAD = Shape(num_prefill=0, num_decode=2, proxied=(), max_num_seqs=32, max_i
 # tokens at once and a short context: many cases in little time
 FUZZ = Shape(engine="zero", num_prefill=0, num_decode=1, proxied=(), max_model_len=1024)
 REPLICAS = Shape(num_routers=2)  # COMMON's workers behind two router replicas
+# API keys with per-key limits, mutual TLS (the default): the legitimate load's keys and the attacker's
+ATTACKS = Shape(num_decode=2, proxied=(), api_keys=(*TENANTS, *ATTACKER_KEYS.values()), max_prompt_chars=20000)
 PROBES = 8  # requests sent the moment a fault (or the restart it waits for) happens, beside the closed loop
 MAX_RECOVERY_S = {"kill-decode": 1.0, "kill-router": 5.0, "kill-router-replica": 1.0}  # the issue's targets
 
@@ -298,6 +301,8 @@ def build(short: bool, fuzz_cases: int | None = None) -> list[Scenario]:
     storm_n = 64 if short else 200
     overload_s = 12.0 if short else 60.0
     fuzz_cases = fuzz_cases if fuzz_cases is not None else 100 if short else 1000
+    # attacks: quiet and attack windows alternate; the legitimate load stays under each key's limit
+    window_s, windows, attack_conc, per_key = (4.0, 2, 16, 8) if short else (10.0, 3, 128, 40)
     return [
         Scenario("proxy-delay", "100% complete through a proxy adding 50 ms to every read", COMMON, base,
                  proxy_delay("decode-2", 0.05), judge_all_completed),
@@ -327,6 +332,11 @@ def build(short: bool, fuzz_cases: int | None = None) -> list[Scenario]:
                  "requests complete, RSS growth <= 10%", OVERLOAD, Load(concurrency=2 * OVERLOAD.max_inflight,
                                                                          duration_s=overload_s),
                  overload(overload_s), judge_overload),
+        Scenario("attacks", f"every attack of issue 24 refused in {windows} attack windows between quiet ones, "
+                 "the legitimate load loses nothing, p50 TTFT under attack within 20% of quiet",
+                 replace(ATTACKS, max_inflight_per_key=per_key),
+                 Load(concurrency=attack_conc, duration_s=(2 * windows + 1) * window_s, api_keys=TENANTS),
+                 alternate(window_s, windows), judge_attacks(enforce_latency=not short)),
         Scenario("fuzz", f"schemathesis, {fuzz_cases} cases: no 5xx, every answer a documented status and body",
                  FUZZ, Load(concurrency=0, duration_s=0.0), fuzz(fuzz_cases), judge_fuzz),
     ]

@@ -40,6 +40,9 @@ class Shape:
     disagg_min_tokens: int = 512
     max_model_len: int = 0  # the workers' context (0: the model's); bounds how long one fuzzed request runs
     num_routers: int = 1  # router replicas ("router", "router-1", ...)
+    api_keys: tuple[str, ...] = ()  # the gateway's keys (none: one anonymous tenant, no per-key limits)
+    max_inflight_per_key: int = 64
+    max_prompt_chars: int = 1 << 19
 
 
 class ChaosStack(Stack):
@@ -89,8 +92,15 @@ class LiveStack:
             router_args=("--policy", "kv", "--lease-ttl-s", str(s.lease_ttl_s), "--heartbeat-interval-s", "1",
                          "--busy-load-threshold", str(s.busy_load_threshold),
                          "--disagg-min-tokens", str(s.disagg_min_tokens)),
-            gateway_args=("--max-inflight", str(s.max_inflight)),
+            gateway_args=("--max-inflight", str(s.max_inflight), *self._tenancy_args()),
             env={"TANDEM_WORKER_DRAIN_S": str(s.drain_s), "TANDEM_LOG_LEVEL": "warning"})
+
+    def _tenancy_args(self) -> tuple[str, ...]:
+        s = self.shape
+        if not s.api_keys:
+            return ()
+        return ("--api-keys", ",".join(s.api_keys), "--max-inflight-per-key", str(s.max_inflight_per_key),
+                "--max-prompt-chars", str(s.max_prompt_chars))
 
     def _profile(self) -> Path:
         """The shipped H100 profile with this shape's batch limit, so the engine and the router agree on it."""

@@ -1,5 +1,5 @@
 """`tandem chaos --short`: every scenario (kills, a stop past the lease, a drain, slow and leaving clients, a
-faulty proxy, a router restart, 2x overload, fuzzing) against real stacks on loopback, in seconds each; it exits
+faulty proxy, a router restart, 2x overload, the attack suite beside legitimate load, fuzzing) against real stacks on loopback, in seconds each; it exits
 0 only when nothing was lost and every scenario's checks held, and writes its table and JSON."""
 import json
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 SCENARIOS = ["proxy-delay", "proxy-drop", "kill-decode", "kill-prefill", "drain-decode", "stop-worker", "slow-client",
-             "disconnect-storm", "kill-router", "kill-router-replica", "overload", "fuzz"]
+             "disconnect-storm", "kill-router", "kill-router-replica", "overload", "attacks", "fuzz"]
 
 
 @pytest.mark.timeout(1200)
@@ -28,4 +28,6 @@ def test_every_short_scenario_loses_nothing(tmp_path, smollm2_dir):
     assert by_name["kill-decode"]["sent"] == by_name["kill-decode"]["counts"]["completed"] > 0
     assert by_name["fuzz"]["facts"]["fuzz_cases"] >= 100 and by_name["fuzz"]["facts"]["fuzz_failures"] == 0
     assert {"429", "503"} <= set(by_name["overload"]["statuses"])
+    attacks = by_name["attacks"]["facts"]
+    assert attacks["num_attempts"] >= 38 and attacks["num_quiet"] > 0 and attacks["num_attacked"] > 0
     assert "scenario" in run.stdout.splitlines()[0] or "scenario  " in run.stdout

@@ -22,12 +22,15 @@ def chunk(text, finish=None) -> dict:
 class Server:
     """Answers each request with the next scripted response, written in small pieces; records requests."""
 
-    def __init__(self, responses: list[bytes]):
+    def __init__(self, responses: list[bytes], max_per_connection: int = 0):
         self.responses, self.requests, self.connections = responses, [], 0
+        self.max_per_connection = max_per_connection  # then it closes the idle connection (a keep-alive timeout)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        while self.responses:
+        num_answered = 0
+        while self.responses and not 0 < self.max_per_connection <= num_answered:
+            num_answered += 1
             head = await reader.readuntil(b"\r\n\r\n")
             length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
             self.requests.append((head, json.loads(await reader.readexactly(length))))
@@ -45,8 +48,8 @@ def ok(body: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body
 
 
-async def serve(responses: list[bytes]):
-    server = Server(responses)
+async def serve(responses: list[bytes], max_per_connection: int = 0):
+    server = Server(responses, max_per_connection)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     return server, listener, f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
 
@@ -78,3 +81,16 @@ async def test_error_status_and_a_closed_connection_are_errors():
     listener.close()
     assert busy.error == 'HTTP 429: {"error": {"message": "busy"}}' and not busy.is_ok
     assert cut.error is not None and not cut.is_ok
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused():
+    server, listener, url = await serve([ok(sse_body(chunk("a", "stop"), b"[DONE]")),
+                                         ok(sse_body(chunk("b", "stop"), b"[DONE]"))], max_per_connection=1)
+    async with RawStreamingClient(Endpoint(url, model="m"), PromptMaker(np.arange(5, 9))) as client:
+        first = await client.send(RequestSpec(0, None, isl=2, osl=1))
+        await asyncio.sleep(0.2)  # the server's close reaches the idle connection
+        # NOTE: before the fix the second request went into the closed connection and waited forever
+        second = await asyncio.wait_for(client.send(RequestSpec(1, None, isl=2, osl=1)), timeout=10)
+    listener.close()
+    assert (first.error, second.error, second.num_output_tokens) == (None, None, 1)
+    assert server.connections == 2

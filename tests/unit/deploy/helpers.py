@@ -14,7 +14,8 @@ OBSERVABILITY = REPO / "observability"
 
 # files a container reads from its secret volumes, which this host does not have: a stand-in of the same kind, so
 # the settings' start-up checks (the KV signing key is read and parsed) run as they do in the container
-_STAND_INS = {"TANDEM_KV_SIGNING_KEY_FILE": "00" * 32}
+_STAND_INS = {"TANDEM_KV_SIGNING_KEY_FILE": "00" * 32, "TANDEM_KV_HASH_SECRET_FILE": "ab" * 32,
+               "TANDEM_REDIS_PASSWORD_FILE": "cd" * 24}
 
 _VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?([-?])([^}]*))?\}|\$(\w+)")
 

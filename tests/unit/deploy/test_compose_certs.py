@@ -16,10 +16,12 @@ SERVICES = load_compose()["services"]
 TLS_DIR = "/etc/tandem/tls"
 GRPC_SERVICES = {name: s["command"][2] for name, s in SERVICES.items()
                  if s.get("command", [])[:2] == ["tandem", "serve"] and s["command"][2] != "scaler"}
-ROLE_FILES = {"gateway": {"tls.crt", "tls.key", "ca.crt"}, "router": {"tls.crt", "tls.key", "ca.crt"},
+ROLE_FILES = {"gateway": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret", "redis.password"},
+              "router": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret"},
               "planner": {"tls.crt", "tls.key", "ca.crt"},
-              "prefill": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key"},
-              "decode": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key"}}
+              "prefill": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"},
+              "decode": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"}}
+HASHERS = ("gateway", "router", "prefill", "decode")  # whoever hashes tokens or tenants needs the hash secret
 
 
 def _mounts(service: dict) -> dict[str, str]:
@@ -35,7 +37,8 @@ def test_every_grpc_service_mounts_its_own_roles_volume_read_only_and_nothing_el
         assert SERVICES[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
     holders = [n for n, s in SERVICES.items() if "certs-ca" in _mounts(s)]
     assert holders == ["certs"]
-    assert _mounts(SERVICES["certs"]) == {"certs-ca": "/pki/ca", **{f"tls-{r}": f"/pki/{r}" for r in ROLE_FILES}}
+    assert _mounts(SERVICES["certs"]) == {"certs-ca": "/pki/ca", "tls-redis": "/pki/redis",
+                                          **{f"tls-{r}": f"/pki/{r}" for r in ROLE_FILES}}
     assert "TANDEM_GRPC_INSECURE" not in str(SERVICES)  # plaintext nowhere
 
 
@@ -65,6 +68,12 @@ def test_each_service_runs_mutual_tls_with_the_files_of_its_volume(name, pki, mo
     tls.check_bind("0.0.0.0:50051")  # raises for plaintext or TLS without client authentication
     if role in ("prefill", "decode"):
         assert env["TANDEM_KV_SIGNING_KEY_FILE"] == f"{TLS_DIR}/kv-signing.key"
+    if role in HASHERS:  # tandem's own settings read the per-deployment secret from the role's volume
+        from services.common.settings import env as setting
+
+        assert env["TANDEM_KV_HASH_SECRET_FILE"] == f"{TLS_DIR}/kv-hash.secret", name
+        monkeypatch.delenv("TANDEM_KV_HASH_SECRET", raising=False)
+        assert setting("TANDEM_KV_HASH_SECRET", "") == (pki / "ca" / "kv-hash.secret").read_text().strip()
 
 
 def test_the_certs_service_is_a_one_shot_everyone_waits_for():
@@ -104,6 +113,28 @@ def test_the_script_gives_each_role_its_own_identity_and_keeps_the_ca(tmp_path):
     assert (tmp_path / "ca" / "ca.key").is_file()
     assert (tmp_path / "prefill" / "kv-signing.key").read_text() == (tmp_path / "decode" / "kv-signing.key").read_text()
     ca, key = (tmp_path / "ca" / "ca.crt").read_bytes(), (tmp_path / "decode" / "kv-signing.key").read_text()
+    password = (tmp_path / "ca" / "redis.password").read_text()
+    assert len(password.strip()) == 48 and (tmp_path / "gateway" / "redis.password").read_text() == password
+    assert {p.name for p in (tmp_path / "redis").iterdir()} == {"redis.password"}  # redis' volume: nothing else
+    assert (tmp_path / "redis" / "redis.password").read_text() == password
+    secret = (tmp_path / "ca" / "kv-hash.secret").read_text()
+    assert len(bytes.fromhex(secret.strip())) == 32
+    assert all((tmp_path / role / "kv-hash.secret").read_text() == secret for role in HASHERS)
     _run_script(tmp_path)  # a second `up` keeps the CA and the key: running services' certificates stay valid
     assert (tmp_path / "ca" / "ca.crt").read_bytes() == ca
     assert (tmp_path / "decode" / "kv-signing.key").read_text() == key
+    assert (tmp_path / "gateway" / "kv-hash.secret").read_text() == secret  # and the block hashes stay comparable
+    assert (tmp_path / "redis" / "redis.password").read_text() == password
+
+
+def test_a_ca_volume_from_before_the_hash_secret_gets_one(tmp_path):
+    (tmp_path / "ca").mkdir()
+    _run_script(tmp_path)
+    (tmp_path / "ca" / "kv-hash.secret").unlink()
+    _run_script(tmp_path)
+    password = (tmp_path / "ca" / "redis.password").read_text()
+    assert len(password.strip()) == 48 and (tmp_path / "gateway" / "redis.password").read_text() == password
+    assert {p.name for p in (tmp_path / "redis").iterdir()} == {"redis.password"}  # redis' volume: nothing else
+    assert (tmp_path / "redis" / "redis.password").read_text() == password
+    secret = (tmp_path / "ca" / "kv-hash.secret").read_text()
+    assert len(bytes.fromhex(secret.strip())) == 32 and (tmp_path / "router" / "kv-hash.secret").read_text() == secret

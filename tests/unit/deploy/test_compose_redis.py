@@ -16,7 +16,8 @@ def test_redis_is_built_from_debians_package_in_its_own_profile():
     assert "apt-get install" in dockerfile and "redis-server" in dockerfile
     assert "\nUSER redis\n" in dockerfile and "redis.conf /usr/local/etc/tandem-redis.conf" in dockerfile
     assert (REPO / REDIS["build"]["context"] / "redis.conf").is_file()
-    assert REDIS["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"] and REDIS["restart"] == "unless-stopped"
+    assert REDIS["healthcheck"]["test"][0] == "CMD-SHELL" and "REDISCLI_AUTH=" in REDIS["healthcheck"]["test"][1]
+    assert REDIS["restart"] == "unless-stopped"
     assert "redis-data:/data" in REDIS["volumes"] and "redis-data" in COMPOSE["volumes"]
 
 
@@ -45,3 +46,19 @@ def test_the_gateway_uses_the_store_it_is_given(store, monkeypatch):
     assert settings.redis_url == "redis://redis:6379/0"  # the service's name on the responses network
     volume = settings.response_store_path.rsplit("/", 1)[0]
     assert f"gateway-responses:{volume}" in SERVICES["gateway"]["volumes"]  # writable: /cache is read-only
+
+
+def test_redis_requires_the_password_the_certs_service_made_and_the_gateway_sends_it(monkeypatch, tmp_path):
+    command = " ".join(REDIS["command"])
+    assert "--requirepass" in command and "$(cat /etc/tandem/redis/redis.password)" in command
+    assert "tls-redis:/etc/tandem/redis:ro" in REDIS["volumes"]
+    assert REDIS["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+    holders = sorted(n for n, s in SERVICES.items()
+                     if any(str(v).startswith("tls-redis:") for v in s.get("volumes", [])))
+    assert holders == ["certs", "redis"]
+    env = environment(SERVICES["gateway"]) | {"TANDEM_RESPONSE_STORE": "redis"}
+    assert env["TANDEM_REDIS_PASSWORD_FILE"] == "/etc/tandem/tls/redis.password"  # the gateway's own volume
+    assert "TANDEM_REDIS_PASSWORD" not in env and "@" not in env["TANDEM_REDIS_URL"]  # never in the environment
+    settings = check_command(SERVICES["gateway"]["command"], env, monkeypatch)
+    assert settings.redis_password == "cd" * 24  # read from the file (here the test's stand-in)
+    assert "cd" * 24 not in repr(settings)

@@ -25,7 +25,9 @@ REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:
             "router until it scales them too")
 DIFFERENCES = {
     "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS,
-                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis"},
+                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis",
+                "redis_password": "compose's gateway always mounts the password the certs service makes; a "
+                                  "cluster's gateway reads it only with components/redis"},
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
@@ -55,7 +57,7 @@ MANIFEST_ONLY = {
 }
 # names compose sets that a cluster does not need
 COMPOSE_ONLY = {"TANDEM_PLANNER_SCALER_URL", "TANDEM_PLANNER_SCALER_TOKEN_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT",
-                "TANDEM_PLANNER_PROMETHEUS_URL",
+                "TANDEM_PLANNER_PROMETHEUS_URL", "TANDEM_REDIS_PASSWORD_FILE",
                 "TANDEM_API_KEYS"}  # a pod reads the keys from a file instead (TANDEM_API_KEYS_FILE)
 # compose services a cluster does without: the planner scales Deployments through the Kubernetes API (RBAC)
 COMPOSE_ONLY_SERVICES = {"scaler"}
@@ -162,6 +164,9 @@ def known_names() -> set[str]:
 
     names |= {tls.ENV_PREFIX + n for n in ("CA", "CERT", "KEY", "CLIENT_AUTH", "SERVER_NAME")}  # every gRPC process
     names |= set(WORKER_ENV_NAMES.values())  # worker fields whose variable has no TANDEM_WORKER_ prefix
+    from services.common.settings import FILE_SECRETS
+
+    names |= {name + "_FILE" for name in FILE_SECRETS if name in names}  # a secret handed over as a file
     return names | set(process_wide)
 
 

@@ -34,6 +34,9 @@ def test_the_gateways_share_the_store_at_tandem_redis(overlay, monkeypatch):
     env = container_env(overlay, container)
     settings = check_command(command(container, env), env, monkeypatch)
     assert settings.response_store == "redis" and settings.redis_url == "redis://tandem-redis:6379/0"
+    # the gateway's own Secret (tandem-tls-gateway, mounted at /etc/tandem/tls), here a stand-in file
+    assert env["TANDEM_REDIS_PASSWORD_FILE"].endswith("/redis.password")
+    assert settings.redis_password, "the gateway read no Redis password"
     [port] = of_kind(overlay, "Service")["tandem-redis"]["spec"]["ports"]
     assert port["port"] == 6379
 
@@ -46,7 +49,11 @@ def test_the_redis_pod_is_hardened(overlay):
     assert sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert spec["automountServiceAccountToken"] is False
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data", "/tmp"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data", "/tmp", "/etc/tandem/redis"}
+    auth = {v["name"]: v for v in spec["volumes"]}["auth"]["secret"]
+    assert auth["secretName"] == "tandem-redis-auth" and auth["defaultMode"] == 0o440
+    assert "--requirepass" in " ".join(container["command"]) and "redis.password" in " ".join(container["command"])
+    assert "REDISCLI_AUTH" in " ".join(container["readinessProbe"]["exec"]["command"])
     assert container["image"] == "tandem/redis:0.1.0"
 
 

@@ -206,7 +206,8 @@ def test_the_certs_job_is_hardened_and_may_touch_only_tandems_secrets(overlay):
     granted = {(verb, name) for rule in role["rules"] for verb in rule["verbs"]
                for name in rule.get("resourceNames", ["*"]) if rule["resources"] == ["secrets"]}
     assert len(granted) == sum(len(r["verbs"]) * len(r.get("resourceNames", ["*"])) for r in role["rules"])
-    assert granted == {("create", "*")} | {(v, n) for v in ("get", "update") for n in TLS_SECRETS | {"tandem-pki-ca"}}
+    assert granted == {("create", "*")} | {(v, n) for v in ("get", "update")
+                                           for n in TLS_SECRETS | {"tandem-pki-ca", "tandem-redis-auth"}}
     assert spec["serviceAccountName"] == "tandem-certs"
     policies = list(of_kind(overlay, "NetworkPolicy").values())
     pod = Pod(job["spec"]["template"]["metadata"]["labels"], NAMESPACE, {})
@@ -222,23 +223,69 @@ def test_the_job_makes_one_secret_per_role_with_only_that_roles_files(tmp_path):
     spec = importlib.util.spec_from_file_location("k8s_certs", REPO / "docker" / "k8s-certs.py")
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
-    import subprocess
+    import os
     import sys
     from pathlib import Path
 
     bin_dir = Path(sys.executable).parent
-    done = subprocess.run([str(bin_dir / "tandem"), "certs", "init", str(tmp_path / "pki"), "--prefill", "0",
-                           "--decode", "1", "--role-wide", "prefill", "--role-wide", "decode"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    bodies = {b["metadata"]["name"]: b for b in job.secret_bodies(tmp_path / "pki")}
+    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"  # the Job's `tandem` (the image's) is this venv's here
+    pki_dir = job.init_pki(tmp_path)
+    assert (pki_dir / "redis.password").stat().st_mode & 0o077 == 0
+    bodies = {b["metadata"]["name"]: b for b in job.secret_bodies(pki_dir)}
     assert list(bodies)[-1] == "tandem-pki-ca"  # last: its presence means every role's Secret exists
-    assert set(bodies) == TLS_SECRETS | {"tandem-pki-ca"}
+    assert set(bodies) == TLS_SECRETS | {"tandem-pki-ca", "tandem-redis-auth"}
+    password = bodies["tandem-redis-auth"]["stringData"]["redis.password"]
+    assert len(password.strip()) == 48 and bodies["tandem-tls-gateway"]["stringData"]["redis.password"] == password
     for role in ROLES:
         body = bodies[f"tandem-tls-{role}"]
         worker = role in ("prefill", "decode")
         assert body["type"] == "kubernetes.io/tls"
-        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set())
+        hasher = role != "planner"  # the gateway, router and workers key their block hashes with it
+        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set(
+        )) | ({"kv-hash.secret"} if hasher else set()) | ({"redis.password"} if role == "gateway" else set())
         assert "PRIVATE KEY" in body["stringData"]["tls.key"] and body["metadata"]["labels"]["tandem.io/role"] == role
     assert "ca.key" in bodies["tandem-pki-ca"]["stringData"]
+    secrets = {b["stringData"].get("kv-hash.secret") for b in bodies.values()} - {None}
+    assert len(secrets) == 1 and len(bytes.fromhex(secrets.pop().strip())) == 32  # one secret, everywhere
     assert all("ca.key" not in b["stringData"] for n, b in bodies.items() if n != "tandem-pki-ca")
+
+
+def test_a_deployment_from_before_the_hash_secret_and_redis_password_gets_them_where_they_are_read():
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("k8s_certs", REPO / "docker" / "k8s-certs.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+
+    class Core:  # the Kubernetes API, as far as the Job uses it
+        def __init__(self):
+            self.store = {n: SimpleNamespace(data={"tls.crt": "x"}) for n in TLS_SECRETS | {"tandem-pki-ca"}}
+            self.created = []
+
+        def read_namespaced_secret(self, name, namespace):
+            from kubernetes.client.exceptions import ApiException
+
+            if name not in self.store:
+                raise ApiException(status=404)
+            return self.store[name]
+
+        def replace_namespaced_secret(self, name, namespace, body):
+            self.store[name] = body
+
+        def create_namespaced_secret(self, namespace, body):
+            self.created.append(body.metadata.name)
+            self.store[body.metadata.name] = body
+
+    core = Core()
+    assert job.backfill_hash_secret(core, "tandem", core.store["tandem-pki-ca"]) == 0
+    has = {n for n, s in core.store.items() if "kv-hash.secret" in s.data}
+    assert has == {f"tandem-tls-{r}" for r in ("gateway", "router", "prefill", "decode")} | {"tandem-pki-ca"}
+    assert len({core.store[n].data["kv-hash.secret"] for n in has}) == 1
+    assert core.created == ["tandem-redis-auth"]  # and the Redis password, in the gateway's Secret too
+    with_password = {n for n, s in core.store.items() if "redis.password" in s.data}
+    assert with_password == {"tandem-tls-gateway", "tandem-redis-auth", "tandem-pki-ca"}
+    assert len({core.store[n].data["redis.password"] for n in with_password}) == 1
+    before = dict(core.store["tandem-tls-router"].data)
+    job.backfill_hash_secret(core, "tandem", core.store["tandem-pki-ca"])  # a later run changes nothing
+    assert core.store["tandem-tls-router"].data == before

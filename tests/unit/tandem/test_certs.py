@@ -24,11 +24,13 @@ def test_init_writes_a_ca_every_identity_and_the_kv_key_owner_only(tmp_path, cap
     assert main(["certs", "init", str(out), "--decode", "2", "--role-wide", "decode"]) == 0
     names = {Path(line).name for line in capsys.readouterr().out.split()}
     assert names == {"gateway", "planner", "operator", "router", "prefill-0", "decode-0", "decode-1", "decode-any",
-                     "kv-signing.key"}
+                     "kv-signing.key", "kv-hash.secret"}
     assert _mode(out) == 0o700
     for path in out.rglob("*"):
         assert _mode(path) == (0o700 if path.is_dir() else 0o600), path
     assert len(bytes.fromhex((out / "kv-signing.key").read_text().strip())) == 32
+    assert len(bytes.fromhex((out / "kv-hash.secret").read_text().strip())) == 32
+    assert (out / "kv-hash.secret").read_text() != (out / "kv-signing.key").read_text()
     assert identity_of_cert((out / "decode-1" / "tls.crt").read_bytes()) == Identity("decode", "decode-1")
     assert identity_of_cert((out / "decode-any" / "tls.crt").read_bytes()) == Identity("decode", "*")
 

@@ -40,3 +40,12 @@ def test_a_stack_without_a_key_makes_a_private_one_for_its_children(tmp_path, mo
 def test_a_key_the_caller_names_is_passed_through_untouched(tmp_path, monkeypatch):
     monkeypatch.setenv(KV_KEY_ENV, "/etc/tandem/kv-signing.key")
     assert _child_env(_stack(tmp_path), tmp_path)[KV_KEY_ENV] == "/etc/tandem/kv-signing.key"
+
+
+def test_an_empty_key_in_the_stack_config_means_unsigned_handles(tmp_path, monkeypatch):
+    """What `tandem bench overhead --security-rounds` compares against: no key, so prefill workers sign nothing."""
+    monkeypatch.delenv(KV_KEY_ENV, raising=False)
+    stack = Stack(StackConfig(model="m", log_dir=tmp_path / "logs", env={KV_KEY_ENV: ""}))
+    stack.cfg.log_dir.mkdir(parents=True)
+    stack.pki = StackPki(tmp_path / "pki")
+    assert _child_env(stack, tmp_path)[KV_KEY_ENV] == ""

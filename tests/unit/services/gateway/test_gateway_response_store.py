@@ -115,3 +115,13 @@ def test_store_settings_from_env_and_flags(monkeypatch, tmp_path):
                        ({"response_ttl_s": 0}, "response_ttl_s")):
         with pytest.raises(SettingsError, match=words):
             GatewaySettings(model_dir="/m", **bad)
+
+
+def test_the_redis_store_sends_the_password_given_apart_from_the_url():
+    from services.gateway.response_store import RedisStore
+
+    kwargs = RedisStore("redis://redis:6379/0", 60, "s3cret")._redis.connection_pool.connection_kwargs
+    assert kwargs["password"] == "s3cret"
+    assert RedisStore("redis://redis:6379/0", 60)._redis.connection_pool.connection_kwargs.get("password") is None
+    in_url = RedisStore("redis://:fromurl@redis:6379/0", 60)._redis.connection_pool.connection_kwargs
+    assert in_url["password"] == "fromurl"  # a URL's own password still works when none is given apart
