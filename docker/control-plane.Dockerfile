@@ -57,13 +57,15 @@ RUN --mount=type=secret,id=ca_bundle \
 
 # a fresh named volume mounted on one of these takes its owner and mode: the scaler writes its token, compose's
 # `certs` service the CA (/pki/ca) and each role's files (/pki/<role>), which services mount at /etc/tandem/tls;
-# the gateway its SQLite response store
+# the gateway its SQLite response store. /pki/redis holds only Redis's password, which the redis image's own user
+# reads, so that one volume stays traversable (0755; the file itself is 0644 and no other service mounts it)
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \
  && mkdir -p /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki/ca /pki/gateway /pki/router /pki/planner \
-    /pki/prefill /pki/decode \
+    /pki/prefill /pki/decode /pki/redis \
  && chown -R tandem:tandem "$NUMBA_CACHE_DIR" \
  && chown tandem:tandem /cache /var/lib/tandem/scaler /var/lib/tandem/responses /etc/tandem/tls /pki /pki/* \
- && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/*
+ && chmod 0700 /var/lib/tandem/scaler /etc/tandem/tls /pki/* \
+ && chmod 0755 /pki/redis
 USER tandem
 EXPOSE 8000 50051 50071 9464
 CMD ["tandem", "serve", "gateway"]

@@ -42,6 +42,15 @@ def test_every_grpc_service_mounts_its_own_roles_volume_read_only_and_nothing_el
     assert "TANDEM_GRPC_INSECURE" not in str(SERVICES)  # plaintext nowhere
 
 
+def test_the_image_makes_every_volume_path_the_certs_service_writes_so_the_volume_takes_its_owner():
+    # a fresh named volume copies the owner and mode of the image's directory at its mount point; a path the image
+    # lacks gives a root-owned volume the certs service (user tandem) cannot write (compose up failed so once)
+    dockerfile = (REPO / "docker" / "control-plane.Dockerfile").read_text()
+    made = dockerfile.split("useradd", 1)[1].split("mkdir -p", 1)[1].split("&&", 1)[0].split()
+    for path in _mounts(SERVICES["certs"]).values():
+        assert path in made, path
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pki")
