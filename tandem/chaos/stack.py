@@ -195,6 +195,13 @@ class LiveStack:
                 values[worker_id] = float(line.rsplit(" ", 1)[1])
         return values
 
+    async def worker_blocks(self, worker_id: str) -> float:
+        """KV blocks `worker_id` holds by its own count: in use plus free ones still holding a reusable prefix."""
+        async with httpx.AsyncClient(timeout=5) as http:
+            text = (await http.get(self.stack.metrics_urls[worker_id])).text
+        names = ("tandem_worker_kv_blocks_used", "tandem_worker_kv_blocks_cached_free")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names))
+
     def rss_bytes(self) -> int:
         """Resident memory of every process the stack runs (engine processes included)."""
         return sum(_rss(pid) for pid in descendants(os.getpid()))

@@ -20,6 +20,7 @@ class FakeStack:
 
     worker_ids: tuple[str, ...] = WORKERS
     indexed: dict | None = None
+    held: dict | None = None  # blocks each worker holds by its own count (10 each when None)
     is_idle: bool = True
     shape: Shape = Shape()
 
@@ -28,6 +29,9 @@ class FakeStack:
 
     async def router_metric(self, name: str) -> dict[str, float]:
         return self.indexed if self.indexed is not None else {f"decode-{i}": 10.0 for i in range(3)}
+
+    async def worker_blocks(self, worker_id: str) -> float:
+        return (self.held or {}).get(worker_id, 10.0)
 
     async def wait_ready(self, timeout_s: float = 60.0) -> bool:
         return self.is_idle
@@ -63,6 +67,13 @@ async def test_kill_router_fails_when_routing_is_slow_to_come_back_or_the_index_
     assert not await verdict(sc.judge_kill_router, run_with(), result(first_token_after_s=6.0))
     empty = FakeStack(indexed={"decode-0": 5.0})
     assert not await verdict(sc.judge_kill_router, run_with(empty), result())
+    # a worker that holds nothing has nothing to rebuild; one that holds blocks and is not indexed fails the run
+    idle_worker = {"decode-0": 0.0, "decode-1": 7.0, "decode-2": 3.0}
+    indexed = {"decode-1": 7.0, "decode-2": 3.0}
+    assert await verdict(sc.judge_kill_router, run_with(FakeStack(indexed=indexed, held=idle_worker)), result())
+    assert not await verdict(sc.judge_kill_router, run_with(FakeStack(indexed=indexed)), result())
+    nobody = {"decode-0": 0.0, "decode-1": 0.0, "decode-2": 0.0}
+    assert not await verdict(sc.judge_kill_router, run_with(FakeStack(indexed={}, held=nobody)), result())
 
 
 async def test_kill_router_replica_fails_when_a_request_is_lost_or_failover_is_slow():
