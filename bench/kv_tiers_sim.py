@@ -1,7 +1,7 @@
 """The host KV tier in the cluster simulator against its anchor, the same run without tiers: one trace, one profile,
 one policy, side by side in one invocation. Prints a table, writes JSON.
 
-    .venv/bin/python bench/kv_tiers_sim.py --json bench/sim/kv_tiers_mooncake_8w.json
+    .venv/bin/python bench/kv_tiers_sim.py --json bench/results/sim/kv_tiers_mooncake_8w.json
 
 The third column bounds what any tier can do: a device pool no trace fills, decode steps still priced as at the
 real pool's occupancy (the timing model prices a decode step by the fraction of the pool in use). The row "hit rate,

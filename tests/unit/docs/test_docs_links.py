@@ -1,5 +1,7 @@
-"""The repository documents itself: README.md stays short, and every relative link in README.md and docs/*.md
-names a file (and heading) inside the checkout. Reads files only; it never follows a link over the network."""
+"""The repository documents itself: README.md stays short, every relative link in README.md, docs/*.md and
+bench/RESULTS.md names a file (and heading) inside the checkout, no markdown file links outside it, and every
+bench/results path RESULTS.md cites is committed. Reads files only; it never follows a link over the network."""
+import itertools
 import re
 from pathlib import Path
 
@@ -63,6 +65,42 @@ def documents(repo: Path) -> list[Path]:
     return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
 
 
+def every_markdown(repo: Path) -> list[Path]:
+    """Every markdown file of the checkout, skipping hidden folders (.venv, .cache, .git) and installed packages."""
+    return sorted(p for p in repo.rglob("*.md")
+                  if not any(part.startswith(".") or part == "node_modules" for part in p.relative_to(repo).parts))
+
+
+_CITED = re.compile(r"bench/results/(?:[\w./*?-]|\{[^{}\s]*\})+")  # a brace may hold commas and dots
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """The shell's brace expansion, as RESULTS.md writes runs: `a{,_2}.json`, `run{1,2}`, `step{0..3}`."""
+    match = _BRACES.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    if re.fullmatch(r"\d+\.\.\d+", body):
+        low, high = map(int, body.split(".."))
+        options = [str(i) for i in range(low, high + 1)]
+    else:
+        options = body.split(",")
+    return list(itertools.chain.from_iterable(
+        expand_braces(pattern[:match.start()] + option + pattern[match.end():]) for option in options))
+
+
+def missing_citations(results: Path, repo: Path) -> list[str]:
+    """The bench/results paths (prose, commands and tables alike) that name nothing committed; a glob must match."""
+    missing = []
+    for cited in sorted(set(_CITED.findall(results.read_text(encoding="utf-8")))):
+        for path in expand_braces(cited.rstrip(".")):  # a sentence's full stop is not part of the path
+            found = list(repo.glob(path)) if any(c in path for c in "*?") else [repo / path]
+            if not any(f.exists() for f in found):
+                missing.append(path)
+    return missing
+
+
 def test_readme_is_at_most_10_kb():
     size = len((REPO / "README.md").read_bytes())
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move detail into docs/ (limit {README_MAX_BYTES})"
@@ -73,9 +111,30 @@ def test_every_link_stays_in_the_repository_and_resolves(doc):
     assert link_problems(doc, REPO) == []
 
 
-def test_results_never_point_outside_the_repository():
-    problems = link_problems(REPO / "bench" / "RESULTS.md", REPO)
-    assert [p for p in problems if "missing" not in p] == []
+def test_results_links_resolve_inside_the_repository():
+    assert link_problems(REPO / "bench" / "RESULTS.md", REPO) == []
+
+
+def test_every_json_results_cites_is_committed():
+    assert missing_citations(REPO / "bench" / "RESULTS.md", REPO) == []
+
+
+@pytest.mark.parametrize("doc", every_markdown(REPO), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_markdown_file_links_outside_the_repository(doc):
+    assert [p for p in link_problems(doc, REPO) if "leaves" in p or "clone" in p] == []
+
+
+def test_the_citation_check_catches_a_missing_file(tmp_path):
+    (tmp_path / "bench" / "results" / "sim").mkdir(parents=True)
+    for name in ("a.json", "a_2.json", "run1.json", "run2.json", "sim/x_load.png"):
+        (tmp_path / "bench" / "results" / name).write_text("{}")
+    results = tmp_path / "bench" / "RESULTS.md"
+    results.write_text("`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, bench/results/sim/*_load.png.\n"
+                       "bench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
+                       "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png |\n")
+    assert missing_citations(results, tmp_path) == ["bench/results/gone.json", "bench/results/run3.json",
+                                                    "bench/results/sim/*_cdf.png", "bench/results/sim/x.json"]
+    assert expand_braces("x{0..2}_{a,b}") == ["x0_a", "x0_b", "x1_a", "x1_b", "x2_a", "x2_b"]
 
 
 def test_readme_links_the_docs_and_keeps_the_two_commands():
