@@ -129,8 +129,8 @@ def test_the_citation_check_catches_a_missing_file(tmp_path):
     for name in ("a.json", "a_2.json", "run1.json", "run2.json", "sim/x_load.png"):
         (tmp_path / "bench" / "results" / name).write_text("{}")
     results = tmp_path / "bench" / "RESULTS.md"
-    results.write_text("`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, bench/results/sim/*_load.png.\n"
-                       "bench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
+    results.write_text("`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, "
+                       "bench/results/sim/*_load.png.\nbench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
                        "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png |\n")
     assert missing_citations(results, tmp_path) == ["bench/results/gone.json", "bench/results/run3.json",
                                                     "bench/results/sim/*_cdf.png", "bench/results/sim/x.json"]
