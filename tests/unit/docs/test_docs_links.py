@@ -131,7 +131,7 @@ def test_the_citation_check_catches_a_missing_file(tmp_path):
     results = tmp_path / "bench" / "RESULTS.md"
     results.write_text("`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, "
                        "bench/results/sim/*_load.png.\nbench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
-                       "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png |\n")
+                       "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png\n")
     assert missing_citations(results, tmp_path) == ["bench/results/gone.json", "bench/results/run3.json",
                                                     "bench/results/sim/*_cdf.png", "bench/results/sim/x.json"]
     assert expand_braces("x{0..2}_{a,b}") == ["x0_a", "x0_b", "x1_a", "x1_b", "x2_a", "x2_b"]
