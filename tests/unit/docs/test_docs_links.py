@@ -111,6 +111,29 @@ def test_every_link_stays_in_the_repository_and_resolves(doc):
     assert link_problems(doc, REPO) == []
 
 
+def sections_without_json(results_text: str) -> list[str]:
+    """The `## ` sections of RESULTS.md that neither cite a bench/results path nor say "JSON not kept" (a heading
+    saying "not measured" needs neither)."""
+    missing = []
+    for section in re.split(r"^(?=## )", results_text, flags=re.MULTILINE)[1:]:
+        heading = section.splitlines()[0]
+        if "not measured" in heading or "bench/results/" in section or "JSON not kept" in section:
+            continue
+        missing.append(heading)
+    return missing
+
+
+def test_every_results_section_says_where_its_json_is():
+    assert sections_without_json((REPO / "bench" / "RESULTS.md").read_text(encoding="utf-8")) == []
+
+
+def test_a_section_without_json_is_caught():
+    text = ("# R\n## A\n`--json bench/results/a.json`\n## B: not measured\nno GPU\n"
+            "## C\n**JSON not kept:** scratch\n## D\n```\ntandem bench --json bench/out/d.json\n```\n| 1 |\n"
+            "## E\n```\n--json bench/results/e.json\n```\n")
+    assert sections_without_json(text) == ["## D"]
+
+
 def test_results_links_resolve_inside_the_repository():
     assert link_problems(REPO / "bench" / "RESULTS.md", REPO) == []
 
