@@ -16,7 +16,7 @@ AIPERF_VERSION ?= 0.13.0
 GUIDELLM_VENV := .venv-guidellm
 GUIDELLM_VERSION ?= 0.8.1
 
-.PHONY: install protos model up test test-unit bench bench-overhead chaos aiperf guidellm k8s-golden clean
+.PHONY: install protos model up lint test test-unit bench bench-overhead chaos aiperf guidellm k8s-golden clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -43,6 +43,12 @@ up: install model
 
 test: install model aiperf guidellm
 	$(PY) -m pytest -q tests
+
+# ruff (lint + format check) over the tree, mypy over the core packages (pyproject.toml says which)
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit

@@ -81,7 +81,7 @@ def timed(fn, device: str, min_s: float = 0.2) -> float:
     fn()
     sync(device)
     calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < min_s or calls < 3:
+    while time.perf_counter() - start < min_s or calls < 3:
         fn()
         calls += 1
         if calls % 8 == 0:

@@ -99,10 +99,10 @@ def linear_layers(shapes: list[tuple[str, int, int]], ms: tuple[int, ...], dtype
         fp8, nvfp4 = _quantized_layers(w, dtype, device)
         for m in ms:
             x = torch.randn(m, k, device=device).to(dtype)
-            times = {"bf16": kernel_seconds(lambda: F.linear(x, w), device)}
+            times = {"bf16": kernel_seconds(lambda x=x, w=w: F.linear(x, w), device)}
             for label, layer in (("fp8", fp8), ("nvfp4", nvfp4)):
                 layer(x)  # picks (and times) its GEMM for this m once
-                times[label] = kernel_seconds(lambda layer=layer: layer(x), device)
+                times[label] = kernel_seconds(lambda layer=layer, x=x: layer(x), device)
             key = dispatch.m_bucket(m)
             rows.append({"layer": name, "m": m, **{f"{p}_seconds": s for p, s in times.items()},
                          "fp8_path": dispatch.known(("fp8", n, k, key)),

@@ -120,7 +120,9 @@ def kv_rate(banner: str) -> float:
     """The decode worker's imported KV bytes over the seconds its imports took, from its /metrics."""
     url = re.search(r"metrics: decode-0 (\S+)", banner).group(1)
     text = httpx.get(url, timeout=10).text
-    value = lambda name: sum(float(m) for m in re.findall(rf'^{name}{{direction="import"[^}}]*}} (\S+)', text, re.M))
+    def value(name: str) -> float:
+        return sum(float(m) for m in re.findall(rf'^{name}{{direction="import"[^}}]*}} (\S+)', text, re.M))
+
     seconds = value("tandem_worker_kv_transfer_seconds_sum")
     return value("tandem_worker_kv_transfer_bytes_total") / seconds / 1e9 if seconds else 0.0
 

@@ -27,6 +27,8 @@ class ArrayKvPolicy(KvAwarePolicy):
     recent routes. NOTE: `choose_arrays` records its route in `predicted` later (`flush_deferred`, or the next read
     of it), so the decision returns first; no answer differs."""
 
+    predicted: RecentRoutes
+
     def __init__(self, index: SlotIndex, clock: Clock, rng: Rng | None = None,
                  config: KvPolicyConfig = KvPolicyConfig(), tier_weights: dict[KvTier, float] | None = None):
         super().__init__(index, clock, rng, config, tier_weights)
@@ -66,6 +68,7 @@ class ArrayKvPolicy(KvAwarePolicy):
         if group.recent_epoch != self.predicted.slot_epoch:
             group.recent_slots = self.predicted.slots_for(group.worker_ids)
             group.recent_epoch = self.predicted.slot_epoch
+        assert group.recent_slots is not None and group.predicted is not None  # NOTE: set just above, and by `empty`
         self.predicted.overlap_rows(prompt_keys, group.recent_slots, group.predicted)
 
     def flush_deferred(self) -> None:

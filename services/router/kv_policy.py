@@ -25,6 +25,16 @@ class Rng(Protocol):
     def random(self) -> float: ...
 
 
+class RecentRouteLog(Protocol):
+    """What the policy needs of its own recent decisions (`ApproximateIndex`, or the array policy's table)."""
+
+    def record(self, block_hashes: Sequence[int], worker_id: str) -> None: ...
+
+    def overlap(self, block_hashes: Sequence[int]) -> dict[str, int]: ...
+
+    def remove_worker(self, worker_id: str) -> None: ...
+
+
 class ApproximateIndex:
     """The router's own recent decisions: a prompt's block hashes -> the worker it went to, for `ttl_s`.
 
@@ -155,7 +165,7 @@ class KvAwarePolicy:
         self.config = config
         self.rng = rng
         self.tier_weights = tier_weights or DEFAULT_TIER_WEIGHTS
-        self.predicted = ApproximateIndex(clock, config.predict_ttl_s)
+        self.predicted: RecentRouteLog = ApproximateIndex(clock, config.predict_ttl_s)
 
     @property
     def event_index(self) -> PrefixIndex | None:
@@ -172,9 +182,9 @@ class KvAwarePolicy:
         """Every candidate's cost, sorted best first (by `KvScore.key`)."""
         return self._scores(request, candidates)[0]
 
-    def _scores(self, request: RouteInput, candidates: list[WorkerView]) -> tuple[list[KvScore], dict[int, list[int]]]:
+    def _scores(self, request: RouteInput, candidates: list[WorkerView]) -> tuple[list[KvScore], dict[int, Sequence[int]]]:
         """The sorted scores, and the prompt's block hashes per block size (what `choose` records)."""
-        matches: dict[int, tuple[list[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
+        matches: dict[int, tuple[Sequence[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
         num_tokens = len(request.token_ids)
         weights = self.tier_weights
         w_device, w_host, w_disk = weights[KvTier.DEVICE], weights[KvTier.HOST], weights[KvTier.DISK]
@@ -215,6 +225,7 @@ class KvAwarePolicy:
 
     def _match(self, request: RouteInput, block_size: int) -> tuple[Sequence[int], dict, dict]:
         # NOTE: the gateway's hashes when it sent them for this block size (it tokenized the prompt already)
+        hashes: Sequence[int]
         if request.block_hashes and request.hash_block_size == block_size:
             hashes = request.block_hashes
         else:
@@ -228,6 +239,7 @@ class KvAwarePolicy:
         low, high = scores[0].cost, scores[-1].cost
         span = (high - low) or 1.0
         weights = [math.exp(-((s.cost - low) / span) / self.config.temperature) for s in scores]
+        assert self.rng is not None  # NOTE: the constructor refuses temperature > 0 without one
         draw = self.rng.random() * sum(weights)
         for score, weight in zip(scores, weights):
             draw -= weight

@@ -36,8 +36,9 @@ class GroupArrays:
     def empty(cls, worker_ids: list[str], block_size: int) -> "GroupArrays":
         n = len(worker_ids)
         state = np.zeros((NUM_FIELDS, n))
-        return cls(worker_ids, block_size, state, *state, {w: i for i, w in enumerate(worker_ids)},
-                   predicted=np.zeros(n, np.int64))
+        expires_at, inflight_tokens, queued_tokens, num_seqs, max_num_seqs, kv_used = state
+        return cls(worker_ids, block_size, state, expires_at, inflight_tokens, queued_tokens, num_seqs, max_num_seqs,
+                   kv_used, {w: i for i, w in enumerate(worker_ids)}, predicted=np.zeros(n, np.int64))
 
     def set_row(self, row: int, expires_at: float, inflight_tokens: int, queued_tokens: int, num_seqs: int,
                 max_num_seqs: int, kv_used: float) -> None:

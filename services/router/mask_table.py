@@ -4,7 +4,7 @@ of workers or events (`SlotIndex` maps workers to slots and keeps the table in s
 """
 import functools
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numba
 import numpy as np
@@ -213,7 +213,7 @@ class MaskTable:
         found = np.fromiter(keys, _U64, len(keys))
         self._len += _set_many(self._table, self._mult, self._shift, found, 1 + slot // 64, _U64(1 << slot % 64))
 
-    def clear(self, keys: Sequence[int], slots: Sequence[int]) -> None:
+    def clear(self, keys: Collection[int], slots: Collection[int]) -> None:
         """Clear slot `slots[i]`'s bit on `keys[i]`, for each i; a mask left empty frees its key."""
         found, where = np.fromiter(keys, _U64, len(keys)), np.fromiter(slots, np.int64, len(slots))
         self._len -= _clear_many(self._table, self._mult, self._shift, found, where)

@@ -4,6 +4,7 @@ Pure objects with no I/O and no transport: the same ones run in the router servi
 """
 import random
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from services.router.array_policy import ArrayKvPolicy
@@ -17,7 +18,8 @@ class RoutingPolicy(Protocol):
     name: str
     # the prefix index this policy wants fed with the workers' KV events; None: it reads none (declared, so the
     # router's shell never has to find out by looking at the policy's type)
-    event_index: PrefixIndex | None
+    @property
+    def event_index(self) -> PrefixIndex | None: ...
 
     def choose(self, request: RouteInput, candidates: list[WorkerView]) -> Choice:
         """Pick one of `candidates` (non-empty, all live, none excluded), with the prefix it likely caches."""
@@ -62,7 +64,8 @@ class LeastLoadedPolicy:
         return Choice(min(candidates, key=_load_key))
 
 
-POLICIES: dict[str, type[RoundRobinPolicy] | type[LeastLoadedPolicy] | type[KvAwarePolicy]] = {
+# every policy a router accepts; "kv" is built by `make_policy` with its index, clock and RNG, the others bare
+POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
     RoundRobinPolicy.name: RoundRobinPolicy,
     LeastLoadedPolicy.name: LeastLoadedPolicy,
     KvAwarePolicy.name: KvAwarePolicy,

@@ -165,7 +165,7 @@ class PrefixIndex:
     # ---- internals ----
 
     @staticmethod
-    def _count_offloaded(holders: dict[str, int], active: set[str], slow: dict[str, list[int]]) -> None:
+    def _count_offloaded(holders: Mapping[str, int], active: set[str], slow: dict[str, list[int]]) -> None:
         for worker_id in active:
             tier = best_tier(holders[worker_id])
             if tier is not KvTier.DEVICE:

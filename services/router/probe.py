@@ -5,7 +5,7 @@ I/O only (the health calls); what a lease is and how often it may be extended is
 """
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -14,7 +14,7 @@ from services.common.grpc_server import make_channel
 from services.router.registry import Registry
 
 log = logging.getLogger(__name__)
-Probe = Callable[[str, float], "asyncio.Future[bool]"]
+Probe = Callable[[str, float], Awaitable[bool]]
 
 
 async def is_serving(address: str, timeout_s: float) -> bool:

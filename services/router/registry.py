@@ -259,9 +259,9 @@ class Registry:
             for row, rec in enumerate(recs):
                 self._fill(group, row, rec)
         for worker_id in self._dirty:
-            rec = self._workers.get(worker_id)
-            if rec is not None and (arrays := self._arrays.get((rec.info.model, rec.info.role))) is not None:
-                self._fill(arrays, arrays.row_of[worker_id], rec)
+            dirty = self._workers.get(worker_id)
+            if dirty is not None and (arrays := self._arrays.get((dirty.info.model, dirty.info.role))) is not None:
+                self._fill(arrays, arrays.row_of[worker_id], dirty)
         self._dirty.clear()
         return group
 

@@ -21,6 +21,7 @@ from services.common.tls import process_tls
 from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
                                      worker_status_to_pb)
 from services.router.core import RouterCore
+from services.router.kv_policy import KvAwarePolicy
 from services.router.kv_subscriber import KvSubscriber
 from services.router.load_subscriber import LoadSubscriber
 from services.router.metrics import RouterMetrics
@@ -58,7 +59,7 @@ def build_core(settings: RouterSettings, clock: Clock = time.monotonic) -> Route
 def make_subscriber(core: RouterCore) -> KvSubscriber | None:
     """Subscriptions to workers' KV events, when the policy is kv and uses them."""
     policy = core.policy
-    return KvSubscriber(policy) if policy.event_index is not None else None
+    return KvSubscriber(policy) if isinstance(policy, KvAwarePolicy) and policy.event_index is not None else None
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
