@@ -14,7 +14,9 @@ _CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 _INLINE = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
 _EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.I)  # http:, https:, mailto:, protocol-relative
-_OUTSIDE_TEXT = ("../shared", "/work/shared")
+# a path on the machine that wrote the page (an absolute /work/... path, a sibling ../shared checkout), even in a
+# code span: a clone of the repository has neither
+_OUTSIDE_PATH = re.compile(r"(?<![\w.~-])/work/\S*|\.\./shared\S*")
 _FENCE = re.compile(r"```.*?```", re.S)
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 
@@ -41,9 +43,8 @@ def link_problems(doc: Path, repo: Path) -> list[str]:
     """Why each link of `doc` fails: it leaves `repo`, or names a file or a heading that is not there."""
     problems = []
     text = doc.read_text(encoding="utf-8")
-    for hint in _OUTSIDE_TEXT:
-        if hint in text:
-            problems.append(f"{doc.name}: mentions {hint!r}, which a clone of the repository does not have")
+    for path in sorted(set(_OUTSIDE_PATH.findall(text))):
+        problems.append(f"{doc.name}: mentions {path!r}, which a clone of the repository does not have")
     for target in link_targets(text):
         if _EXTERNAL.match(target):
             continue
@@ -175,13 +176,15 @@ def test_the_checker_catches_what_it_is_for(tmp_path):
     doc.write_text("# Top\n[ok](docs/there.md#a-tidy-heading-here) [again](docs/there.md#twice-1) [web](https://x.org)\n"
                    "[top](#top) `[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
                    "[gone](docs/missing.md) [up](../outside.md) [no heading](docs/there.md#not-a-heading)\n"
-                   "[self](#nowhere)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n")
+                   "[self](#nowhere)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n"
+                   "`flock /work/coord/bench.lock` and tandem/work/x.py\n")
     problems = link_problems(doc, repo)
-    assert len(problems) == 6, problems
+    assert len(problems) == 7, problems
     assert any("missing.md" in p and "missing file" in p for p in problems)
     assert any("../outside.md" in p and "leaves" in p for p in problems)
     assert any("passwd" in p and "leaves" in p for p in problems)
-    assert any("../shared" in p for p in problems)
+    assert any("../shared/DESIGN.md" in p for p in problems)
+    assert any("/work/coord/bench.lock" in p for p in problems)  # a code span hides no machine path
     assert any("#not-a-heading" in p and "heading" in p for p in problems)
     assert any("#nowhere" in p for p in problems)
 
