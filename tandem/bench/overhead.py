@@ -21,6 +21,7 @@ from tandem.bench.overhead_report import Phase, build_report, format_overhead
 from tandem.bench.raw_client import RawStreamingClient
 from tandem.bench.serve_report import write_json
 from tandem.bench.serve_stats import RequestRecord, summarize_serve
+from tandem.bench.tcp_conns import opened_to, snapshot
 
 log = logging.getLogger(__name__)
 # NOTE: with a prefill worker, every prompt takes the disaggregated path, however short or queued
@@ -140,7 +141,8 @@ def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, w
         stack.start()
         stack.wait_ready()
         pids = service_pids(stack)
-        phases = [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids))
+        ports = {**stack.router_ports, **stack.worker_ports}  # gRPC: where a new connection is a TLS handshake
+        phases = [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids, ports))
                   for c in cfg.concurrencies_for(workers)]
         for phase in phases:
             phase.is_plaintext = is_plaintext
@@ -150,21 +152,22 @@ def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, w
 
 
 async def _run_http(url: str, cfg: OverheadConfig, prompts: PromptMaker, concurrency: int, workers: int,
-                    pids: dict[str, list[int]]) -> Phase:
+                    pids: dict[str, list[int]], ports: dict[str, int]) -> Phase:
     client_cls = RawStreamingClient if cfg.client == "raw" else StreamingClient
     async with client_cls(Endpoint(url), prompts, max_connections=concurrency) as client:
         await client.model_card()
         await run_schedule(warm_up_specs(cfg.num_warmup, cfg.isl, cfg.osl), client.send, concurrency)
         log.info("overhead: through %s at concurrency %d, %d gateway processes", url, concurrency, workers)
-        return await _measure(client.send, _specs(cfg, concurrency), concurrency, workers, pids)
+        return await _measure(client.send, _specs(cfg, concurrency), concurrency, workers, pids, ports)
 
 
 async def _measure(send, specs: list[RequestSpec], concurrency: int, workers: int,
-                   pids: dict[str, list[int]]) -> Phase:
-    load, cpu = os.getloadavg()[0], cpu_seconds(pids)
+                   pids: dict[str, list[int]], ports: dict[str, int] | None = None) -> Phase:
+    load, cpu, connections = os.getloadavg()[0], cpu_seconds(pids), snapshot()
     summary = summarize_serve(await run_schedule(specs, send, concurrency))
     spent = {name: s - cpu[name] for name, s in cpu_seconds(pids).items()} if pids else {}
-    return Phase(concurrency, workers, summary, (load, os.getloadavg()[0]), spent)
+    opened = opened_to(connections, snapshot(), ports) if ports else {}
+    return Phase(concurrency, workers, summary, (load, os.getloadavg()[0]), spent, grpc_connections_opened=opened)
 
 
 def service_pids(stack) -> dict[str, list[int]]:

@@ -29,6 +29,8 @@ class Phase:
     cpu_s: dict[str, float] = field(default_factory=dict)  # process (or "client") -> CPU seconds during it
     is_plaintext: bool = False  # a stack run with TANDEM_GRPC_INSECURE=1 (the default stack runs mutual TLS)
     security_round: int = -1  # --security-rounds: which round (its plaintext side also signs no KV handle)
+    # service -> TCP connections opened to its gRPC port during the phase (on a secure stack each is a handshake)
+    grpc_connections_opened: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "summary": self.summary.as_dict()}
@@ -131,7 +133,9 @@ def paired_rounds(phases: list[Phase]) -> list[dict]:
         pairs.append({"round": r, "added_ttft_p50_s": slow.summary.ttft_s.p50 - fast.summary.ttft_s.p50,
                       "relay_ratio": secure.summary.output_tokens_per_s / max(plain.summary.output_tokens_per_s, 1e-9),
                       "stack_cpu_us_per_token": [_stack_cpu_us(secure), _stack_cpu_us(plain)],
-                      "duration_s": [secure.summary.duration_s, plain.summary.duration_s]})
+                      "duration_s": [secure.summary.duration_s, plain.summary.duration_s],
+                      "grpc_connections_opened": [sum(secure.grpc_connections_opened.values()),
+                                                  sum(plain.grpc_connections_opened.values())]})
     return pairs
 
 
@@ -203,10 +207,11 @@ def _rounds_table(pairs: list[dict]) -> str:
     if not pairs:
         return ""
     rows = [(str(q["round"]), ms(q["added_ttft_p50_s"]), f"{q['relay_ratio']:.3f}x",
-             "{:.0f} / {:.0f}".format(*q["stack_cpu_us_per_token"]), "{:.1f} / {:.1f}".format(*q["duration_s"]))
+             "{:.0f} / {:.0f}".format(*q["stack_cpu_us_per_token"]), "{:.1f} / {:.1f}".format(*q["duration_s"]),
+             "{} / {}".format(*q.get("grpc_connections_opened", ("?", "?"))))
             for q in pairs]
     ratios = [q["relay_ratio"] for q in pairs]
     rows.append(("median", ms(statistics.median(q["added_ttft_p50_s"] for q in pairs)),
-                 f"{statistics.median(ratios):.3f}x (spread {min(ratios):.3f}-{max(ratios):.3f})", "", ""))
+                 f"{statistics.median(ratios):.3f}x (spread {min(ratios):.3f}-{max(ratios):.3f})", "", "", ""))
     return "secure against the baseline next to it, round by round\n" + format_rows(
-        ("round", "added TTFT p50 ms", "relay ratio", "stack CPU µs/token", "phase s"), rows)
+        ("round", "added TTFT p50 ms", "relay ratio", "stack CPU µs/token", "phase s", "gRPC conns opened"), rows)

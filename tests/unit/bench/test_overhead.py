@@ -115,7 +115,7 @@ def test_security_rounds_report_each_pair_and_the_spread_of_their_ratios():
         return [Phase(1, 1, summary(0.0040, 100, 0.01), security_round=r),
                 Phase(1, 1, summary(0.0030, 100, 0.01), is_plaintext=True, security_round=r),
                 Phase(16, 1, summary(0.010, 100, secure_duration), cpu_s={"decode-0": secure_cpu, "client": 9.0},
-                      security_round=r),
+                      security_round=r, grpc_connections_opened={"router": r, "decode-0": 1}),
                 Phase(16, 1, summary(0.010, 100, plain_duration), cpu_s={"decode-0": 0.001}, is_plaintext=True,
                       security_round=r)]
 
@@ -126,6 +126,8 @@ def test_security_rounds_report_each_pair_and_the_spread_of_their_ratios():
     assert [q["added_ttft_p50_s"] for q in got] == [pytest.approx(0.001)] * 2
     # the client's CPU is not the stack's; per streamed token (100 a phase)
     assert got[0]["stack_cpu_us_per_token"] == [pytest.approx(20.0), pytest.approx(10.0)]
+    # connections opened during each timed phase, summed over the services (a phase without the count has 0)
+    assert [q["grpc_connections_opened"] for q in got] == [[1, 0], [2, 0]]
     # a round missing a side is left out, not paired with another round's
     assert [q["round"] for q in paired_rounds(phases[:7])] == [0]
     report = build_report({"isl": 1, "osl": 100, "num_prefill": 1}, phases, host={"cpu": "x", "cores": 2, "flags": []})
