@@ -3,11 +3,11 @@
 A bad value raises SettingsError at start-up, naming the setting.
 """
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
 from engines.sim.profile import DEFAULT_PROFILE
-from services.common.settings import SettingsError, env
+from services.common.settings import SettingsError
+from services.common.settings_loader import Source
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
@@ -130,7 +130,7 @@ class PlannerSettings:
 
     @classmethod
     def from_env(cls) -> "PlannerSettings":
-        return cls(**{f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(cls)})
+        return SOURCE.load()
 
 
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -138,14 +138,13 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+SOURCE = Source(PlannerSettings, ENV_PREFIX)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (--slo-ttft-s, ...); an absent flag keeps the environment's value."""
-    for f in dataclasses.fields(PlannerSettings):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
-                            help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+    SOURCE.add_arguments(parser)
 
 
 def settings_from(args: argparse.Namespace) -> PlannerSettings:
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(PlannerSettings)
-                 if getattr(args, f.name, None) is not None}
-    return dataclasses.replace(PlannerSettings.from_env(), **overrides)
+    return SOURCE.load(args)
