@@ -15,6 +15,8 @@ SERVICES = {
 
 
 def add_stack_commands(commands) -> None:
+    from services.common.worker_settings import SOURCE as WORKER  # NOTE: `up` passes these on to every worker
+
     serve = commands.add_parser("serve", help="run one service in the foreground",
                                 description="Run one tandem service; arguments after the name go to it.")
     serve.add_argument("service", choices=sorted(SERVICES))
@@ -22,7 +24,7 @@ def add_stack_commands(commands) -> None:
     serve.set_defaults(func=_serve)
 
     up = commands.add_parser("up", help="start router, workers and gateway as local processes")
-    up.add_argument("--model", default=os.environ.get("TANDEM_MODEL", ""),
+    up.add_argument("--model", default=WORKER.read("model"),
                     help="checkpoint directory (default: `tandem model fetch`'s SmolLM2)")
     up.add_argument("--prefill", type=int, default=1, help="prefill workers (0: aggregated serving)")
     up.add_argument("--decode", type=int, default=1, help="decode workers")
@@ -47,9 +49,9 @@ def add_stack_commands(commands) -> None:
                     help="per worker: host memory for KV blocks beyond the device pool (>= the device KV)")
     up.add_argument("--kv-disk-gb", type=float, default=None,
                     help="per worker: disk for KV blocks seen twice, under --kv-disk-dir (>= --kv-host-gb)")
-    up.add_argument("--kv-disk-dir", default=os.environ.get("TANDEM_WORKER_KV_DISK_DIR", ""),
+    up.add_argument("--kv-disk-dir", default=WORKER.read("kv_disk_dir"),
                     help="the disk KV tier's directory; each worker keeps its blocks in DIR/<worker name>")
-    up.add_argument("--speculative", default=os.environ.get("TANDEM_WORKER_SPECULATIVE", ""),
+    up.add_argument("--speculative", default=WORKER.read("speculative"),
                     help="per worker (native engine): speculative decoding, ngram (prompt lookup) or draft:DIR (a "
                          "small model with the target's tokenizer); see docs/speculative-decoding.md")
     up.set_defaults(func=_up)

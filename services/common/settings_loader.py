@@ -48,6 +48,16 @@ class Source:
                        self.casts.get(f.name) or _cast_of(default), default, self.help.get(f.name, ""),
                        f.name in self.negated)
 
+    def setting(self, name: str) -> Setting:
+        """One field's variable, flags and default: what a helper beside the service (tandem/) names."""
+        (found,) = (s for s in self.settings() if s.name == name)
+        return found
+
+    def read(self, name: str) -> Any:
+        """One field's value from its variable alone, or its default."""
+        s = self.setting(name)
+        return env(s.env, s.default, s.cast)
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """One flag per setting; an absent flag (None) keeps the variable's value."""
         for s in self.settings():
