@@ -15,7 +15,8 @@ SERVICES = {
 
 
 def add_stack_commands(commands) -> None:
-    from services.common.worker_settings import SOURCE as WORKER  # NOTE: `up` passes these on to every worker
+    from engines.native.config import DTYPES
+    from services.common.worker_settings import ENGINES, SOURCE as WORKER  # NOTE: `up` passes these to every worker
 
     serve = commands.add_parser("serve", help="run one service in the foreground",
                                 description="Run one tandem service; arguments after the name go to it.")
@@ -31,16 +32,19 @@ def add_stack_commands(commands) -> None:
     up.add_argument("--routers", type=int, default=1,
                     help="router replicas: every worker registers with each, gateways spread Route calls over them")
     up.add_argument("--port", type=int, default=8000, help="gateway port")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--engine", default="native", choices=["native", "zero", "sim", "trtllm"])
-    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    up.add_argument("--host", default="127.0.0.1", help="the address the gateway binds")
+    up.add_argument("--engine", default=WORKER.setting("engine").default, choices=ENGINES,
+                    help=f"the workers' engine, one of {', '.join(ENGINES)}")
+    up.add_argument("--dtype", default=WORKER.setting("dtype").default, choices=DTYPES,
+                    help=f"weights, activations and KV cache: one of {', '.join(DTYPES)}")
     up.add_argument("--num-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     up.add_argument("--device", default=None, help="workers' device, e.g. cuda or cuda:0 (default: theirs, cpu)")
     up.add_argument("--gpu-memory-utilization", type=float, default=None,
                     help="share of the card each worker may use (P/D on one GPU: e.g. 0.45 each)")
     up.add_argument("--gateway-workers", type=int, default=None,
                     help="gateway processes on the one port (default: TANDEM_GATEWAY_WORKERS, else 1)")
-    up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")))
+    up.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TANDEM_LOG_DIR", ".cache/logs")),
+                    help="where each process's log goes (env TANDEM_LOG_DIR, default .cache/logs)")
     up.add_argument("--prometheus", type=int, nargs="?", const=9090, default=-1, metavar="PORT",
                     help="also run Prometheus (when installed) scraping every service, on PORT (default 9090)")
     up.add_argument("--planner", action="store_true",

@@ -177,6 +177,11 @@ def _own_address() -> str:
 
 _HELP = {
     "model": "local checkpoint directory",
+    "host": "the address the gRPC server binds (0.0.0.0 to serve other hosts)",
+    "router_address": "where to register", "dtype": "float32, bfloat16 or float16", "device": "cpu, or cuda",
+    "block_size": "tokens per KV block", "max_num_seqs": "running requests per step",
+    "max_num_batched_tokens": "per-step token budget (chunked prefill)",
+    "enable_prefix_caching": "the prefix cache", "trtllm_tensor_parallel_size": "engine trtllm: GPUs per worker",
     "engine": f"one of {ENGINES}",
     "overlap": f"one of {OVERLAP}: send step N-1's outputs while step N runs (auto: on for CUDA)",
     "gpu_memory_utilization": "GPU engines: share of the card's memory this worker may use, weights included",

@@ -139,7 +139,15 @@ SOURCE = Source(GatewaySettings, "TANDEM_GATEWAY_", env={
     "redis_password": "TANDEM_REDIS_PASSWORD", "response_ttl_s": "TANDEM_RESPONSE_TTL_S",
     "cache_sharing": "TANDEM_CACHE_SHARING", "kv_hash_secret": "TANDEM_KV_HASH_SECRET",
 }, flags={"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")},
-    casts={"api_keys": _keys})
+    casts={"api_keys": _keys}, help={
+    "model_dir": "model directory: tokenizer, chat template, context length",
+    "host": "the address the HTTP server binds", "port": "HTTP port",
+    "router_address": "the router's gRPC address",
+    "api_keys": "comma-separated keys; when set, `Authorization: Bearer <key>` is required (401 otherwise)",
+    "max_body_bytes": "larger bodies get 413", "max_inflight": "requests in flight before 429 with Retry-After",
+    "request_timeout_s": "a request that takes longer gets 504 timeout_error",
+    "route_timeout_s": "how long a request waits for the router's answer before 503",
+    "log_level": "a logging level name (debug, info, warning, error)"})
 
 
 def from_env(**overrides) -> GatewaySettings:

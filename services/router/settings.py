@@ -103,7 +103,10 @@ class RouterSettings:
         return SOURCE.load()
 
 
-SOURCE = Source(RouterSettings, ENV_PREFIX, env={"kv_hash_secret": "TANDEM_KV_HASH_SECRET"})
+SOURCE = Source(RouterSettings, ENV_PREFIX, env={"kv_hash_secret": "TANDEM_KV_HASH_SECRET"}, help={
+    "host": "the address the gRPC server binds", "port": "gRPC port (0: any free port)",
+    "policy": f"one of {', '.join(sorted(POLICIES))} (kv: KV-aware)",
+    "kv_disk_weight": "policy kv: what a block in a worker's disk tier counts for, as kv_host_weight"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

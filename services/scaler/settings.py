@@ -38,7 +38,10 @@ class ScalerSettings:
         return ScalePolicy(self.project, parse_allow_list(self.services))
 
 
-SOURCE = Source(ScalerSettings, ENV_PREFIX)
+SOURCE = Source(ScalerSettings, ENV_PREFIX, help={
+    "host": "the address the HTTP server binds", "port": "HTTP port",
+    "compose_command": "the command it scales with", "compose_file": "the project's compose file",
+    "log_level": "a logging level name (debug, info, warning, error)"})
 
 
 def build_parser() -> argparse.ArgumentParser:
