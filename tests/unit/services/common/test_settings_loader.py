@@ -77,3 +77,44 @@ def test_a_bad_flag_stops_the_parser_with_exit_2(capsys):
 
 def test_parse_bool_spellings():
     assert [parse_bool(v) for v in ("1", "TRUE", "on", "0", "no", "Off")] == [True] * 3 + [False] * 3
+
+
+def _worker_main(argv):
+    from services.common.roles import WorkerRole
+    from services.common.worker_base import main_for
+
+    return main_for(WorkerRole.DECODE, object, argv)  # NOTE: the settings fail before the service class is used
+
+
+def _planner_main(argv):
+    from services.planner.server import main
+
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def _main(module: str):
+    import importlib
+
+    return importlib.import_module(module).main
+
+
+@pytest.mark.parametrize("service,variable,value", [
+    ("gateway", "TANDEM_GATEWAY_PORT", "http"), ("router", "TANDEM_ROUTER_LEASE_TTL_S", "soon"),
+    ("planner", "TANDEM_PLANNER_TICK_S", "-1"), ("scaler", "TANDEM_SCALER_PORT", "x"),
+    ("decode", "TANDEM_WORKER_MAX_NUM_SEQS", "many"),
+])
+def test_a_bad_variable_stops_every_service_with_one_line_and_exit_2(service, variable, value, monkeypatch, capsys):
+    monkeypatch.setenv("TANDEM_MODEL", "/m")
+    monkeypatch.setenv("TANDEM_SCALER_PROJECT", "p")
+    monkeypatch.setenv("TANDEM_SCALER_TOKEN_FILE", "/nonexistent/token")
+    monkeypatch.setenv(variable, value)
+    main = {"gateway": lambda: _main("services.gateway.server"), "router": lambda: _main("services.router.server"),
+            "scaler": lambda: _main("services.scaler.server"), "planner": lambda: _planner_main,
+            "decode": lambda: _worker_main}[service]()
+    assert main([]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert variable in line or variable.removeprefix("TANDEM_").split("_", 1)[1].lower() in line
