@@ -13,6 +13,7 @@ from tandem.sim.cli import add_sim_command
 from tandem.worker_drain import add_worker_commands
 from tandem.chaos.cli import add_chaos_command
 from tandem.certs.cli import add_certs_commands
+from tandem.config_cli import add_config_commands
 from tandem.models.errors import ModelError
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_commands(commands)
     add_chaos_command(commands)
     add_certs_commands(commands)
+    add_config_commands(commands)
     return parser
 
 

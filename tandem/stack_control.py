@@ -97,12 +97,16 @@ class ScalableStack(Stack):
         self.control.start()
         grpc_port, metrics_port = free_ports(2, exclude=self._ports_in_use())
         self.metrics_ports["planner"] = metrics_port
-        profile = os.environ.get("TANDEM_WORKER_SIM_PROFILE", "")  # NOTE: size with what sim workers run
+        from services.common.worker_settings import SOURCE as WORKER
+        from services.planner.settings import SOURCE as PLANNER
+
+        profile = WORKER.read("sim_profile")  # NOTE: size with what sim workers run
+        has_own_profile = PLANNER.setting("profile").env in os.environ
         self._spawn("planner", ["planner", "--port", str(grpc_port), "--metrics-port", str(metrics_port),
                                 "--router-address", router, "--connector", "local",
                                 "--local-control-url", self.control.url,
-                                *(["--profile", profile] if profile and "TANDEM_PLANNER_PROFILE" not in os.environ
-                                  else []), *self.cfg.planner_args])
+                                *(["--profile", profile] if profile and not has_own_profile else []),
+                                *self.cfg.planner_args])
 
     def live_workers(self, role: str) -> list[str]:
         """Running workers of `role` not asked to leave, oldest first."""

@@ -17,10 +17,12 @@ def add_worker_commands(commands) -> None:
     actions = worker.add_subparsers(dest="worker_command", required=True)
     drain = actions.add_parser("drain", help="make the router stop choosing this worker, which then drains")
     drain.add_argument("--pid", type=int, default=1, help="the worker's server process (default 1: the container's)")
-    drain.add_argument("--worker-id", default=os.environ.get("TANDEM_WORKER_WORKER_ID", ""),
-                       help="as registered with the router (env TANDEM_WORKER_WORKER_ID)")
-    drain.add_argument("--router-address", default=os.environ.get("TANDEM_WORKER_ROUTER_ADDRESS", "127.0.0.1:50051"),
-                       help="(env TANDEM_WORKER_ROUTER_ADDRESS)")
+    from services.common.worker_settings import SOURCE as WORKER  # NOTE: the worker's own fields, not copies
+
+    worker_id, router = WORKER.setting("worker_id"), WORKER.setting("router_address")
+    drain.add_argument("--worker-id", default=WORKER.read("worker_id"),
+                       help=f"as registered with the router (env {worker_id.env})")
+    drain.add_argument("--router-address", default=WORKER.read("router_address"), help=f"(env {router.env})")
     drain.add_argument("--timeout-s", type=float, default=10.0, help="most seconds to wait for the router")
     drain.set_defaults(func=_run_drain)
 
@@ -62,8 +64,10 @@ def router_worker_ids(router_address: str, timeout_s: float = 2.0) -> Callable[[
 
 def _run_drain(args: argparse.Namespace) -> int:
     if not args.worker_id:
-        print("tandem worker drain: error: the worker's id is required (--worker-id or TANDEM_WORKER_WORKER_ID)",
-              file=sys.stderr)
+        from services.common.worker_settings import SOURCE as WORKER
+
+        print(f"tandem worker drain: error: the worker's id is required (--worker-id or "
+              f"{WORKER.setting('worker_id').env})", file=sys.stderr)
         return 2
     try:
         os.kill(args.pid, signal.SIGTERM)

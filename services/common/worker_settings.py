@@ -11,6 +11,7 @@ from engines.native.config import check_tier_sizes
 from engines.transfer.nixl_link import NixlSettings
 from services.common.kv_signing import parse_key
 from services.common.settings import SettingsError, env
+from services.common.settings_loader import Source
 
 ENGINES = ("native", "zero", "sim", "trtllm")
 OVERLAP = ("auto", "on", "off")  # auto: on for CUDA devices, where a step runs asynchronously to the host
@@ -174,9 +175,13 @@ def _own_address() -> str:
         return name
 
 
-_TRTLLM_FLAGS = ("trtllm_backend", "trtllm_quant", "trtllm_kv_cache_dtype", "trtllm_cache_transceiver",
-                 "trtllm_tensor_parallel_size", "trtllm_options")
 _HELP = {
+    "model": "local checkpoint directory",
+    "host": "the address the gRPC server binds (0.0.0.0 to serve other hosts)",
+    "router_address": "where to register", "dtype": "float32, bfloat16 or float16", "device": "cpu, or cuda",
+    "block_size": "tokens per KV block", "max_num_seqs": "running requests per step",
+    "max_num_batched_tokens": "per-step token budget (chunked prefill)",
+    "enable_prefix_caching": "the prefix cache", "trtllm_tensor_parallel_size": "engine trtllm: GPUs per worker",
     "engine": f"one of {ENGINES}",
     "overlap": f"one of {OVERLAP}: send step N-1's outputs while step N runs (auto: on for CUDA)",
     "gpu_memory_utilization": "GPU engines: share of the card's memory this worker may use, weights included",
@@ -196,27 +201,14 @@ _HELP = {
     "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
                    "the target's tokenizer); '' (default): off",
 }
-_ENV_NAMES = {"kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV,
-              "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}
+SOURCE = Source(WorkerSettings, "TANDEM_WORKER_", env={
+    "model": "TANDEM_MODEL", "kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV,
+    "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}, help=_HELP, fixed=("role",), negated=("enable_prefix_caching",))
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:
     """The settings from TANDEM_WORKER_* and flags; raises SettingsError for a bad or missing value."""
     role = WorkerRole(role)
-    p = argparse.ArgumentParser(prog=f"tandem serve {role.value}")
-    defaults = WorkerSettings(role=role, model="unset")
-    p.add_argument("--model", default=env("TANDEM_MODEL", ""), help="local checkpoint directory")
-    for name in ("host", "port", "advertise_host", "worker_id", "router_address", "engine", "dtype", "device",
-                 "num_threads", "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                 "max_model_len", "kv_lease_s", "drain_s", "advertise_port", "metrics_port", "sim_profile",
-                 "sim_time_factor", "gpu_memory_utilization", "overlap", "kv_host_gb", "kv_disk_dir", "kv_disk_gb",
-                 "kv_transport", "kv_staging_mb", "sim_kv_cache_mb", "sim_kv_bytes_per_token", "kv_signing_key_file",
-                 "kv_hash_secret", "speculative", "num_speculative_tokens", *_TRTLLM_FLAGS):
-        default = getattr(defaults, name)
-        value = env(_ENV_NAMES.get(name, f"TANDEM_WORKER_{name.upper()}"), default)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=value, help=_HELP.get(name))
-    p.add_argument("--no-prefix-caching", action="store_true",
-                   default=not env("TANDEM_WORKER_ENABLE_PREFIX_CACHING", True))
-    args = p.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k != "no_prefix_caching"}
-    return WorkerSettings(role=role, enable_prefix_caching=not args.no_prefix_caching, **fields)
+    parser = argparse.ArgumentParser(prog=f"tandem serve {role.value}")
+    SOURCE.add_arguments(parser)
+    return SOURCE.load(parser.parse_args(argv), role=role)

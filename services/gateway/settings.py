@@ -4,10 +4,11 @@ A bad value raises SettingsError at start-up; nothing changes the settings after
 """
 import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.settings import SettingsError, env
+from services.common.settings import SettingsError
+from services.common.settings_loader import Source
 from services.gateway.chat_output import REASONING_PARSERS
 from services.gateway.tenancy import SHARING_MODES
 from services.gateway.tool_parsers import PARSER_NAMES
@@ -127,50 +128,31 @@ def _keys_from_file(path: str, inline: tuple[str, ...]) -> tuple[str, ...]:
     return keys
 
 
-# field -> (environment variable, cast); CLI flags are the field names with dashes
-_ENV = {
-    "model_dir": ("TANDEM_MODEL", str),
-    "host": ("TANDEM_GATEWAY_HOST", str),
-    "port": ("TANDEM_GATEWAY_PORT", int),
-    "served_model_name": ("TANDEM_SERVED_MODEL_NAME", str),
-    "router_address": ("TANDEM_ROUTER_ADDRESS", str),
-    "route_model": ("TANDEM_GATEWAY_ROUTE_MODEL", str),
-    "api_keys": ("TANDEM_API_KEYS", _keys),
-    "api_keys_file": ("TANDEM_API_KEYS_FILE", str),
-    "max_body_bytes": ("TANDEM_GATEWAY_MAX_BODY_BYTES", int),
-    "max_inflight": ("TANDEM_GATEWAY_MAX_INFLIGHT", int),
-    "request_timeout_s": ("TANDEM_GATEWAY_REQUEST_TIMEOUT_S", float),
-    "route_timeout_s": ("TANDEM_GATEWAY_ROUTE_TIMEOUT_S", float),
-    "log_level": ("TANDEM_LOG_LEVEL", str),
-    "slo_ttft_s": ("TANDEM_SLO_TTFT_S", float),
-    "slo_itl_s": ("TANDEM_SLO_ITL_S", float),
-    "num_workers": ("TANDEM_GATEWAY_WORKERS", int),
-    "drain_timeout_s": ("TANDEM_GATEWAY_DRAIN_TIMEOUT_S", float),
-    "max_migrations": ("TANDEM_GATEWAY_MAX_MIGRATIONS", int),
-    "tool_parser": ("TANDEM_TOOL_PARSER", str),
-    "reasoning_parser": ("TANDEM_REASONING_PARSER", str),
-    "response_store": ("TANDEM_RESPONSE_STORE", str),
-    "response_store_path": ("TANDEM_RESPONSE_STORE_PATH", str),
-    "redis_url": ("TANDEM_REDIS_URL", str),
-    "redis_password": ("TANDEM_REDIS_PASSWORD", str),
-    "response_ttl_s": ("TANDEM_RESPONSE_TTL_S", float),
-    "cache_sharing": ("TANDEM_CACHE_SHARING", str),
-    "kv_hash_secret": ("TANDEM_KV_HASH_SECRET", str),
-    "max_inflight_per_key": ("TANDEM_GATEWAY_MAX_INFLIGHT_PER_KEY", int),
-    "tokens_per_minute_per_key": ("TANDEM_GATEWAY_TOKENS_PER_MINUTE_PER_KEY", int),
-    "max_prompt_chars": ("TANDEM_GATEWAY_MAX_PROMPT_CHARS", int),
-}
-_FLAGS = {"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")}
+# the gateway's variables grew before the loader: most are TANDEM_GATEWAY_<FIELD>, these are spelled otherwise
+SOURCE = Source(GatewaySettings, "TANDEM_GATEWAY_", env={
+    "model_dir": "TANDEM_MODEL", "served_model_name": "TANDEM_SERVED_MODEL_NAME",
+    "router_address": "TANDEM_ROUTER_ADDRESS", "api_keys": "TANDEM_API_KEYS", "api_keys_file": "TANDEM_API_KEYS_FILE",
+    "log_level": "TANDEM_LOG_LEVEL", "slo_ttft_s": "TANDEM_SLO_TTFT_S", "slo_itl_s": "TANDEM_SLO_ITL_S",
+    "num_workers": "TANDEM_GATEWAY_WORKERS", "tool_parser": "TANDEM_TOOL_PARSER",
+    "reasoning_parser": "TANDEM_REASONING_PARSER", "response_store": "TANDEM_RESPONSE_STORE",
+    "response_store_path": "TANDEM_RESPONSE_STORE_PATH", "redis_url": "TANDEM_REDIS_URL",
+    "redis_password": "TANDEM_REDIS_PASSWORD", "response_ttl_s": "TANDEM_RESPONSE_TTL_S",
+    "cache_sharing": "TANDEM_CACHE_SHARING", "kv_hash_secret": "TANDEM_KV_HASH_SECRET",
+}, flags={"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")},
+    casts={"api_keys": _keys}, help={
+    "model_dir": "model directory: tokenizer, chat template, context length",
+    "host": "the address the HTTP server binds", "port": "HTTP port",
+    "router_address": "the router's gRPC address",
+    "api_keys": "comma-separated keys; when set, `Authorization: Bearer <key>` is required (401 otherwise)",
+    "max_body_bytes": "larger bodies get 413", "max_inflight": "requests in flight before 429 with Retry-After",
+    "request_timeout_s": "a request that takes longer gets 504 timeout_error",
+    "route_timeout_s": "how long a request waits for the router's answer before 503",
+    "log_level": "a logging level name (debug, info, warning, error)"})
 
 
 def from_env(**overrides) -> GatewaySettings:
     """Defaults, then TANDEM_* variables, then `overrides` (what CLI flags or tests pass)."""
-    values = {}
-    for f in fields(GatewaySettings):
-        name, cast = _ENV[f.name]
-        default = f.default if f.name != "model_dir" else ""
-        values[f.name] = env(name, default, cast)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values = SOURCE.values(overrides)
     if values["api_keys_file"]:  # NOTE: read once, at start-up; a new key needs a restart (a rollout on k8s)
         values["api_keys"] = _keys_from_file(values["api_keys_file"], values["api_keys"])
     return GatewaySettings(**values)
@@ -179,10 +161,7 @@ def from_env(**overrides) -> GatewaySettings:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem serve gateway",
                                      description="OpenAI-compatible HTTP gateway (flags override TANDEM_* env)")
-    for f in fields(GatewaySettings):
-        name, cast = _ENV[f.name]
-        flags = _FLAGS.get(f.name, ("--" + f.name.replace("_", "-"),))
-        parser.add_argument(*flags, dest=f.name, type=cast, default=None, help=f"env {name}")
+    SOURCE.add_arguments(parser)
     return parser
 
 

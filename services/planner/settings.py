@@ -3,11 +3,11 @@
 A bad value raises SettingsError at start-up, naming the setting.
 """
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
 from engines.sim.profile import DEFAULT_PROFILE
-from services.common.settings import SettingsError, env
+from services.common.settings import SettingsError
+from services.common.settings_loader import Source
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
@@ -130,7 +130,7 @@ class PlannerSettings:
 
     @classmethod
     def from_env(cls) -> "PlannerSettings":
-        return cls(**{f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(cls)})
+        return SOURCE.load()
 
 
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -138,14 +138,33 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+SOURCE = Source(PlannerSettings, ENV_PREFIX, help={
+    "host": "the address the gRPC server binds", "prometheus_url": "source prometheus: where it is",
+    "connector": "local (`tandem up`'s processes), compose (through the scaler) or kubernetes (the worker "
+                 "Deployments' scale subresource)",
+    "slo_ttft_s": "the TTFT SLO the fleet is sized for", "slo_itl_s": "the ITL SLO the fleet is sized for",
+    "adjustment_interval_s": "the prediction loop", "predictor_window": "predictor moving_average: its window",
+    "season_length": "predictor holt_winters: intervals per season (0: none)",
+    "min_prefill": "bounds per role", "min_decode": "bounds per role", "max_decode": "bounds per role",
+    "up_ticks": "hysteresis of the fast loop", "down_ticks": "hysteresis of the fast loop",
+    "down_stabilization": "hysteresis of shrinking", "max_correction": "replicas the fast loop may add at once",
+    "itl_headroom": "how close to the ITL SLO the perf model sizes decode",
+    "prefill_max_utilization": "how busy the perf model lets prefill workers be",
+    "feedback_down_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
+    "feedback_max_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
+    "connector_backoff_s": "the first retry's backoff (doubling)",
+    "compose_project": "connector compose: the project the scaler scales",
+    "compose_prefill_service": "connector compose: the prefill service",
+    "compose_decode_service": "connector compose: the decode service",
+    "k8s_prefill_deployment": "connector kubernetes: the prefill Deployment",
+    "k8s_decode_deployment": "connector kubernetes: the decode Deployment",
+    "k8s_gpus_per_replica": "connector kubernetes: GPUs each worker replica holds"})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (--slo-ttft-s, ...); an absent flag keeps the environment's value."""
-    for f in dataclasses.fields(PlannerSettings):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
-                            help=f"(env {ENV_PREFIX}{f.name.upper()}, default {f.default})")
+    SOURCE.add_arguments(parser)
 
 
 def settings_from(args: argparse.Namespace) -> PlannerSettings:
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(PlannerSettings)
-                 if getattr(args, f.name, None) is not None}
-    return dataclasses.replace(PlannerSettings.from_env(), **overrides)
+    return SOURCE.load(args)

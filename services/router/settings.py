@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from services.common.settings import SettingsError, env
+from services.common.settings import SettingsError
+from services.common.settings_loader import Source
 from services.router.core import BusyThresholds
 from services.router.kv_policy import KvPolicyConfig
 from services.router.policy import POLICIES
@@ -99,30 +100,19 @@ class RouterSettings:
 
     @classmethod
     def from_env(cls) -> "RouterSettings":
-        values = {f.name: env(_env_name(f.name), f.default) for f in dataclasses.fields(cls)}
-        return cls(**values)
+        return SOURCE.load()
+
+
+SOURCE = Source(RouterSettings, ENV_PREFIX, env={"kv_hash_secret": "TANDEM_KV_HASH_SECRET"}, help={
+    "host": "the address the gRPC server binds", "port": "gRPC port (0: any free port)",
+    "policy": f"one of {', '.join(sorted(POLICIES))} (kv: KV-aware)",
+    "kv_disk_weight": "policy kv: what a block in a worker's disk tier counts for, as kv_host_weight"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (--lease-ttl-s, ...); an absent flag keeps the environment's value."""
-    for f in dataclasses.fields(RouterSettings):
-        flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f.name, type=_parse_bool if isinstance(f.default, bool) else type(f.default),
-                            default=None,
-                            help=f"(env {_env_name(f.name)}, default {f.default})")
-
-
-def _env_name(name: str) -> str:
-    return "TANDEM_KV_HASH_SECRET" if name == "kv_hash_secret" else ENV_PREFIX + name.upper()
-
-
-def _parse_bool(raw: str) -> bool:
-    if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a boolean")
-    return raw.lower() in ("1", "true", "yes", "on")
+    SOURCE.add_arguments(parser)
 
 
 def settings_from(args: argparse.Namespace) -> RouterSettings:
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(RouterSettings)
-                 if getattr(args, f.name, None) is not None}
-    return dataclasses.replace(RouterSettings.from_env(), **overrides)
+    return SOURCE.load(args)

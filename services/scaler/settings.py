@@ -1,10 +1,10 @@
 """The scaler's one frozen settings object, from TANDEM_SCALER_* variables overridden by CLI flags; a bad value
 raises SettingsError at start-up."""
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
-from services.common.settings import SettingsError, env
+from services.common.settings import SettingsError
+from services.common.settings_loader import Source
 from services.scaler.policy import ScalePolicy, parse_allow_list
 
 ENV_PREFIX = "TANDEM_SCALER_"
@@ -38,17 +38,18 @@ class ScalerSettings:
         return ScalePolicy(self.project, parse_allow_list(self.services))
 
 
+SOURCE = Source(ScalerSettings, ENV_PREFIX, help={
+    "host": "the address the HTTP server binds", "port": "HTTP port",
+    "compose_command": "the command it scales with", "compose_file": "the project's compose file",
+    "log_level": "a logging level name (debug, info, warning, error)"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem serve scaler", description="scales allow-listed compose services "
                                      "for the planner (flags override TANDEM_SCALER_* env)")
-    for f in dataclasses.fields(ScalerSettings):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
-                            help=f"env {ENV_PREFIX}{f.name.upper()}")
+    SOURCE.add_arguments(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> ScalerSettings:
-    args = vars(build_parser().parse_args(argv))
-    values = {f.name: env(ENV_PREFIX + f.name.upper(), f.default) for f in dataclasses.fields(ScalerSettings)}
-    values.update({k: v for k, v in args.items() if v is not None})
-    return ScalerSettings(**values)
+    return SOURCE.load(build_parser().parse_args(argv))

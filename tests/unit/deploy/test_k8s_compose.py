@@ -146,16 +146,12 @@ def test_the_name_check_knows_the_settings_and_flags_a_typo():
 def known_names() -> set[str]:
     """Every TANDEM_* variable some part of tandem reads: each service's settings, and the process-wide ones (each
     checked to appear in the module said to read it)."""
-    from services.common.worker_settings import _ENV_NAMES as WORKER_ENV_NAMES
-    from services.common.worker_settings import WorkerSettings
-    from services.gateway.settings import _ENV
-    from services.planner.settings import PlannerSettings
-    from services.router.settings import RouterSettings
+    from services.common.worker_settings import SOURCE as WORKER
+    from services.gateway.settings import SOURCE as GATEWAY
+    from services.planner.settings import SOURCE as PLANNER
+    from services.router.settings import SOURCE as ROUTER
 
-    names = {name for name, _ in _ENV.values()}
-    for prefix, cls in (("TANDEM_WORKER_", WorkerSettings), ("TANDEM_ROUTER_", RouterSettings),
-                        ("TANDEM_PLANNER_", PlannerSettings)):
-        names |= {prefix + f.name.upper() for f in dataclasses.fields(cls)}
+    names = {s.env for source in (GATEWAY, WORKER, ROUTER, PLANNER) for s in source.settings()}
     process_wide = {"TANDEM_CACHE_DIR": "tandem.models.fetch", "TANDEM_OFFLINE": "tandem.models.fetch",
                     "TANDEM_LOG_FORMAT": "services.common.logs", "TANDEM_LOG_LEVEL": "services.common.logs"}
     for name, module in process_wide.items():
@@ -163,7 +159,6 @@ def known_names() -> set[str]:
     from services.common import tls
 
     names |= {tls.ENV_PREFIX + n for n in ("CA", "CERT", "KEY", "CLIENT_AUTH", "SERVER_NAME")}  # every gRPC process
-    names |= set(WORKER_ENV_NAMES.values())  # worker fields whose variable has no TANDEM_WORKER_ prefix
     from services.common.settings import FILE_SECRETS
 
     names |= {name + "_FILE" for name in FILE_SECRETS if name in names}  # a secret handed over as a file

@@ -1,0 +1,94 @@
+"""The one settings loader every service uses: from a frozen settings dataclass it derives each field's TANDEM_*
+variable and CLI flag, reads them (flag over variable over default) and builds the object, whose own checks run.
+It holds no service's rules: names that break the pattern are declared by the service's Source."""
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.settings import env
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one field is read: its variable, its flags, the cast of a raw string, its default and its help."""
+    name: str
+    env: str
+    flags: tuple[str, ...]
+    cast: Callable[[str], Any]
+    default: Any
+    help: str = ""
+    negated: bool = False  # a boolean whose one flag turns it off (--no-prefix-caching)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A service's settings class and the few names that do not follow `prefix + FIELD` / `--field`."""
+    cls: type
+    prefix: str
+    env: Mapping[str, str] = field(default_factory=dict)  # field -> variable
+    flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # field -> flags
+    casts: Mapping[str, Callable[[str], Any]] = field(default_factory=dict)  # field -> cast of a raw string
+    help: Mapping[str, str] = field(default_factory=dict)
+    fixed: tuple[str, ...] = ()  # fields the caller passes (a worker's role), never read
+    negated: tuple[str, ...] = ()  # booleans given by one --no-... flag
+
+    def settings(self) -> tuple[Setting, ...]:
+        return tuple(self._setting(f) for f in dataclasses.fields(self.cls) if f.name not in self.fixed)
+
+    def _setting(self, f: dataclasses.Field) -> Setting:
+        default = f.default if f.default is not dataclasses.MISSING else ""
+        dashed = f.name.replace("_", "-")
+        flags = self.flags.get(f.name) or ((f"--no-{dashed.removeprefix('enable-')}",) if f.name in self.negated
+                                           else (f"--{dashed}",))
+        return Setting(f.name, self.env.get(f.name, self.prefix + f.name.upper()), flags,
+                       self.casts.get(f.name) or _cast_of(default), default, self.help.get(f.name, ""),
+                       f.name in self.negated)
+
+    def setting(self, name: str) -> Setting:
+        """One field's variable, flags and default: what a helper beside the service (tandem/) names."""
+        (found,) = (s for s in self.settings() if s.name == name)
+        return found
+
+    def read(self, name: str) -> Any:
+        """One field's value from its variable alone, or its default."""
+        s = self.setting(name)
+        return env(s.env, s.default, s.cast)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """One flag per setting; an absent flag (None) keeps the variable's value."""
+        for s in self.settings():
+            text = f"{s.help + ' ' if s.help else ''}(env {s.env}, default {s.default!r})"
+            if s.negated:
+                parser.add_argument(*s.flags, dest=s.name, action="store_false", default=None, help=text)
+            else:
+                parser.add_argument(*s.flags, dest=s.name, type=_flag_type(s.cast), default=None, help=text)
+
+    def load(self, overrides: Mapping[str, Any] | argparse.Namespace = (), **fixed: Any) -> Any:
+        """Defaults, then the variables, then the non-None overrides (parsed flags); raises SettingsError."""
+        return self.cls(**fixed, **self.values(overrides))
+
+    def values(self, overrides: Mapping[str, Any] | argparse.Namespace = ()) -> dict[str, Any]:
+        values = {s.name: env(s.env, s.default, s.cast) for s in self.settings()}
+        if isinstance(overrides, argparse.Namespace):  # NOTE: a parser may hold flags of its own (router's -v)
+            overrides = {k: v for k, v in vars(overrides).items() if k in values}
+        values.update({k: v for k, v in dict(overrides).items() if v is not None})
+        return values
+
+
+def _cast_of(default: Any) -> Callable[[str], Any]:
+    return type(default) if default is not None else str
+
+
+def _flag_type(cast: Callable[[str], Any]) -> Callable[[str], Any]:
+    return parse_bool if cast is bool else cast
+
+
+def parse_bool(raw: str) -> bool:
+    """A flag's boolean, spelled as the variables' are."""
+    if raw.lower() not in _TRUE + _FALSE:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a boolean")
+    return raw.lower() in _TRUE
