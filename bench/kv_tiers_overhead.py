@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from engines.base.types import EngineRequest, SamplingParams
-from engines.core.tiering import Tiering
+from engines.core.tiers.tiering import Tiering
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
 

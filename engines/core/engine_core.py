@@ -18,7 +18,7 @@ from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepTokens
 from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
-from engines.core.tiering import Tiering
+from engines.core.tiers.tiering import Tiering
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEventKind, KvTier
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
-from engines.core.kv_tiers import Onboard, OnboardBlock, TierSpec
+from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec
 from engines.core.loads import LoadDone
-from engines.core.modelled_tiers import ModelledTiers
+from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import Done, RunnerInfo
 from engines.core.scheduler import SchedulerOutput
 from engines.core.sequence import SequenceStatus

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engines.base.events import KvTier
 from engines.core.block_manager import BlockManager
-from engines.core.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
+from engines.core.tiers.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
 from engines.core.loads import LoadDone
 from engines.core.scheduler import SchedulerOutput
 from engines.core.sequence import Sequence
