@@ -276,7 +276,8 @@ def test_a_loaded_request_goes_back_ahead_of_requests_holding_no_blocks():
     core.step()  # "busy" holds the one running slot
     core.add(request("a2", A + [1, 2, 3]))
     core.seqs["a2"].may_onboard = True
-    core.tiering._onboard(core, core.seqs["a2"])  # the load starts while the batch is full
+    core.scheduler._maybe_onboard(core.seqs["a2"], core.scheduler._outstanding())  # planned while the batch is full
+    core._start_new_loads()
     clock.now += 0.5
     core.add(request("late", range(950, 954)))  # arrives while a2 loads
     clock.now += 2.5
