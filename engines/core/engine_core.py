@@ -1,6 +1,6 @@
-"""EngineCore: one engine's requests over a Runner — admit, schedule, run, commit, emit deltas, hold and
-export KV, track KV loads, record KV events, count stats. Synchronous and single-threaded; the engine loop (loop.py) drives
-it, the cluster simulator drives it in virtual time. No torch, no I/O, no transport."""
+"""EngineCore: one engine's requests over a Runner — add, run the scheduler's steps, emit deltas, hold and export
+KV, start KV loads, record KV events, count stats; the Scheduler alone moves requests between its queues. Synchronous
+and single-threaded; the engine loop (loop.py) or the cluster simulator (virtual time) drives it. No torch, no I/O."""
 import logging
 import time
 from collections import OrderedDict, deque
