@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engines.base.block_hash import num_blocks_for
+
 
 @dataclass(frozen=True, slots=True)
 class AttnShape:
@@ -33,7 +35,7 @@ def kernel_seconds(fn, device: str) -> float:
 
 def _paged_cache(num_seqs: int, ctx: int, shape: AttnShape, dtype, device: str, gen):
     """K and V caches holding num_seqs contexts of ctx tokens in shuffled blocks, and their tables."""
-    blocks_per_seq = -(-ctx // shape.block_size)
+    blocks_per_seq = num_blocks_for(ctx, shape.block_size)
     num_blocks = num_seqs * blocks_per_seq
     cache_shape = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
     k_cache = torch.randn(cache_shape, generator=gen, device=device).to(dtype)

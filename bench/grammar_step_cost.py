@@ -12,6 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
+from engines.base.block_hash import num_blocks_for
 from engines.base.structured import StructuredSpec
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.structured_bench import round_order, story_schema
@@ -48,7 +49,7 @@ def measure(model: str, concurrencies: tuple[int, ...], rounds: int, isl: int, o
 
     top = max(concurrencies)
     core = build_core(EngineConfig(model=model, dtype="float32", num_threads=1, block_size=16, max_num_seqs=top,
-                                   max_num_batched_tokens=4096, num_blocks=2 * top * (-(-(isl + osl) // 16) + 1)))
+                                   max_num_batched_tokens=4096, num_blocks=2 * top * (num_blocks_for(isl + osl, 16) + 1)))
     spec = StructuredSpec("json_schema", json.dumps(story_schema(osl)))
     sides = {False: SamplingParams(max_tokens=osl, ignore_eos=True),
              True: SamplingParams(max_tokens=osl, ignore_eos=True, structured=spec)}

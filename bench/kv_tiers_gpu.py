@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from engines.base.events import KvTier  # noqa: E402
 from engines.base.types import KvLayout  # noqa: E402
-from engines.core.kv_tiers import Onboard, OnboardBlock, TierSpec  # noqa: E402
+from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec  # noqa: E402
 from engines.core.loads import KvLoad  # noqa: E402
 from engines.native.kv_cache import KvCache, bytes_per_block  # noqa: E402
 from engines.native.tiers.native_tiers import NativeTiers  # noqa: E402

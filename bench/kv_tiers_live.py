@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.base.block_hash import num_blocks_for
 from tandem.bench.http_client import Endpoint
 from tandem.bench.multiturn import QUESTION_TOKENS, Multiturn
 from tandem.bench.serve_bench import ServeConfig, run_serve
@@ -148,7 +149,7 @@ def pool_blocks(mt: Multiturn, multiple: int) -> int:
     """Device blocks of 16 tokens for a pool the conversations outgrow `multiple` times, never less than the
     longest request needs."""
     longest = distinct_tokens(Multiturn(1, mt.rounds, mt.system_tokens, mt.user_tokens, mt.answer_tokens))
-    return max(distinct_tokens(mt) // 16 // multiple, -(-longest // 16) + 2)
+    return max(distinct_tokens(mt) // 16 // multiple, num_blocks_for(longest, 16) + 2)
 
 
 def warm_restart(args, mt: Multiturn, host: tuple[str, ...], logs: Path) -> dict:

@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 from engines.base.types import EngineRequest, SamplingParams
-from engines.core.tiering import Tiering
+from engines.core.scheduler import Scheduler
+from engines.core.tiers.tiering import Tiering
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
 
 MODEL = Path(".cache/models/HuggingFaceTB--SmolLM2-135M-Instruct")
 # NOTE: step_done includes the write-through copies (NativeTiers.offload) and the tiers' poll
-TIER_WORK = ((Tiering, "onboard"), (Tiering, "completed"), (Tiering, "step_done"))
+TIER_WORK = ((Scheduler, "_onboard_waiting"), (Tiering, "completed"), (Tiering, "step_done"))
 
 
 class TierClock:

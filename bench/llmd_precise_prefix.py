@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engines.base.block_hash import num_blocks_for  # noqa: E402
 from engines.sim.profile import TimingProfile, load_profile  # noqa: E402
 from tandem.bench.trace_gen import PrefixShape, precise_prefix  # noqa: E402
 from tandem.sim.des import ClusterSim, SimConfig  # noqa: E402
@@ -107,7 +108,7 @@ def pod_profile(base: TimingProfile, factor: float, kv_tokens: int, kv_read_fact
     da, db, dc = base.decode_ms_coeffs
     return TimingProfile.from_dict({
         **base.to_dict(), "name": f"{base.name} x{factor:.3g} compute, {kv_tokens} KV tokens",
-        "num_blocks": -(-kv_tokens // base.block_size), "prefill_ms_coeffs": (a * factor, b * factor, c * factor),
+        "num_blocks": num_blocks_for(kv_tokens, base.block_size), "prefill_ms_coeffs": (a * factor, b * factor, c * factor),
         "decode_ms_coeffs": (da * kv_read_factor, db * kv_read_factor, dc * factor),
         "min_step_ms": base.min_step_ms * factor})
 

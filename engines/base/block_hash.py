@@ -3,7 +3,7 @@ full blocks only. The first block's parent is the chain's root: NONE_HASH, or a 
 salt and the deployment's secret (chain_root), so tenants never share a block and nobody outside can recompute one.
 
 Every part of tandem that names a KV block (prefix cache, KV events, router index, simulator)
-calls this module; nothing else may hash blocks.
+calls this module; nothing else may hash blocks, or count the blocks a number of tokens fills.
 """
 import functools
 import hashlib
@@ -19,6 +19,11 @@ _ROOT_PERSON = b"tandem-kv-root"
 _TOKEN = "I"  # NOTE: token ids are in [0, 2**32); packing them is most of the cost of hashing a long prompt
 _xxh3 = xxhash.xxh3_64_intdigest
 assert array(_TOKEN).itemsize == 4 and sys.byteorder == "little", "block hashes assume 4-byte little-endian ids"
+
+
+def num_blocks_for(num_tokens: int, block_size: int) -> int:
+    """The blocks `num_tokens` tokens fill, the last one perhaps partly: ceil(num_tokens / block_size)."""
+    return -(-num_tokens // block_size)
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:

@@ -4,7 +4,7 @@ from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from engines.base.block_hash import NONE_HASH, hash_block
+from engines.base.block_hash import NONE_HASH, hash_block, num_blocks_for
 from engines.core.sequence import Sequence
 
 
@@ -47,7 +47,7 @@ class BlockManager:
         return len(self.free_queue)
 
     def num_blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return num_blocks_for(num_tokens, self.block_size)
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Longest cached prefix of `seq`'s full blocks, leaving at least one token to compute."""

@@ -1,6 +1,6 @@
-"""EngineCore: one engine's requests over a Runner — admit, schedule, run, commit, emit deltas, hold and
-export KV, track KV loads, record KV events, count stats. Synchronous and single-threaded; the engine loop (loop.py) drives
-it, the cluster simulator drives it in virtual time. No torch, no I/O, no transport."""
+"""EngineCore: one engine's requests over a Runner — add, run the scheduler's steps, emit deltas, hold and export
+KV, start KV loads, record KV events, count stats; the Scheduler alone moves requests between its queues. Synchronous
+and single-threaded; the engine loop (loop.py) or the cluster simulator (virtual time) drives it. No torch, no I/O."""
 import logging
 import time
 from collections import OrderedDict, deque
@@ -13,12 +13,12 @@ from engines.base.structured import refuse_structured
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.loads import KvLoad, LoadDone, Loading
+from engines.core.loads import LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepTokens
 from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
-from engines.core.tiering import Tiering
+from engines.core.tiers.tiering import Tiering
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +73,17 @@ class EngineCore:
             raise ValueError("this engine cannot verify proposed tokens: speculative decoding needs the native engine")
         self.block_manager = BlockManager(self.info.num_blocks, self.info.kv_layout.block_size,
                                           config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   config.enable_chunked_prefill, config.spec), self.block_manager,
-                                   proposer)
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
-        self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
         self.pending_loads: deque[tuple[Sequence, object]] = deque()  # imports waiting for free blocks, in order
         self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
         self.tiering = (Tiering(tiers, self.block_manager, clock)
                         if tiers is not None and tiers.tier_spec.is_enabled and config.enable_prefix_caching else None)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   config.enable_chunked_prefill, config.spec), self.block_manager,
+                                   proposer, self.tiering)
 
     # -- commands ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -187,30 +186,24 @@ class EngineCore:
         sequence is LOADING (out of the queues) until `poll_loads` sees the load end. False, with nothing
         changed, when the blocks are not there; the runner's InvalidRequestError (a source it cannot read)
         leaves nothing changed either."""
-        start, bs = seq.num_computed_tokens, self.block_manager.block_size
-        if start % bs:
-            raise ValueError(f"a load starts at a block boundary, not at token {start}")
-        if not self.block_manager.allocate_slots(seq, num_tokens, cache=False):
+        load = self.scheduler.allocate_load(seq, num_tokens, source)
+        if load is None:
             return False
-        blocks = seq.block_table[start // bs : self.block_manager.num_blocks_for(start + num_tokens)]
-        load = KvLoad(seq.req_id, tuple(blocks), num_tokens, source)
         try:
             self.runner.start_load(load)
         except Exception:
-            self.block_manager.truncate(seq, start // bs)
+            self.block_manager.truncate(seq, seq.num_computed_tokens // self.block_manager.block_size)
             raise
-        self._take_out(seq)
-        self.loading[load.req_id] = Loading(load, start, [seq])
+        self.scheduler.start_loading(seq, load)
         return True
 
     def join_load(self, seq: Sequence, load_id: str) -> None:
         """Have `seq` (already holding the load's blocks) wait on a load in flight instead of starting another."""
-        self._take_out(seq)
-        self.loading[load_id].seqs.append(seq)
+        self.scheduler.join_loading(seq, load_id)
 
     @property
     def has_loads(self) -> bool:
-        return bool(self.loading or self.pending_loads)
+        return bool(self.scheduler.loading or self.pending_loads)
 
     def _start_pending(self) -> None:
         while self.pending_loads and self._has_room(self.pending_loads[0][0]):
@@ -241,19 +234,23 @@ class EngineCore:
     def poll_loads(self) -> list[LoadDone]:
         """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
         its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
-        done = self.runner.poll_loads() if self.loading else []
+        done = self.runner.poll_loads() if self.scheduler.loading else []
         self._start_pending()
-        for result in done:
-            entry = self.loading.pop(result.req_id, None)
-            if entry is None:
-                continue
-            if not result.ok:
-                log.warning("KV load for %s failed (%s); computing its tokens instead", result.req_id, result.error)
-            for seq in entry.seqs:
-                self._loaded(seq, entry, result.ok)
-        if self.tiering is not None:
-            self.tiering.loads_done(self, done)
+        self.scheduler.loads_done(done)
         return done
+
+    def _start_new_loads(self) -> None:
+        """Start the tier loads the scheduler planned; one the runner refuses ends as a failed load at once (its
+        request computes those tokens)."""
+        failed = []
+        for load in self.scheduler.take_new_loads():
+            try:
+                self.runner.start_load(load)
+            except Exception as exc:  # a runner that cannot read it
+                log.warning("onboarding %s failed to start: %r", load.req_id, exc)
+                failed.append(LoadDone(load.req_id, False, repr(exc)))
+        if failed:
+            self.scheduler.loads_done(failed)
 
     # -- the step ----------------------------------------------------------------------------
     @property
@@ -262,13 +259,8 @@ class EngineCore:
 
     def schedule(self) -> SchedulerOutput | None:
         """The next step's plan; None when nothing can run."""
-        stop_at = None
-        if self.tiering is not None:
-            stop_at = self.tiering.onboard(self)
-            self.tiering.step_started()
-        out = self.scheduler.schedule(stop_at)
-        if not out.scheduled and not self.scheduler.running and self._holder_first():
-            out = self.scheduler.schedule()
+        out = self.scheduler.schedule()
+        self._start_new_loads()
         if not out.scheduled:
             return None
         now = self.clock()
@@ -282,11 +274,7 @@ class EngineCore:
 
     def commit(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[RequestOutput]:
         """Apply a step's tokens; the deltas of every sequence that got one."""
-        completed = self.tiering.completed(out) if self.tiering is not None else None
-        outputs = [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
-        if completed is not None:
-            self.tiering.step_done(out, completed)
-        return outputs
+        return [self._emit(seq) for seq in self.scheduler.update_from_output(out, sampled)]
 
     def fail(self, out: SchedulerOutput, exc: BaseException) -> list[RequestOutput]:
         """A failed step fails its requests, never the engine."""
@@ -307,8 +295,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=len(sched.waiting) + sum(len(e.seqs) for e in self.loading.values()) + len(self.pending_loads)
-            + (self.tiering.num_waiters if self.tiering is not None else 0),
+            num_waiting=sched.num_waiting + len(self.pending_loads),
             num_running=len(sched.running), num_held=sched.num_held,
             num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
             num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
@@ -340,44 +327,6 @@ class EngineCore:
         if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)
-
-    def _take_out(self, seq: Sequence) -> None:
-        if seq.status is SequenceStatus.WAITING and seq in self.scheduler.waiting:
-            self.scheduler.waiting.remove(seq)
-        seq.status = SequenceStatus.LOADING
-
-    def _loaded(self, seq: Sequence, entry: Loading, ok: bool) -> None:
-        if seq.is_finished:  # aborted while loading
-            self.block_manager.free(seq)
-            seq.status = SequenceStatus.FINISHED
-            return
-        if ok:
-            seq.num_computed_tokens = entry.start + entry.load.num_tokens
-            if not seq.was_admitted:  # NOTE: loaded again after a preemption: counted the first time
-                seq.num_cached_tokens += entry.load.num_tokens
-            self.block_manager.cache_blocks(seq, seq.num_computed_tokens)
-        else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
-            self.block_manager.truncate(seq, entry.start // self.block_manager.block_size)
-        self.requeue(seq)
-
-    def _holder_first(self) -> bool:
-        """Nothing runs and the head cannot get blocks: put the first waiting request that holds loaded blocks at
-        the head (behind a head waiting for blocks it holds, it would wait for good)."""
-        waiting = self.scheduler.waiting
-        holder = next((seq for seq in waiting if seq.block_table), None)
-        if holder is None or holder is waiting[0]:
-            return False
-        waiting.remove(holder)
-        waiting.appendleft(holder)
-        return True
-
-    def requeue(self, seq: Sequence) -> None:
-        """Back to waiting after a load: ahead of every waiting request that holds no blocks, so that requests
-        holding loaded blocks are admitted first (behind a head that cannot get blocks they would wait for good)."""
-        self.scheduler.add(seq)
-        waiting = self.scheduler.waiting
-        waiting.pop()
-        waiting.insert(next((i for i, w in enumerate(waiting) if not w.block_table), len(waiting)), seq)
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
         self.block_manager.uncache_from(seq, seq.num_computed_tokens)

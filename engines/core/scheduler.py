@@ -1,13 +1,23 @@
-"""Continuous-batching scheduler: a per-step token budget shared by decodes and (chunked) prefills,
-prefix-cache hits on admission, preemption by recompute, and committing a step's sampled tokens
-(`update_from_output`), with speculative decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
+"""Continuous-batching scheduler, the one owner of the request queues (waiting, running, loading, parked): a
+per-step token budget shared by decodes and (chunked) prefills, prefix-cache hits and tier loads on admission,
+preemption by recompute, and committing a step's sampled tokens (`update_from_output`), with speculative
+decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
+import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engines.base.types import FinishReason, TokenLogprob
 from engines.core.block_manager import BlockManager
+from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.speculative import Proposer, SpecConfig, Speculator
+
+if TYPE_CHECKING:
+    from engines.core.tiers.tiering import Tiering
+
+log = logging.getLogger(__name__)
 
 # what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order: one token, or for a sequence
 # that verified proposed tokens, the tokens it accepted (the agreeing proposals and one more)
@@ -58,11 +68,20 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None):
+    """The one owner of the request queues: `waiting`, `running`, `loading` (KV loads in flight and the sequences
+    they fill) and `parked` (requests waiting for a tier load another request started). Nothing else writes them;
+    the tiering plug-in is called at its hooks and holds no reference back."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None,
+                 tiering: "Tiering | None" = None):
         self.config = config
         self.block_manager = block_manager
+        self.tiering = tiering
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
+        self.parked: dict[str, list[Sequence]] = {}  # load id -> requests that look again when it ends
+        self.new_loads: list[KvLoad] = []  # tier loads planned by `schedule`, for the core to start
         self.num_preemptions = 0
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache on admission
         self.prefix_hits = 0
@@ -79,8 +98,27 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, stop_at: Sequence | None = None) -> SchedulerOutput:
-        """The next step; admission stops at `stop_at` (a waiting request that must not be admitted yet)."""
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running: queued, loading KV, or parked on another request's load."""
+        return (len(self.waiting) + sum(len(e.seqs) for e in self.loading.values())
+                + sum(len(seqs) for seqs in self.parked.values()))
+
+    def schedule(self) -> SchedulerOutput:
+        """The next step. With tiers, waiting requests whose prefix a lower tier holds first get their loads
+        planned (`new_loads`, for the core to start); a request that must wait for room to load is not admitted
+        by computing what the tier holds."""
+        stop_at = None
+        if self.tiering is not None:
+            stop_at = self._onboard_waiting()
+            self.tiering.step_started()
+        out = self._schedule(stop_at)
+        if not out.scheduled and not self.running and self._holder_first():
+            out = self._schedule(None)
+        return out
+
+    def _schedule(self, stop_at: Sequence | None) -> SchedulerOutput:
+        """One pass; admission stops at `stop_at` (a waiting request that must not be admitted yet)."""
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # NOTE: admitting while preempting would thrash
@@ -91,6 +129,14 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[Sequence]:
         """Commit a step: computed tokens advance, each sampling sequence gets its token(s) (`sampled`, in
         `out.sampling` order), finished ones leave. Returns the sequences that got a token."""
+        # NOTE: the blocks the step completed are read before finished requests free them
+        completed = self.tiering.completed(out) if self.tiering is not None else None
+        emitted = self._commit(out, sampled)
+        if completed is not None:
+            self.tiering.step_done(out, completed)
+        return emitted
+
+    def _commit(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[Sequence]:
         for s in out.scheduled:
             seq = s.seq
             seq.num_computed_tokens = s.start + s.num_new_tokens - len(s.spec_token_ids)
@@ -145,6 +191,146 @@ class Scheduler:
             self.num_held -= 1
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+
+    # -- KV loads ----------------------------------------------------------------------------
+    def allocate_load(self, seq: Sequence, num_tokens: int, source: object) -> KvLoad | None:
+        """Blocks for `seq`'s next `num_tokens` tokens, left out of the prefix cache until the load fills them,
+        and the load that fills them; None, with nothing changed, when the blocks are not there."""
+        start, bm = seq.num_computed_tokens, self.block_manager
+        if start % bm.block_size:
+            raise ValueError(f"a load starts at a block boundary, not at token {start}")
+        if not bm.allocate_slots(seq, num_tokens, cache=False):
+            return None
+        blocks = seq.block_table[start // bm.block_size : bm.num_blocks_for(start + num_tokens)]
+        return KvLoad(seq.req_id, tuple(blocks), num_tokens, source)
+
+    def start_loading(self, seq: Sequence, load: KvLoad) -> None:
+        """`seq` is LOADING (out of the queues, never scheduled or preempted) until `loads_done` sees `load` end."""
+        self._take_out(seq)
+        self.loading[load.req_id] = Loading(load, seq.num_computed_tokens, [seq])
+
+    def join_loading(self, seq: Sequence, load_id: str) -> None:
+        """`seq` (already holding the load's blocks) waits on a load in flight instead of starting another."""
+        self._take_out(seq)
+        self.loading[load_id].seqs.append(seq)
+
+    def loads_done(self, done: list[LoadDone]) -> None:
+        """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
+        its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now. Then
+        the tiers count theirs, and the requests parked on each load look again."""
+        for result in done:
+            entry = self.loading.pop(result.req_id, None)
+            if entry is None:
+                continue
+            if not result.ok:
+                log.warning("KV load for %s failed (%s); computing its tokens instead", result.req_id, result.error)
+            for seq in entry.seqs:
+                self._loaded(seq, entry, result.ok)
+        if self.tiering is None:
+            return
+        self.tiering.loads_done(done)
+        for result in done:
+            for seq in reversed(self.parked.pop(result.req_id, [])):
+                if not seq.is_finished:  # NOTE: aborted parked requests hold no blocks: nothing to free
+                    seq.may_onboard = result.ok
+                    self.requeue(seq)
+
+    def requeue(self, seq: Sequence) -> None:
+        """Back to waiting after a load: ahead of every waiting request that holds no blocks, so that requests
+        holding loaded blocks are admitted first (behind a head that cannot get blocks they would wait for good)."""
+        seq.status = SequenceStatus.WAITING
+        i = next((i for i, w in enumerate(self.waiting) if not w.block_table), len(self.waiting))
+        self.waiting.insert(i, seq)
+
+    def _take_out(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.LOADING
+
+    def _loaded(self, seq: Sequence, entry: Loading, ok: bool) -> None:
+        bm = self.block_manager
+        if seq.is_finished:  # aborted while loading
+            bm.free(seq)
+            seq.status = SequenceStatus.FINISHED
+            return
+        if ok:
+            seq.num_computed_tokens = entry.start + entry.load.num_tokens
+            if not seq.was_admitted:  # NOTE: loaded again after a preemption: counted the first time
+                seq.num_cached_tokens += entry.load.num_tokens
+            bm.cache_blocks(seq, seq.num_computed_tokens)
+        else:  # NOTE: the blocks before the load stay; the tokens it was to fill are computed here
+            bm.truncate(seq, entry.start // bm.block_size)
+        self.requeue(seq)
+
+    def _holder_first(self) -> bool:
+        """Nothing runs and the head cannot get blocks: put the first waiting request that holds loaded blocks at
+        the head (behind a head waiting for blocks it holds, it would wait for good)."""
+        holder = next((seq for seq in self.waiting if seq.block_table), None)
+        if holder is None or holder is self.waiting[0]:
+            return False
+        self.waiting.remove(holder)
+        self.waiting.appendleft(holder)
+        return True
+
+    # -- tier loads (the tiering plug-in's match and after-allocation hooks) -------------------
+    def _onboard_waiting(self) -> Sequence | None:
+        """Look once at each request the scheduler may admit next: plan its load from a lower tier, or park it on
+        the load of its next block. Stops at the first that cannot get blocks for its load (admission order) and
+        returns it: it must not be admitted by computing what a lower tier holds, unless nothing runs, loads or
+        holds loaded blocks (then no blocks would ever come free for it)."""
+        room = self.config.max_num_seqs - len(self.running)
+        reserved = self._outstanding()
+        for seq in list(itertools.islice(self.waiting, max(room, 0))):
+            if seq.may_onboard and seq.num_computed_tokens == 0:
+                reserved = self._maybe_onboard(seq, reserved)
+                if reserved is None:
+                    return seq if self._blocks_will_free() else None
+        return None
+
+    def _maybe_onboard(self, seq: Sequence, reserved: int) -> int | None:
+        """Plan `seq`'s tier load if it fits; the blocks then promised to requests holding loaded blocks, or None
+        when its load must wait for room."""
+        seq.may_onboard = False
+        match = self.tiering.match(seq)
+        if match is None:
+            return reserved
+        if match.load_id is not None:
+            self._take_out(seq)
+            self.parked.setdefault(match.load_id, []).append(seq)
+            return reserved
+        bm = self.block_manager
+        num_revived = sum(1 for b in match.hits if bm.blocks[b].ref_count == 0)
+        # NOTE: a loaded request waits with its blocks held: load only if its whole prompt then fits beside every
+        # other such request's (and one more block per running request), or waiting requests could hold the pool
+        # among them with nothing left to run
+        need = bm.num_blocks_for(seq.num_tokens) - len(match.hits)
+        if num_revived + need > bm.num_free_blocks - len(self.running) - reserved:
+            seq.may_onboard = True
+            return None
+        bm.allocate_slots(seq, 0, match.hits)
+        if not seq.was_admitted:  # NOTE: a preempted request onboarding again was counted the first time
+            seq.num_cached_tokens += len(match.hits) * bm.block_size
+        load = self.allocate_load(seq, len(match.source.blocks) * bm.block_size, match.source)
+        self.tiering.allocated(seq, load)
+        self.start_loading(seq, load)
+        self.new_loads.append(load)
+        return reserved + need - len(match.source.blocks)
+
+    def take_new_loads(self) -> list[KvLoad]:
+        """The tier loads `schedule` planned since the last call, for the core to start (in order)."""
+        loads, self.new_loads = self.new_loads, []
+        return loads
+
+    def _blocks_will_free(self) -> bool:
+        """Something runs, loads, or waits holding loaded blocks (admitted first, it runs and frees them)."""
+        return bool(self.running or self.loading or any(s.block_table for s in self.waiting))
+
+    def _outstanding(self) -> int:
+        """Blocks the requests holding loaded (or loading) blocks, not yet running, still need for their prompts."""
+        bm = self.block_manager
+        holding = [s for entry in self.loading.values() for s in entry.seqs]
+        holding += [s for s in self.waiting if s.block_table]
+        return sum(max(bm.num_blocks_for(s.num_tokens) - len(s.block_table), 0) for s in holding)
 
     # -- internals ---------------------------------------------------------------------------
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -2,6 +2,7 @@
 the KV cache and the attention backend; knows nothing of requests' lifecycles."""
 import torch
 
+from engines.base.block_hash import num_blocks_for
 from engines.base.types import KvLayout
 from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend, resolve_backend
 from engines.native.attention.varlen import build_varlen_metadata
@@ -63,7 +64,7 @@ class ModelRunner:
             return None
         from engines.native.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, -(-self.max_model_len // self.block_size),
+        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, num_blocks_for(self.max_model_len, self.block_size),
                               self.device)
         graphs.capture()
         return graphs
@@ -78,7 +79,7 @@ class ModelRunner:
             budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
         by_memory = budget // bytes_per_block(self.kv_layout)
         # enough for every running sequence at full length, twice over for the prefix cache
-        useful = 2 * self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        useful = 2 * self.config.max_num_seqs * num_blocks_for(self.max_model_len, self.block_size)
         return max(1, min(by_memory, useful))
 
     @torch.inference_mode()
@@ -152,7 +153,7 @@ class ModelRunner:
 
     def _span_varlen(self, s: ScheduledSeq, q_start: int) -> tuple[int, int, int, list[int]]:
         ctx_len = s.start + s.num_new_tokens
-        return q_start, s.num_new_tokens, ctx_len, s.seq.block_table[: -(-ctx_len // self.block_size)]
+        return q_start, s.num_new_tokens, ctx_len, s.seq.block_table[: num_blocks_for(ctx_len, self.block_size)]
 
     def _slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
@@ -187,7 +188,7 @@ class ModelRunner:
 
     def _span(self, s: ScheduledSeq, q_start: int) -> PrefillSpan:
         q_len, ctx_len = s.num_new_tokens, s.start + s.num_new_tokens
-        table = self._tensor(s.seq.block_table[: -(-ctx_len // self.block_size)])
+        table = self._tensor(s.seq.block_table[: num_blocks_for(ctx_len, self.block_size)])
         q_pos = torch.arange(s.start, ctx_len, device=self.device)
         mask = torch.arange(ctx_len, device=self.device)[None, :] <= q_pos[:, None]  # [q_len, ctx_len]
         return PrefillSpan(q_start, q_len, ctx_len, table, mask)

@@ -9,7 +9,7 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
-from engines.core.kv_tiers import TierSpec
+from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.sequence import Sequence
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.native.draft import DraftProposer

@@ -4,6 +4,7 @@ rule itself stays pure (engines/core/speculative.py). Must not run once requests
 import logging
 import time
 
+from engines.base.block_hash import num_blocks_for
 from engines.base.types import SamplingParams
 from engines.core.scheduler import ScheduledSeq, SchedulerOutput
 from engines.core.sequence import Sequence
@@ -41,7 +42,7 @@ def measure_verify_costs(model_runner, max_k: int, repeats: int = 5) -> dict[str
 
 def _scratch_seq(model_runner, num_tokens: int) -> Sequence:
     """A sequence over the cache's first blocks (free at start: nothing has been admitted yet)."""
-    num_blocks = -(-num_tokens // model_runner.block_size)
+    num_blocks = num_blocks_for(num_tokens, model_runner.block_size)
     if num_blocks > model_runner.num_blocks:
         raise ValueError(f"measuring verification needs {num_blocks} KV blocks, "
                          f"the cache has {model_runner.num_blocks}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.base.block_hash import num_blocks_for
 from engines.sim.measured import Points1D, Points2D, decode_table, interp, prefill_table, read_measurements
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -160,7 +161,7 @@ def profile_from_bench(json_path: str | Path, base: TimingProfile | None = None)
         if not native:
             continue
         n, isl, osl = entry["num_requests"], entry["isl"], entry["osl"]
-        blocks = n * -(-(isl + osl // 2) // base.block_size)
+        blocks = n * num_blocks_for(isl + osl // 2, base.block_size)
         prefill.append((n * isl, native["ttft_s_p50"] * 1e3))
         decode.append((min(blocks / base.num_blocks, 1.0), native["itl_s_p50"] * 1e3))
     if not prefill:

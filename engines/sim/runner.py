@@ -14,8 +14,8 @@ import numpy as np
 
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
-from engines.core.kv_tiers import TierSpec
-from engines.core.modelled_tiers import ModelledTiers
+from engines.core.tiers.kv_tiers import TierSpec
+from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
 from engines.core.sequence import Sequence

@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from engines.base.types import KvLayout
-from engines.core.kv_tiers import Onboard, TieredLoads
+from engines.core.tiers.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
 from engines.transfer import descriptor
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor

@@ -10,8 +10,8 @@ from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import SchedulerOutput
 from engines.base.requests import DTYPE_BYTES
-from engines.core.kv_tiers import TierSpec, TieredLoads
-from engines.core.modelled_tiers import ModelledTiers
+from engines.core.tiers.kv_tiers import TierSpec, TieredLoads
+from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.sequence import Sequence
 
 DEFAULT_VOCAB_SIZE = 32000

@@ -9,6 +9,7 @@ from collections import deque
 
 import msgpack
 
+from engines.base.block_hash import num_blocks_for
 from services.common.protos import common_pb2
 
 VERSION = 1
@@ -128,7 +129,7 @@ class KvVerifier:
         if not 0 < h.num_tokens <= len(token_ids) or h.layout.block_size < 1:
             raise HandleInvalid(f"the KV handle covers {h.num_tokens} tokens of a {len(token_ids)}-token request",
                                 "wrong_prompt")
-        if h.num_blocks != -(-h.num_tokens // h.layout.block_size):
+        if h.num_blocks != num_blocks_for(h.num_tokens, h.layout.block_size):
             raise HandleInvalid(f"the KV handle names {h.num_blocks} blocks for {h.num_tokens} tokens",
                                 "wrong_prompt")
         if not hmac.compare_digest(prompt_hash(token_ids[: h.num_tokens]), h.prompt_hash):

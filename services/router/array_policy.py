@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engines.base.block_hash import chain_block_hashes
+from engines.base.block_hash import chain_block_hashes, num_blocks_for
 from engines.base.events import KvTier
 from services.router.array_scoring import compile_kernels, decide_row
 from services.router.kv_policy import Clock, KvAwarePolicy, KvPolicyConfig, Rng
@@ -54,7 +54,7 @@ class ArrayKvPolicy(KvAwarePolicy):
         self.recent_overlap_into(prompt_keys, group)
         row, overlap, deepest = decide_row(
             *self.index.kernel_args(), keys, self._depths, group.index_slots, group.predicted, group.state,
-            float(busy_load), float(busy_kv), float(self._clock()), -(-len(request.token_ids) // block_size),
+            float(busy_load), float(busy_kv), float(self._clock()), num_blocks_for(len(request.token_ids), block_size),
             block_size, float(self.config.overlap_weight), float(self.config.inflight_weight))
         if row < 0 or not self.index.touch_later(hashes, deepest):
             return None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engines.base.block_hash import chain_block_hashes
+from engines.base.block_hash import chain_block_hashes, num_blocks_for
 from engines.base.events import KvTier
 from services.router.prefix_index import CachedPrefix, PrefixIndex, walk
 from services.router.types import Choice, RouteInput, WorkerLoad, WorkerView
@@ -204,7 +204,7 @@ class KvAwarePolicy:
             cached = (num_blocks - num_host - num_disk) * w_device + num_host * w_host + num_disk * w_disk
             if num_predicted > num_blocks:  # NOTE: own decisions count as device blocks where events lag behind
                 cached += num_predicted - num_blocks
-            num_prompt = -(-num_tokens // block_size)
+            num_prompt = num_blocks_for(num_tokens, block_size)
             prefill = view.num_queued_prefill_tokens / block_size + num_prompt - overlap_weight * cached
             cost = (prefill if prefill > 0.0 else 0.0) + inflight_weight * view.num_inflight_tokens / block_size
             overlap = num_blocks if num_blocks > num_predicted else num_predicted

@@ -4,6 +4,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from engines.base.block_hash import num_blocks_for
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.stats import RequestTrace
 
@@ -17,7 +18,7 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
-    blocks_per_seq = -(-max_len // BLOCK_SIZE) + 1
+    blocks_per_seq = num_blocks_for(max_len, BLOCK_SIZE) + 1
     config = EngineConfig(
         model=str(model_dir), dtype=dtype, num_threads=threads, block_size=BLOCK_SIZE,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from engines.base.block_hash import num_blocks_for
 from services.router.array_scoring import decide_row
 from services.router.types import RouteDecision, RouteInput, WorkerRole
 
@@ -51,7 +52,7 @@ def decide_in_phases(core, request: RouteInput, ns: list[int]) -> RouteDecision:
     t.append(clock())
     row, overlap, deepest = decide_row(
         *policy.index.kernel_args(), keys, policy._depths, group.index_slots, group.predicted, group.state,
-        float(core.busy.load), float(core.busy.kv), float(policy._clock()), -(-len(request.token_ids) // block_size),
+        float(core.busy.load), float(core.busy.kv), float(policy._clock()), num_blocks_for(len(request.token_ids), block_size),
         block_size, float(policy.config.overlap_weight), float(policy.config.inflight_weight))
     t.append(clock())
     worker_id = group.worker_ids[row]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.base.block_hash import num_blocks_for
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, TraceRow
 
 
@@ -42,7 +43,7 @@ class _Ids:
 
 
 def _blocks(num_tokens: int) -> int:
-    return -(-num_tokens // MOONCAKE_BLOCK_SIZE)
+    return num_blocks_for(num_tokens, MOONCAKE_BLOCK_SIZE)
 
 
 def poisson_arrivals(rate_at, max_rate: float, seconds: float, rng: random.Random) -> Iterator[float]:

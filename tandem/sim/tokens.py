@@ -1,5 +1,6 @@
 """Prompts for simulated requests: Mooncake hash ids expanded into token ids so that shared ids are shared
 token prefixes at any engine block size that divides 16; rows without ids get unique prompts. Pure."""
+from engines.base.block_hash import num_blocks_for
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, TraceRow
 
 MARK_EVERY = 16  # one id-marking token per 16 positions: any engine block of 16k tokens carries its id
@@ -26,5 +27,5 @@ def prompt_tokens(row: TraceRow, row_index: int) -> list[int]:
     """A row's prompt: its hash ids expanded, or (no ids, e.g. Azure) ids no other row shares."""
     if row.hash_ids:
         return expand_hash_ids(row.hash_ids, row.isl)
-    ids = tuple(_UNIQUE_BASE + row_index * 1024 + i for i in range(-(-row.isl // MOONCAKE_BLOCK_SIZE)))
+    ids = tuple(_UNIQUE_BASE + row_index * 1024 + i for i in range(num_blocks_for(row.isl, MOONCAKE_BLOCK_SIZE)))
     return expand_hash_ids(ids, row.isl)

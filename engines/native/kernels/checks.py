@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from engines.base.block_hash import num_blocks_for
+
 # NOTE: bounds per compute dtype. float32 allows for TF32 in the prefill tl.dot on GPUs (10-bit
 # mantissa); bf16 (8-bit mantissa) and fp16 (11-bit) for rounding of inputs, P and the output.
 REL_BOUNDS = {torch.float32: 2e-3, torch.bfloat16: 3e-2, torch.float16: 5e-3}
@@ -69,7 +71,7 @@ def _cache(num_blocks, block_size, kv_heads, head_dim, dtype, device, gen, scale
 
 def _tables(seq_lens: list[int], block_size: int, num_blocks: int, gen, device) -> torch.Tensor:
     """Distinct random blocks per sequence, padded with block 0: [num_seqs, max_blocks] int32."""
-    need = [-(-n // block_size) for n in seq_lens]
+    need = [num_blocks_for(n, block_size) for n in seq_lens]
     perm = torch.randperm(num_blocks, generator=gen, device=device)[: sum(need)]
     width = max(need)
     rows, at = [], 0
@@ -87,7 +89,7 @@ def check_decode(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None =
     gen = torch.Generator(device).manual_seed(seed)
     kv_dtype = kv_dtype or dtype
     k_scale, v_scale = (0.5, 0.25) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 2
+    num_blocks = sum(num_blocks_for(n, block_size) for n in seq_lens) + 2
     k_cache = _cache(num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device, gen, k_scale)
     v_cache = _cache(num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device, gen, v_scale)
     tables = _tables(list(seq_lens), block_size, num_blocks, gen, device)
@@ -111,7 +113,7 @@ def check_prefill(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None 
     kv_dtype = kv_dtype or dtype
     k_scale, v_scale = (0.5, 0.25) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
     ctx_lens = [c for _, c in spans]
-    num_blocks = sum(-(-c // block_size) for c in ctx_lens) + 2
+    num_blocks = sum(num_blocks_for(c, block_size) for c in ctx_lens) + 2
     k_cache = _cache(num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device, gen, k_scale)
     v_cache = _cache(num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device, gen, v_scale)
     tables = _tables(ctx_lens, block_size, num_blocks, gen, device)
@@ -139,7 +141,7 @@ def check_write_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None
     gen = torch.Generator(device).manual_seed(seed)
     kv_dtype = kv_dtype or dtype
     scales = (0.5, 0.25) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    num_blocks = -(-num_tokens // block_size) + 3
+    num_blocks = num_blocks_for(num_tokens, block_size) + 3
     # k and v as strided views of one fused projection, as the model produces them
     kv = torch.randn(num_tokens, 3 * num_kv_heads * head_dim, generator=gen, device=device).to(dtype)
     k = kv[:, : num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)

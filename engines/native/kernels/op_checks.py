@@ -4,6 +4,7 @@ bench/gpu_engine.py on the GPU at model shapes before it times anything.
 """
 import torch
 
+from engines.base.block_hash import num_blocks_for
 from engines.native.kernels.checks import FP8_MAX, REL_BOUNDS, CheckResult, _name, rel_error
 from engines.native.quant import formats
 
@@ -62,7 +63,7 @@ def check_rope_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None 
     qkv = _randn((num_tokens, q_size + 2 * kv_size), gen, device, dtype)
     q, k, v = (t.view(num_tokens, -1, head_dim) for t in qkv.split([q_size, kv_size, kv_size], dim=-1))
     positions = torch.randint(0, 64, (num_tokens,), generator=gen, device=device)
-    num_blocks = -(-num_tokens // block_size) + 2
+    num_blocks = num_blocks_for(num_tokens, block_size) + 2
     slots = torch.randperm(num_blocks * block_size, generator=gen, device=device)[:num_tokens]
     slots[-1] = -1
     caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, device=device).to(kv_dtype)

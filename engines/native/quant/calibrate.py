@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from engines.base.block_hash import num_blocks_for
 from engines.native.quant.formats import FP8_MAX
 from engines.native.quant.swap import QUANTIZED_MODULES, QuantConfig, read_quant_config, write_quant_config
 
@@ -39,7 +40,7 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
     longest = max(len(p) for p in prompts)
     core = build_core(EngineConfig(model=str(model_dir), device=device, dtype=dtype, attention_backend="torch",
                                    cuda_graphs=False, enable_prefix_caching=False, max_model_len=longest + 1,
-                                   num_blocks=-(-longest // 16) + 2, max_num_batched_tokens=longest))
+                                   num_blocks=num_blocks_for(longest, 16) + 2, max_num_batched_tokens=longest))
     model = core.runner.model
     kv_amax = [[torch.zeros(()), torch.zeros(())] for _ in model.attention_layers]
     for attn, amax in zip(model.attention_layers, kv_amax):

@@ -3,7 +3,7 @@ renamed into place by one writer thread, read and checked by the loader, re-inde
 The directory is this worker's alone (0700, locked while it runs; files 0600) and every header is authenticated
 with the deployment key bound to it: a planted or foreign file is refused, removed and counted. A full or
 unwritable disk stops writes with one warning and serving goes on. The I/O shell only: which blocks live here is
-the core's (engines/core/kv_tiers.py)."""
+the core's (engines/core/tiers/kv_tiers.py)."""
 import fcntl
 import logging
 import os

@@ -1,7 +1,7 @@
 """G2: host memory for KV blocks, one slot per block with every layer contiguous, allocated in chunks. On a CUDA
 host each chunk is plain malloc'd memory pinned with cudaHostRegister (the torch caching allocator would round a
 large pinned request up to a power of two, and one huge pin stalls the driver); on a CPU host it is a plain
-buffer pool. Slots only: which block sits in which slot is the core's (engines/core/kv_tiers.py)."""
+buffer pool. Slots only: which block sits in which slot is the core's (engines/core/tiers/kv_tiers.py)."""
 import logging
 
 import torch

@@ -1,7 +1,7 @@
 """The native runner's KV tiers: device blocks written through to host slots, host slots written to disk, and
 onboarding loads (host or disk -> device blocks) run off the step loop — on a thread on CPU; on CUDA that thread
 enqueues the copies on a copy stream and waits on its event, so the step loop never does. The core decides what
-moves where (engines/core/kv_tiers.py); this moves bytes and measures how fast."""
+moves where (engines/core/tiers/kv_tiers.py); this moves bytes and measures how fast."""
 import hashlib
 import logging
 import threading
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from engines.base.events import KvTier
-from engines.core.kv_tiers import DiskWrite, Onboard, OnboardBlock, TierReport, TierSpec
+from engines.core.tiers.kv_tiers import DiskWrite, Onboard, OnboardBlock, TierReport, TierSpec
 from engines.core.loads import KvLoad, LoadDone
 from engines.native.kv_cache import FP8_MAX, KvCache
 from engines.native.tiers.disk_format import BlockHeader, BlockIdentity, CorruptBlockError

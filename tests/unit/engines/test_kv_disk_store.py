@@ -11,7 +11,7 @@ import torch
 from engines.base.errors import EngineUnavailableError
 from engines.base.events import KvTier
 from engines.base.types import KvLayout
-from engines.core.kv_tiers import OnboardBlock, TierSpec
+from engines.core.tiers.kv_tiers import OnboardBlock, TierSpec
 from engines.native.kv_cache import KvCache, bytes_per_block
 from engines.native.tiers.disk_format import (BlockHeader, BlockIdentity, BlockSeal, CorruptBlockError,
                                                ForeignBlockError, ForgedBlockError, decode, encode)

@@ -1,22 +1,19 @@
-"""KV tiers in the engine core's step: before the scheduler admits, a waiting request whose prefix goes on in the
-host or disk tier has those blocks loaded (or waits for the load already bringing them: one load per block, no
-convoy); after a step or a load, newly complete device blocks are written through to the host tier, and blocks
-seen twice go on to disk. Also the measured prefill rate the cost check weighs a load against, and the tiers'
-events and counters. Pure: no torch, no I/O; the runner (its tier methods) moves the bytes."""
-import itertools
+"""The tiering plug-in the scheduler calls at its hooks: `match` (a waiting request's prefix in the host or disk
+tier, or the load already bringing its next block: one load per block, no convoy), `allocated` (its load's blocks
+are given: pin and record), `loads_done` and `step_done` (write newly complete device blocks through to the host
+tier; blocks seen twice go on to disk). Also the measured prefill rate the cost check weighs a load against, and the
+tiers' events and counters. Holds no reference to the scheduler or the core; pure: no torch, no I/O (the runner's
+tier methods move the bytes)."""
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from engines.base.events import KvTier
 from engines.core.block_manager import BlockManager
-from engines.core.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
-from engines.core.loads import LoadDone
+from engines.core.loads import KvLoad, LoadDone
 from engines.core.scheduler import SchedulerOutput
 from engines.core.sequence import Sequence
-
-if TYPE_CHECKING:
-    from engines.core.engine_core import EngineCore
+from engines.core.tiers.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
 
 log = logging.getLogger(__name__)
 PREFILL_EWMA = 0.2  # weight of the newest step in the measured prefill rate
@@ -39,6 +36,16 @@ class TierRunner(Protocol):
     def restored_disk_blocks(self) -> list[tuple[int, int, tuple[int, ...]]]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TierMatch:
+    """What the tiers offer a waiting request: load `source` after its device hits `hits`, or (`load_id` set)
+    wait for the load in flight that brings its next block."""
+
+    hits: list[int]
+    source: Onboard | None = None
+    load_id: str | None = None
+
+
 @dataclass(slots=True)
 class _Onboarding:
     source: Onboard
@@ -53,79 +60,36 @@ class Tiering:
         self.runner, self.bm, self.clock = runner, block_manager, clock
         self.tiers = KvTiers(runner.tier_spec, block_manager.block_size)
         self.prefill_tokens_per_s = runner.prefill_tokens_per_s
-        self.waiters: dict[str, list[Sequence]] = {}  # load id -> requests that look again when it ends
         self._onboarding: dict[str, _Onboarding] = {}  # load id -> what it brings
         self._step_started_s = 0.0
-        self._reserved = 0  # blocks promised to requests holding loaded blocks (see `onboard`)
         self.tiers.restore_disk(runner.restored_disk_blocks())  # a warm restart: announced as STORED on disk
         self._flush()
 
-    # -- before admission --------------------------------------------------------------------
-    def onboard(self, core: "EngineCore") -> Sequence | None:
-        """Look once at each request the scheduler may admit next: start its load from a lower tier, or have it
-        wait for the load of its next block. Stops at the first that cannot get blocks for its load (admission
-        order) and returns it: the scheduler must not admit it by computing what a lower tier holds, unless
-        nothing runs, loads or holds loaded blocks (then no blocks would ever come free for it)."""
-        room = core.config.max_num_seqs - len(core.scheduler.running)
-        self._reserved = self._outstanding(core)
-        for seq in list(itertools.islice(core.scheduler.waiting, max(room, 0))):
-            if seq.may_onboard and seq.num_computed_tokens == 0 and not self._onboard(core, seq):
-                return seq if self._blocks_will_free(core) else None
-        return None
-
-    @staticmethod
-    def _blocks_will_free(core: "EngineCore") -> bool:
-        """Something runs, loads, or waits holding loaded blocks (admitted first, it runs and frees them)."""
-        return bool(core.scheduler.running or core.loading or any(s.block_table for s in core.scheduler.waiting))
-
-    def _outstanding(self, core: "EngineCore") -> int:
-        """Blocks the requests holding loaded (or loading) blocks, not yet running, still need for their prompts."""
-        bm = self.bm
-        holding = [s for entry in core.loading.values() for s in entry.seqs]
-        holding += [s for s in core.scheduler.waiting if s.block_table]
-        return sum(max(bm.num_blocks_for(s.num_tokens) - len(s.block_table), 0) for s in holding)
-
-    def _onboard(self, core: "EngineCore", seq: Sequence) -> bool:
-        seq.may_onboard = False
-        bm, bs = self.bm, self.bm.block_size
-        hits = bm.get_computed_blocks(seq)  # NOTE: extends seq.block_hashes up to `stop`
+    # -- the match hook ----------------------------------------------------------------------
+    def match(self, seq: Sequence) -> TierMatch | None:
+        """The tier blocks that go on `seq`'s device prefix hits (only tiers whose load beats recomputing), or
+        the load in flight already bringing its next block; None when the tiers hold nothing for it."""
+        bs = self.bm.block_size
+        hits = self.bm.get_computed_blocks(seq)  # NOTE: extends seq.block_hashes up to `stop`
         start, stop = len(hits), (seq.num_tokens - 1) // bs
         for block_hash in seq.block_hashes[:start]:
             self.tiers.see(block_hash)
         load_id = self.tiers.in_flight.get(seq.block_hashes[start]) if start < stop else None
         if load_id is not None:
-            core._take_out(seq)
-            self.waiters.setdefault(load_id, []).append(seq)
-            return True
+            return TierMatch(hits, load_id=load_id)
         found = self.tiers.match(seq.block_hashes, seq.token_ids, start, stop, self._worth_loading())
-        if not found:
-            return True
-        num_revived = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
-        # NOTE: a loaded request waits with its blocks held: load only if its whole prompt then fits beside every
-        # other such request's (and one more block per running request), or waiting requests could hold the pool
-        # among them with nothing left to run
-        need = bm.num_blocks_for(seq.num_tokens) - len(hits)
-        if num_revived + need > bm.num_free_blocks - len(core.scheduler.running) - self._reserved:
-            seq.may_onboard = True
-            return False
-        self._reserved += need - len(found)
-        bm.allocate_slots(seq, 0, hits)
-        if not seq.was_admitted:  # NOTE: a preempted request onboarding again was counted the first time
-            seq.num_cached_tokens += start * bs
-        source = Onboard(tuple(found))
-        self.tiers.pin_load(seq.req_id, found)
-        try:
-            core.start_load(seq, len(found) * bs, source)
-        except Exception as exc:  # a runner that cannot read it: the request computes those tokens
-            log.warning("onboarding %s failed to start: %r", seq.req_id, exc)
-            self.tiers.load_done(seq.req_id, source, False, 0.0)
-            return True
-        for b in found:
+        return TierMatch(hits, Onboard(tuple(found))) if found else None
+
+    # -- the after-allocation hook -----------------------------------------------------------
+    def allocated(self, seq: Sequence, load: KvLoad) -> None:
+        """`load` (an `Onboard` source) has its destination blocks: pin what it reads, so that no other load
+        brings them again and no eviction drops them before the copy."""
+        source = load.source
+        self.tiers.pin_load(load.req_id, source.blocks)
+        for b in source.blocks:
             self.tiers.see(b.block_hash)
-        self._onboarding[seq.req_id] = _Onboarding(source, tuple(seq.block_table[start:]), self.clock(),
-                                                   not seq.was_admitted)
+        self._onboarding[load.req_id] = _Onboarding(source, load.block_ids, self.clock(), not seq.was_admitted)
         self._flush()
-        return True
 
     def _worth_loading(self) -> frozenset[KvTier]:
         """The cost check: the tiers whose load of a block beats recomputing its tokens."""
@@ -134,8 +98,8 @@ class Tiering:
                          if beats_recompute(spec.block_bytes, self.bm.block_size, self.runner.bytes_per_s[t], rate))
 
     # -- after a load ------------------------------------------------------------------------
-    def loads_done(self, core: "EngineCore", done: list[LoadDone]) -> None:
-        """Count and unpin finished onboarding loads, write disk blocks through to host, requeue waiters."""
+    def loads_done(self, done: list[LoadDone]) -> None:
+        """Count and unpin finished onboarding loads, write their blocks through to host (from disk)."""
         for result in done:
             entry = self._onboarding.pop(result.req_id, None)
             if entry is not None:
@@ -144,15 +108,7 @@ class Tiering:
                 if result.ok:
                     self._write_through([(b, s.parent_hash, s.block_hash, s.token_ids)
                                          for b, s in zip(entry.block_ids, entry.source.blocks)], seen=False)
-            for seq in reversed(self.waiters.pop(result.req_id, [])):
-                if not seq.is_finished:  # NOTE: aborted waiters hold no blocks: nothing to free
-                    seq.may_onboard = result.ok
-                    core.requeue(seq)
         self.poll()
-
-    @property
-    def num_waiters(self) -> int:
-        return sum(len(seqs) for seqs in self.waiters.values())
 
     # -- after a step ------------------------------------------------------------------------
     def step_started(self) -> None:

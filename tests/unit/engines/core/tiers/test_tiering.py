@@ -7,9 +7,9 @@ from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEventKind, KvTier
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
-from engines.core.kv_tiers import Onboard, OnboardBlock, TierSpec
+from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec
 from engines.core.loads import LoadDone
-from engines.core.modelled_tiers import ModelledTiers
+from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import Done, RunnerInfo
 from engines.core.scheduler import SchedulerOutput
 from engines.core.sequence import SequenceStatus
@@ -276,7 +276,8 @@ def test_a_loaded_request_goes_back_ahead_of_requests_holding_no_blocks():
     core.step()  # "busy" holds the one running slot
     core.add(request("a2", A + [1, 2, 3]))
     core.seqs["a2"].may_onboard = True
-    core.tiering._onboard(core, core.seqs["a2"])  # the load starts while the batch is full
+    core.scheduler._maybe_onboard(core.seqs["a2"], core.scheduler._outstanding())  # planned while the batch is full
+    core._start_new_loads()
     clock.now += 0.5
     core.add(request("late", range(950, 954)))  # arrives while a2 loads
     clock.now += 2.5

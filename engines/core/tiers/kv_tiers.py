@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from engines.base.block_hash import NONE_HASH
 from engines.base.events import KvTier
 from engines.core.loads import KvLoad, LoadDone, NoLoads
-from engines.core.tier_pool import TierBlock, TierPool
+from engines.core.tiers.tier_pool import TierBlock, TierPool
 
 MAX_DISK_WRITES_IN_FLIGHT = 256  # host slots a slow disk may pin at once; later sightings admit the rest
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from engines.base.events import KvTier
-from engines.core.kv_tiers import DiskWrite, Onboard, TierReport, TierSpec
+from engines.core.tiers.kv_tiers import DiskWrite, Onboard, TierReport, TierSpec
 from engines.core.loads import KvLoad, LoadDone
 
 

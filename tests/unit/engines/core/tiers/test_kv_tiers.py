@@ -3,8 +3,8 @@ import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvTier
-from engines.core.kv_tiers import DiskWrite, KvTiers, Onboard, OnboardBlock, TierSpec, beats_recompute
-from engines.core.tier_pool import TierPool
+from engines.core.tiers.kv_tiers import DiskWrite, KvTiers, Onboard, OnboardBlock, TierSpec, beats_recompute
+from engines.core.tiers.tier_pool import TierPool
 
 BS = 4
 A = list(range(100, 116))  # four full blocks
