@@ -14,6 +14,7 @@ from engines.base.block_hash import chain_block_hashes, chain_root
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.grpc_server import make_channel
+from services.common.errors import detail_of
 from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.tracing import span
 from services.gateway import errors
@@ -235,7 +236,7 @@ class Pipeline:
         responses = aiter(call)
         try:
             async for response in responses:
-                is_over = bool(response.finish_reason or response.error)
+                is_over = bool(response.finish_reason)
                 yield _delta_from(response)  # NOTE: raises when the worker failed the request
                 if is_over:
                     return
@@ -243,7 +244,8 @@ class Pipeline:
             raise errors.WorkerFailedError("the decode worker ended the stream before the request finished")
         except grpc.aio.AioRpcError as exc:
             is_over = True
-            self._spawn(self._abort(address, req_id))  # NOTE: a worker cut off from us may still be running it
+            if detail_of(exc) is None:  # NOTE: a worker cut off from us may still be running it; one that said
+                self._spawn(self._abort(address, req_id))  # why it ended the call (a typed detail) has stopped it
             raise errors.from_rpc_error(exc, "decode worker") from None
         finally:
             if not is_over:  # the client left, or a stop string ended it: stop the worker now
@@ -304,7 +306,7 @@ class Pipeline:
 
 def _delta_from(response: worker_pb2.GenerateResponse) -> TokenDelta:
     finish = convert.finish_from_pb(response.finish_reason)
-    if response.error or finish in (FinishReason.ERROR, FinishReason.ABORT):
-        raise errors.from_worker_finish(finish, response.error)
+    if finish in (FinishReason.ERROR, FinishReason.ABORT):
+        raise errors.from_worker_finish(finish)
     logprobs = tuple(convert.logprob_from_pb(lp) for lp in response.logprobs) if response.logprobs else ()
     return TokenDelta(tuple(response.token_ids), logprobs, finish, response.num_cached_tokens)
