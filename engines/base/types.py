@@ -8,6 +8,7 @@ from engines.base.structured import StructuredSpec
 
 MAX_CACHE_SALT_CHARS = 1024  # a salt is a label, not a payload (the gateway caps what clients send lower)
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI documents no limit; this bounds the work per step)
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit); the gateway's schema refuses more with this one
 
 
 class FinishReason(str, Enum):
@@ -52,8 +53,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.top_logprobs <= 20:
-            raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         self._validate_shaping()

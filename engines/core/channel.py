@@ -1,9 +1,9 @@
-"""Where the engine loop runs and how its messages travel: a child process over a pipe (msgpack; what a worker
+"""Where the engine loop runs and how its messages travel: a child process over a pipe (msgspec; what a worker
 uses, so the engine's steps never share a GIL with the gRPC process) or a thread in this process (tests,
 in-process benchmarks; messages pass as objects). The client and the loop are the same for both.
 
 Pipes were chosen on measurements (bench/ipc_bench.py, bench/RESULTS.md): round trips and step streams as fast as
-ZMQ's or faster, EOF tells the client at once that the engine process died, and nothing beyond msgpack to install.
+ZMQ's or faster, and EOF tells the client at once that the engine process died.
 """
 import asyncio
 import logging
@@ -78,7 +78,7 @@ class ThreadChannel:
 
 
 class ProcessChannel:
-    """The loop in a spawned child process; msgpack over a pipe. The child dies with this process."""
+    """The loop in a spawned child process; msgspec-encoded messages over a pipe. The child dies with this process."""
 
     def __init__(self, spec: EngineSpec, overlap: bool, log_setup: Callable[[], None] | None = None):
         """`log_setup` (picklable) configures the child's logging as its parent's; default plain text."""
@@ -146,7 +146,7 @@ class ProcessChannel:
 
 
 class _PipeEngineSide:
-    """The child's end: commands in, messages out, msgpack-encoded."""
+    """The child's end: commands in, messages out, msgspec-encoded."""
 
     def __init__(self, conn):
         self.conn = conn

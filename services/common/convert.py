@@ -4,8 +4,9 @@ import dataclasses
 from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 from engines.base.types import (EngineStats, FinishReason, KvLayout, SamplingParams, TokenLogprob)
 from engines.base.structured import StructuredSpec
+from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta, WorkerRef
 from services.common.protos import common_pb2 as pb
-from services.common.protos import worker_pb2
+from services.common.protos import router_pb2, worker_pb2
 from services.common.roles import WorkerRole
 
 _FINISH_TO_PB = {
@@ -138,3 +139,42 @@ def kv_batch_from_pb(msg: worker_pb2.KvEventBatch) -> list[KvEvent] | KvSnapshot
     if events and events[0].kind is KvEventKind.CLEARED and all(e.seq == events[0].seq for e in events):
         return KvSnapshot(events[0].seq, tuple(events[1:]))
     return events
+
+
+# -- the gateway's seams (services/common/domain.py) -----------------------------------------------
+def route_request_to_pb(req_id: str, model: str, prompt: list[int], excluded: list[str], hashes: list[int],
+                        block_size: int, salt: str) -> router_pb2.RouteRequest:
+    return router_pb2.RouteRequest(req_id=req_id, model=model, token_ids=prompt, exclude_worker_ids=excluded,
+                                   block_hashes=hashes, hash_block_size=block_size if hashes else 0, cache_salt=salt)
+
+
+def route_from_pb(msg: router_pb2.RouteResponse) -> Route:
+    prefill = WorkerRef(msg.prefill.worker_id, msg.prefill.address) if msg.HasField("prefill") else None
+    return Route(WorkerRef(msg.decode.worker_id, msg.decode.address), prefill)
+
+
+def prefilled_from_pb(msg: worker_pb2.PrefillResponse) -> Prefilled:
+    logprob = logprob_from_pb(msg.first_logprob) if msg.HasField("first_logprob") else None
+    return Prefilled(msg.first_token_id, logprob, finish_from_pb(msg.finish_reason), msg.num_cached_tokens,
+                     msg.kv if msg.HasField("kv") else None)
+
+
+def generate_request_to_pb(req_id: str, prompt: list[int], params: SamplingParams, kv: object | None = None,
+                           output_token_ids: list[int] = ()) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(req_id=req_id, token_ids=prompt, params=params_to_pb(params), kv=kv,
+                                      output_token_ids=output_token_ids,
+                                      kv_params=kv.engine_params if kv is not None else b"")
+
+
+def delta_from_pb(msg: worker_pb2.GenerateResponse) -> TokenDelta:
+    logprobs = tuple(logprob_from_pb(lp) for lp in msg.logprobs) if msg.logprobs else ()
+    return TokenDelta(tuple(msg.token_ids), logprobs, finish_from_pb(msg.finish_reason), msg.num_cached_tokens)
+
+
+def listed_workers_from_pb(msg: router_pb2.ListWorkersResponse) -> list[ListedWorker]:
+    return [ListedWorker(_ROLE_FROM_PB.get(w.worker.role), w.worker.model, w.worker.max_model_len,
+                         w.worker.layout.block_size, w.lease_expires_in_s > 0) for w in msg.workers]
+
+
+def prefill_request_to_pb(req_id: str, prompt: list[int], params: SamplingParams) -> worker_pb2.PrefillRequest:
+    return worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=params_to_pb(params))

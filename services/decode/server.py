@@ -8,6 +8,7 @@ import time
 import grpc
 
 from engines.base import EngineRequest, FinishReason
+from engines.base.errors import EngineError
 from engines.transfer import descriptor
 from engines.transfer.budget import StagingBudget, StagingFull
 from engines.transfer.paged import staging_nbytes
@@ -75,7 +76,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             # NOTE: a cancelled call closes these streams, which aborts the request in the engine
             async for out in coalesced(stream):
                 if out.finish_reason is FinishReason.ERROR:
-                    await context.abort(grpc.StatusCode.INTERNAL, out.error or "generation failed")
+                    await abort_with(context, EngineError(out.error or "generation failed"))
                 if not first_at:
                     first_at, queue_s = time.monotonic(), out.queue_s
                     self._landed(request, landed, first_at - start)

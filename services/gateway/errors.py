@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 
 from engines.base.errors import EngineError, InvalidRequestError, ModelNotFoundError
 from engines.base.types import FinishReason
+from services.common.errors import detail_of
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
@@ -109,8 +110,8 @@ _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
 def from_rpc_error(err: grpc.aio.AioRpcError, what: str) -> GatewayError:
     """Map a failed call to the router ("route") or a worker ("worker") to the client's error."""
     code, detail = err.code(), err.details() or err.code().name
-    if code in _INVALID:
-        return InvalidRequestError(detail)
+    if code in _INVALID:  # the structured detail names the field at fault, when the server knew it
+        return InvalidRequestError(detail, param=getattr(detail_of(err), "param", None))
     if what == "route" and code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return AllWorkersBusyError(f"every worker is busy: {detail}")
     if what == "route" and code == grpc.StatusCode.DEADLINE_EXCEEDED:  # the router stayed away that long
@@ -123,8 +124,9 @@ def from_rpc_error(err: grpc.aio.AioRpcError, what: str) -> GatewayError:
     return GatewayError(f"{what} failed ({code.name}): {detail}")
 
 
-def from_worker_finish(finish: FinishReason | None, detail: str) -> GatewayError:
-    """A stream the worker ended with ABORT (it gave the request up: retry elsewhere) or ERROR."""
+def from_worker_finish(finish: FinishReason | None, detail: str = "") -> GatewayError:
+    """A stream the worker ended with ABORT (it gave the request up: retry elsewhere) or ERROR; a failure with
+    its reason crosses as a gRPC status instead (from_rpc_error)."""
     if finish == FinishReason.ABORT:
         return WorkerFailedError(f"the worker aborted the request{': ' + detail if detail else ''}")
     return GatewayError(f"the worker failed the request: {detail or 'unknown error'}")

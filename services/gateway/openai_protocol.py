@@ -6,7 +6,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engines.base.structured import StructuredSpec
-from engines.base.types import MAX_LOGIT_BIAS, SamplingParams
+from engines.base.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 from services.gateway.tenancy import MAX_CACHE_SALT_CHARS
 from services.gateway.tool_calls import Tool, ToolCall, ToolChoice
 from services.gateway.errors import InvalidRequestError, from_validation_errors
@@ -15,7 +15,6 @@ MAX_N = 16
 MAX_CHOICES = 64  # prompts x n of one completions request, each choice one admission slot
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # NOTE: the stop matcher's work per token grows with the longest stop string
-MAX_TOP_LOGPROBS = 20
 MAX_TOKENS_LIMIT = 2**32 - 1  # the wire's uint32; the context left after the prompt is checked once it is known
 MAX_TOP_K = 2**31 - 1
 MAX_REPETITION_PENALTY = 100.0

@@ -6,15 +6,16 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
-from dataclasses import dataclass
-
 import grpc
 
 from engines.base.block_hash import chain_block_hashes, chain_root
-from engines.base.types import FinishReason, SamplingParams, TokenLogprob
+from engines.base.types import FinishReason, SamplingParams
 from services.common import convert
+from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta
 from services.common.grpc_server import make_channel
-from services.common.protos import common_pb2, router_pb2, worker_pb2, worker_pb2_grpc
+from services.common.errors import detail_of
+from services.common.protos import router_pb2, worker_pb2, worker_pb2_grpc
+from services.common.roles import WorkerRole
 from services.common.tracing import span
 from services.gateway import errors
 from services.gateway.journey import Journey
@@ -25,14 +26,6 @@ log = logging.getLogger(__name__)
 NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 CLEANUP_TIMEOUT_S = 5.0
 WORKER_LIST_TTL_S = 5.0  # how long the router's worker list (the engines' context length) is trusted
-
-
-@dataclass(frozen=True, slots=True)
-class TokenDelta:
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] = ()
-    finish_reason: FinishReason | None = None  # STOP or LENGTH; failures raise instead
-    num_cached_tokens: int = 0  # prompt tokens the worker that prefilled found cached (read on the first delta)
 
 
 class Pipeline:
@@ -74,11 +67,11 @@ class Pipeline:
         finally:
             self._spawn(self._complete(req_id))
 
-    def _attempt(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int], params: SamplingParams,
+    def _attempt(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams,
                  journey: Journey) -> AsyncIterator[TokenDelta]:
         if journey.is_started:  # NOTE: a migration: the decode worker prefills prompt + output itself
             return self._resume(route.decode.address, req_id, prompt, params, journey.output_token_ids)
-        if route.HasField("prefill"):
+        if route.prefill is not None:
             return self._disaggregated(route, req_id, prompt, params)
         return self._generate(route.decode.address, req_id, prompt, params)
 
@@ -106,8 +99,7 @@ class Pipeline:
             listing = await self._list_workers()
         except grpc.aio.AioRpcError as exc:
             return False, f"router unreachable: {exc.code().name}"
-        live = [w for w in listing.workers
-                if w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0]
+        live = [w for w in listing if w.role is WorkerRole.DECODE and w.is_live]
         return (True, f"{len(live)} decode workers") if live else (False, "no live decode worker")
 
     async def max_model_len(self) -> int:
@@ -122,15 +114,14 @@ class Pipeline:
             raise errors.NoWorkerError("no live worker reports this model's context length yet")
         return self._max_model_len
 
-    async def _list_workers(self) -> router_pb2.ListWorkersResponse:
-        listing = await self._routers.any(
-            lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s))
-        lengths = [w.worker.max_model_len for w in listing.workers
-                   if w.worker.model == self._model and w.lease_expires_in_s > 0 and w.worker.max_model_len]
+    async def _list_workers(self) -> list[ListedWorker]:
+        listing = convert.listed_workers_from_pb(await self._routers.any(
+            lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)))
+        lengths = [w.max_model_len for w in listing if w.model == self._model and w.is_live and w.max_model_len]
         if lengths:  # NOTE: none listed says nothing new: the last known context stands
             self._max_model_len = min(lengths)
-        sizes = {w.worker.layout.block_size for w in listing.workers if w.worker.model == self._model
-                 and w.worker.role == common_pb2.WORKER_ROLE_DECODE and w.lease_expires_in_s > 0}
+        sizes = {w.block_size for w in listing if w.model == self._model and w.role is WorkerRole.DECODE
+                 and w.is_live}
         if sizes:
             self._block_size = sizes.pop() if len(sizes) == 1 else 0
         self._listed_at = time.monotonic()
@@ -143,25 +134,22 @@ class Pipeline:
             await channel.close()
         self._channels.clear()
 
-    async def _route(self, req_id: str, prompt: list[int], excluded: list[str], salt: str = ""
-                     ) -> router_pb2.RouteResponse:
+    async def _route(self, req_id: str, prompt: list[int], excluded: list[str], salt: str = "") -> Route:
         # NOTE: the prompt's block hashes go along once the workers' block size is known: the router skips hashing
         root = chain_root(salt, self._kv_hash_secret)
         hashes = chain_block_hashes(prompt, self._block_size, root) if self._block_size else []
-        request = router_pb2.RouteRequest(req_id=req_id, model=self._model, token_ids=prompt,
-                                          exclude_worker_ids=excluded, block_hashes=hashes,
-                                          hash_block_size=self._block_size if hashes else 0, cache_salt=salt)
+        request = convert.route_request_to_pb(req_id, self._model, prompt, excluded, hashes, self._block_size, salt)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
             try:  # NOTE: the pool fails over between replicas, and waits for a restarting one (up to the timeout)
-                reply = await self._routers.route(request, self._route_timeout_s)
+                route = convert.route_from_pb(await self._routers.route(request, self._route_timeout_s))
             except grpc.aio.AioRpcError as exc:
                 raise errors.from_rpc_error(exc, "route") from None
-            current.set_attribute("tandem.decode_worker", reply.decode.worker_id)
-            if reply.HasField("prefill"):
-                current.set_attribute("tandem.prefill_worker", reply.prefill.worker_id)
-            return reply
+            current.set_attribute("tandem.decode_worker", route.decode.worker_id)
+            if route.prefill is not None:
+                current.set_attribute("tandem.prefill_worker", route.prefill.worker_id)
+            return route
 
-    async def _disaggregated(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
+    async def _disaggregated(self, route: Route, req_id: str, prompt: list[int],
                              params: SamplingParams) -> AsyncIterator[TokenDelta]:
         first = await self._prefill(route, req_id, prompt, params)
         if first is None:
@@ -172,14 +160,14 @@ class Pipeline:
             async for delta in stream:
                 yield delta
 
-    async def _continue(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
-                        params: SamplingParams, first: worker_pb2.PrefillResponse) -> AsyncIterator[TokenDelta]:
+    async def _continue(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams,
+                        first: Prefilled) -> AsyncIterator[TokenDelta]:
         """Stream the prefill worker's first token at once, while the decode worker pulls the KV and goes on after
         it: the user's prompt and params, the first token as output already generated."""
-        finish = convert.finish_from_pb(first.finish_reason)
+        finish = first.finish_reason
         if finish in (FinishReason.ERROR, FinishReason.ABORT):
             raise errors.from_worker_finish(finish, "at prefill")
-        logprobs = (convert.logprob_from_pb(first.first_logprob),) if first.HasField("first_logprob") else ()
+        logprobs = (first.logprob,) if first.logprob is not None else ()
         call = None
         if finish is None:  # NOTE: started before the first token goes out, so the KV pull overlaps it
             call = self._start_generate(route.decode.address, req_id, prompt, params, kv=first.kv,
@@ -191,20 +179,20 @@ class Pipeline:
         finally:
             if not is_handed_over:
                 self._stop(route.decode.address, req_id, call)
-                if first.HasField("kv"):
+                if first.kv is not None:
                     self._spawn(self._release(route.prefill.address, req_id))
         if call is not None:
             async with aclosing(self._stream(route.decode.address, req_id, call)) as stream:
                 async for delta in stream:
                     yield delta
 
-    async def _prefill(self, route: router_pb2.RouteResponse, req_id: str, prompt: list[int],
-                       params: SamplingParams) -> worker_pb2.PrefillResponse | None:
+    async def _prefill(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams
+                       ) -> Prefilled | None:
         address = route.prefill.address
         stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
-        request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params))
+        request = convert.prefill_request_to_pb(req_id, prompt, params)
         try:
-            return await stub.Prefill(request, timeout=self._request_timeout_s)
+            return convert.prefilled_from_pb(await stub.Prefill(request, timeout=self._request_timeout_s))
         except asyncio.CancelledError:
             self._spawn(self._abort(address, req_id))
             raise
@@ -223,11 +211,8 @@ class Pipeline:
         return self._stream(address, req_id, call)
 
     def _start_generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams,
-                        kv: common_pb2.KvHandle | None = None, output_token_ids: list[int] = ()
-                        ) -> grpc.aio.UnaryStreamCall:
-        request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params),
-                                             kv=kv, output_token_ids=output_token_ids,
-                                             kv_params=kv.engine_params if kv is not None else b"")
+                        kv: object | None = None, output_token_ids: list[int] = ()) -> grpc.aio.UnaryStreamCall:
+        request = convert.generate_request_to_pb(req_id, prompt, params, kv, output_token_ids)
         return self._decode_stub(address).Generate(request, timeout=self._request_timeout_s)
 
     async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
@@ -235,15 +220,17 @@ class Pipeline:
         responses = aiter(call)
         try:
             async for response in responses:
-                is_over = bool(response.finish_reason or response.error)
-                yield _delta_from(response)  # NOTE: raises when the worker failed the request
+                delta = convert.delta_from_pb(response)
+                is_over = delta.finish_reason is not None
+                yield _checked(delta)  # NOTE: raises when the worker failed the request
                 if is_over:
                     return
             is_over = True
             raise errors.WorkerFailedError("the decode worker ended the stream before the request finished")
         except grpc.aio.AioRpcError as exc:
             is_over = True
-            self._spawn(self._abort(address, req_id))  # NOTE: a worker cut off from us may still be running it
+            if detail_of(exc) is None:  # NOTE: a worker cut off from us may still be running it; one that said
+                self._spawn(self._abort(address, req_id))  # why it ended the call (a typed detail) has stopped it
             raise errors.from_rpc_error(exc, "decode worker") from None
         finally:
             if not is_over:  # the client left, or a stop string ended it: stop the worker now
@@ -302,9 +289,7 @@ class Pipeline:
             log.info("%s of %s failed: %s", what, req_id, exc.code().name)
 
 
-def _delta_from(response: worker_pb2.GenerateResponse) -> TokenDelta:
-    finish = convert.finish_from_pb(response.finish_reason)
-    if response.error or finish in (FinishReason.ERROR, FinishReason.ABORT):
-        raise errors.from_worker_finish(finish, response.error)
-    logprobs = tuple(convert.logprob_from_pb(lp) for lp in response.logprobs) if response.logprobs else ()
-    return TokenDelta(tuple(response.token_ids), logprobs, finish, response.num_cached_tokens)
+def _checked(delta: TokenDelta) -> TokenDelta:
+    if delta.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+        raise errors.from_worker_finish(delta.finish_reason)
+    return delta

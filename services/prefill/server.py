@@ -5,6 +5,7 @@ import time
 import grpc
 
 from engines.base import EngineRequest, FinishReason
+from engines.base.errors import EngineError
 from engines.transfer.budget import StagingBudget, StagingFull
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
@@ -50,8 +51,9 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         _engine_spans("prefill", start, time.monotonic(), outputs[0].queue_s, len(request.token_ids),
                       last.num_cached_tokens)
         if last.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-            await context.abort(grpc.StatusCode.INTERNAL if last.error else grpc.StatusCode.CANCELLED,
-                                last.error or "prefill aborted")
+            if last.error:
+                await abort_with(context, EngineError(last.error))
+            await context.abort(grpc.StatusCode.CANCELLED, "prefill aborted")
         (token_id,) = [t for out in outputs for t in out.new_token_ids]
         reply = worker_pb2.PrefillResponse(first_token_id=token_id, num_cached_tokens=last.num_cached_tokens)
         if last.logprobs:

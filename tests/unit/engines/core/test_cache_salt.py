@@ -83,4 +83,4 @@ def test_engine_core_reports_no_cached_tokens_across_tenants(tmp_path):
 
 def test_the_engine_process_wire_keeps_the_salt_and_the_root():
     request = EngineRequest("r", (1, 2, 3), SamplingParams(cache_salt="t:x"), hash_root=ROOT_A)
-    assert messages._request_from(*messages._request(request)) == request
+    assert messages.decode(messages.encode(messages.Add(request))).request == request

@@ -10,7 +10,7 @@ import pytest
 from engines.base import EngineDiedError, EngineError, EngineRequest, FinishReason, SamplingParams
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from engines.trtllm import engine as trtllm_engine
-from services.common.convert import finish_from_pb
+from services.common.convert import delta_from_pb, finish_from_pb
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from services.decode.server import DecodeService
 from services.gateway import errors as gateway_errors
@@ -179,7 +179,7 @@ async def test_the_decode_servicer_hands_the_stream_back_and_refuses_new_ones(ti
             last = await call.read()
         assert finish_from_pb(last.finish_reason) is FinishReason.ABORT
         with pytest.raises(gateway_errors.WorkerFailedError):  # what the gateway's pipeline migrates on
-            gateway_pipeline._delta_from(last)
+            gateway_pipeline._checked(delta_from_pb(last))
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Generate(worker_pb2.GenerateRequest(req_id="b", token_ids=PROMPT, params=params)).read()
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -7,6 +7,8 @@ import asyncio
 
 import grpc
 
+from engines.base.errors import EngineError
+from services.common.errors import abort_with
 from services.common.protos import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
@@ -102,9 +104,7 @@ class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWo
                     await asyncio.sleep(self.token_delay_s)
                 await self._maybe_stall_or_fail(i, context)
                 if i == self.engine_error_after:
-                    yield worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_ERROR,
-                                                      error="engine blew up")
-                    return
+                    await abort_with(context, EngineError("engine blew up"))  # as the decode worker does
                 is_last = i == len(stream) - 1
                 yield worker_pb2.GenerateResponse(
                     token_ids=[token_id], logprobs=_logprobs(token_id, done + i, request.params),
