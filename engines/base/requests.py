@@ -55,7 +55,7 @@ def check_kv_prefix(request: EngineRequest) -> None:
         raise InvalidRequestError("imported KV must cover a strict prefix of the request's tokens")
 
 
-async def queue_stream(req_id: str, queue: asyncio.Queue, on_done: Callable[[], None],
+async def queue_stream(req_id: str, queue: asyncio.Queue, on_done: Callable[[], object],
                        abort: Callable[[str], Awaitable[None]]) -> AsyncIterator[RequestOutput]:
     """Deltas from `queue` until the finished one; a consumer that leaves early aborts the request."""
     finished = False

@@ -28,7 +28,7 @@ class ThreadChannel:
     def __init__(self, spec: EngineSpec, overlap: bool):
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._notify: Callable[[], None] = lambda: None
+        self._notify: Callable[[], object] = lambda: None
         self.core: EngineCore | None = None  # NOTE: the engine thread's; tests may reach in, nothing else does
         # NOTE: the engine is built on the thread that runs it: torch's OpenMP pool stays with the thread that
         # first used it, and stepping from another one measured 55% slower per step

@@ -93,7 +93,7 @@ class EngineLoop:
         pending = self._launch(out) if out is not None else None
         if self.overlap or pending is None:
             self._publish(is_idle=pending is None)  # step N-1's outputs, while step N runs
-        if pending is not None:
+        if out is not None and pending is not None:
             self.unsent += self._collect(out, pending)
             if not self.overlap:
                 self._publish()

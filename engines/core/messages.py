@@ -5,6 +5,8 @@ Client -> engine: Add, Abort, Call, Stop. Engine -> client: Ready or Failed once
 Reply, never in StepOutputs. Each message is defined once, here; the domain dataclasses it carries encode by
 their own field names, so a new field travels without an edit here. No torch, no I/O.
 """
+from typing import cast
+
 import msgspec
 
 from engines.base import errors
@@ -63,7 +65,8 @@ def _enc_hook(value: object) -> object:
 
 def _dec_hook(kind: type, value: object) -> object:
     if kind is Exception:
-        return _error_from(*value)
+        name, text = cast(tuple[str, str], value)  # NOTE: `_enc_hook` wrote the pair
+        return _error_from(name, text)
     raise NotImplementedError(f"cannot decode {kind.__name__}")
 
 

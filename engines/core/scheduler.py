@@ -130,10 +130,11 @@ class Scheduler:
         """Commit a step: computed tokens advance, each sampling sequence gets its token(s) (`sampled`, in
         `out.sampling` order), finished ones leave. Returns the sequences that got a token."""
         # NOTE: the blocks the step completed are read before finished requests free them
-        completed = self.tiering.completed(out) if self.tiering is not None else None
+        tiering = self.tiering
+        completed = tiering.completed(out) if tiering is not None else None
         emitted = self._commit(out, sampled)
-        if completed is not None:
-            self.tiering.step_done(out, completed)
+        if tiering is not None and completed is not None:
+            tiering.step_done(out, completed)
         return emitted
 
     def _commit(self, out: SchedulerOutput, sampled: list[StepTokens]) -> list[Sequence]:
@@ -166,6 +167,7 @@ class Scheduler:
         """After verification: the KV of the accepted tokens stays, the blocks past them go back (their KV, of
         rejected proposals, is never read: nothing was registered past the sequence's own tokens)."""
         seq = s.seq
+        assert self.speculator is not None  # NOTE: only a speculating scheduler verifies proposals
         self.speculator.record(seq.spec, len(s.spec_token_ids), min(num_appended, len(s.spec_token_ids) + 1) - 1)
         seq.num_computed_tokens = seq.num_tokens - 1
         if not seq.is_finished:
@@ -282,23 +284,27 @@ class Scheduler:
         reserved = self._outstanding()
         for seq in list(itertools.islice(self.waiting, max(room, 0))):
             if seq.may_onboard and seq.num_computed_tokens == 0:
-                reserved = self._maybe_onboard(seq, reserved)
-                if reserved is None:
+                after = self._maybe_onboard(seq, reserved)
+                if after is None:
                     return seq if self._blocks_will_free() else None
+                reserved = after
         return None
 
     def _maybe_onboard(self, seq: Sequence, reserved: int) -> int | None:
         """Plan `seq`'s tier load if it fits; the blocks then promised to requests holding loaded blocks, or None
         when its load must wait for room."""
         seq.may_onboard = False
-        match = self.tiering.match(seq)
+        tiering = self.tiering
+        assert tiering is not None  # NOTE: only a tiered scheduler marks requests that may onboard
+        match = tiering.match(seq)
         if match is None:
             return reserved
         if match.load_id is not None:
             self._take_out(seq)
             self.parked.setdefault(match.load_id, []).append(seq)
             return reserved
-        bm = self.block_manager
+        bm, source = self.block_manager, match.source
+        assert source is not None  # NOTE: a match without a load in flight offers a source
         num_revived = sum(1 for b in match.hits if bm.blocks[b].ref_count == 0)
         # NOTE: a loaded request waits with its blocks held: load only if its whole prompt then fits beside every
         # other such request's (and one more block per running request), or waiting requests could hold the pool
@@ -310,11 +316,12 @@ class Scheduler:
         bm.allocate_slots(seq, 0, match.hits)
         if not seq.was_admitted:  # NOTE: a preempted request onboarding again was counted the first time
             seq.num_cached_tokens += len(match.hits) * bm.block_size
-        load = self.allocate_load(seq, len(match.source.blocks) * bm.block_size, match.source)
-        self.tiering.allocated(seq, load)
+        load = self.allocate_load(seq, len(source.blocks) * bm.block_size, source)
+        assert load is not None  # NOTE: the room check above counted its blocks
+        tiering.allocated(seq, load)
         self.start_loading(seq, load)
         self.new_loads.append(load)
-        return reserved + need - len(match.source.blocks)
+        return reserved + need - len(source.blocks)
 
     def take_new_loads(self) -> list[KvLoad]:
         """The tier loads `schedule` planned since the last call, for the core to start (in order)."""

@@ -26,6 +26,7 @@ class ModelledTiers:
         return sum(self.tier_spec.block_bytes / self.bytes_per_s[b.tier] for b in source.blocks)
 
     def start_load(self, load: KvLoad) -> None:
+        assert isinstance(load.source, Onboard)  # NOTE: the only loads a modelled tier runs
         self._due[load.req_id] = self.clock() + self.load_seconds(load.source) * self.time_factor
 
     def poll_loads(self) -> list[LoadDone]:

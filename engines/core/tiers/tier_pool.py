@@ -58,12 +58,14 @@ class TierPool:
         if held is not None:
             self.blocks.move_to_end(block_hash)
             return held, []
-        evicted = []
+        evicted: list[TierBlock] = []
         if not self._free_slots:
             victim = self._lru_unpinned()
             if victim is None:
                 return None, []
-            evicted.append(self.remove(victim.block_hash))
+            removed = self.remove(victim.block_hash)
+            assert removed is not None  # NOTE: the victim was just found held
+            evicted.append(removed)
         block = TierBlock(block_hash, parent_hash, token_ids, self._free_slots.pop())
         self.blocks[block_hash] = block
         self.stored.append((parent_hash, block_hash))

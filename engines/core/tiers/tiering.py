@@ -85,6 +85,7 @@ class Tiering:
         """`load` (an `Onboard` source) has its destination blocks: pin what it reads, so that no other load
         brings them again and no eviction drops them before the copy."""
         source = load.source
+        assert isinstance(source, Onboard)  # NOTE: the scheduler allocates tier loads with the match's source
         self.tiers.pin_load(load.req_id, source.blocks)
         for b in source.blocks:
             self.tiers.see(b.block_hash)
