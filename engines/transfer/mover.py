@@ -13,13 +13,12 @@ import numpy as np
 from engines.base.types import KvLayout
 from engines.core.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
-from engines.transfer import descriptor
+from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
 from engines.transfer.paged import Geometry, staging_nbytes, staging_view
 from engines.transfer.staging import SHM_DIR, StagingReader
 
 log = logging.getLogger(__name__)
-TRANSPORTS = ("nixl", "grpc")
 
 
 class PagedCache(Protocol):
@@ -31,13 +30,13 @@ class PagedCache(Protocol):
 
 
 class KvMover:
-    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = "grpc",
+    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = transports.STAGING,
                  verify: Callable[[KvLoad], str] | None = None):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"kv transport must be one of {TRANSPORTS}, got {transport!r}")
+        if transport not in transports.LOADING:
+            raise ValueError(f"kv transport must be one of {transports.LOADING}, got {transport!r}")
         self.cache, self.layout, self.verify = cache, layout, verify
         self.link = None
-        if transport == "nixl":
+        if transport == transports.NIXL:
             from engines.transfer.nixl_link import NixlLink
 
             self.link = NixlLink(cache.geometry)
