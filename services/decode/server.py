@@ -81,10 +81,8 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
 
     async def _verified(self, request, context) -> bool:
         """Whether the request carries a KV handle that passed the gate (refused otherwise, before any pull or
-        READ); a request's own kv_params count for nothing: only the verified handle's are used."""
+        READ); only a verified handle's engine_params ever reach the engine."""
         if not request.HasField("kv"):
-            if request.kv_params:
-                log.warning("kv_params without a KV handle for %s: ignored", request.req_id)
             return False
         try:
             await self.gate.admit(request.kv, _all_tokens(request))
@@ -92,8 +90,6 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             self.metrics.kv_handle_refused(exc.reason)
             log.warning("KV handle for %s refused (%s): %s", request.req_id, exc.reason, exc)
             await abort_with(context, exc)
-        if request.kv_params and request.kv_params != request.kv.engine_params:
-            log.warning("kv_params for %s differ from its verified handle's: the handle's are used", request.req_id)
         return True
 
 

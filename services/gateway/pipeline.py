@@ -226,8 +226,7 @@ class Pipeline:
                         kv: common_pb2.KvHandle | None = None, output_token_ids: list[int] = ()
                         ) -> grpc.aio.UnaryStreamCall:
         request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=prompt, params=convert.params_to_pb(params),
-                                             kv=kv, output_token_ids=output_token_ids,
-                                             kv_params=kv.engine_params if kv is not None else b"")
+                                             kv=kv, output_token_ids=output_token_ids)
         return self._decode_stub(address).Generate(request, timeout=self._request_timeout_s)
 
     async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
