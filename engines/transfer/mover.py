@@ -130,7 +130,7 @@ class MovedLoads(TieredLoads):
             self.mover.release(req_id)
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        if self.mover is None:
+        if self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
             return super().export_kv_to(block_ids, token_ids, path, offset)
         self.mover.export_to(block_ids, path, offset)
 

@@ -204,6 +204,8 @@ def test_a_bytes_engine_has_no_mover_and_moves_its_real_blocks_as_an_export():
     assert p.runner.mover is None and p.info.kv_transport == transports.BYTES
     first, kv_params = prefill(p, "r", prompt())
     assert kv_params == b""  # nothing for the decode engine to load itself: the blocks are pulled as bytes
+    with pytest.raises(InvalidRequestError, match="exports its KV as bytes"):
+        p.export_kv_to("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
     kv = p.export_kv("r")
     assert kv.num_blocks == 5 and len(kv.data) == staging_nbytes(p.info.kv_layout, 5)
     d.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
