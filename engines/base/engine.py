@@ -5,6 +5,7 @@ from typing import Protocol, runtime_checkable
 
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.types import EngineRequest, EngineStats, KvExport, KvLayout, RequestOutput
+from engines.transfer import transports
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +15,7 @@ class EngineCapabilities:
     kv_events: bool = False  # kv_events_since / kv_snapshot / wait_kv_events
     reset_prefix_cache: bool = False
     kv_export: bool = False  # export_kv: held KV can be pulled as bytes (PullKv)
+    kv_transport: str = transports.BYTES  # how its KV moves to and from other engines: the worker's KvConnector
 
 
 @runtime_checkable

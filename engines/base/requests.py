@@ -1,7 +1,7 @@
 """What every engine checks and does the same way: request validation, KV import checks and the
 per-request output stream fed through an asyncio queue. Imports no torch."""
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Container
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Sequence
 
 from engines.base.errors import InvalidRequestError, KvLayoutMismatchError
 from engines.base.types import EngineRequest, KvExport, KvLayout, RequestOutput
@@ -48,10 +48,11 @@ def check_importable(layout: KvLayout, kv: KvExport) -> None:
         raise KvLayoutMismatchError(f"KV export carries {len(kv.scales)} scales; this cache needs {num_scales}")
 
 
-def check_kv_prefix(request: EngineRequest) -> None:
-    """Imported KV must cover a strict prefix of the request's tokens (one token is left to compute)."""
-    kv, tokens = request.kv, request.all_token_ids
-    if not 0 < kv.num_tokens < len(tokens) or tokens[: kv.num_tokens] != kv.token_ids:
+def check_kv_prefix(kv_token_ids: Sequence[int], token_ids: Sequence[int]) -> None:
+    """KV computed elsewhere (an export, a load's source) must cover a strict prefix of the request's tokens: one
+    token is left to compute. NOTE: the one owner of this rule; engines and workers all call it."""
+    n = len(kv_token_ids)
+    if not 0 < n < len(token_ids) or tuple(token_ids[:n]) != tuple(kv_token_ids):
         raise InvalidRequestError("imported KV must cover a strict prefix of the request's tokens")
 
 

@@ -22,8 +22,6 @@ STOP_TIMEOUT_S = 10.0
 
 
 class EngineClient:
-    capabilities = EngineCapabilities(kv_events=True, reset_prefix_cache=True, kv_export=True)
-
     def __init__(self, spec: EngineSpec, *, process: bool = False, overlap: bool = False,
                  log_setup: Callable[[], None] | None = None):
         """Builds the engine where it runs; raises the engine's typed errors (bad directory, ...). `log_setup`:
@@ -35,6 +33,8 @@ class EngineClient:
             self.channel.close()
             raise first.error
         self.info = first.info
+        self.capabilities = EngineCapabilities(kv_events=True, reset_prefix_cache=True, kv_export=True,
+                                               kv_transport=self.info.kv_transport)
         self._stats = first.stats
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._calls: dict[int, Future] = {}
@@ -75,11 +75,6 @@ class EngineClient:
     @property
     def kv_layout(self) -> KvLayout:
         return self.info.kv_layout
-
-    @property
-    def kv_transport(self) -> str:
-        """How this engine's runner loads KV (RunnerInfo.kv_transport); "" when it takes KvExport bytes."""
-        return self.info.kv_transport
 
     @property
     def max_model_len(self) -> int:

@@ -47,7 +47,7 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
         refuse_structured(request.params.structured)
     if request.kv is not None:
         check_importable(info.kv_layout, request.kv)
-        check_kv_prefix(request)
+        check_kv_prefix(request.kv.token_ids, request.all_token_ids)
 
 
 def check_shaping(params: SamplingParams, info: RunnerInfo) -> None:
@@ -108,9 +108,7 @@ class EngineCore:
     def _add_import(self, seq: Sequence, request: EngineRequest) -> None:
         """KV named by kv_params is loaded into blocks allocated now, or as soon as there are enough."""
         source = self.runner.kv_source(request.kv_params)
-        n, tokens = len(source.token_ids), request.all_token_ids
-        if not 0 < n < len(tokens) or tokens[:n] != tuple(source.token_ids):
-            raise InvalidRequestError("imported KV must cover a strict prefix of the request's tokens")
+        check_kv_prefix(source.token_ids, request.all_token_ids)
         self.seqs[seq.req_id] = seq
         seq.status = SequenceStatus.LOADING
         self.pending_loads.append((seq, source))

@@ -33,7 +33,7 @@ class Loading:
 
 class NoLoads:
     """For runners that move no KV asynchronously: every load is refused as bad input, held KV is described by
-    nothing (it is pulled as bytes) and exported through `export_kv`."""
+    nothing (it is pulled as bytes) and exported through `export_kv` only."""
 
     def start_load(self, load: KvLoad) -> None:
         raise InvalidRequestError("this engine cannot load KV from elsewhere")
@@ -51,7 +51,6 @@ class NoLoads:
         pass
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        data = self.export_kv(block_ids, token_ids).data
-        with open(path, "r+b") as f:
-            f.seek(offset)
-            f.write(data)
+        # NOTE: only a staging connector asks, and a worker builds one only for an engine that declares a loading
+        # transport (engines/transfer/transports.py): this engine's KV leaves through export_kv
+        raise InvalidRequestError("this engine exports its KV as bytes (export_kv), not into a staging file")

@@ -8,6 +8,7 @@ from engines.base.requests import DTYPE_BYTES
 from engines.base.types import KvExport, KvLayout
 from engines.core.loads import KvLoad, LoadDone
 from engines.core.scheduler import Sampled, SchedulerOutput, StepTokens
+from engines.transfer import transports
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +20,7 @@ class RunnerInfo:
     max_model_len: int  # computed once, here; workers report it, the gateway reads it from the router
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
-    kv_transport: str = ""  # "": KV moves as KvExport bytes; "grpc": loads from staging files; "nixl": and NIXL
+    kv_transport: str = transports.BYTES  # how other engines' KV reaches it (engines/transfer/transports.py)
     no_logits: str = ""  # the engine's name when it draws tokens without logits (sim, zero): shaping is refused
     can_constrain: bool = False  # it masks sampling to a request's grammar (StructuredSpec); else it refuses one
     can_speculate: bool = False  # it verifies ScheduledSeq.spec_token_ids (speculative decoding)

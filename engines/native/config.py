@@ -5,6 +5,7 @@ from pathlib import Path
 
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
 from engines.core.speculative import SpecConfig, parse_speculative
+from engines.transfer import transports
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -15,7 +16,6 @@ SUPPORTED_ARCHITECTURES = {
 DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: E4M3 with per-layer scales
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch elsewhere
-KV_TRANSPORTS = ("", "nixl", "grpc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class EngineConfig:
     kv_disk_dir: str = ""  # G3: a directory for KV blocks seen twice (needs kv_host_gb); "": none
     kv_disk_gb: float = 0.0
     kv_disk_key: bytes = field(default=b"", repr=False)  # authenticates disk block headers (the deployment key)
-    kv_transport: str = ""  # how other engines' KV reaches this cache: "nixl", "grpc" (staging files), "": bytes
+    kv_transport: str = transports.BYTES  # how other engines' KV reaches this cache (transports.ENGINE)
     speculative: str = ""  # speculative decoding's proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
     num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
     # None: measured at start (spec_costs.py); (): the fixed rule (SpecConfig.draft_cost), for greedy and sampled
@@ -60,8 +60,8 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
         SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
-        if self.kv_transport not in KV_TRANSPORTS:
-            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.kv_transport not in transports.ENGINE:
+            raise ValueError(f"kv_transport must be one of {transports.ENGINE}, got {self.kv_transport!r}")
 
 
 def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:

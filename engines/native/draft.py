@@ -12,6 +12,7 @@ from engines.core.scheduler import ScheduledSeq, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.model_runner import ModelRunner
+from engines.transfer import transports
 
 log = logging.getLogger(__name__)
 _GREEDY = SamplingParams(max_tokens=1 << 30, ignore_eos=True)
@@ -37,7 +38,7 @@ class DraftProposer:
         model_cfg = check_draft(target.model, draft_dir)
         # NOTE: the draft's own small cache; no prefix caching (its blocks are rewritten as proposals are rejected)
         config = replace(target, model=draft_dir, num_blocks=num_blocks, enable_prefix_caching=False,
-                         speculative="", kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0, kv_transport="")
+                         speculative="", kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0, kv_transport=transports.BYTES)
         self.runner = ModelRunner(config, model_cfg)
         self.runner.grammars = None  # NOTE: greedy proposals never follow a grammar (structured requests never ask)
         self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)

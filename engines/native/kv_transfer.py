@@ -5,6 +5,7 @@ import torch
 
 from engines.base.types import KvLayout
 from engines.native.kv_cache import KvCache
+from engines.transfer import transports
 from engines.transfer.mover import KvMover
 from engines.transfer.paged import Geometry, HostCache, block_bytes
 
@@ -42,8 +43,8 @@ def paged_cache(kv_cache: KvCache) -> HostCache | DeviceCache:
 
 
 def make_mover(kv_cache: KvCache, transport: str) -> KvMover | None:
-    """The mover over `kv_cache` for `transport` ("nixl" or "grpc"); None for "" and for an FP8 cache, whose
+    """The mover over `kv_cache` for a loading `transport`; None for transports.BYTES and for an FP8 cache, whose
     KV moves as KvExport bytes: those carry its scales, and an import requantizes to the local ones."""
-    if not transport or kv_cache.is_quantized:
+    if transport not in transports.LOADING or kv_cache.is_quantized:
         return None
     return KvMover(paged_cache(kv_cache), kv_cache.layout, transport)

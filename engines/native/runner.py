@@ -21,6 +21,7 @@ from engines.native.tiers.host_pool import GB, check_host_budget, memory_availab
 from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
 from engines.native.spec_costs import measure_verify_costs
+from engines.transfer import transports
 from engines.transfer.mover import MovedLoads
 
 
@@ -41,7 +42,7 @@ class NativeRunner(MovedLoads):
         self.mover = make_mover(self.model_runner.kv_cache, config.kv_transport)
         self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
                                self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids,
-                               kv_transport=config.kv_transport if self.mover else "",
+                               kv_transport=config.kv_transport if self.mover else transports.BYTES,
                                can_constrain=self.model_runner.grammars is not None, can_speculate=True)
         self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 

@@ -21,6 +21,7 @@ from engines.core.scheduler import Sampled, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.sim.profile import TimingProfile, load_profile
+from engines.transfer import transports
 from engines.transfer.mover import KvMover, MovedLoads
 
 # NOTE: without a model directory, as large as the common tokenizers (Llama 3: 128256, Qwen2.5: 151665 ids)
@@ -77,7 +78,7 @@ class Payload:
 
     kv_bytes_per_token: int = -1  # -1: the profile's
     cache_bytes: int = 0  # 0: the profile's blocks, within DEFAULT_MAX_CACHE_BYTES
-    kv_transport: str = "grpc"
+    kv_transport: str = transports.STAGING
 
 
 class SimRunner(MovedLoads):
@@ -101,8 +102,9 @@ class SimRunner(MovedLoads):
         block_bytes = payload.kv_bytes_per_token * profile.block_size
         num_blocks = (max(1, payload.cache_bytes // block_bytes) if payload.cache_bytes else
                       default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks))
-        self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == "nixl")
-        self.mover = KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
+        self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == transports.NIXL)
+        self.mover = (KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
+                      if payload.kv_transport in transports.LOADING else None)
         self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size, kv_transport=payload.kv_transport,
                                no_logits="sim")
 

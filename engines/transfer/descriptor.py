@@ -8,9 +8,11 @@ import msgpack
 
 from engines.base.errors import InvalidRequestError
 from engines.base.types import KvLayout
+from engines.transfer import transports
 
 VERSION = 1
-NIXL, STAGING = "nixl", "staging"
+NIXL = transports.NIXL
+STAGING = "staging"  # NOTE: a descriptor kind, not a transport: the region a staging connector filled (grpc)
 
 
 class DescriptorError(InvalidRequestError):

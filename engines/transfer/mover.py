@@ -13,13 +13,12 @@ import numpy as np
 from engines.base.types import KvLayout
 from engines.core.tiers.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
-from engines.transfer import descriptor
+from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
 from engines.transfer.paged import Geometry, staging_nbytes, staging_view
 from engines.transfer.staging import SHM_DIR, StagingReader
 
 log = logging.getLogger(__name__)
-TRANSPORTS = ("nixl", "grpc")
 
 
 class PagedCache(Protocol):
@@ -31,13 +30,13 @@ class PagedCache(Protocol):
 
 
 class KvMover:
-    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = "grpc",
+    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = transports.STAGING,
                  verify: Callable[[KvLoad], str] | None = None):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"kv transport must be one of {TRANSPORTS}, got {transport!r}")
+        if transport not in transports.LOADING:
+            raise ValueError(f"kv transport must be one of {transports.LOADING}, got {transport!r}")
         self.cache, self.layout, self.verify = cache, layout, verify
         self.link = None
-        if transport == "nixl":
+        if transport == transports.NIXL:
             from engines.transfer.nixl_link import NixlLink
 
             self.link = NixlLink(cache.geometry)
@@ -131,7 +130,7 @@ class MovedLoads(TieredLoads):
             self.mover.release(req_id)
 
     def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        if self.mover is None:
+        if self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
             return super().export_kv_to(block_ids, token_ids, path, offset)
         self.mover.export_to(block_ids, path, offset)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base.engine import EngineCapabilities
+from engines.transfer import transports
 from engines.base.errors import (EngineDiedError, EngineError, EngineUnavailableError, InvalidRequestError,
                                  RequestNotFoundError)
 from engines.base.events import KvEvent, KvSnapshot
@@ -46,7 +47,7 @@ class _Live:
 
 class TrtllmEngine:
     # NOTE: its KV moves through TensorRT-LLM's own transceiver (no export), and it has no prefix-cache reset
-    capabilities = EngineCapabilities(kv_events=True)
+    capabilities = EngineCapabilities(kv_events=True, kv_transport=transports.TRTLLM)
 
     def __init__(self, config: TrtllmConfig, api: TrtllmApi | None = None):
         if api is None:

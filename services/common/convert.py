@@ -162,8 +162,7 @@ def prefilled_from_pb(msg: worker_pb2.PrefillResponse) -> Prefilled:
 def generate_request_to_pb(req_id: str, prompt: list[int], params: SamplingParams, kv: object | None = None,
                            output_token_ids: list[int] = ()) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(req_id=req_id, token_ids=prompt, params=params_to_pb(params), kv=kv,
-                                      output_token_ids=output_token_ids,
-                                      kv_params=kv.engine_params if kv is not None else b"")
+                                      output_token_ids=output_token_ids)
 
 
 def delta_from_pb(msg: worker_pb2.GenerateResponse) -> TokenDelta:

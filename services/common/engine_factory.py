@@ -7,6 +7,7 @@ from engines.base import Engine
 from engines.base.block_hash import chain_root
 from engines.core.client import EngineClient
 from engines.core.loop import EngineSpec
+from engines.transfer import transports
 from services.common.logs import setup_logging
 from services.common.worker_settings import WorkerSettings
 
@@ -48,11 +49,11 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
 
 def kv_transport(s: WorkerSettings) -> str:
     """The transport a worker's engine moves KV with: auto is NIXL when it imports, else the gRPC fallback."""
-    if s.kv_transport != "auto":
+    if s.kv_transport != transports.AUTO:
         return s.kv_transport
     from engines.transfer.nixl_link import is_available
 
-    return "nixl" if is_available() else "grpc"
+    return transports.NIXL if is_available() else transports.STAGING
 
 
 def sim_payload(s: WorkerSettings):

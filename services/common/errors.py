@@ -11,6 +11,7 @@ from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, 
                                  KvLayoutMismatchError, ModelNotFoundError, NoWorkerAvailableError,
                                  RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError,
                                  WorkersBusyError)
+from engines.transfer.budget import StagingFull
 from services.common.kv_signing import HandleInvalid, HandleNotTrusted
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
@@ -19,6 +20,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (EngineDiedError, grpc.StatusCode.UNAVAILABLE),  # another worker can take it
     (NoWorkerAvailableError, grpc.StatusCode.UNAVAILABLE),
     (WorkersBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # shed load: retry later
+    (StagingFull, grpc.StatusCode.RESOURCE_EXHAUSTED),  # no staging room for a pull in time: retry later
     (UnknownModelError, grpc.StatusCode.NOT_FOUND),
     (KvLayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (EngineBusyError, grpc.StatusCode.FAILED_PRECONDITION),

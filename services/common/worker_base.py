@@ -14,6 +14,7 @@ import grpc
 
 from engines.base import Engine, EngineRequest, EngineUnavailableError, ModelNotFoundError, SamplingParams
 from engines.base.block_hash import chain_root
+from engines.transfer import transports
 from services.common.convert import layout_to_pb, load_to_pb, role_to_pb
 from services.common.drain import Drain
 from services.common.engine_factory import make_engine
@@ -41,10 +42,10 @@ _ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), Worker
 def _transport_label(role: WorkerRole, engine) -> str:
     """How this worker's KV transfers are labelled: a prefill worker serves PullKv ("grpc" through staging memory,
     "bytes" otherwise; NIXL READs are the decode worker's); a decode worker reads with its engine's transport."""
-    transport = getattr(engine, "kv_transport", "")
-    if role is WorkerRole.PREFILL and transport == "nixl":
-        return "grpc"
-    return transport or "bytes"
+    transport = engine.capabilities.kv_transport
+    if role is WorkerRole.PREFILL and transport == transports.NIXL:
+        return transports.STAGING
+    return transports.BYTES if transport == transports.TRTLLM else transport
 
 
 class WorkerService(worker_pb2_grpc.WorkerControlServicer):

@@ -8,6 +8,7 @@ from pathlib import Path
 from services.common.roles import WorkerRole
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.native.config import check_tier_sizes
+from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
 from services.common.kv_signing import parse_key
 from services.common.settings import SettingsError, env
@@ -19,7 +20,7 @@ TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
 TRTLLM_QUANT = ("", "fp8", "nvfp4")
 TRTLLM_KV_DTYPES = ("auto", "fp8")
 TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
-KV_TRANSPORTS = ("auto", "nixl", "grpc")  # auto: nixl when it imports
+KV_TRANSPORTS = transports.SETTINGS  # auto: nixl when it imports
 KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
 INSECURE_ENV = "TANDEM_GRPC_INSECURE"
 
@@ -193,7 +194,7 @@ _HELP = {
     "kv_host_gb": "host memory for KV blocks evicted from the device pool (>= the device KV to help); 0: none",
     "kv_disk_dir": "directory for KV blocks seen twice, kept across restarts (needs --kv-disk-gb)",
     "kv_disk_gb": "disk for KV blocks below the host tier (>= --kv-host-gb to help)",
-    "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, or gRPC into staging memory",
+    "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, gRPC into staging memory, or bytes through the engine's pipe",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",

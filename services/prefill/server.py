@@ -6,18 +6,15 @@ import grpc
 
 from engines.base import EngineRequest, FinishReason
 from engines.base.errors import EngineError
-from engines.transfer.budget import StagingBudget, StagingFull
 from services.common.convert import finish_to_pb, layout_to_pb, logprob_to_pb, params_from_pb
 from services.common.errors import abort_with
+from services.common.kv_connectors import make_connector
 from services.common.kv_signing import KvSigner
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
 from services.common.tracing import timed_span
 from services.common.worker_base import WorkerService, main_for, observed, wall_clock
 from services.prefill.leases import Leases
-
-KV_CHUNK_BYTES = 4 << 20
-STAGING_WAIT_S = 10.0  # how long a pull waits for room in the staging buffer before it is refused
 
 
 class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
@@ -29,8 +26,8 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         self.leases = Leases(settings.kv_lease_s)
         self.signer = KvSigner(settings.kv_signing_key() if settings is not None else None)
         # NOTE: an engine that loads KV exports it through shared memory, never through its pipe
-        self.staging = (StagingBudget(settings.kv_staging_mb << 20, "tandem-kv-export")
-                        if getattr(engine, "kv_transport", "") else None)
+        self.connector = make_connector(engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0,
+                                        "tandem-kv-export")
         self._num_blocks: dict[str, int] = {}  # held req_id -> its blocks, for the staging region
 
     @classmethod
@@ -66,58 +63,20 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
 
     @observed("PullKv")
     async def PullKv(self, request, context):
-        if self.staging is not None:
-            async for chunk in self._pull_staged(request, context):
+        chunks = self.connector.export(request.req_id, self._num_blocks.get(request.req_id), self._take)
+        error = None
+        try:
+            async for chunk in chunks:
                 yield chunk
-            return
-        start = time.monotonic()
-        try:
-            kv = await self.engine.export_kv(request.req_id)
-        except Exception as exc:
-            await abort_with(context, exc)
-        self.leases.take(request.req_id)
-        bytes_per_block = len(kv.data) // max(kv.num_blocks, 1)
-        blocks_per_chunk = max(1, KV_CHUNK_BYTES // max(bytes_per_block, 1))
-        layout = layout_to_pb(kv.layout)
-        for first in range(0, kv.num_blocks, blocks_per_chunk):
-            n = min(blocks_per_chunk, kv.num_blocks - first)
-            yield worker_pb2.KvChunk(
-                layout=layout, token_ids=kv.token_ids if first == 0 else (), first_block=first,
-                num_blocks=n, total_blocks=kv.num_blocks,
-                data=_block_slice(kv.data, kv.num_blocks, first, n, kv.layout.num_layers),
-            )
-        self.kv_moved("export", len(kv.data), time.monotonic() - start, "bytes")
-        await self.engine.release_kv(request.req_id)  # NOTE: a completed pull ends the lease
-
-    async def _pull_staged(self, request, context):
-        """The held blocks copied by the engine into a staging region, streamed from there, then freed."""
-        start, layout = time.monotonic(), self.engine.kv_layout
-        num_blocks = self._num_blocks.get(request.req_id)
-        if num_blocks is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no KV held for request {request.req_id!r}")
-        try:
-            offset = await self.staging.acquire(layout, num_blocks, STAGING_WAIT_S)
-        except StagingFull as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        try:
-            error = await _failure(self.engine.export_kv_to(request.req_id, self.staging.path, offset))
-            if error is not None:  # NOTE: aborted outside the except clause, so its status is the one sent
-                await abort_with(context, error)
-            self._take(request.req_id)
-            view = self.staging.view(layout, offset, num_blocks)
-            per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))
-            for first in range(0, num_blocks, per_chunk):
-                n = min(per_chunk, num_blocks - first)
-                yield worker_pb2.KvChunk(layout=layout_to_pb(layout), first_block=first, num_blocks=n,
-                                         total_blocks=num_blocks, data=await self.staging.read_chunk(view, first, n))
+        except Exception as exc:  # NOTE: aborted outside the except clause, so its status is the one sent
+            error = exc
         finally:
-            self.staging.release(offset)
-        self.kv_moved("export", view.nbytes, time.monotonic() - start, "grpc")
-        await self.engine.abort(request.req_id)  # NOTE: a completed pull ends the lease (if it did not lapse)
+            await chunks.aclose()
+        if error is not None:
+            await abort_with(context, error)
 
     def close(self) -> None:
-        if self.staging is not None:
-            self.staging.close()
+        self.connector.close()
 
     def _take(self, req_id: str) -> None:
         self.leases.take(req_id)
@@ -141,14 +100,6 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         return handle
 
 
-async def _failure(call) -> Exception | None:
-    try:
-        await call
-    except Exception as exc:
-        return exc
-    return None
-
-
 def _engine_spans(stage: str, start: float, end: float, queue_s: float | None, num_prompt_tokens: int,
                   num_cached_tokens: int) -> None:
     """<stage>.queue (waiting for the engine's first step) and <stage>.compute (first step to first token);
@@ -161,17 +112,6 @@ def _engine_spans(stage: str, start: float, end: float, queue_s: float | None, n
     scheduled = min(start + queue_s, end)
     timed_span(f"{stage}.queue", wall_ns(start), wall_ns(scheduled))
     timed_span(f"{stage}.compute", wall_ns(scheduled), wall_ns(end), **attrs)
-
-
-def _block_slice(data: bytes, num_blocks: int, first: int, n: int, num_layers: int) -> bytes:
-    """Blocks [first, first+n) of a [layers, 2, num_blocks, ...] array, as the same layout with n blocks."""
-    if num_blocks == 0:
-        return b""
-    block_bytes = len(data) // (num_layers * 2 * num_blocks)
-    row = num_blocks * block_bytes  # one (layer, k|v) plane
-    view = memoryview(data)
-    return b"".join(view[p * row + first * block_bytes : p * row + (first + n) * block_bytes]
-                    for p in range(num_layers * 2))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """KV handle attacks against a live disaggregated stack, while legitimate requests run through the gateway: a forged,
 foreign-key, replayed or expired handle, one naming an address that is not a registered prefill worker, and
-kv_params with no handle, each sent straight to the decode worker's Generate. Every attack is refused (or ignored)
+engine params smuggled in GenerateRequest's retired field 7 (kv_params), each sent straight to the decode worker's
+Generate. Every attack is refused (or ignored)
 before any pull or READ; every legitimate request succeeds with the same greedy answer."""
 import hashlib
 import hmac
@@ -59,10 +60,10 @@ def _prefill(stack, req_id: str) -> worker_pb2.PrefillResponse:
     return reply
 
 
-def _generate(stack, req_id: str, kv: common_pb2.KvHandle | None, first_token: int = 1, kv_params: bytes = b""
+def _generate(stack, req_id: str, kv: common_pb2.KvHandle | None, first_token: int = 1
               ) -> tuple[grpc.StatusCode, list[worker_pb2.GenerateResponse]]:
     request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=PROMPT, output_token_ids=[first_token],
-                                         params=common_pb2.SamplingParams(max_tokens=4), kv=kv, kv_params=kv_params)
+                                         params=common_pb2.SamplingParams(max_tokens=4), kv=kv)
     with stack.channel(_address(stack, "decode"), GATEWAY) as channel:
         try:
             return grpc.StatusCode.OK, list(worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=30))
@@ -146,10 +147,25 @@ def test_a_handle_naming_an_unregistered_address_is_refused_before_any_connectio
             trap.accept()  # the decode worker never dialled it
 
 
-def test_kv_params_without_a_handle_are_ignored(stack, legit_load):
+def test_engine_params_in_the_retired_kv_params_field_are_ignored(stack, legit_load):
     genuine = _prefill(stack, "params").kv
-    code, replies = _generate(stack, "params-only", None, kv_params=genuine.engine_params)
-    assert code == grpc.StatusCode.OK and replies[0].num_cached_tokens < IMPORTED  # prefilled locally
+    request = worker_pb2.GenerateRequest(req_id="params-only", token_ids=PROMPT, output_token_ids=[1],
+                                         params=common_pb2.SamplingParams(max_tokens=4))
+    # NOTE: field 7 (length-delimited) as an old client wrote it: an unknown field to the decode worker now
+    smuggled = request.SerializeToString() + b"\x3a" + _varint(len(genuine.engine_params)) + genuine.engine_params
+    with stack.channel(_address(stack, "decode"), GATEWAY) as channel:
+        generate = channel.unary_stream("/tandem.v1.DecodeWorker/Generate", request_serializer=bytes,
+                                        response_deserializer=worker_pb2.GenerateResponse.FromString)
+        replies = list(generate(smuggled, timeout=30))
+    assert replies[0].num_cached_tokens < IMPORTED  # prefilled locally
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
 
 
 def test_refusals_are_counted_and_the_legitimate_load_lost_nothing(stack, legit_load):

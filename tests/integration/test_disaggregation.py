@@ -81,9 +81,10 @@ def run_cases(model: Path, tmp_path: Path, num_prefill: int, transport: str = "g
     return runs
 
 
-@pytest.fixture(scope="module", params=["nixl", "grpc"])
+@pytest.fixture(scope="module", params=["nixl", "grpc", "bytes"])
 def disaggregated(request, tiny_stack_model, tmp_path_factory) -> dict[str, Run]:
-    """The decode engine READs the prefill engine's blocks (NIXL), or the gRPC fallback streams them into staging."""
+    """Over each KvConnector a CPU has: the decode engine READs the prefill engine's blocks (NIXL), PullKv streams
+    them through staging memory (grpc), or as a KvExport the decode engine writes (bytes)."""
     if request.param == "nixl" and not is_available():
         pytest.skip("NIXL is not installed")
     return Cases(request.param, run_cases(tiny_stack_model, tmp_path_factory.mktemp("disagg"), num_prefill=1,

@@ -7,7 +7,7 @@ import pytest
 from engines.base.errors import InvalidRequestError
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.sim.runner import Payload, SimSpec, build_core
-from engines.transfer import descriptor
+from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.nixl_link import is_available
 from engines.transfer.paged import staging_nbytes
@@ -197,3 +197,18 @@ def test_a_held_requests_blocks_are_exposed_to_readers_only_until_its_lease_ends
         p.expire_held(time.monotonic() + 3600)
     assert "held" not in link._exposed  # deregistered before its blocks can go to another request
     assert ("other" in link._exposed) is (end != "expiry")
+
+
+def test_a_bytes_engine_has_no_mover_and_moves_its_real_blocks_as_an_export():
+    p, d = core(transports.BYTES), core(transports.BYTES)
+    assert p.runner.mover is None and p.info.kv_transport == transports.BYTES
+    first, kv_params = prefill(p, "r", prompt())
+    assert kv_params == b""  # nothing for the decode engine to load itself: the blocks are pulled as bytes
+    with pytest.raises(InvalidRequestError, match="exports its KV as bytes"):
+        p.export_kv_to("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
+    kv = p.export_kv("r")
+    assert kv.num_blocks == 5 and len(kv.data) == staging_nbytes(p.info.kv_layout, 5)
+    d.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
+    out = run(d, {"r"})["r"]
+    assert out.finish_reason is FinishReason.LENGTH and out.num_cached_tokens == 300
+    assert d.stats().num_prompt_tokens_computed == 0

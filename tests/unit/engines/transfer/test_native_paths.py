@@ -7,6 +7,7 @@ import torch
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.native.config import EngineConfig
 from engines.native.kv_transfer import paged_cache
+from engines.transfer import transports
 from engines.native.runner import build_core
 from engines.transfer import descriptor
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
@@ -20,7 +21,7 @@ MAX_TOKENS = 6
 needs_nixl = pytest.mark.skipif(not is_available(), reason="NIXL is not installed")
 
 
-def core(model, transport: str = "", kv_cache_dtype: str = "auto"):
+def core(model, transport: str = transports.BYTES, kv_cache_dtype: str = "auto"):
     return build_core(EngineConfig(model=str(model), num_blocks=32, kv_transport=transport,
                                    kv_cache_dtype=kv_cache_dtype))
 
@@ -92,7 +93,7 @@ def test_the_paged_view_is_the_cache_tensor_itself(tiny_llama):
 
 def test_an_fp8_cache_moves_kv_as_bytes_with_its_scales(tiny_llama):
     engine = core(tiny_llama, "nixl", kv_cache_dtype="fp8")
-    assert engine.runner.mover is None and engine.info.kv_transport == ""
+    assert engine.runner.mover is None and engine.info.kv_transport == transports.BYTES
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ from services.common.settings import SettingsError
 from services.common.worker_settings import WorkerSettings, parse_worker_settings
 
 
-@pytest.mark.parametrize("setting, expected", [("grpc", "grpc"), ("nixl", "nixl"),
+@pytest.mark.parametrize("setting, expected", [("grpc", "grpc"), ("nixl", "nixl"), ("bytes", "bytes"),
                                                ("auto", "nixl" if is_available() else "grpc")])
 def test_the_native_engine_gets_the_transport(setting, expected):
     assert engine_spec(WorkerSettings(role="prefill", model="m", kv_transport=setting)).config.kv_transport == expected
