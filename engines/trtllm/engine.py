@@ -20,7 +20,7 @@ from engines.base.errors import (EngineDiedError, EngineError, EngineUnavailable
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.requests import queue_stream, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
-from engines.trtllm import build
+import engines.trtllm.build as build
 from engines.trtllm.api import TrtllmApi, executor_failure, load_api, require_package
 from engines.trtllm.checkpoint import read_checkpoint
 from engines.trtllm.config import TrtllmConfig
