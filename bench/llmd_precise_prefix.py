@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.sim.profile import TimingProfile, load_profile  # noqa: E402
 from tandem.bench.trace_gen import PrefixShape, precise_prefix  # noqa: E402
-from tandem.sim.des import ClusterSim, SimConfig  # noqa: E402
+from tandem.cluster.des import ClusterSim, SimConfig  # noqa: E402
 
 # llm-d.ai, "KV-cache wins you can see", and its inference-perf report: whole run, then per QPS stage
 # (output tok/s, TTFT p90 s). Their "load" scheduler (queue + KV-usage scorers) is the load-only one.

@@ -5,7 +5,7 @@ import pytest
 
 from engines.sim.profile import load_profile
 from tandem.bench.traces import TraceRow
-from tandem.sim.des import ClusterSim, SimConfig
+from tandem.cluster.des import ClusterSim, SimConfig
 
 PROFILE = load_profile()
 RATE = 3 * 4 / 2.0
