@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engines.base.block_hash import chain_block_hashes
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.traces import load_trace
 from tandem.cluster.des import ClusterSim, SimConfig

@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.sim.profile import TimingProfile, load_profile  # noqa: E402
+from engines.timing.profile import TimingProfile, load_profile  # noqa: E402
 from tandem.bench.trace_gen import PrefixShape, precise_prefix  # noqa: E402
 from tandem.cluster.des import ClusterSim, SimConfig  # noqa: E402
 

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from engines.sim.profile import DEFAULT_PROFILE
+from engines.timing.profile import DEFAULT_PROFILE
 from services.common.settings import SettingsError, env
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo

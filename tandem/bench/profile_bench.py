@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.engine_args import resolve_model
 
 

@@ -7,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-from engines.sim.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
+from engines.timing.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
                                  profile_from_measurements)
 from tandem.bench.traces import TraceError, load_trace
 from tandem.cluster.des import ClusterSim, SimConfig

@@ -3,7 +3,7 @@ engine's truth or a perturbed one) and against the cheapest static pair found by
 orchestration only."""
 import argparse
 
-from engines.sim.profile import ProfileError, TimingProfile
+from engines.timing.profile import ProfileError, TimingProfile
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS

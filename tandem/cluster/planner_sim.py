@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from engines.sim.profile import TimingProfile
+from engines.timing.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore

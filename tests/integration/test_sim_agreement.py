@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.http_client import Endpoint
 from tandem.bench.serve_bench import ServeConfig, run_serve
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, load_trace

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.sim.profile import TimingProfile, load_profile
+from engines.timing.profile import TimingProfile, load_profile
 from tandem.bench.http_client import Endpoint
 from tandem.bench.serve_bench import ServeConfig, run_serve
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, load_trace

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.traces import TraceRow
 from tandem.cli import main
 from tandem.cluster.des import ClusterSim, SimConfig

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from services.planner.perf_model import PerfModel, Slo
 from services.planner.state_machine import PlannerConfig, RoleBounds
 from services.planner.types import Load, WorkerRole

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engines.sim.profile import TimingProfile, load_profile
+from engines.timing.profile import TimingProfile, load_profile
 from tandem.bench.traces import TraceRow
 from tandem.cli import main
 from tandem.cluster.des import ClusterSim, SimConfig

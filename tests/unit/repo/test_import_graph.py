@@ -20,6 +20,16 @@ def test_nothing_in_services_or_engines_imports_tandem():
     assert upward_arrows(import_graph(ROOT)) == []
 
 
+def test_the_planner_reads_timing_profiles_without_the_sim_engine():
+    """Timing profiles are neutral ground (engines/timing): the planner, live or simulated, never loads a runner."""
+    graph = import_graph(ROOT)
+    planner = [m for m in graph if m.startswith(("services.planner", "tandem.cluster.planner"))]
+    assert planner and "engines.timing.profile" in graph["services.planner.perf_model"]
+    assert [(m, t) for m in planner for t in graph[m] if t.split(".")[:2] == ["engines", "sim"]] == []
+    neutral = graph["engines.timing.profile"] | graph["engines.timing.measured"]
+    assert neutral == {"engines.timing.measured"}
+
+
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name
