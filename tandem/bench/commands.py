@@ -9,6 +9,7 @@ from tandem.bench.router_bench import add_router_command
 from tandem.bench.serve_bench import add_serving_commands
 from tandem.bench.traces_cli import add_traces_command
 
+
 def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     """Register `bench` (`engine`, `serve`, `overhead`, `router`) on a CLI's subparsers; `args.func(args)` runs it."""
     bench = subparsers.add_parser("bench", help="benchmarks")

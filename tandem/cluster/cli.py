@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from engines.timing.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
-                                 profile_from_measurements)
+                                    profile_from_measurements)
 from tandem.bench.traces import TraceError, load_trace
 from tandem.cluster.des import ClusterSim, SimConfig
 from tandem.cluster.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize

@@ -12,8 +12,8 @@ from engines.base.types import EngineRequest, FinishReason, KvLayout, RequestOut
 from engines.core.engine_core import EngineCore
 from engines.core.runner import zero_kv_export
 from engines.core.scheduler import SchedulerOutput
-from engines.timing.profile import TimingProfile
 from engines.sim.runner import sim_core
+from engines.timing.profile import TimingProfile
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole, tier_load
 from tandem.bench.traces import TraceRow
 from tandem.cluster.routers import SimRouters
