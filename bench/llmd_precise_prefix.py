@@ -20,9 +20,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.base.block_hash import num_blocks_for  # noqa: E402
-from engines.sim.profile import TimingProfile, load_profile  # noqa: E402
+from engines.timing.profile import TimingProfile, load_profile  # noqa: E402
 from tandem.bench.trace_gen import PrefixShape, precise_prefix  # noqa: E402
-from tandem.sim.des import ClusterSim, SimConfig  # noqa: E402
+from tandem.cluster.des import ClusterSim, SimConfig  # noqa: E402
 
 # llm-d.ai, "KV-cache wins you can see", and its inference-perf report: whole run, then per QPS stage
 # (output tok/s, TTFT p90 s). Their "load" scheduler (queue + KV-usage scorers) is the load-only one.

@@ -19,7 +19,7 @@ from engines.base.block_hash import num_blocks_for
 from engines.base.types import EngineRequest
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
-from tandem.bench.engine_bench import _resolve_model
+from tandem.bench.engine_args import resolve_model
 from tandem.bench.native_runner import BLOCK_SIZE
 from tandem.bench.spec_bench import WORKLOADS, chat_prompts, params_for
 
@@ -104,7 +104,7 @@ def main() -> None:
     if args.separate:
         return separate(args)
     torch.set_num_threads(1)
-    model = _resolve_model(None)
+    model = resolve_model(None)
     from transformers import AutoTokenizer
 
     prompts = chat_prompts(AutoTokenizer.from_pretrained(model), args.requests)

@@ -21,7 +21,8 @@ def main() -> int:
     ap.add_argument("--json", required=True, type=Path)
     args, serve_args = ap.parse_known_args()
     from tandem.bench.overhead_report import host_info
-    from tandem.launcher import StackConfig, free_port, make_stack
+    from tandem.launcher import StackConfig, free_port
+    from tandem.stack_run import make_stack
 
     cfg = StackConfig(model=args.model, port=free_port(), num_prefill=0, num_decode=1, num_threads=1,
                       log_dir=Path(tempfile.mkdtemp()) / "logs", ready_timeout_s=300)

@@ -86,7 +86,8 @@ def main() -> None:
 def _stack(model: str):
     from contextlib import contextmanager
 
-    from tandem.launcher import StackConfig, make_stack
+    from tandem.launcher import StackConfig
+    from tandem.stack_run import make_stack
 
     @contextmanager
     def running():

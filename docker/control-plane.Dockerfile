@@ -51,7 +51,7 @@ COPY . .
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && pip install --no-deps -e . \
- && python -m services.common.protos --force \
+ && python -m services.common.protogen --force \
  && python -c "import services.gateway.server, services.router.server, services.planner.server, services.scaler.server" \
  && python -c "from services.router.policy import make_policy; make_policy('kv')"
 

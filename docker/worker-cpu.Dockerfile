@@ -50,7 +50,7 @@ COPY . .
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && pip install --no-deps -e . \
- && python -m services.common.protos --force \
+ && python -m services.common.protogen --force \
  && python -c "import services.prefill.server, services.decode.server, tandem.models.fetch"
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \

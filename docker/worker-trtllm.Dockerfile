@@ -29,7 +29,7 @@ RUN pip list --format=freeze > /tmp/image-constraints.txt \
 COPY . .
 # (tensorrt_llm itself needs the driver to import, which a build does not have: only its presence is checked)
 RUN pip install --no-deps -e . \
- && python -m services.common.protos --force \
+ && python -m services.common.protogen --force \
  && python -c "import importlib.util as u; assert u.find_spec('tensorrt_llm'); import engines.trtllm, services.prefill.server, services.decode.server"
 
 # NVIDIA's image runs as root; tandem's worker does not need to (its MPI and UCX run unprivileged)

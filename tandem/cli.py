@@ -9,7 +9,7 @@ import sys
 from tandem.models.cli import add_model_commands
 from tandem.stack_cli import add_stack_commands
 from tandem.bench.commands import add_bench_commands
-from tandem.sim.cli import add_sim_command
+from tandem.cluster.cli import add_sim_command
 from tandem.worker_drain import add_worker_commands
 from tandem.chaos.cli import add_chaos_command
 from tandem.certs.cli import add_certs_commands

@@ -1,7 +1,6 @@
-"""`tandem up`: router, prefill and decode workers and the gateway as separate local processes.
-Waits until the stack is ready, prints how to use it, starts again any child that exits (tandem/supervisor.py),
-and on Ctrl-C/SIGTERM stops every process it started (children also die with it if it is killed outright)."""
-import ctypes
+"""`tandem up`'s Stack: router, prefill and decode workers and the gateway as separate local processes. It starts
+them, waits until they are ready, starts one again on request (tandem/supervisor.py decides when) and stops every
+process it started (children also die with it if it is killed outright). stack_run.py drives it."""
 import json
 import dataclasses
 import os
@@ -18,10 +17,10 @@ from pathlib import Path
 import httpx
 
 from services.common.identity import Identity
+from services.common.process import PARENT_PID_ENV
 from tandem.stack_certs import KV_KEY_ENV, TLS_ENV, StackPki, is_insecure
-from tandem.supervisor import CrashLoopError, Supervisor
+from tandem.supervisor import Supervisor
 
-_PR_SET_PDEATHSIG = 1
 PROMETHEUS_CONFIG = Path(__file__).resolve().parents[1] / "observability" / "prometheus" / "prometheus-local.yml"
 
 
@@ -269,15 +268,6 @@ class Stack:
         return min(counts)
 
 
-def make_stack(cfg: StackConfig) -> Stack:
-    """A Stack, or with cfg.planner one whose workers the planner scales (tandem/stack_control.py)."""
-    if not cfg.planner:
-        return Stack(cfg)
-    from tandem.stack_control import ScalableStack
-
-    return ScalableStack(cfg)
-
-
 def served_name(model: str) -> str:
     """The name clients use: the model directory's, without the `org--` of the model cache."""
     return Path(model).name.split("--")[-1]
@@ -315,75 +305,6 @@ def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
             s.close()
 
 
-PARENT_PID_ENV = "TANDEM_PARENT_PID"
 KV_HASH_SECRET_ENV = "TANDEM_KV_HASH_SECRET"  # the block hashes' key: the same for every child of one stack
-_EXEC_SHIM = "import os, sys; from tandem.launcher import die_with_parent; die_with_parent(); os.execv(sys.argv[1], sys.argv[1:])"
-
-
-def die_with_parent() -> None:
-    """In a child of `tandem up`: get SIGTERM when the launcher dies, even by SIGKILL, so nothing is left behind;
-    exit at once if it is already gone. A no-op outside `tandem up`."""
-    parent = os.environ.pop(PARENT_PID_ENV, "")
-    if not parent:
-        return
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent):  # NOTE: it died before the signal was armed
-        sys.exit(1)
-
-
-def run_stack(cfg: StackConfig) -> int:
-    import logging
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness probe
-    stack = make_stack(cfg)
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        stack.start()
-        stack.wait_ready()
-        prometheus = stack.start_prometheus() if cfg.prometheus_port > 0 else None
-        print_banner(stack, prometheus)
-        supervisor = stack.supervisor()
-        while True:
-            supervisor.poll()
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print("\nstopping tandem ...", flush=True)
-        return 0
-    except (CrashLoopError, TimeoutError) as exc:
-        print(f"tandem up failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
-            signal.signal(sig, signal.SIG_IGN)
-        stack.stop()
-
-
-def print_banner(stack: Stack, prometheus: str | None = None) -> None:
-    cfg = stack.cfg
-    model = served_name(cfg.model)
-    metrics = "\n".join(f"metrics: {name} {url}" for name, url in stack.metrics_urls.items())
-    prometheus_line = f"\n  prometheus: {prometheus}" if prometheus else ""
-    print(f"""tandem is up: {stack.url}
-  router {", ".join(f"127.0.0.1:{p}" for p in stack.router_ports.values())} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
-  logs: {cfg.log_dir}/
-{metrics}
-  Prometheus targets (file_sd): {stack.targets_path}{prometheus_line}
-  {_security_line(stack)}
-
-try it:
-  curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{model}", "temperature": 0, "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
-
-Ctrl-C stops everything.""", flush=True)
-
-
-def _security_line(stack: Stack) -> str:
-    if not stack.is_mutual_tls:
-        return "gRPC: PLAINTEXT (TANDEM_GRPC_INSECURE=1): any local process may call any service"
-    return (f"gRPC: mutual TLS, per-role authorization; certificates in {stack.pki.directory}/ "
-            f"(dial as the operator with {stack.pki.directory}/operator/)")
+_EXEC_SHIM = ("import os, sys; from services.common.process import die_with_parent; die_with_parent(); "
+              "os.execv(sys.argv[1], sys.argv[1:])")

@@ -62,7 +62,7 @@ def add_stack_commands(commands) -> None:
 
 
 def _serve(args) -> int:
-    from tandem.launcher import die_with_parent
+    from services.common.process import die_with_parent
 
     die_with_parent()  # under `tandem up`: never outlive it
     module = importlib.import_module(SERVICES[args.service])
@@ -70,7 +70,8 @@ def _serve(args) -> int:
 
 
 def _up(args) -> int:
-    from tandem.launcher import StackConfig, run_stack
+    from tandem.launcher import StackConfig
+    from tandem.stack_run import run_stack
 
     if args.prefill < 0 or args.decode < 1 or args.routers < 1:
         raise SystemExit("tandem up: need --decode >= 1, --prefill >= 0 and --routers >= 1")

@@ -3,13 +3,16 @@ unless-stopped` or a Kubernetes restart policy would, while the rest of the stac
 on a crash loop (too many exits in a window) or on exit code 2 (bad settings: a restart cannot help), naming the
 child and why.
 
-RestartPolicy is pure (times in, decisions out); Supervisor polls processes through the callables it is given.
+RestartPolicy (services/common/process.py) is pure (times in, decisions out); Supervisor polls processes through
+the callables it is given.
 """
 import logging
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from services.common.process import ExitWindow, RestartPolicy
 
 log = logging.getLogger(__name__)
 BAD_SETTINGS_EXIT = 2  # every tandem service exits 2 on a bad setting
@@ -19,29 +22,13 @@ class CrashLoopError(RuntimeError):
     """A child will not stay up; the message says which one and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class RestartPolicy:
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
-    max_restarts: int = 5  # in `window_s`; one more exit and the supervisor gives up
-    window_s: float = 60.0
-
-    def backoff_s(self, num_recent_exits: int) -> float:
-        """The wait before the next start after the `num_recent_exits`-th exit in the window (1, 2, ...)."""
-        return min(self.initial_backoff_s * 2 ** max(num_recent_exits - 1, 0), self.max_backoff_s)
-
-
 @dataclass(slots=True)
 class History:
     """One child's exits, and when it is due to start again."""
 
-    exits: list[float] = field(default_factory=list)
+    window: ExitWindow = field(default_factory=ExitWindow)
     restart_at: float | None = None
     num_restarts: int = 0
-
-    def recent(self, now: float, window_s: float) -> int:
-        self.exits = [t for t in self.exits if now - t < window_s]
-        return len(self.exits)
 
 
 def describe_exit(code: int) -> str:
@@ -85,9 +72,8 @@ class Supervisor:
         if code == BAD_SETTINGS_EXIT:
             raise CrashLoopError(f"{name} exited with {how} (bad settings; a restart would not help)"
                                  f"{self._tail(name)}")
-        history.exits.append(now)
-        num_recent = history.recent(now, self.policy.window_s)
-        if num_recent > self.policy.max_restarts:
+        num_recent = history.window.record(now, self.policy.window_s)
+        if self.policy.is_crash_loop(num_recent):
             raise CrashLoopError(f"{name} is crash-looping: it exited {num_recent} times within "
                                  f"{self.policy.window_s:.0f} s, the last with {how}{self._tail(name)}")
         wait_s = self.policy.backoff_s(num_recent)

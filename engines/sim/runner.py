@@ -20,7 +20,7 @@ from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
 from engines.core.scheduler import Sampled, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
-from engines.sim.profile import TimingProfile, load_profile
+from engines.timing.profile import TimingProfile, load_profile
 from engines.transfer import transports
 from engines.transfer.mover import KvMover, MovedLoads
 

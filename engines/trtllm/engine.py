@@ -21,8 +21,8 @@ from engines.base.errors import (EngineDiedError, EngineError, EngineUnavailable
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.requests import queue_stream, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
-from engines.trtllm import build
 from engines.trtllm.api import TrtllmApi, executor_failure, load_api, require_package
+from engines.trtllm.build import check_checkpoint, choose_backend, kv_dtype, llm_arguments, max_model_len
 from engines.trtllm.checkpoint import read_checkpoint
 from engines.trtllm.config import TrtllmConfig
 from engines.trtllm.events import TrtllmKvEvents
@@ -57,11 +57,11 @@ class TrtllmEngine:
                                          "--device cuda (TANDEM_WORKER_DEVICE=cuda)")
         self.config, self._api = config, api
         self.ckpt = read_checkpoint(config.model)
-        self.backend = build.choose_backend(config, self.ckpt)
-        build.check_checkpoint(config, self.ckpt, self.backend)
-        self.max_model_len = build.max_model_len(config, self.ckpt)
+        self.backend = choose_backend(config, self.ckpt)
+        check_checkpoint(config, self.ckpt, self.backend)
+        self.max_model_len = max_model_len(config, self.ckpt)
         self.kv_layout = KvLayout(self.ckpt.num_layers, self.ckpt.num_kv_heads, self.ckpt.head_dim,
-                                  build.kv_dtype(config, self.ckpt), config.block_size)
+                                  kv_dtype(config, self.ckpt), config.block_size)
         self._llm: Any = None
         self._live: dict[str, _Live] = {}
         self._held: dict[str, tuple[float, Any]] = {}  # req_id -> (let go at, result): prefilled, KV held
@@ -81,7 +81,7 @@ class TrtllmEngine:
             return
         api = self._api = self._api or load_api()
         _, total = api.gpu_memory()
-        cls, kwargs = build.llm_arguments(self.config, self.ckpt, self.backend, api, total)
+        cls, kwargs = llm_arguments(self.config, self.ckpt, self.backend, api, total)
         log.info("loading %s on TensorRT-LLM (%s backend)", self.config.model, self.backend)
         # NOTE: on the loop's own thread, as TensorRT-LLM's servers do (it starts its executor processes and binds
         # its result queues to the running loop); nothing else is served until the engine has started

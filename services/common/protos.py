@@ -1,43 +1,35 @@
-"""The generated protobuf modules, (re)built from protos/ when missing or stale.
-
-`make install` generates them; this fallback keeps a plain `pip install -e .` working.
-"""
+"""The generated protobuf and gRPC modules, imported from the `tandem.v1` stub package. Importing never generates
+them: a checkout without stubs gets one clear error naming the build step (services/common/protogen.py)."""
 import importlib
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PROTO_DIR = ROOT / "protos"
-OUT_DIR = ROOT / "tandem" / "v1"
-NAMES = ("common", "worker", "router", "planner")
+COMMAND = "make protos"  # the build step (python -m services.common.protogen [--force] in any environment)
+
+__all__ = ["common_pb2", "planner_pb2", "planner_pb2_grpc", "router_pb2", "router_pb2_grpc", "worker_pb2",
+           "worker_pb2_grpc"]
 
 
-def generate(force: bool = False) -> None:
-    sources = sorted(PROTO_DIR.glob("tandem/v1/*.proto"))
-    if not sources:
-        return  # an installed package without protos/: the generated modules ship with it
-    newest = max(p.stat().st_mtime for p in sources)
-    outputs = [OUT_DIR / f"{n}_pb2.py" for n in NAMES]
-    if not force and all(o.exists() and o.stat().st_mtime >= newest for o in outputs):
-        return
-    from grpc_tools import protoc
-
-    args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={ROOT}", f"--pyi_out={ROOT}",
-            f"--grpc_python_out={ROOT}", *map(str, sources)]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO_DIR}")
-    importlib.invalidate_caches()
+class ProtosMissingError(ImportError):
+    """The generated stubs are not there (a fresh checkout, or `pip install -e .` without `make`)."""
 
 
-generate()
-common_pb2 = importlib.import_module("tandem.v1.common_pb2")
-worker_pb2 = importlib.import_module("tandem.v1.worker_pb2")
-worker_pb2_grpc = importlib.import_module("tandem.v1.worker_pb2_grpc")
-router_pb2 = importlib.import_module("tandem.v1.router_pb2")
-router_pb2_grpc = importlib.import_module("tandem.v1.router_pb2_grpc")
-planner_pb2 = importlib.import_module("tandem.v1.planner_pb2")
-planner_pb2_grpc = importlib.import_module("tandem.v1.planner_pb2_grpc")
+def _stub(name: str):
+    try:
+        return importlib.import_module(f"tandem.v1.{name}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("tandem"):
+            raise  # NOTE: a missing dependency (grpc, protobuf) says so itself
+        raise ProtosMissingError(f"the generated protobuf modules (tandem/v1/{name}.py) are missing: run `{COMMAND}` "
+                                 "(python -m services.common.protogen) after installing") from exc
 
-if __name__ == "__main__":
-    generate(force="--force" in sys.argv)
-    print(f"generated {', '.join(NAMES)} into {OUT_DIR}")
+
+common_pb2 = _stub("common_pb2")
+worker_pb2 = _stub("worker_pb2")
+worker_pb2_grpc = _stub("worker_pb2_grpc")
+router_pb2 = _stub("router_pb2")
+router_pb2_grpc = _stub("router_pb2_grpc")
+planner_pb2 = _stub("planner_pb2")
+planner_pb2_grpc = _stub("planner_pb2_grpc")
+
+if __name__ == "__main__":  # NOTE: this module used to generate when run; say where that went rather than do nothing
+    raise SystemExit(f"services.common.protos only imports the stubs: generate them with `{COMMAND}` "
+                     "(python -m services.common.protogen --force)")

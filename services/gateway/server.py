@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.num_workers > 1:
         from services.gateway.supervisor import run_supervisor
 
-        return run_supervisor(settings)
+        return run_supervisor(settings, create_app)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                     timeout_graceful_shutdown=settings.drain_timeout_s,

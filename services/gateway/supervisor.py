@@ -12,14 +12,17 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from services.common.process import PARENT_PID_ENV, ExitWindow, RestartPolicy, die_with_parent
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # more deaths than this in the window: give up, something is wrong
+# more deaths than max_restarts in the window: give up, something is wrong (no backoff: the port must keep serving)
+RESTART_POLICY = RestartPolicy()
 METRICS_DIR_PREFIX = "tandem-gateway-metrics-"  # then the supervisor's pid
 
 
@@ -52,15 +55,19 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 
 class Supervisor:
-    def __init__(self, settings: GatewaySettings):
+    """`make_app(settings, inflight=...)` builds each process's app (server.create_app; handed in so this module
+    never imports the routes that start it)."""
+
+    def __init__(self, settings: GatewaySettings, make_app: Callable):
         self.settings = settings
+        self._make_app = make_app
         self._ctx = multiprocessing.get_context("spawn")  # NOTE: never fork a process that may hold gRPC threads
         self.slots = self._ctx.Array("i", settings.num_workers)  # in flight per process (admission.SharedInflight)
         remove_orphaned_metrics_dirs()
         self.metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
         self.port = settings.port
         self.children: list[_Child] = []
-        self._deaths: list[float] = []
+        self._deaths = ExitWindow()
         self._is_stopping = False
         self._wakeup_r, self._wakeup_w = os.pipe()  # NOTE: a signal wakes _watch at once, not at its next timeout
 
@@ -83,7 +90,7 @@ class Supervisor:
         sock = reuse_port_socket(self.settings.host, self.port)
         self.port = sock.getsockname()[1]  # port 0: the first socket's port, for every other one
         process = self._ctx.Process(target=serve_child, name=f"gateway-{index}",
-                                    args=(self._child_settings(), index, sock, self.slots, os.getpid()))
+                                    args=(self._child_settings(), index, sock, self.slots, os.getpid(), self._make_app))
         process.start()
         sock.close()  # NOTE: only the child may hold it, or connections hashed to it would wait for nobody
         return _Child(index, process)
@@ -107,9 +114,8 @@ class Supervisor:
         return 0
 
     def _may_restart(self) -> bool:
-        now = time.monotonic()
-        self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
-        return len(self._deaths) <= MAX_RESTARTS
+        num_recent = self._deaths.record(time.monotonic(), RESTART_POLICY.window_s)
+        return not RESTART_POLICY.is_crash_loop(num_recent)
 
     def _forget(self, child: _Child) -> None:
         """A dead process's requests are gone: free its in-flight slot and its live gauges."""
@@ -137,7 +143,8 @@ class Supervisor:
                 process.join()
 
 
-def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slots, supervisor_pid: int) -> None:
+def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slots, supervisor_pid: int,
+                make_app: Callable) -> None:
     """One gateway process: its own uvicorn server on the supervisor's socket, counting in-flight requests in
     its slot. Out of the terminal's process group, so a Ctrl-C reaches only the supervisor, which drains it."""
     os.setpgrp()
@@ -147,11 +154,10 @@ def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slot
     from services.common.logs import setup_logging
     from services.common.tracing import shutdown_tracing
     from services.gateway.admission import SharedInflight
-    from services.gateway.server import create_app
 
     setup_logging("gateway", settings.log_level)
     _tag_records(index)
-    app = create_app(settings, inflight=SharedInflight(slots, index, settings.max_inflight))
+    app = make_app(settings, inflight=SharedInflight(slots, index, settings.max_inflight))
     config = uvicorn.Config(app, log_level=settings.log_level.lower(), log_config=None, access_log=False,
                             timeout_graceful_shutdown=settings.drain_timeout_s)
     try:
@@ -161,8 +167,6 @@ def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slot
 
 
 def _die_with(parent_pid: int) -> None:
-    from tandem.launcher import PARENT_PID_ENV, die_with_parent
-
     os.environ[PARENT_PID_ENV] = str(parent_pid)
     die_with_parent()
 
@@ -179,9 +183,9 @@ def _tag_records(index: int) -> None:
     logging.setLogRecordFactory(record)
 
 
-def run_supervisor(settings: GatewaySettings) -> int:
+def run_supervisor(settings: GatewaySettings, make_app: Callable) -> int:
     try:
-        return Supervisor(settings).run()
+        return Supervisor(settings, make_app).run()
     except OSError as exc:
         print(f"tandem gateway: error: {exc}", file=sys.stderr)
         return 1

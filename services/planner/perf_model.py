@@ -4,7 +4,7 @@ Pure: no I/O; the profile is handed in."""
 import math
 from dataclasses import dataclass
 
-from engines.sim.profile import TimingProfile
+from engines.timing.profile import TimingProfile
 from services.planner.types import Load, WorkerRole, WorkerSample
 
 

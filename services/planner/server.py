@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from engines.sim.profile import ProfileError, load_profile
+from engines.timing.profile import ProfileError, load_profile
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.metrics import MetricsEndpoint
 from services.common.protos import planner_pb2, planner_pb2_grpc

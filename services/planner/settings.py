@@ -5,7 +5,7 @@ A bad value raises SettingsError at start-up, naming the setting.
 import argparse
 from dataclasses import dataclass
 
-from engines.sim.profile import DEFAULT_PROFILE
+from engines.timing.profile import DEFAULT_PROFILE
 from services.common.settings import SettingsError
 from services.common.settings_loader import Source
 from services.planner.feedback import FeedbackConfig, FeedbackError

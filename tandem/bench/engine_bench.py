@@ -14,6 +14,7 @@ import torch
 
 from engines.native.config import ModelConfig
 from tandem.bench import hf_baseline, native_runner
+from tandem.bench.engine_args import add_engine_arguments, resolve_model
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.report import NATIVE, TRANSFORMERS, WorkloadResult, build_report, format_report
 from tandem.bench.roofline import GemmRate, GemmShape, fastest, linear_shapes, measure_gemm_rate
@@ -126,12 +127,12 @@ def _header(cfg: BenchConfig, mode: str) -> dict:
             "transformers_version": transformers.__version__}
 
 
-# -- CLI (the argument parser is in tandem/bench/commands.py, which the `tandem` command loads) ------------
+# -- CLI (the argument parser is in tandem/bench/engine_args.py, which the `tandem` command loads) ---------
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if not engines or set(engines) - set(ENGINES):
         raise SystemExit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
-    cfg = BenchConfig(_resolve_model(args.model), args.dtype, args.threads, args.num_requests,
+    cfg = BenchConfig(resolve_model(args.model), args.dtype, args.threads, args.num_requests,
                       args.isl, args.osl, engines)
     report = run_bench(cfg)
     print(format_report(report))
@@ -142,19 +143,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_model(model: Path | None) -> Path:
-    if model is not None:
-        return model
-    try:
-        from tandem.models.fetch import fetch_model
-    except ImportError as exc:
-        raise SystemExit("no default model available here; pass --model DIR") from exc
-    return Path(fetch_model())
-
-
 def main(argv: list[str] | None = None) -> int:
-    from tandem.bench.commands import add_engine_arguments
-
     parser = argparse.ArgumentParser(prog="python -m tandem.bench.engine_bench")
     add_engine_arguments(parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

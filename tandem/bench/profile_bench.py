@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
+from tandem.bench.engine_args import resolve_model
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -82,9 +83,7 @@ def format_table(doc: dict, anchor_name: str) -> str:
 
 
 def run_bench_profile(args: argparse.Namespace) -> int:
-    from tandem.bench.engine_bench import _resolve_model
-
-    args.model = _resolve_model(args.model)
+    args.model = resolve_model(args.model)
     doc = measure(args)
     print(format_table(doc, args.anchor))
     if args.json:

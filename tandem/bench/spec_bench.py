@@ -167,7 +167,7 @@ def cmd_bench_spec(args) -> int:
     import json
 
     from engines.core.speculative import parse_speculative
-    from tandem.bench.engine_bench import _resolve_model
+    from tandem.bench.engine_args import resolve_model
     from tandem.bench.jsonsafe import json_safe
 
     parse_speculative(args.speculative)  # NOTE: a bad value fails before any model loads
@@ -180,7 +180,7 @@ def cmd_bench_spec(args) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
-    report = compare(_resolve_model(args.model), args.speculative, args.threads, args.repeats,
+    report = compare(resolve_model(args.model), args.speculative, args.threads, args.repeats,
                      "transformers" in args.engines, names, on_row=write)
     print(format_table(report))
     if args.json is not None:

@@ -6,17 +6,16 @@ Bytes only: it never parses what it carries.
 """
 import asyncio
 import contextlib
-import ctypes
 import logging
 import multiprocessing
-import signal
 import socket
 import struct
 import time
 
+from services.common.process import exit_with_parent
+
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT_S = 10.0
-PR_SET_PDEATHSIG = 1
 
 
 class FaultyProxy:
@@ -129,7 +128,7 @@ class ProxyProcess:
 
 
 def _main(conn, target_host: str, target_port: int, port: int) -> None:
-    ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # never outlive the harness
+    exit_with_parent()  # never outlive the harness
     asyncio.run(_serve(conn, FaultyProxy(target_host, target_port, port=port)))
 
 

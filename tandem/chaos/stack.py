@@ -104,7 +104,7 @@ class LiveStack:
 
     def _profile(self) -> Path:
         """The shipped H100 profile with this shape's batch limit, so the engine and the router agree on it."""
-        from engines.sim.profile import DEFAULT_PROFILE, PROFILE_DIR
+        from engines.timing.profile import DEFAULT_PROFILE, PROFILE_DIR
 
         profile = json.loads((PROFILE_DIR / f"{DEFAULT_PROFILE}.json").read_text())
         path = self.log_dir / f"sim-profile-{self.shape.max_num_seqs}.json"

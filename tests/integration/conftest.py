@@ -7,7 +7,8 @@ import pytest
 
 from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tandem.launcher import Stack, StackConfig, free_port, make_stack
+from tandem.launcher import Stack, StackConfig, free_port
+from tandem.stack_run import make_stack
 
 
 @contextlib.contextmanager

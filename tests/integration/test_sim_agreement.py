@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.http_client import Endpoint
 from tandem.bench.serve_bench import ServeConfig, run_serve
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, load_trace
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import Slo, summarize
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import Slo, summarize
 from tests.integration.conftest import all_worker_stats, running_stack
 
 NUM_WORKERS, NUM_GROUPS, NUM_SIBLINGS = 2, 5, 4

@@ -9,12 +9,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.sim.profile import TimingProfile, load_profile
+from engines.timing.profile import TimingProfile, load_profile
 from tandem.bench.http_client import Endpoint
 from tandem.bench.serve_bench import ServeConfig, run_serve
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, load_trace
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import Slo, summarize
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import Slo, summarize
 from tests.integration.conftest import running_stack
 
 HOST_GB = 4.0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench import llmd_precise_prefix as llmd
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.trace_gen import PrefixShape
 
 

@@ -2,7 +2,7 @@
 `tandem sim --profile-from-measured` turns it into a profile whose tables are those measurements."""
 import json
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.cli import main
 
 

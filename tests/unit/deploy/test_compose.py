@@ -270,7 +270,7 @@ def test_each_image_installs_the_project_with_its_dependencies(name):
     assert "docker/pyproject_deps.py pyproject.toml" in runs, f"{path.name}: the project's dependencies"
     assert re.search(r"pip install -c \S+ -r /tmp/requirements.txt", runs), path.name
     assert "pip install --no-deps -e ." in runs, path.name
-    assert "python -m services.common.protos --force" in runs, f"{path.name}: generated protos (git-ignored)"
+    assert "python -m services.common.protogen --force" in runs, f"{path.name}: generated protos (git-ignored)"
     # the build imports the modules this service runs, so a missing dependency fails the build, not the start
     command = SERVICES[name]["command"]
     module = f"services.{command[2]}.server" if command[1] == "serve" else "tandem.models.fetch"

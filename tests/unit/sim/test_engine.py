@@ -8,7 +8,7 @@ from engines.base.errors import RequestNotFoundError
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.core.client import EngineClient
 from engines.sim import sim_spec
-from engines.sim.profile import TimingProfile
+from engines.timing.profile import TimingProfile
 
 PROFILE = TimingProfile("tiny", 4, 8, 2, 8, (0.0, 1.0, 10.0), (0.0, 0.0, 5.0))
 

@@ -3,8 +3,8 @@ virtual time as the cluster simulator steps it, on hand-computed cases."""
 from engines.base.events import KvEventKind
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.core.sequence import Sequence
-from engines.sim.profile import TimingProfile
 from engines.sim.runner import next_token, sim_core
+from engines.timing.profile import TimingProfile
 
 # prefill ms = t + 10; decode ms = 5 (flat); 8 blocks of 4 tokens, 2 seqs, 8 tokens per step
 PROFILE = TimingProfile("tiny", 4, 8, 2, 8, (0.0, 1.0, 10.0), (0.0, 0.0, 5.0))

@@ -2,7 +2,8 @@
 given up on with the child's name and log, bad settings never retried, a child that stays up forgiven."""
 import pytest
 
-from tandem.supervisor import CrashLoopError, RestartPolicy, Supervisor, describe_exit
+from services.common.process import RestartPolicy
+from tandem.supervisor import CrashLoopError, Supervisor, describe_exit
 from tests.unit.services.router.helpers import FakeClock
 
 

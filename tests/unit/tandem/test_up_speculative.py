@@ -2,7 +2,7 @@
 tests/integration/test_speculative_live.py run with exactly these worker arguments); without it, none."""
 import pytest
 
-import tandem.launcher
+import tandem.stack_run
 from tandem.cli import main
 
 
@@ -13,7 +13,7 @@ from tandem.cli import main
 ])
 def test_the_setting_reaches_every_worker(monkeypatch, tmp_path, flag, expected):
     seen = []
-    monkeypatch.setattr(tandem.launcher, "run_stack", lambda cfg: seen.append(cfg) or 0)
+    monkeypatch.setattr(tandem.stack_run, "run_stack", lambda cfg: seen.append(cfg) or 0)
     monkeypatch.delenv("TANDEM_WORKER_SPECULATIVE", raising=False)
     assert main(["up", "--model", str(tmp_path), "--prefill", "1", *flag]) == 0
     args = seen[0].worker_args

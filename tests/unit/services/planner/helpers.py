@@ -1,5 +1,5 @@
 """A timing profile with round numbers, so the planner's arithmetic can be checked exactly."""
-from engines.sim.profile import TimingProfile
+from engines.timing.profile import TimingProfile
 
 
 def round_profile(**overrides) -> TimingProfile:

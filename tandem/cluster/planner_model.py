@@ -3,7 +3,7 @@ perturbation that scales every step time (`--planner-profile-scale 0.7` = the mo
 than it is). Pure: it builds new profiles and never touches the one the simulated engines run."""
 from dataclasses import replace
 
-from engines.sim.profile import ProfileError, TimingProfile, load_profile
+from engines.timing.profile import ProfileError, TimingProfile, load_profile
 
 
 def scale_profile(profile: TimingProfile, factor: float) -> TimingProfile:

@@ -14,7 +14,7 @@ from services.router.policy import DisaggregationPolicy
 from services.router.prefix_index import PrefixIndex
 from services.router.registry import Registry
 from services.router.types import RouteDecision, RouteInput, WorkerInfo, WorkerLoad
-from tandem.sim.policies import make_sim_policy
+from tandem.cluster.policies import make_sim_policy
 
 _FOREVER = 1e18  # leases and in-flight entries never lapse in a simulation
 

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from tandem.sim.planner_search import SearchError, StaticSearch
-from tandem.sim.planner_stability import direction_changes, most_in_window, stability
+from tandem.cluster.planner_search import SearchError, StaticSearch
+from tandem.cluster.planner_stability import direction_changes, most_in_window, stability
 
 
 def surface(need_p: float, need_d: float, trade: float):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.base.block_hash import num_blocks_for
-from engines.sim.measured import Points1D, Points2D, decode_table, interp, prefill_table, read_measurements
+from engines.timing.measured import Points1D, Points2D, decode_table, interp, prefill_table, read_measurements
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "h100-llama3.1-8b"
@@ -33,7 +33,7 @@ class TimingProfile:
     kv_host_gb_per_s: float = 50.0  # onboarding from the host tier (one way over PCIe Gen5)
     kv_disk_gb_per_s: float = 7.0  # onboarding from the disk tier (one NVMe drive)
     sources: tuple[str, ...] = ()
-    # measured step times; when present they replace the coefficients (engines/sim/measured.py)
+    # measured step times; when present they replace the coefficients (engines/timing/measured.py)
     prefill_ms_points: Points1D = ()  # (prompt tokens in the step, ms)
     decode_ms_points: Points2D = ()  # (running sequences, mean context tokens, ms)
     # speculative decoding, modelled in time only (tokens stay one per step): a decode step proposing
@@ -133,7 +133,7 @@ class TimingProfile:
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> TimingProfile:
-    """A shipped profile by name (engines/sim/profiles/NAME.json) or any profile file by path."""
+    """A shipped profile by name (engines/timing/profiles/NAME.json) or any profile file by path."""
     path = Path(name_or_path)
     if not path.is_file():
         path = PROFILE_DIR / f"{name_or_path}.json"
@@ -167,7 +167,7 @@ def profile_from_bench(json_path: str | Path, base: TimingProfile | None = None)
     if not prefill:
         raise ProfileError(f"{json_path}: no native engine results to fit")
     name = f"bench-{report.get('model', 'unknown')}".replace("/", "_")
-    sources = (f"fitted from {json_path} ({len(prefill)} workload(s)) by engines/sim/profile.py",)
+    sources = (f"fitted from {json_path} ({len(prefill)} workload(s)) by engines/timing/profile.py",)
     return TimingProfile.from_dict({**base.to_dict(), "name": name, "sources": sources,
                                     "prefill_ms_coeffs": _fit(prefill), "decode_ms_coeffs": _fit(decode)})
 
@@ -184,7 +184,7 @@ def profile_from_measurements(json_path: str | Path, base: TimingProfile, name: 
     capacity = base.kv_capacity_tokens
     source = (f"measured step times from {Path(json_path).name} ({meta.get('device', 'unknown device')}, "
               f"{meta.get('model', 'unknown model')}): {len(prefill)} prefill and {len(decode)} decode points, "
-              "interpolated piecewise-linearly by engines/sim/measured.py; the coefficients are least-squares fits")
+              "interpolated piecewise-linearly by engines/timing/measured.py; the coefficients are least-squares fits")
     limits = ", ".join(f"{k}={getattr(base, k)}" for k in ("block_size", "num_blocks", "max_num_seqs",
                        "max_num_batched_tokens", "min_step_ms", "kv_bytes_per_token", "kv_transfer_gb_per_s"))
     return TimingProfile.from_dict({

@@ -1,7 +1,7 @@
 """Mooncake hash-id expansion: shared ids are shared token prefixes; different ids differ in every block."""
 from engines.base.block_hash import chain_block_hashes
 from tandem.bench.traces import TraceRow
-from tandem.sim.tokens import expand_hash_ids, prompt_tokens
+from tandem.cluster.tokens import expand_hash_ids, prompt_tokens
 
 
 def test_lengths_and_shared_prefix():

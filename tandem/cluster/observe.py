@@ -8,7 +8,7 @@ import numpy as np
 
 from services.planner.types import Observation, WorkerSample
 from tandem.bench.traces import TraceRow
-from tandem.sim.des import ClusterSim
+from tandem.cluster.des import ClusterSim
 
 
 class SimObserver:

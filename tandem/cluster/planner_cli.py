@@ -3,15 +3,15 @@ engine's truth or a perturbed one) and against the cheapest static pair found by
 orchestration only."""
 import argparse
 
-from engines.sim.profile import ProfileError, TimingProfile
+from engines.timing.profile import ProfileError, TimingProfile
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
 from services.planner.state_machine import PlannerConfig, RoleBounds
-from tandem.sim.planner_model import parse_scales, planner_profiles
-from tandem.sim.planner_report import format_table, write_json, write_plot
-from tandem.sim.planner_search import SearchError
-from tandem.sim.planner_sim import PlannerSimConfig, run_all
+from tandem.cluster.planner_model import parse_scales, planner_profiles
+from tandem.cluster.planner_report import format_table, write_json, write_plot
+from tandem.cluster.planner_search import SearchError
+from tandem.cluster.planner_sim import PlannerSimConfig, run_all
 
 
 def add_planner_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from engines.sim.profile import TimingProfile, load_profile
+from engines.timing.profile import TimingProfile, load_profile
 from tandem.bench.traces import TraceRow
 from tandem.cli import main
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import Slo, summarize
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import Slo, summarize
 
 PROFILE = TimingProfile.from_dict({**load_profile().to_dict(), "num_blocks": 160})  # 10k tokens per worker
 BLOCK_BYTES = PROFILE.kv_bytes_per_token * PROFILE.block_size  # 8 MiB

@@ -12,12 +12,12 @@ from engines.base.types import EngineRequest, FinishReason, KvLayout, RequestOut
 from engines.core.engine_core import EngineCore
 from engines.core.runner import zero_kv_export
 from engines.core.scheduler import SchedulerOutput
-from engines.sim.profile import TimingProfile
 from engines.sim.runner import sim_core
+from engines.timing.profile import TimingProfile
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole, tier_load
 from tandem.bench.traces import TraceRow
-from tandem.sim.routers import SimRouters
-from tandem.sim.tokens import prompt_tokens
+from tandem.cluster.routers import SimRouters
+from tandem.cluster.tokens import prompt_tokens
 
 MODEL = "sim"
 
@@ -38,7 +38,7 @@ class SimConfig:
     heartbeat_interval_s: float = 2.0  # as services/router/settings.py tells workers; 0 = after every change
     # prefill workers' load after every change, heartbeats or not (the live workers' load stream)
     prefill_load_stream: bool = True
-    num_routers: int = 1  # router replicas, each deciding on its own view (tandem/sim/routers.py)
+    num_routers: int = 1  # router replicas, each deciding on its own view (tandem/cluster/routers.py)
     kv_host_gb: float = 0.0  # per worker: a host KV tier (and a disk tier under it), loading at the profile's
     kv_disk_gb: float = 0.0  # copy bandwidths
 

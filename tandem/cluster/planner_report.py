@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 from tandem.bench.jsonsafe import json_safe
-from tandem.sim.planner_sim import BASELINE
-from tandem.sim.planner_stability import stability
+from tandem.cluster.planner_sim import BASELINE
+from tandem.cluster.planner_stability import stability
 
 TARGET_ATTAINMENT = 0.95
 TARGET_GPU_SHARE = 0.85  # of the cheapest static pair meeting TARGET_ATTAINMENT

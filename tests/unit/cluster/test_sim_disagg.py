@@ -3,9 +3,9 @@
 on heartbeats alone the router guesses a queue from every route still in flight and prefills many on decode workers."""
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.traces import TraceRow
-from tandem.sim.des import ClusterSim, SimConfig
+from tandem.cluster.des import ClusterSim, SimConfig
 
 PROFILE = load_profile()
 RATE = 3 * 4 / 2.0

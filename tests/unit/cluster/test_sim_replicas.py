@@ -1,11 +1,11 @@
 """Router replicas in the simulator: every replica follows every worker's events and load, arrivals spread over
 them, each request completes where it was routed; replicas keep kv's prefix reuse on a small conversation trace;
 the verdicts compare with one router and can fail."""
-from engines.sim.profile import load_profile
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import Slo, summarize
-from tandem.sim.replicas import replica_verdicts
-from tests.unit.sim.test_des import conversations
+from engines.timing.profile import load_profile
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import Slo, summarize
+from tandem.cluster.replicas import replica_verdicts
+from tests.unit.cluster.test_des import conversations
 
 PROFILE = load_profile()
 

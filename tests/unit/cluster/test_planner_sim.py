@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from services.planner.perf_model import PerfModel, Slo
 from services.planner.state_machine import PlannerConfig, RoleBounds
 from services.planner.types import Load, WorkerRole
 from tandem.bench.traces import TraceRow
 from tandem.cli import main
-from tandem.sim.planner_model import scale_profile
-from tandem.sim.planner_sim import BASELINE, PlannerSimConfig, run_all, run_planned, run_static
+from tandem.cluster.planner_model import scale_profile
+from tandem.cluster.planner_sim import BASELINE, PlannerSimConfig, run_all, run_planned, run_static
 
 PROFILE = load_profile("h100-native-llama3.1-8b-bf16")
 

@@ -8,16 +8,16 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from engines.sim.profile import TimingProfile
+from engines.timing.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore
 from services.planner.types import ROLES, Replicas, WorkerRole
 from tandem.bench.traces import TraceRow
-from tandem.sim import metrics
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.observe import SimObserver
-from tandem.sim.planner_search import SearchError, StaticSearch
+from tandem.cluster import metrics
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.observe import SimObserver
+from tandem.cluster.planner_search import SearchError, StaticSearch
 
 BASELINE = "static_best"
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engines.sim.profile import ProfileError, TimingProfile, load_profile, profile_from_bench
+from engines.timing.profile import ProfileError, TimingProfile, load_profile, profile_from_bench
 
 
 def test_default_profile_has_the_mocker_defaults():

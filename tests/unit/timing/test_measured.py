@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from engines.sim.measured import decode_table, interp
-from engines.sim.profile import ProfileError, TimingProfile, load_profile, profile_from_measurements
+from engines.timing.measured import decode_table, interp
+from engines.timing.profile import ProfileError, TimingProfile, load_profile, profile_from_measurements
 from tandem.cli import main
 
 MEASURED = {"device": "GPU X", "model": "m", "prefill_ms": {"100": 10.0, "200": 14.0, "400": 30.0},

@@ -7,15 +7,15 @@ import platform
 import time
 from pathlib import Path
 
-from engines.sim.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
-                                 profile_from_measurements)
+from engines.timing.profile import (DEFAULT_PROFILE, ProfileError, TimingProfile, load_profile, profile_from_bench,
+                                    profile_from_measurements)
 from tandem.bench.traces import TraceError, load_trace
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
-from tandem.sim.planner_cli import add_planner_arguments, run_planner_sim
-from tandem.sim.policies import POLICY_NAMES
-from tandem.sim.replicas import format_verdicts, replica_verdicts, run_key
-from tandem.sim.report import format_table, write_json, write_plots
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import DEFAULT_SLO_ITL_S, DEFAULT_SLO_TTFT_S, Slo, summarize
+from tandem.cluster.planner_cli import add_planner_arguments, run_planner_sim
+from tandem.cluster.policies import POLICY_NAMES
+from tandem.cluster.replicas import format_verdicts, replica_verdicts, run_key
+from tandem.cluster.report import format_table, write_json, write_plots
 
 
 def add_sim_command(commands) -> None:

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from engines.sim.profile import load_profile
+from engines.timing.profile import load_profile
 from tandem.bench.traces import TraceRow
 from tandem.cli import main
-from tandem.sim.des import ClusterSim, SimConfig
-from tandem.sim.metrics import Slo, summarize
+from tandem.cluster.des import ClusterSim, SimConfig
+from tandem.cluster.metrics import Slo, summarize
 
 PROFILE = load_profile()
 

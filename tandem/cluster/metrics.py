@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.sim.des import ClusterSim, RequestRecord
+from tandem.cluster.des import ClusterSim, RequestRecord
 
 
 DEFAULT_SLO_TTFT_S, DEFAULT_SLO_ITL_S = 2.0, 0.1
