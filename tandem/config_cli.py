@@ -1,5 +1,5 @@
 """`tandem config docs [--check]`: writes docs/configuration.md from the settings classes (or says it is stale).
-Only the command; the text is services/common/settings_docs.py's."""
+Only the command; the text is tandem/config_docs.py's."""
 
 
 def add_config_commands(commands) -> None:
@@ -11,6 +11,6 @@ def add_config_commands(commands) -> None:
 
 
 def _docs(args) -> int:
-    from services.common.settings_docs import main
+    from tandem.config_docs import main
 
     return main(["--check"] if args.check else [])

@@ -15,7 +15,8 @@ from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExpor
 from engines.core.block_manager import BlockManager
 from engines.core.loads import LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
-from engines.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepTokens
+from engines.core.scheduler import Scheduler, SchedulerConfig
+from engines.core.step import SchedulerOutput, StepTokens
 from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.tiers.tiering import Tiering

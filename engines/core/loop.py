@@ -16,7 +16,7 @@ from engines.base.types import FinishReason, RequestOutput
 from engines.core.engine_core import EngineCore
 from engines.core.messages import Abort, Add, Call, Failed, Ready, Reply, StepOutputs, Stop
 from engines.core.runner import PendingStep
-from engines.core.scheduler import SchedulerOutput
+from engines.core.step import SchedulerOutput
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle loop waits for a command before it checks held KV leases again

@@ -7,7 +7,7 @@ from typing import Protocol
 from engines.base.requests import DTYPE_BYTES
 from engines.base.types import KvExport, KvLayout
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.scheduler import Sampled, SchedulerOutput, StepTokens
+from engines.core.step import Sampled, SchedulerOutput, StepTokens
 from engines.transfer import transports
 
 

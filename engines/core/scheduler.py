@@ -5,25 +5,20 @@ decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engines.base.types import FinishReason, TokenLogprob
+from engines.base.types import FinishReason
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone, Loading
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.speculative import Proposer, SpecConfig, Speculator
+from engines.core.step import ScheduledSeq, SchedulerOutput, StepTokens
 
 if TYPE_CHECKING:
     from engines.core.tiers.tiering import Tiering
 
 log = logging.getLogger(__name__)
-
-# what a runner returns per sampling sequence, in `SchedulerOutput.sampling` order: one token, or for a sequence
-# that verified proposed tokens, the tokens it accepted (the agreeing proposals and one more)
-Sampled = tuple[int, TokenLogprob | None]
-StepTokens = Sampled | list[Sampled]
-
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -31,40 +26,6 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     spec: SpecConfig = SpecConfig()
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on (proposed ones included)
-    start: int  # seq.num_computed_tokens when scheduled
-    spec_token_ids: tuple[int, ...] = ()  # proposed tokens verified after the last one; never in seq.token_ids
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so a new token is sampled."""
-        return self.start + self.num_new_tokens - len(self.spec_token_ids) == self.seq.num_tokens
-
-    def input_ids(self) -> list[int]:
-        """The token ids this step computes: the sequence's, then the proposed ones."""
-        end = self.start + self.num_new_tokens - len(self.spec_token_ids)
-        return self.seq.token_ids[self.start : end] + list(self.spec_token_ids)
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    num_blocks_used: int = 0  # KV blocks in use once this step's are allocated (what a timing model reads)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def sampling(self) -> list[ScheduledSeq]:
-        """The scheduled sequences that sample a token this step, in schedule order."""
-        return [s for s in self.scheduled if s.samples]
 
 
 class Scheduler:

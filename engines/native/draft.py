@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engines.base.types import SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.scheduler import ScheduledSeq, SchedulerOutput
+from engines.core.step import ScheduledSeq, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.model_runner import ModelRunner

@@ -14,7 +14,7 @@ from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
 from engines.native.grammar import Grammars
 from engines.native.sampler import SampledTokens, SampleRow, sample
-from engines.core.scheduler import ScheduledSeq, SchedulerOutput
+from engines.core.step import ScheduledSeq, SchedulerOutput
 
 MAX_DEFAULT_MODEL_LEN = 8192
 

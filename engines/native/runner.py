@@ -8,7 +8,7 @@ from engines.base.errors import InvalidRequestError
 from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
-from engines.core.scheduler import Sampled, ScheduledSeq, SchedulerOutput
+from engines.core.step import Sampled, ScheduledSeq, SchedulerOutput
 from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.sequence import Sequence
 from engines.core.speculative import SpecConfig, parse_speculative

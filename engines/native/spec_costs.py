@@ -6,7 +6,7 @@ import time
 
 from engines.base.block_hash import num_blocks_for
 from engines.base.types import SamplingParams
-from engines.core.scheduler import ScheduledSeq, SchedulerOutput
+from engines.core.step import ScheduledSeq, SchedulerOutput
 from engines.core.sequence import Sequence
 
 log = logging.getLogger(__name__)

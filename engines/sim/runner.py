@@ -17,7 +17,7 @@ from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
-from engines.core.scheduler import Sampled, SchedulerOutput
+from engines.core.step import Sampled, SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.timing.profile import TimingProfile, load_profile

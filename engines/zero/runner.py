@@ -8,7 +8,7 @@ from pathlib import Path
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
-from engines.core.scheduler import SchedulerOutput
+from engines.core.step import SchedulerOutput
 from engines.base.requests import DTYPE_BYTES
 from engines.core.tiers.kv_tiers import TierSpec, TieredLoads
 from engines.core.tiers.modelled_tiers import ModelledTiers

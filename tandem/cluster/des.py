@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from engines.base.types import EngineRequest, FinishReason, KvLayout, RequestOutput, SamplingParams
 from engines.core.engine_core import EngineCore
 from engines.core.runner import zero_kv_export
-from engines.core.scheduler import SchedulerOutput
+from engines.core.step import SchedulerOutput
 from engines.sim.runner import sim_core
 from engines.timing.profile import TimingProfile
 from services.router.types import RouteInput, WorkerInfo, WorkerLoad, WorkerRole, tier_load

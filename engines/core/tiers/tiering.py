@@ -11,7 +11,7 @@ from typing import Protocol
 from engines.base.events import KvTier
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.scheduler import SchedulerOutput
+from engines.core.step import SchedulerOutput
 from engines.core.sequence import Sequence
 from engines.core.tiers.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
 

@@ -3,7 +3,7 @@ file is stale, and checks that every service's variables are in it."""
 import json
 from pathlib import Path
 
-from services.common.settings_docs import DOC, field_comments, render
+from tandem.config_docs import DOC, field_comments, render
 from services.router.settings import RouterSettings
 
 NAMES = Path(__file__).parents[1] / "services" / "common" / "settings_names.json"

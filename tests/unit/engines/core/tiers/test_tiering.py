@@ -11,7 +11,7 @@ from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec
 from engines.core.loads import LoadDone
 from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import Done, RunnerInfo
-from engines.core.scheduler import SchedulerOutput
+from engines.core.step import SchedulerOutput
 from engines.core.sequence import SequenceStatus
 
 BS = 4

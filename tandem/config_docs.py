@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.common.settings_loader import Setting, Source
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 # section title -> the module whose SOURCE it documents
 SERVICES = {
     "gateway": "services.gateway.settings",
@@ -66,9 +66,13 @@ def render() -> str:
 
 def _up_section() -> str:
     """`tandem up`'s own flags, from its parser (defaults some read from the environment: the help says them)."""
-    from tandem.cli import build_parser
+    import argparse
 
-    commands = next(a for a in build_parser()._actions if a.choices and "up" in a.choices)
+    from tandem.stack_cli import add_stack_commands
+
+    parser = argparse.ArgumentParser(prog="tandem")
+    add_stack_commands(parser.add_subparsers(dest="command"))
+    commands = next(a for a in parser._actions if a.choices and "up" in a.choices)
     up = commands.choices["up"]
     rows = ["## `tandem up` (what `make up` runs)\n",
             "`make up ARGS=\"--decode 2 --prefill 0\"` passes flags through; it starts every service below as a local "
