@@ -4,11 +4,13 @@ Two loops: every adjustment interval the predicted load goes through the perf mo
 fast correction adds or removes one replica, with hysteresis, when observed SLOs are violated or every worker is
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
+from services.planner.slo_misses import Misses, MissWindow, judge
 from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
 
 
@@ -35,6 +37,8 @@ class PlannerConfig:
     feedback: FeedbackConfig = FeedbackConfig()  # headroom from the observed SLO error
     is_proportional_up: bool = False  # True: the fast loop adds in proportion to the violation, not one (measured
     # with the feedback on, never alone: docs/planner.md)
+    calibration: CalibrationConfig = CalibrationConfig()  # the model's speed from the workers' busy-time counters
+    miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -86,6 +90,8 @@ class _RoleState:
 class PlannerCore:
     def __init__(self, config: PlannerConfig, model: PerfModel):
         self.config, self.model = config, model
+        self.calibration = SpeedCalibration(config.calibration, model)
+        self._miss_window = MissWindow(config.miss_window_ticks)
         self.roles = tuple(r for r in ROLES if config.bounds(r).max_replicas > 0)
         self.state = {role: _RoleState() for role in self.roles}
         self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
@@ -104,11 +110,16 @@ class PlannerCore:
             self._window.is_missing = True
             return TickResult(targets=self.targets(), warnings=("metrics missing: holding every replica count",))
         self._window.add(obs)
+        self.calibration.record(obs)
         predicted, warnings = None, []
         if now >= self._next_adjust_at:
             predicted, warnings = self._adjust(now)
+        misses = None
+        if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
+            misses = judge(obs.finished, self.model)
+            obs = replace(obs, ttft_s=misses.ttft_s, itl_s=misses.itl_s)
         budgets = self._budgets(obs)
-        self._correct(obs, budgets)
+        self._correct(obs, budgets, misses)
         return TickResult(self._decisions(obs), self.targets(), predicted, budgets, tuple(warnings))
 
     def targets(self) -> dict[WorkerRole, int]:
@@ -135,6 +146,8 @@ class PlannerCore:
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
         factors = self.feedback.update()
+        self.calibration.update()
+        self.model = self.calibration.calibrated()
         if self._is_warm:
             for role, busy in self.model.busy(predicted, WorkerRole.PREFILL in self.roles).items():
                 if role in self.state:
@@ -179,12 +192,18 @@ class PlannerCore:
                 out[sample.role] = max(out.get(sample.role, 0.0), self.model.budget(sample, isl))
         return out
 
-    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float]) -> None:
-        over, under = self._over(obs, budgets), self._under(obs, budgets)
+    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float], misses: Misses | None) -> None:
+        under = self._under(obs, budgets)
+        if misses is None:
+            over = self._over(obs, budgets)
+            judged = {role: (1, int(over[role])) for role in self.state}
+        else:
+            over = self._over_share(obs, self._miss_window.add(misses))
+            judged = self._blamed(obs, misses)
         for role, s in self.state.items():
             is_starting = obs.replicas[role].starting > 0
             # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
-            self.feedback.record(role, over[role], under[role] and not is_starting)
+            self.feedback.record(role, *judged[role], under[role] and not is_starting)
             if is_starting:  # NOTE: what it asked for is still coming: judge afresh once it serves
                 s.num_over = s.num_under = 0
                 continue
@@ -222,6 +241,19 @@ class PlannerCore:
         itl = obs.itl_s > slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0) > 1
         return {WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
                 WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs))}
+
+    def _over_share(self, obs: Observation, window: Misses) -> dict[WorkerRole, bool]:
+        """Per role: did more of the window's feasible requests miss its SLO than the target allows?"""
+        most = self.config.feedback.budget * window.num_judged
+        ttft, itl = window.num_ttft_missed > most, window.num_itl_missed > most
+        blames_decode = self._blames_decode(obs)
+        return {WorkerRole.PREFILL: ttft and not blames_decode, WorkerRole.DECODE: itl or (ttft and blames_decode)}
+
+    def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
+        """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""
+        ttft_on_decode = misses.num_ttft_missed if self._blames_decode(obs) else 0
+        return {WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
+                WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode)}
 
     def _blames_decode(self, obs: Observation) -> bool:
         """A slow first token is the prefill pool's doing when the load of this very window needs more prefill
