@@ -4,6 +4,7 @@ Two loops: every adjustment interval the predicted load goes through the perf mo
 fast correction adds or removes one replica, with hysteresis, when observed SLOs are violated or every worker is
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
@@ -39,6 +40,8 @@ class PlannerConfig:
     # with the feedback on, never alone: docs/planner.md)
     calibration: CalibrationConfig = CalibrationConfig()  # the model's speed from the workers' busy-time counters
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
+    climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
+    climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -98,7 +101,9 @@ class PlannerCore:
                            for k in ("rate", "isl", "osl")}
         self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
+        self.last_predicted = Load(0.0, 1.0, 1.0)
         self._window = _Window()
+        self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
         self._is_warm = False  # the first interval only observes: a planner starting cold sees a biased OSL
@@ -112,8 +117,11 @@ class PlannerCore:
         self._window.add(obs)
         self.calibration.record(obs)
         predicted, warnings = None, []
+        self._recent.append(obs)
         if now >= self._next_adjust_at:
             predicted, warnings = self._adjust(now)
+        else:
+            self._maybe_climb()
         misses = None
         if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
             misses = judge(obs.finished, self.model)
@@ -145,6 +153,7 @@ class PlannerCore:
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
+        self.last_predicted = predicted
         factors = self.feedback.update()
         self.calibration.update()
         self.model = self.calibration.calibrated()
@@ -156,6 +165,28 @@ class PlannerCore:
                     self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
         self._is_warm = True
         return predicted, self._coverage_warning(predicted.isl)
+
+    def _maybe_climb(self) -> None:
+        """Scale up at once on a climb: when the recent ticks' arrivals run well over the predicted rate, size from
+        them now instead of waiting for the interval's end (shrinking stays with the slow adjustment loop)."""
+        cfg, recent = self.config, self._recent
+        seconds = sum(o.window_s for o in recent)
+        num = sum(o.num_requests or 0 for o in recent)
+        if not (self._is_warm and cfg.climb_ratio and len(recent) == recent.maxlen and seconds > 0 and num > 0):
+            return
+        rate = num / seconds
+        if rate < cfg.climb_ratio * self.last_predicted.request_rate:
+            return
+        isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
+        load = Load(rate, isl, self.last_predicted.osl)
+        for role, busy in self.model.busy(load, WorkerRole.PREFILL in self.roles).items():
+            s = self.state.get(role)
+            bounds = self.config.bounds(role)
+            count = min(max(ceil_workers(busy * self.feedback.factors[role]), 1), bounds.max_replicas)
+            if s is not None and count > s.base:
+                s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
+                s.base, s.reason = count, "load climbing"
+                s.history = [*s.history, count][-cfg.down_stabilization:]
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
