@@ -22,10 +22,6 @@ class Misses:
     ttft_s: float | None = None  # the quantile of the feasible requests' TTFT (None: none finished)
     itl_s: float | None = None
 
-    def __add__(self, other: "Misses") -> "Misses":
-        return Misses(self.num_judged + other.num_judged, self.num_ttft_missed + other.num_ttft_missed,
-                      self.num_itl_missed + other.num_itl_missed)
-
 
 def is_feasible(outcome: RequestOutcome, model: PerfModel) -> bool:
     """Could this prompt meet the TTFT SLO alone on an idle worker (by the model, as calibrated)?"""
@@ -43,11 +39,13 @@ def judge(outcomes: tuple[RequestOutcome, ...], model: PerfModel, quantile: floa
 
 
 class MissWindow:
-    """The last `num_ticks` ticks' misses, summed: a share over ~15 requests a tick is too noisy to act on."""
+    """The last `num_ticks` ticks' judged requests and misses of one role, summed: a share over ~15 requests a
+    tick is too noisy to act on. Each tick's misses are blamed on a role when they are seen, not at the window's end
+    (a window of misses from a busy prefill tick must not be blamed on decode once prefill sits idle)."""
 
     def __init__(self, num_ticks: int):
-        self._ticks: deque[Misses] = deque(maxlen=max(num_ticks, 1))
+        self._ticks: deque[tuple[int, int]] = deque(maxlen=max(num_ticks, 1))
 
-    def add(self, misses: Misses) -> Misses:
-        self._ticks.append(misses)
-        return sum(self._ticks, Misses())
+    def add(self, num_judged: int, num_missed: int) -> tuple[int, int]:
+        self._ticks.append((num_judged, num_missed))
+        return sum(j for j, _ in self._ticks), sum(m for _, m in self._ticks)

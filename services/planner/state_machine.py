@@ -94,7 +94,7 @@ class PlannerCore:
     def __init__(self, config: PlannerConfig, model: PerfModel):
         self.config, self.model = config, model
         self.calibration = SpeedCalibration(config.calibration, model)
-        self._miss_window = MissWindow(config.miss_window_ticks)
+        self._miss_windows = {role: MissWindow(config.miss_window_ticks) for role in ROLES}
         self.roles = tuple(r for r in ROLES if config.bounds(r).max_replicas > 0)
         self.state = {role: _RoleState() for role in self.roles}
         self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
@@ -229,8 +229,8 @@ class PlannerCore:
             over = self._over(obs, budgets)
             judged = {role: (1, int(over[role])) for role in self.state}
         else:
-            over = self._over_share(obs, self._miss_window.add(misses))
             judged = self._blamed(obs, misses)
+            over = self._over_share(judged)
         for role, s in self.state.items():
             is_starting = obs.replicas[role].starting > 0
             # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
@@ -273,12 +273,13 @@ class PlannerCore:
         return {WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
                 WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs))}
 
-    def _over_share(self, obs: Observation, window: Misses) -> dict[WorkerRole, bool]:
-        """Per role: did more of the window's feasible requests miss its SLO than the target allows?"""
-        most = self.config.feedback.budget * window.num_judged
-        ttft, itl = window.num_ttft_missed > most, window.num_itl_missed > most
-        blames_decode = self._blames_decode(obs)
-        return {WorkerRole.PREFILL: ttft and not blames_decode, WorkerRole.DECODE: itl or (ttft and blames_decode)}
+    def _over_share(self, judged: dict[WorkerRole, tuple[int, int]]) -> dict[WorkerRole, bool]:
+        """Per role: did more of the window's feasible requests miss an SLO blamed on it than the target allows?"""
+        out = {}
+        for role in ROLES:
+            num_judged, num_missed = self._miss_windows[role].add(*judged[role])
+            out[role] = num_missed > self.config.feedback.budget * num_judged
+        return out
 
     def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
         """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""

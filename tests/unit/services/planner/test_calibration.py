@@ -6,7 +6,7 @@ import pytest
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.perf_model import PerfModel
-from services.planner.slo_misses import MissWindow, Misses, is_feasible, judge
+from services.planner.slo_misses import MissWindow, is_feasible, judge
 from services.planner.state_machine import PlannerCore
 from services.planner.types import RequestOutcome, WorkerRole, WorkerSample
 from tests.unit.services.planner.test_state_machine import CONFIG, MODEL, obs, run
@@ -71,9 +71,9 @@ def test_a_prompt_no_worker_prefills_in_time_is_left_out_of_the_judgement():
     assert (misses.num_judged, misses.num_ttft_missed, misses.num_itl_missed) == (2, 1, 0)
     assert misses.ttft_s == pytest.approx(0.2 + 0.95 * 0.5)  # the quantile of the feasible two only
     window = MissWindow(2)
-    window.add(misses)
-    assert window.add(Misses(10, 0, 1)) == Misses(12, 1, 1)
-    assert window.add(Misses(5, 0, 0)) == Misses(15, 0, 1)  # the oldest tick left
+    assert window.add(2, 1) == (2, 1)
+    assert window.add(10, 0) == (12, 1)
+    assert window.add(5, 0) == (15, 0)  # the oldest tick left
 
 
 def test_impossible_prompts_alone_never_scale_up_but_a_missed_share_over_the_budget_does():
