@@ -5,7 +5,6 @@ from dataclasses import replace
 import pytest
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
-from services.planner.perf_model import PerfModel
 from services.planner.slo_misses import MissWindow, is_feasible, judge
 from services.planner.state_machine import PlannerCore
 from services.planner.types import RequestOutcome, WorkerRole, WorkerSample
