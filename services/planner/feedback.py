@@ -1,7 +1,7 @@
 """Headroom learned from the observed SLO error, not from the model: per role, a factor on the workers the perf model
-says the load keeps busy. It grows after an adjustment interval in which the role's observed latency broke its SLO
-and shrinks slowly while one worker fewer would have stayed calm, so a model wrong in either direction is corrected.
-Pure: tick verdicts in, factors out; no clock, no I/O.
+says the load keeps busy. It grows after an adjustment interval in which more of the role's requests missed their
+SLO than the attainment target allows, and shrinks slowly while few missed and one worker fewer would have stayed
+calm. Pure: per-tick counts in, factors out; no clock, no I/O.
 """
 from dataclasses import dataclass, field
 
@@ -14,19 +14,23 @@ class FeedbackError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FeedbackConfig:
-    # NOTE: off by default (gain 0, factor 1): with up_gain 1.0 and down_factor 0.9 it cost 110-220% of the cheapest
-    # static fleet on the scoring traces, chasing a per-tick latency quantile no fleet brings under the SLO
-    # (docs/planner.md, "Second pass")
+    # NOTE: off by default (gain 0, factor 1): judged per tick by a latency quantile it cost 110-220% of the
+    # cheapest static fleet (docs/planner.md, "Second pass"); judged by the share of requests missed, see "Third pass"
     is_enabled: bool = True
-    up_gain: float = 0.0  # after an interval: factor *= 1 + up_gain x (share of its ticks that broke the SLO)
-    down_factor: float = 1.0  # factor *= this after an interval calm with one worker fewer ...
-    min_calm_share: float = 0.75  # ... on at least this share of its ticks, and none broke the SLO
+    budget: float = 0.05  # the share of requests the attainment target lets miss their SLO
+    up_gain: float = 0.0  # after an interval: factor *= 1 + up_gain x min(missed share / budget - 1, 1)
+    down_factor: float = 1.0  # factor *= this after an interval with at most half the budget missed ...
+    min_calm_share: float = 0.75  # ... and calm with one worker fewer on at least this share of its ticks
+    min_judged: int = 20  # fewer requests than this in an interval: the factor holds
     min_factor: float = 0.5
     max_factor: float = 3.0
 
     def __post_init__(self) -> None:
         if self.up_gain < 0 or not 0 < self.down_factor <= 1 or not 0 < self.min_calm_share <= 1:
             raise FeedbackError("need up_gain >= 0, down_factor in (0, 1] and min_calm_share in (0, 1]")
+        if not 0 < self.budget < 1 or self.min_judged < 1:
+            raise FeedbackError(f"need budget in (0, 1) and min_judged >= 1, got {self.budget} and "
+                                f"{self.min_judged}")
         if not 0 < self.min_factor <= 1 <= self.max_factor:
             raise FeedbackError(f"need 0 < min_factor <= 1 <= max_factor, got {self.min_factor} and "
                                 f"{self.max_factor}")
@@ -35,8 +39,9 @@ class FeedbackConfig:
 @dataclass(slots=True)
 class _Tally:
     num_ticks: int = 0
-    num_over: int = 0
     num_calm: int = 0
+    num_judged: int = 0
+    num_missed: int = 0
 
 
 @dataclass(slots=True)
@@ -52,23 +57,29 @@ class SloFeedback:
         self.factors = {role: 1.0 for role in self.roles}
         self._tallies = {role: _Tally() for role in self.roles}
 
-    def record(self, role: WorkerRole, is_over: bool, is_calm: bool) -> None:
-        """One tick's verdict for `role`: its SLO was broken (and blamed on it), or one worker fewer would be calm."""
+    def record(self, role: WorkerRole, num_judged: int, num_missed: int, is_calm: bool) -> None:
+        """One tick for `role`: requests judged, those that missed an SLO blamed on it, and whether one worker
+        fewer would have been calm."""
         tally = self._tallies[role]
         tally.num_ticks += 1
-        tally.num_over += is_over
-        tally.num_calm += is_calm and not is_over
+        tally.num_calm += is_calm
+        tally.num_judged += num_judged
+        tally.num_missed += num_missed
 
     def update(self) -> dict[WorkerRole, float]:
-        """At the end of an adjustment interval: move each factor by what its ticks saw, then start afresh."""
+        """At the end of an adjustment interval: move each factor by its missed share, then start afresh."""
         cfg = self.config
         for role, tally in self._tallies.items():
-            if cfg.is_enabled and tally.num_ticks:
-                factor = self.factors[role]
-                if tally.num_over:
-                    factor *= 1 + cfg.up_gain * tally.num_over / tally.num_ticks
-                elif tally.num_calm >= cfg.min_calm_share * tally.num_ticks:
-                    factor *= cfg.down_factor
-                self.factors[role] = min(max(factor, cfg.min_factor), cfg.max_factor)
+            if cfg.is_enabled and tally.num_judged >= cfg.min_judged:
+                self.factors[role] = min(max(self._moved(self.factors[role], tally), cfg.min_factor), cfg.max_factor)
             self._tallies[role] = _Tally()
         return dict(self.factors)
+
+    def _moved(self, factor: float, tally: _Tally) -> float:
+        cfg = self.config
+        share = tally.num_missed / tally.num_judged
+        if share > cfg.budget:
+            return factor * (1 + cfg.up_gain * min(share / cfg.budget - 1, 1.0))
+        if share <= cfg.budget / 2 and tally.num_calm >= cfg.min_calm_share * tally.num_ticks:
+            return factor * cfg.down_factor
+        return factor

@@ -24,15 +24,25 @@ class Sizing:
 
 
 class PerfModel:
-    def __init__(self, profile: TimingProfile, slo: Slo, sizing: Sizing = Sizing()):
+    def __init__(self, profile: TimingProfile, slo: Slo, sizing: Sizing = Sizing(), prefill_scale: float = 1.0,
+                 decode_scale: float = 1.0):
         self.profile, self.slo, self.sizing = profile, slo, sizing
+        # NOTE: what observed step times say the profile's times must be multiplied by (1: trusted as is)
+        self.prefill_scale, self.decode_scale = prefill_scale, decode_scale
+
+    def with_speed(self, prefill_scale: float, decode_scale: float) -> "PerfModel":
+        """The same profile with its prefill and decode times multiplied (a calibration from observations)."""
+        return PerfModel(self.profile, self.slo, self.sizing, prefill_scale, decode_scale)
+
+    def decode_step_s(self, num_seqs: float, num_context_tokens: float) -> float:
+        return self.profile.decode_step_s(num_seqs, num_context_tokens) * self.decode_scale
 
     # -- per worker --------------------------------------------------------------------------
     def prefill_s(self, isl: float) -> float:
         """One prompt of `isl` tokens alone on a worker, in chunks of the step's token budget."""
         chunk = self.profile.max_num_batched_tokens
         full, rest = divmod(max(int(round(isl)), 1), chunk)
-        return full * self.profile.prefill_s(chunk) + self.profile.prefill_s(rest)
+        return (full * self.profile.prefill_s(chunk) + self.profile.prefill_s(rest)) * self.prefill_scale
 
     def prefill_tokens_per_s(self, isl: float) -> float:
         return max(isl, 1.0) / self.prefill_s(isl)
@@ -44,13 +54,13 @@ class PerfModel:
         lo, hi = 1, most
         while lo < hi:  # NOTE: step time grows with the batch, so the fitting batches are a prefix
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if p.decode_step_s(mid, mid * context) <= itl_s else (lo, mid - 1)
+            lo, hi = (mid, hi) if self.decode_step_s(mid, mid * context) <= itl_s else (lo, mid - 1)
         return lo
 
     def decode_tokens_per_s(self, context: float) -> float:
         itl = self.slo.itl_s * self.sizing.itl_headroom
         batch = self.decode_batch(context, itl)
-        return batch / self.profile.decode_step_s(batch, batch * context)
+        return batch / self.decode_step_s(batch, batch * context)
 
     # -- replicas ----------------------------------------------------------------------------
     def replicas(self, load: Load, has_prefill: bool) -> dict[WorkerRole, int]:
@@ -80,7 +90,7 @@ class PerfModel:
         if sample.num_running <= 0:
             return 0.0
         used = sample.num_blocks_used / sample.num_blocks_total if sample.num_blocks_total else 0.0
-        step = self.profile.decode_step_s(sample.num_running, used * self.profile.kv_capacity_tokens)
+        step = self.decode_step_s(sample.num_running, used * self.profile.kv_capacity_tokens)
         return step / self.slo.itl_s
 
 

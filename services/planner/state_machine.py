@@ -4,11 +4,14 @@ Two loops: every adjustment interval the predicted load goes through the perf mo
 fast correction adds or removes one replica, with hysteresis, when observed SLOs are violated or every worker is
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
+from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
+from services.planner.slo_misses import Misses, MissWindow, judge
 from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
 
 
@@ -35,6 +38,10 @@ class PlannerConfig:
     feedback: FeedbackConfig = FeedbackConfig()  # headroom from the observed SLO error
     is_proportional_up: bool = False  # True: the fast loop adds in proportion to the violation, not one (measured
     # with the feedback on, never alone: docs/planner.md)
+    calibration: CalibrationConfig = CalibrationConfig()  # the model's speed from the workers' busy-time counters
+    miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
+    climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
+    climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -86,13 +93,17 @@ class _RoleState:
 class PlannerCore:
     def __init__(self, config: PlannerConfig, model: PerfModel):
         self.config, self.model = config, model
+        self.calibration = SpeedCalibration(config.calibration, model)
+        self._miss_windows = {role: MissWindow(config.miss_window_ticks) for role in ROLES}
         self.roles = tuple(r for r in ROLES if config.bounds(r).max_replicas > 0)
         self.state = {role: _RoleState() for role in self.roles}
         self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
                            for k in ("rate", "isl", "osl")}
         self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
+        self.last_predicted = Load(0.0, 1.0, 1.0)
         self._window = _Window()
+        self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
         self._is_warm = False  # the first interval only observes: a planner starting cold sees a biased OSL
@@ -104,11 +115,19 @@ class PlannerCore:
             self._window.is_missing = True
             return TickResult(targets=self.targets(), warnings=("metrics missing: holding every replica count",))
         self._window.add(obs)
+        self.calibration.record(obs)
         predicted, warnings = None, []
+        self._recent.append(obs)
         if now >= self._next_adjust_at:
             predicted, warnings = self._adjust(now)
+        else:
+            self._maybe_climb()
+        misses = None
+        if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
+            misses = judge(obs.finished, self.model)
+            obs = replace(obs, ttft_s=misses.ttft_s, itl_s=misses.itl_s)
         budgets = self._budgets(obs)
-        self._correct(obs, budgets)
+        self._correct(obs, budgets, misses)
         return TickResult(self._decisions(obs), self.targets(), predicted, budgets, tuple(warnings))
 
     def targets(self) -> dict[WorkerRole, int]:
@@ -134,7 +153,10 @@ class PlannerCore:
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
+        self.last_predicted = predicted
         factors = self.feedback.update()
+        self.calibration.update()
+        self.model = self.calibration.calibrated()
         if self._is_warm:
             for role, busy in self.model.busy(predicted, WorkerRole.PREFILL in self.roles).items():
                 if role in self.state:
@@ -143,6 +165,28 @@ class PlannerCore:
                     self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
         self._is_warm = True
         return predicted, self._coverage_warning(predicted.isl)
+
+    def _maybe_climb(self) -> None:
+        """Scale up at once on a climb: when the recent ticks' arrivals run well over the predicted rate, size from
+        them now instead of waiting for the interval's end (shrinking stays with the slow adjustment loop)."""
+        cfg, recent = self.config, self._recent
+        seconds = sum(o.window_s for o in recent)
+        num = sum(o.num_requests or 0 for o in recent)
+        if not (self._is_warm and cfg.climb_ratio and len(recent) == recent.maxlen and seconds > 0 and num > 0):
+            return
+        rate = num / seconds
+        if rate < cfg.climb_ratio * self.last_predicted.request_rate:
+            return
+        isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
+        load = Load(rate, isl, self.last_predicted.osl)
+        for role, busy in self.model.busy(load, WorkerRole.PREFILL in self.roles).items():
+            s = self.state.get(role)
+            bounds = self.config.bounds(role)
+            count = min(max(ceil_workers(busy * self.feedback.factors[role]), 1), bounds.max_replicas)
+            if s is not None and count > s.base:
+                s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
+                s.base, s.reason = count, "load climbing"
+                s.history = [*s.history, count][-cfg.down_stabilization:]
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
@@ -179,12 +223,18 @@ class PlannerCore:
                 out[sample.role] = max(out.get(sample.role, 0.0), self.model.budget(sample, isl))
         return out
 
-    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float]) -> None:
-        over, under = self._over(obs, budgets), self._under(obs, budgets)
+    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float], misses: Misses | None) -> None:
+        under = self._under(obs, budgets)
+        if misses is None:
+            over = self._over(obs, budgets)
+            judged = {role: (1, int(over[role])) for role in self.state}
+        else:
+            judged = self._blamed(obs, misses)
+            over = self._over_share(judged)
         for role, s in self.state.items():
             is_starting = obs.replicas[role].starting > 0
             # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
-            self.feedback.record(role, over[role], under[role] and not is_starting)
+            self.feedback.record(role, *judged[role], under[role] and not is_starting)
             if is_starting:  # NOTE: what it asked for is still coming: judge afresh once it serves
                 s.num_over = s.num_under = 0
                 continue
@@ -222,6 +272,20 @@ class PlannerCore:
         itl = obs.itl_s > slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0) > 1
         return {WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
                 WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs))}
+
+    def _over_share(self, judged: dict[WorkerRole, tuple[int, int]]) -> dict[WorkerRole, bool]:
+        """Per role: did more of the window's feasible requests miss an SLO blamed on it than the target allows?"""
+        out = {}
+        for role in ROLES:
+            num_judged, num_missed = self._miss_windows[role].add(*judged[role])
+            out[role] = num_missed > self.config.feedback.budget * num_judged
+        return out
+
+    def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
+        """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""
+        ttft_on_decode = misses.num_ttft_missed if self._blames_decode(obs) else 0
+        return {WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
+                WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode)}
 
     def _blames_decode(self, obs: Observation) -> bool:
         """A slow first token is the prefill pool's doing when the load of this very window needs more prefill

@@ -34,6 +34,19 @@ class WorkerSample:
     num_running: int = 0
     num_blocks_used: int = 0
     num_blocks_total: int = 0
+    # cumulative counters (None: the worker does not report them): seconds spent stepping, steps, tokens generated
+    busy_s: float | None = None
+    num_steps: int | None = None
+    num_generated_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """One finished request as the gateway saw it: its uncached prompt tokens and its own latencies."""
+
+    num_new_prompt_tokens: int
+    ttft_s: float
+    itl_s: float | None = None  # mean time between its tokens; None with a single token
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,7 @@ class Observation:
     ttft_s: float | None = None  # observed TTFT quantile (the SLO's percentile); None: not observed
     itl_s: float | None = None  # observed inter-token latency quantile
     attainment: Mapping[str, float] = field(default_factory=dict)  # "ttft"/"itl": share within the SLO (reported)
+    finished: tuple[RequestOutcome, ...] | None = None  # requests finished in the window; None: not observed
     workers: tuple[WorkerSample, ...] = ()
     replicas: Mapping[WorkerRole, Replicas] = field(default_factory=dict)
 

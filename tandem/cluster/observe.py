@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from services.planner.types import Observation, WorkerSample
+from services.planner.types import Observation, RequestOutcome, WorkerSample
 from tandem.bench.traces import TraceRow
 from tandem.cluster.des import ClusterSim
 
@@ -26,7 +26,7 @@ class SimObserver:
         first = bisect.bisect_right(self._arrivals, self._last_s)
         last = bisect.bisect_right(self._arrivals, now)
         num = last - first
-        ttfts, itls, osls = self._finished_since(self._last_s, now)
+        ttfts, itls, osls, finished = self._finished_since(self._last_s, now)
         self._last_s = now
         generated = sum(w.num_generated_tokens for w in self.sim.workers.values())
         num_output, self._generated = generated - self._generated, generated
@@ -34,18 +34,22 @@ class SimObserver:
             window_s=window, num_requests=num,
             mean_isl=float(self._isl_cum[last] - self._isl_cum[first]) / num if num else None,
             mean_osl=float(np.mean(osls)) if osls else None, num_output_tokens=num_output,
-            ttft_s=self._quantile(ttfts), itl_s=self._quantile(itls),
-            workers=tuple(WorkerSample(v.worker_id, v.info.role, v.load.num_waiting, v.load.num_running,
-                                       v.load.num_blocks_used, v.load.num_blocks_total)
-                          for v in self.sim.registry.views()),
-            replicas=replicas)
+            ttft_s=self._quantile(ttfts), itl_s=self._quantile(itls), finished=tuple(finished),
+            workers=tuple(self._sample(v) for v in self.sim.registry.views()), replicas=replicas)
 
-    def _finished_since(self, start: float, now: float) -> tuple[list[float], list[float], list[int]]:
-        """TTFTs of first tokens in (start, now]; per-request ITL and OSL of requests finished in it."""
+    def _sample(self, view) -> WorkerSample:
+        """The router's view of a worker's load, with the worker's own busy-time counters (as its stats report)."""
+        node = self.sim.workers.get(view.worker_id)
+        counters = (node.busy_s, node.num_steps, node.num_generated_tokens) if node is not None else (None,) * 3
+        return WorkerSample(view.worker_id, view.info.role, view.load.num_waiting, view.load.num_running,
+                            view.load.num_blocks_used, view.load.num_blocks_total, *counters)
+
+    def _finished_since(self, start: float, now: float) -> tuple[list, list, list, list[RequestOutcome]]:
+        """TTFTs of first tokens in (start, now]; per-request ITL, OSL and outcome of requests finished in it."""
         records = self.sim.records
         self._pending.extend(itertools.islice(records, self._num_seen, None))  # NOTE: records keeps arrival order
         self._num_seen = len(records)
-        ttfts, itls, osls, still = [], [], [], []
+        ttfts, itls, osls, finished, still = [], [], [], [], []
         for req_id in self._pending:
             r = records[req_id]
             if start < r.first_token_s <= now:
@@ -54,10 +58,13 @@ class SimObserver:
                 still.append(req_id)
                 continue
             osls.append(r.num_output_tokens)
-            if r.num_output_tokens > 1:
-                itls.append((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1))
+            itl = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
+            if itl is not None:
+                itls.append(itl)
+            finished.append(RequestOutcome(r.num_prompt_tokens - r.num_cached_tokens, r.first_token_s - r.arrival_s,
+                                           itl))
         self._pending = still
-        return ttfts, itls, osls
+        return ttfts, itls, osls, finished
 
     def _quantile(self, values: list[float]) -> float | None:
         return float(np.quantile(values, self.quantile)) if values else None

@@ -4,6 +4,7 @@ orchestration only."""
 import argparse
 
 from engines.timing.profile import ProfileError, TimingProfile
+from services.planner.calibration import CalibrationConfig
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
@@ -46,6 +47,8 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--feedback-down-factor", type=float, default=FeedbackConfig().down_factor,
                    help="... and x this after an interval calm with one worker fewer (1 with gain 0: no feedback)")
     g.add_argument("--feedback-max-factor", type=float, default=FeedbackConfig().max_factor)
+    g.add_argument("--no-calibration", action="store_true",
+                   help="trust the model's speed (default: corrected from the workers' measured busy time)")
     g.add_argument("--proportional-up", action="store_true",
                    help="the fast loop adds in proportion to a violation (default: one replica per violation)")
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
@@ -65,7 +68,8 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
         raise SystemExit(f"tandem sim: --feedback-*: {exc}") from None
     planner = PlannerConfig(adjustment_interval_s=args.adjustment_interval_s, prefill=prefill, decode=decode,
                             predictor=args.predictor, down_stabilization=args.down_stabilization,
-                            feedback=feedback, is_proportional_up=args.proportional_up)
+                            feedback=feedback, is_proportional_up=args.proportional_up,
+                            calibration=CalibrationConfig(is_enabled=not args.no_calibration))
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
         initial = (prefill.min_replicas if args.initial_prefill is None else args.initial_prefill,
@@ -118,7 +122,8 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
             "down_stabilization": cfg.planner.down_stabilization,
             "feedback": {"up_gain": cfg.planner.feedback.up_gain, "down_factor": cfg.planner.feedback.down_factor,
                          "max_factor": cfg.planner.feedback.max_factor},
-            "is_proportional_up": cfg.planner.is_proportional_up, "disagg_min_tokens": cfg.disagg_min_tokens,
+            "is_proportional_up": cfg.planner.is_proportional_up,
+            "is_calibrated": cfg.planner.calibration.is_enabled, "miss_budget": cfg.planner.feedback.budget, "disagg_min_tokens": cfg.disagg_min_tokens,
             "bounds": {"prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],
                        "decode": [cfg.planner.decode.min_replicas, cfg.planner.decode.max_replicas]},
             "initial": cfg.start_counts(), "planner_profile": args.planner_profile or "the engine's --profile",

@@ -120,7 +120,8 @@ def run_planned(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfi
             connector.scale(d.role, d.target)
             decisions.append({"t_s": round(now, 3), "role": d.role.value, "from": d.current, "to": d.target,
                               "reason": d.reason, "headroom": {r.value: round(f, 3)
-                                                               for r, f in core.feedback.factors.items()}})
+                                                               for r, f in core.feedback.factors.items()},
+                              "speed_scale": {r.value: round(f, 3) for r, f in core.calibration.scales.items()}})
         return connector.replicas()
 
     run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
