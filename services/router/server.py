@@ -13,13 +13,18 @@ from services.common.errors import abort_with, status_for
 from services.common.grpc_server import GrpcServer, run_until_signal
 from services.common.logs import request_id, setup_logging
 from services.common.metrics import MetricsEndpoint
-from services.common.tracing import setup_tracing, shutdown_tracing
+from services.common.peer import require_worker
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.settings import SettingsError
-from services.common.peer import require_worker
 from services.common.tls import process_tls
-from services.router.convert import (decision_to_pb, load_from_pb, route_input_from_pb, worker_info_from_pb,
-                                     worker_status_to_pb)
+from services.common.tracing import setup_tracing, shutdown_tracing
+from services.router.convert import (
+    decision_to_pb,
+    load_from_pb,
+    route_input_from_pb,
+    worker_info_from_pb,
+    worker_status_to_pb,
+)
 from services.router.core import RouterCore
 from services.router.kv_policy import KvAwarePolicy
 from services.router.kv_subscriber import KvSubscriber
@@ -109,6 +114,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Route(self, request, context):
         token = request_id.set(request.req_id)
         try:
+            self._complete(request.completed_req_ids)  # NOTE: first: the decision sees the load they freed
             start = time.perf_counter()
             try:
                 decision = await self._decide(route_input_from_pb(request, self.settings.kv_hash_secret))
@@ -146,9 +152,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.ListWorkersResponse(workers=statuses)
 
     async def Complete(self, request, context):
-        self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
-        self.traffic.num_completed += 1
+        self._complete([request.req_id, *request.more_req_ids])
         return router_pb2.CompleteResponse()
+
+    def _complete(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.registry.complete(req_id)  # NOTE: idempotent; an unknown req_id already expired (or was resent)
+        self.traffic.num_completed += len(req_ids)
 
     async def GetTraffic(self, request, context):
         reply = router_pb2.Traffic()

@@ -1,0 +1,58 @@
+"""Bench only (bench/rpc_counts.py puts this folder first on PYTHONPATH): every grpc.aio server in the process gets
+one more interceptor counting calls by method and the messages each server stream sends, written to
+$TANDEM_BENCH_RPC_COUNTS/<pid>.json every half second. It changes no call; never on PYTHONPATH outside the bench."""
+import collections
+import inspect
+import json
+import os
+import threading
+import time
+
+import grpc
+import grpc.aio
+
+_OUT = os.environ.get("TANDEM_BENCH_RPC_COUNTS", "")
+_counts: collections.Counter = collections.Counter()
+
+
+class _Counting(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        _counts[f"calls {details.method}"] += 1
+        behavior = handler.unary_stream
+        if behavior is None or not inspect.isasyncgenfunction(behavior):
+            return handler
+
+        async def stream(request, context, key=f"messages {details.method}"):
+            async for item in behavior(request, context):
+                _counts[key] += 1
+                yield item
+        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
+                                                    response_serializer=handler.response_serializer)
+
+
+def _write_forever() -> None:
+    path = os.path.join(_OUT, f"{os.getpid()}.json")
+    while True:
+        time.sleep(0.5)
+        with open(path + ".tmp", "w") as f:
+            json.dump(dict(_counts), f)
+        os.replace(path + ".tmp", path)
+
+
+def _install() -> None:
+    original = grpc.aio.server
+    started = []
+
+    def server(*args, interceptors=None, **kwargs):
+        if not started:
+            started.append(threading.Thread(target=_write_forever, daemon=True))
+            started[0].start()
+        return original(*args, interceptors=[*(interceptors or []), _Counting()], **kwargs)
+    grpc.aio.server = server
+
+
+if _OUT:
+    _install()
