@@ -13,7 +13,7 @@ from engines.base.structured import refuse_structured
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.loads import LoadDone
+from engines.core.loads import KvSource, LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig
 from engines.core.step import SchedulerOutput, StepTokens
@@ -76,7 +76,7 @@ class EngineCore:
                                           config.enable_prefix_caching)
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
-        self.pending_loads: deque[tuple[Sequence, object]] = deque()  # imports waiting for free blocks, in order
+        self.pending_loads: deque[tuple[Sequence, KvSource]] = deque()  # imports waiting for free blocks, in order
         self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool

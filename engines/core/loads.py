@@ -2,9 +2,17 @@
 a prefix onboarded from a lower tier) while the batch keeps stepping. The records the core keeps and the two
 things it asks a runner (`start_load`, `poll_loads`); the runner decides how bytes move. No torch, no I/O."""
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engines.base.errors import InvalidRequestError
 from engines.core.sequence import Sequence
+
+
+class KvSource(Protocol):
+    """What a runner's `kv_source` names: where a load's KV comes from, and the tokens it holds."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +49,7 @@ class NoLoads:
     def poll_loads(self) -> list[LoadDone]:
         return []
 
-    def kv_source(self, kv_params: bytes) -> object:
+    def kv_source(self, kv_params: bytes) -> KvSource:
         raise InvalidRequestError("this engine reads no kv_params")
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from engines.base.requests import DTYPE_BYTES
 from engines.base.types import KvExport, KvLayout
-from engines.core.loads import KvLoad, LoadDone
+from engines.core.loads import KvLoad, KvSource, LoadDone
 from engines.core.step import Sampled, SchedulerOutput, StepTokens
 from engines.transfer import transports
 
@@ -56,7 +56,7 @@ class Runner(Protocol):
     def poll_loads(self) -> list[LoadDone]:
         """The loads that ended since the last poll (each reported once); never blocks."""
 
-    def kv_source(self, kv_params: bytes) -> object:
+    def kv_source(self, kv_params: bytes) -> KvSource:
         """The load source `kv_params` name (it has `token_ids`); InvalidRequestError for what it cannot read."""
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:

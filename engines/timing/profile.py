@@ -78,7 +78,7 @@ class TimingProfile:
         a, b, c = self.decode_ms_coeffs
         return max((a * active_fraction + b) * active_fraction + c, self.min_step_ms) / 1e3
 
-    def decode_step_s(self, num_seqs: int, num_context_tokens: float) -> float:
+    def decode_step_s(self, num_seqs: float, num_context_tokens: float) -> float:
         """One decode step of `num_seqs` sequences holding `num_context_tokens` of KV between them."""
         if num_seqs <= 0:
             return 0.0

@@ -55,7 +55,8 @@ class SpeedCalibration:
             sums.predicted_s += sum(self.model.prefill_s(o.num_new_prompt_tokens) for o in obs.finished)
 
     def _add_decode(self, prev: WorkerSample, sample: WorkerSample, busy: float) -> None:
-        if None in (sample.num_steps, prev.num_steps, sample.num_generated_tokens, prev.num_generated_tokens):
+        if (sample.num_steps is None or prev.num_steps is None or sample.num_generated_tokens is None
+                or prev.num_generated_tokens is None):
             return
         num_steps = sample.num_steps - prev.num_steps
         num_tokens = sample.num_generated_tokens - prev.num_generated_tokens

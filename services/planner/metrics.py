@@ -1,6 +1,8 @@
 """Prometheus metrics of the planner: predicted and observed load, desired and actual replicas per role, SLO
 budgets and attainment, decisions, connector failures, ticks without metrics, counts held after a hand edit.
 Documented in observability/README.md."""
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.planner.types import ROLES, Observation, Replicas, TickResult, WorkerRole
@@ -80,7 +82,7 @@ class PlannerMetrics:
             self.attainment.labels(name).set(value)
         self.counted(obs.replicas)
 
-    def counted(self, replicas: dict[WorkerRole, Replicas]) -> None:
+    def counted(self, replicas: Mapping[WorkerRole, Replicas]) -> None:
         for role, r in replicas.items():
             for state in STATES:
                 self.replicas.labels(role.value, state).set(getattr(r, state))

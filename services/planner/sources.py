@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass
 
 import grpc
@@ -55,6 +56,7 @@ class RouterSource:
         deltas = _traffic_deltas(last, counters)
         if not deltas:  # first read, or every replica new or restarted: nothing to difference yet
             return Observation(0.0, 0, workers=samples, replicas=replicas)
+        assert last is not None  # NOTE: deltas come only from two reads
         routed = sum(d[0] for d in deltas)
         prompt = sum(d[1] for d in deltas)
         generated = sum(n - last.generated[w] for w, n in counters.generated.items() if w in last.generated)
@@ -145,7 +147,7 @@ class PrometheusSource:
         return [(float(s["metric"]["le"]), float(s["value"][1])) for s in result]
 
     async def _workers(self) -> tuple[WorkerSample, ...]:
-        fields = {}
+        fields: dict[tuple[str, str], dict[str, Any]] = {}
         for name, metric in (("num_waiting", "requests_waiting"), ("num_running", "requests_running"),
                              ("num_blocks_used", "kv_blocks_used"), ("num_blocks_total", "kv_blocks_total")):
             for s in await self._query(f"tandem_worker_{metric}"):

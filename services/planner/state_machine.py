@@ -116,9 +116,10 @@ class PlannerCore:
             return TickResult(targets=self.targets(), warnings=("metrics missing: holding every replica count",))
         self._window.add(obs)
         self.calibration.record(obs)
-        predicted, warnings = None, []
+        predicted: Load | None = None
+        warnings: list[str] = []
         self._recent.append(obs)
-        if now >= self._next_adjust_at:
+        if self._next_adjust_at is None or now >= self._next_adjust_at:
             predicted, warnings = self._adjust(now)
         else:
             self._maybe_climb()
@@ -152,7 +153,7 @@ class PlannerCore:
         observed = self._observed_load(window)
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
-        predicted = Load(*(max(self.predictors[k].predict(), 0.0) for k in ("rate", "isl", "osl")))
+        predicted = Load(*(max(self.predictors[k].predict() or 0.0, 0.0) for k in ("rate", "isl", "osl")))
         self.last_predicted = predicted
         factors = self.feedback.update()
         self.calibration.update()
@@ -306,7 +307,7 @@ class PlannerCore:
         oscillation Dynamo's users report under constant load)."""
         slo, limit = self.model.slo, self.config.under_budget
         seen = {w.role for w in obs.workers}
-        out = {}
+        out: dict[WorkerRole, bool] = {}
         for role in ROLES:
             n = obs.replicas[role].desired if role in obs.replicas else 0
             grow = n / (n - 1) if n > 1 else 1.0

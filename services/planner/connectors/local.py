@@ -1,6 +1,7 @@
 """The local connector: scales the worker processes of `tandem up` through the launcher's control endpoint
 (tandem/stack_control.py). Blocking HTTP on loopback; the launcher starts, drains and stops the processes."""
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -36,6 +37,11 @@ class LocalConnector:
 
 def _parse(doc: dict) -> dict[WorkerRole, Replicas]:
     try:
-        return {role: Replicas(**{k: int(v) for k, v in doc[role.value].items()}) for role in ROLES}
+        return {role: _replicas(doc[role.value]) for role in ROLES}
     except (KeyError, TypeError, ValueError) as exc:
         raise ConnectorError(f"launcher answered something that is not a replica count: {exc!r}") from None
+
+
+def _replicas(fields: dict[str, Any]) -> Replicas:
+    counts: dict[str, Any] = {k: int(v) for k, v in fields.items()}
+    return Replicas(**counts)
