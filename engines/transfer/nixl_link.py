@@ -161,7 +161,7 @@ class NixlLink:
         try:
             name = self.agent.add_remote_agent(desc.metadata)
         except Exception as exc:
-            raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: its metadata cannot be loaded ({exc})")
+            raise DescriptorError(f"unknown NIXL agent {desc.agent!r}: its metadata cannot be loaded ({exc})") from exc
         if isinstance(name, bytes):
             name = name.decode()
         if name != desc.agent:

@@ -97,7 +97,7 @@ class PlannerSettings:
         if self.max_correction < 0 or self.season_length < 0 or self.k8s_gpu_budget < 0:
             raise SettingsError("max_correction, season_length and k8s_gpu_budget must be >= 0")
         try:
-            self.feedback
+            _ = self.feedback  # NOTE: built here only to check it
         except FeedbackError as exc:
             raise SettingsError(f"feedback_*: {exc}") from None
 

@@ -114,7 +114,7 @@ async def transfer_all(args, transport: str, address: str, key: bytes | None = N
             num_bytes += n
             await stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=f"kv{i}"), timeout=10)
     except grpc.aio.AioRpcError as exc:
-        raise SystemExit(f"tandem bench kv: the prefill worker failed: {exc.code().name} {exc.details()}")
+        raise SystemExit(f"tandem bench kv: the prefill worker failed: {exc.code().name} {exc.details()}") from exc
     finally:
         side.close()
         await channel.close()

@@ -170,7 +170,7 @@ def _phase_table(phases: list[dict]) -> str:
         where = "in-process" if p["gateway_workers"] == 0 else f"stack, {p['gateway_workers']} gateway" + _side(p)
         rows.append((where, str(p["concurrency"]), str(s["num_requests"]), ms(s["ttft_s"]["p50"]),
                      ms(s["ttft_s"]["p99"]), ms(s["itl_s"]["p50"]), rate(s["output_tokens_per_s"]),
-                     rate(s["requests_per_s"]), str(s["num_errors"]), "%.1f-%.1f" % tuple(p["load_avg"])))
+                     rate(s["requests_per_s"]), str(s["num_errors"]), "{:.1f}-{:.1f}".format(*p["load_avg"])))
     return format_rows(("phase", "conc", "reqs", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "tokens/s", "req/s",
                         "errors", "load avg"), rows)
 

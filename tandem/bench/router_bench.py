@@ -198,7 +198,7 @@ def _dist(values: list[float]) -> dict[str, float]:
 
 
 def format_router_report(report: dict) -> str:
-    cfg, d = report["config"], report["decision_us"]
+    cfg = report["config"]
     verdict = "met" if report["meets_target"] else "missed"
     lines = [
         f"router decision: {cfg['num_prompt_tokens']}-token prompt (blocks of {cfg['block_size']}), "

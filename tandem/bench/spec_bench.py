@@ -96,7 +96,10 @@ def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, specul
     from engines.core.speculative import parse_speculative
 
     torch.set_num_threads(threads)
-    load = lambda d: AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+
+    def load(d):
+        return AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+
     model, (method, draft_dir) = load(model_dir), parse_speculative(speculative)
     extra = {"prompt_lookup_num_tokens": 10} if method == "ngram" else {}
     if method == "draft":

@@ -63,7 +63,10 @@ def mask_costs(before: dict[str, float], after: dict[str, float]) -> dict:
     """Per constrained token: the mask's time on the grammar thread, and the step thread's (starting it, waiting
     for it)."""
     masks, fill, wait = (after[name] - before[name] for name in GRAMMAR_COUNTERS)
-    per = (lambda seconds: seconds / masks if masks else float("nan"))
+
+    def per(seconds: float) -> float:
+        return seconds / masks if masks else float("nan")
+
     return {"num_masks": int(masks), "mask_s_per_token": per(fill), "wait_s_per_token": per(wait)}
 
 

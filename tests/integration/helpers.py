@@ -93,7 +93,7 @@ def wait_for_banner(launcher: subprocess.Popen, timeout_s: float) -> str:
         lines.append(line)
         if "Ctrl-C stops everything" in line:
             return "".join(lines)
-    raise AssertionError("no banner within %.0fs:\n%s" % (timeout_s, "".join(lines)))
+    raise AssertionError(f"no banner within {timeout_s:.0f}s:\n" + "".join(lines))
 
 
 def services_of(pid: int) -> set[int]:

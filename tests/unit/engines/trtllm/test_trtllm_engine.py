@@ -221,7 +221,6 @@ def test_it_runs_on_cuda_only(tiny_llama):
 
 async def test_a_failed_drain_does_not_stop_the_stats_and_json_text_is_read(tiny_llama):
     engine = await make(tiny_llama)
-    llm = fake_trtllm.LLM.instances[0]
     calls = {"n": 0}
 
     async def flaky(timeout=2):

@@ -42,12 +42,12 @@ def _recording(required: dict[str, str], seen: set[str], flags: set[str]) -> Ite
         flags.update(opt for action in parser._actions for opt in action.option_strings if opt not in ("-h", "--help"))
         return real_parse(parser, args, namespace)
 
-    os.environ = _RecordingEnv(base, seen)  # type: ignore[assignment]
+    os.environ = _RecordingEnv(base, seen)  # type: ignore[assignment]  # noqa: B003 (records reads; restored below)
     argparse.ArgumentParser.parse_args = parse  # type: ignore[method-assign]
     try:
         yield
     finally:
-        os.environ = real_environ
+        os.environ = real_environ  # noqa: B003
         argparse.ArgumentParser.parse_args = real_parse  # type: ignore[method-assign]
 
 

@@ -147,7 +147,7 @@ def test_requests_needing_blocks_a_load_brings_wait_for_it_instead_of_loading_ag
     core.add(request("x", A + [1]))
     core.add(request("y", A + [2, 3]))
     core.step()
-    assert [l.req_id for l in core.runner.started] == ["x"]  # one load, started once
+    assert [load.req_id for load in core.runner.started] == ["x"]  # one load, started once
     assert core.seqs["y"].status is SequenceStatus.LOADING and core.seqs["y"].block_table == []
     clock.now += 3.0
     outs = run_until_idle(core, clock)
@@ -195,7 +195,7 @@ def test_the_cost_check_skips_a_tier_slower_than_recomputing():
     core.runner.started.clear()
     core.add(request("a3", A))
     run_until_idle(core, clock)
-    assert [l.req_id for l in core.runner.started] == ["a3"]
+    assert [load.req_id for load in core.runner.started] == ["a3"]
 
 
 def test_a_failed_load_computes_its_tokens_and_does_not_try_again():
@@ -354,7 +354,7 @@ def test_a_request_onboarded_again_after_a_preemption_counts_its_cached_tokens_o
     assert core.block_manager.reset_prefix_cache() is not None  # ... and its device blocks reused meanwhile
     core.runner.started.clear()
     outs = run_until_idle(core, clock)
-    assert [l.req_id for l in core.runner.started] == ["a2"]  # onboarded again from host
+    assert [load.req_id for load in core.runner.started] == ["a2"]  # onboarded again from host
     assert {o.num_cached_tokens for o in outs} == {12}
     s = core.stats()
     counts = (s.prefix_queries, s.prefix_hits, s.prefix_hits_host, s.num_blocks_onboarded_host)
@@ -371,7 +371,7 @@ def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_comput
     core.step()
     assert core.seqs["a2"].status is SequenceStatus.WAITING and core.runner.started == []
     outs = run_until_idle(core, clock, max_iters=100)
-    assert [l.req_id for l in core.runner.started] == ["a2"]
+    assert [load.req_id for load in core.runner.started] == ["a2"]
     assert not any(name == "a2" and start == 0 for step in core.runner.steps for name, start, _ in step)
     assert {o.num_cached_tokens for o in outs if o.req_id == "a2"} == {12}
     assert core.stats().num_preemptions == 0
@@ -394,6 +394,6 @@ def test_a_request_waiting_for_room_to_load_is_not_computed_while_a_loaded_reque
     clock.now += 3.0
     core.poll_loads()  # x holds its loaded blocks, nothing runs, nothing loads: x runs next, then c loads
     outs = run_until_idle(core, clock, max_iters=100)
-    assert [l.req_id for l in core.runner.started] == ["x", "c"]
+    assert [load.req_id for load in core.runner.started] == ["x", "c"]
     assert not any(name == "c" and start == 0 for step in core.runner.steps for name, start, _ in step)
     assert {o.req_id: o.num_cached_tokens for o in outs} == {"x": 12, "c": 16}
