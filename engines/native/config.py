@@ -3,6 +3,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engines.base.engine_configs import check_tier_sizes
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
 from engines.core.speculative import SpecConfig, parse_speculative
 
@@ -62,17 +63,6 @@ class EngineConfig:
         SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
-
-
-def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:
-    """The KV tier settings every engine shares: sizes >= 0, and a disk tier only under a host tier."""
-    if host_gb < 0 or disk_gb < 0:
-        raise ValueError(f"kv_host_gb and kv_disk_gb must be >= 0, got {host_gb} and {disk_gb}")
-    if bool(disk_dir) != (disk_gb > 0):
-        raise ValueError("the disk KV tier needs both a directory (kv_disk_dir) and a size (kv_disk_gb)")
-    if disk_gb > 0 and host_gb <= 0:
-        raise ValueError("the disk KV tier is fed from the host tier: set kv_host_gb too (host >= device KV, "
-                         "disk >= host)")
 
 
 @dataclass(frozen=True, slots=True)

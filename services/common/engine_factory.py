@@ -19,11 +19,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
         from engines.zero import zero_spec
 
-        return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len,
-                         num_blocks=s.num_blocks, max_num_seqs=s.max_num_seqs,
-                         max_num_batched_tokens=s.max_num_batched_tokens,
-                         enable_prefix_caching=s.enable_prefix_caching, kv_host_gb=s.kv_host_gb,
-                         kv_disk_gb=s.kv_disk_gb)
+        return zero_spec(s.model, batch=s.batch_config(), cache=s.cache_config())
     if s.engine == "sim":
         from engines.sim import sim_spec
 
