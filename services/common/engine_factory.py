@@ -66,10 +66,8 @@ def make_engine(s: WorkerSettings) -> Engine:
         from engines.trtllm import TrtllmConfig, TrtllmEngine
 
         return TrtllmEngine(TrtllmConfig(
-            model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size, num_blocks=s.num_blocks,
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-            max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-            gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            model=s.model, dtype=s.dtype, device=s.device, batch=s.batch_config(), cache=s.cache_config(),
+            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
             backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
             options_file=s.trtllm_options, kv_hash_root=chain_root("", s.kv_hash_secret),
