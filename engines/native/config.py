@@ -3,7 +3,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.base.engine_configs import check_tier_sizes
+from engines.base.engine_configs import BatchConfig, check_tier_sizes
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
 from engines.core.speculative import SpecConfig, parse_speculative
 
@@ -28,11 +28,8 @@ class EngineConfig:
     num_blocks: int | None = None  # None: size the KV cache from memory
     kv_cache_memory_fraction: float = 0.3  # of available memory, when num_blocks is None
     gpu_memory_utilization: float = 0.0  # CUDA: the card's share this engine may fill (KV = it - used); 0: unused
-    max_num_seqs: int = 64  # running requests per step
-    max_num_batched_tokens: int = 2048  # per-step token budget
+    batch: BatchConfig = BatchConfig()  # max_model_len 0: the checkpoint's max_position_embeddings, capped at 8192
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings, capped at 8192
     held_kv_ttl_s: float = 30.0  # a hold_kv request's blocks are freed if not exported by then
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     kv_cache_dtype: str = "auto"
@@ -55,8 +52,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)

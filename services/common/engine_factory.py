@@ -32,9 +32,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
 
     return native_spec(EngineConfig(
         model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
-        num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
-        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+        num_blocks=s.num_blocks or None, batch=s.batch_config(), held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
         num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
         kv_disk_gb=s.kv_disk_gb, kv_disk_key=s.kv_signing_key() or b"", kv_transport=kv_transport(s),
         speculative=s.speculative, num_speculative_tokens=s.num_speculative_tokens,
