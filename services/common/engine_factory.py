@@ -25,7 +25,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
         return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
-                        kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb, payload=sim_payload(s),
+                        cache=s.cache_config(), payload=sim_payload(s),
                         held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S, model=s.model)
     from engines.native import native_spec
     from engines.native.config import EngineConfig
