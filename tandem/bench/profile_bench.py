@@ -68,8 +68,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {"device": device, "model": f"{args.model.name} {args.dtype}",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv), "prefill_ms": prefill, "decode_step_ms": decode,
-            "engine": {"block_size": config.block_size, "max_num_batched_tokens": config.max_num_batched_tokens,
-                       "threads": torch.get_num_threads(), "device": args.device}}
+            "engine": {"block_size": config.block_size,
+                       "max_num_batched_tokens": config.batch.max_num_batched_tokens, "threads": torch.get_num_threads(), "device": args.device}}
 
 
 def format_table(doc: dict, anchor_name: str) -> str:
