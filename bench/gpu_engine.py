@@ -141,12 +141,13 @@ def make_checkpoints(plan: Plan, root: Path) -> dict[str, Path]:
 
 
 def engine(plan: Plan, model_dir: Path, kv: str = "auto", max_num_seqs: int = 1, batched: int = 8192):
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
     return build_core(EngineConfig(model=str(model_dir), dtype=plan.dtype, device=plan.device, kv_cache_dtype=kv,
-                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
-                                   max_model_len=plan.max_model_len, kv_cache_memory_fraction=0.85))
+                                   batch=BatchConfig(max_num_seqs, batched, plan.max_model_len),
+                                   kv_cache_memory_fraction=0.85))
 
 
 class _Sink:

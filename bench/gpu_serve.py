@@ -27,11 +27,11 @@ PORT = 18451
 def in_process(model: Path, device: str, dtype: str, n: int, isl: int, osl: int) -> dict:
     """Output tok/s and TTFT p50 of n requests added at once to the bare core, stepped to the end."""
     from engines.base import EngineRequest, SamplingParams
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
-    core = build_core(EngineConfig(model=str(model), dtype=dtype, device=device, max_num_seqs=n,
-                                   max_num_batched_tokens=8192, max_model_len=isl + osl + 16,
+    core = build_core(EngineConfig(model=str(model), dtype=dtype, device=device, batch=BatchConfig(n, 8192, isl + osl + 16),
                                    kv_cache_memory_fraction=0.85))
     gen = torch.Generator().manual_seed(0)
     vocab = core.info.vocab_size

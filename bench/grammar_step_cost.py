@@ -44,12 +44,13 @@ def one_side(core, prompts, params, tag: str) -> dict:
 
 
 def measure(model: str, concurrencies: tuple[int, ...], rounds: int, isl: int, osl: int) -> list[dict]:
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
     top = max(concurrencies)
-    core = build_core(EngineConfig(model=model, dtype="float32", num_threads=1, block_size=16, max_num_seqs=top,
-                                   max_num_batched_tokens=4096, num_blocks=2 * top * (num_blocks_for(isl + osl, 16) + 1)))
+    core = build_core(EngineConfig(model=model, dtype="float32", num_threads=1, block_size=16,
+                                   batch=BatchConfig(top, 4096), num_blocks=2 * top * (num_blocks_for(isl + osl, 16) + 1)))
     spec = StructuredSpec("json_schema", json.dumps(story_schema(osl)))
     sides = {False: SamplingParams(max_tokens=osl, ignore_eos=True),
              True: SamplingParams(max_tokens=osl, ignore_eos=True, structured=spec)}

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engines.base.block_hash import num_blocks_for
+from engines.base.engine_configs import BatchConfig
 from engines.base.types import EngineRequest
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
@@ -25,8 +26,8 @@ from tandem.bench.spec_bench import WORKLOADS, chat_prompts, params_for
 
 
 def make_core(model: Path, speculative: str, max_len: int):
-    config = EngineConfig(model=str(model), dtype="float32", num_threads=1, block_size=BLOCK_SIZE, max_num_seqs=1,
-                          max_num_batched_tokens=4096, num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1)),
+    config = EngineConfig(model=str(model), dtype="float32", num_threads=1, block_size=BLOCK_SIZE,
+                          batch=BatchConfig(1, 4096), num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1)),
                           speculative=speculative)
     return build_core(config)
 

@@ -38,11 +38,12 @@ DRY_PLAN = TrtPlan(16, 8, (32, 64), ((4, 8, 8), (2, 16, 16)), 4, 128, 128)
 
 
 def engine_for(model: Path, plan: TrtPlan, api=None, dtype: str = "bfloat16", kv: str = "auto"):
+    from engines.base.engine_configs import BatchConfig, CacheConfig
     from engines.trtllm import TrtllmConfig, TrtllmEngine
 
-    config = TrtllmConfig(model=str(model), dtype=dtype, max_num_seqs=plan.max_num_seqs,
-                          max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=plan.max_model_len,
-                          kv_cache_dtype=kv, cache_transceiver="off", block_size=32)
+    batch = BatchConfig(plan.max_num_seqs, plan.max_num_batched_tokens, plan.max_model_len)
+    config = TrtllmConfig(model=str(model), dtype=dtype, batch=batch, cache=CacheConfig(block_size=32),
+                          kv_cache_dtype=kv, cache_transceiver="off")
     return TrtllmEngine(config, api=api)
 
 

@@ -3,6 +3,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engines.base.engine_configs import BatchConfig, check_tier_sizes
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.transfer import transports
@@ -27,11 +28,8 @@ class EngineConfig:
     num_blocks: int | None = None  # None: size the KV cache from memory
     kv_cache_memory_fraction: float = 0.3  # of available memory, when num_blocks is None
     gpu_memory_utilization: float = 0.0  # CUDA: the card's share this engine may fill (KV = it - used); 0: unused
-    max_num_seqs: int = 64  # running requests per step
-    max_num_batched_tokens: int = 2048  # per-step token budget
+    batch: BatchConfig = BatchConfig()  # max_model_len 0: the checkpoint's max_position_embeddings, capped at 8192
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings, capped at 8192
     held_kv_ttl_s: float = 30.0  # a hold_kv request's blocks are freed if not exported by then
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     kv_cache_dtype: str = "auto"
@@ -54,25 +52,14 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
         SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
         if self.kv_transport not in transports.ENGINE:
             raise ValueError(f"kv_transport must be one of {transports.ENGINE}, got {self.kv_transport!r}")
-
-
-def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:
-    """The KV tier settings every engine shares: sizes >= 0, and a disk tier only under a host tier."""
-    if host_gb < 0 or disk_gb < 0:
-        raise ValueError(f"kv_host_gb and kv_disk_gb must be >= 0, got {host_gb} and {disk_gb}")
-    if bool(disk_dir) != (disk_gb > 0):
-        raise ValueError("the disk KV tier needs both a directory (kv_disk_dir) and a size (kv_disk_gb)")
-    if disk_gb > 0 and host_gb <= 0:
-        raise ValueError("the disk KV tier is fed from the host tier: set kv_host_gb too (host >= device KV, "
-                         "disk >= host)")
 
 
 @dataclass(frozen=True, slots=True)

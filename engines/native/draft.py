@@ -37,7 +37,8 @@ class DraftProposer:
     def __init__(self, target: EngineConfig, draft_dir: str, num_blocks: int):
         model_cfg = check_draft(target.model, draft_dir)
         # NOTE: the draft's own small cache; no prefix caching (its blocks are rewritten as proposals are rejected)
-        config = replace(target, model=draft_dir, num_blocks=num_blocks, enable_prefix_caching=False,
+        config = replace(target, model=draft_dir, num_blocks=num_blocks,
+                         batch=replace(target.batch, enable_prefix_caching=False),
                          speculative="", kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0, kv_transport=transports.BYTES)
         self.runner = ModelRunner(config, model_cfg)
         self.runner.grammars = None  # NOTE: greedy proposals never follow a grammar (structured requests never ask)

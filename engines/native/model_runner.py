@@ -64,7 +64,7 @@ class ModelRunner:
             return None
         from engines.native.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, num_blocks_for(self.max_model_len, self.block_size),
+        graphs = DecodeGraphs(self.model, self.config.batch.max_num_seqs, num_blocks_for(self.max_model_len, self.block_size),
                               self.device)
         graphs.capture()
         return graphs
@@ -79,7 +79,7 @@ class ModelRunner:
             budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
         by_memory = budget // bytes_per_block(self.kv_layout)
         # enough for every running sequence at full length, twice over for the prefix cache
-        useful = 2 * self.config.max_num_seqs * num_blocks_for(self.max_model_len, self.block_size)
+        useful = 2 * self.config.batch.max_num_seqs * num_blocks_for(self.max_model_len, self.block_size)
         return max(1, min(by_memory, useful))
 
     @torch.inference_mode()
@@ -219,8 +219,9 @@ def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
     limit = model_cfg.max_position_embeddings
     if model_cfg.sliding_window:  # NOTE: no sliding-window attention here: stay inside the window
         limit = min(limit, model_cfg.sliding_window)
-    if config.max_model_len is None:
+    asked = config.batch.max_model_len
+    if not asked:
         return min(limit, MAX_DEFAULT_MODEL_LEN)
-    if config.max_model_len > limit:
-        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {limit}")
-    return config.max_model_len
+    if asked > limit:
+        raise ValueError(f"max_model_len {asked} exceeds the model's limit {limit}")
+    return asked

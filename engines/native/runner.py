@@ -86,8 +86,9 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
 
 def core_config(config: EngineConfig) -> CoreConfig:
     spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
-    return CoreConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                      config.enable_prefix_caching, config.held_kv_ttl_s, spec)
+    batch = config.batch
+    return CoreConfig(batch.max_num_seqs, batch.max_num_batched_tokens, config.enable_chunked_prefill,
+                      batch.enable_prefix_caching, config.held_kv_ttl_s, spec)
 
 
 def build_core(config: EngineConfig) -> EngineCore:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.tiers.kv_tiers import TierSpec
@@ -149,8 +150,7 @@ class SimSpec:
     time_factor: float = 1.0
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     enable_prefix_caching: bool = True
-    kv_host_gb: float = 0.0  # modelled host and disk KV tiers (no bytes), per worker
-    kv_disk_gb: float = 0.0
+    cache: CacheConfig = CacheConfig()  # its host and disk tier sizes: modelled tiers (no bytes), per worker
     payload: Payload | None = None  # a real KV cache (workers); None: timing only
     held_kv_ttl_s: float = 30.0
     model: str = ""  # a checkpoint directory whose vocabulary the tokens come from ("": VOCAB_SIZE)
@@ -162,7 +162,7 @@ def build_core(spec: SimSpec) -> EngineCore:
     if payload is not None and payload.kv_bytes_per_token < 0:  # the profile's
         payload = dataclasses.replace(payload, kv_bytes_per_token=profile.kv_bytes_per_token)
     return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching,
-                    kv_host_gb=spec.kv_host_gb, kv_disk_gb=spec.kv_disk_gb, payload=payload,
+                    kv_host_gb=spec.cache.kv_host_gb, kv_disk_gb=spec.cache.kv_disk_gb, payload=payload,
                     held_kv_ttl_s=spec.held_kv_ttl_s, vocab_size=model_vocab_size(spec.model))
 
 

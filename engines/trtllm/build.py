@@ -38,7 +38,7 @@ def check_checkpoint(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str) -> None:
         raise EngineUnavailableError(f"{ckpt.path} is not quantized as {wanted} (it is {found}): {how}")
     if ckpt.is_engine and cfg.kv_cache_dtype == "fp8" and ckpt.kv_cache_quant_algo != "FP8":
         raise EngineUnavailableError(f"{ckpt.path} was built without an FP8 KV cache: rebuild it with one")
-    if ckpt.tokens_per_block and ckpt.tokens_per_block != cfg.block_size:
+    if ckpt.tokens_per_block and ckpt.tokens_per_block != cfg.cache.block_size:
         raise EngineUnavailableError(f"{ckpt.path} was built with tokens_per_block={ckpt.tokens_per_block}: "
                                      f"start the worker with --block-size {ckpt.tokens_per_block}")
 
@@ -56,28 +56,29 @@ def kv_cache_size(cfg: TrtllmConfig, ckpt: Checkpoint, total_bytes: int) -> dict
     """KvCacheConfig sizing. num_blocks wins; else the KV gets gpu_memory_utilization of the card less this
     rank's weights (vLLM's meaning, activations aside), and TensorRT-LLM's free-memory fraction stays a
     ceiling, so the cache never takes memory the load left in use."""
-    if cfg.num_blocks:
-        return {"max_tokens": cfg.num_blocks * cfg.block_size}
+    cache = cfg.cache
+    if cache.num_blocks:
+        return {"max_tokens": cache.num_blocks * cache.block_size}
     tp = cfg.tensor_parallel_size
-    budget = cfg.gpu_memory_utilization * total_bytes - ckpt.weight_bytes / tp
-    block_bytes = kv_bytes_per_token(cfg, ckpt) / tp * cfg.block_size
+    budget = cache.gpu_memory_utilization * total_bytes - ckpt.weight_bytes / tp
+    block_bytes = kv_bytes_per_token(cfg, ckpt) / tp * cache.block_size
     if budget < block_bytes:
         raise EngineUnavailableError(
-            f"gpu_memory_utilization={cfg.gpu_memory_utilization} of {total_bytes / 2**30:.1f} GiB leaves no room "
+            f"gpu_memory_utilization={cache.gpu_memory_utilization} of {total_bytes / 2**30:.1f} GiB leaves no room "
             f"for KV after {ckpt.weight_bytes / tp / 2**30:.1f} GiB of weights: raise it or use more GPUs")
-    return {"max_tokens": int(budget // block_bytes) * cfg.block_size,
+    return {"max_tokens": int(budget // block_bytes) * cache.block_size,
             "free_gpu_memory_fraction": FREE_FRACTION_CEILING}
 
 
 def llm_arguments(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str, api: TrtllmApi,
                   total_bytes: int) -> tuple[Any, dict[str, Any]]:
     """(the LLM class, its keyword arguments)."""
-    kv = {"enable_block_reuse": cfg.enable_prefix_caching, "tokens_per_block": cfg.block_size,
-          "event_buffer_max_size": EVENT_BUFFER if cfg.enable_prefix_caching else 0,
+    kv = {"enable_block_reuse": cfg.batch.enable_prefix_caching, "tokens_per_block": cfg.cache.block_size,
+          "event_buffer_max_size": EVENT_BUFFER if cfg.batch.enable_prefix_caching else 0,
           **kv_cache_size(cfg, ckpt, total_bytes)}
     kwargs: dict[str, Any] = {"model": str(ckpt.path), "tensor_parallel_size": cfg.tensor_parallel_size}
     if not ckpt.is_engine:  # an engine's dtype and limits were fixed when it was built
-        kwargs.update(dtype=cfg.dtype, max_batch_size=cfg.max_num_seqs, max_num_tokens=cfg.max_num_batched_tokens,
+        kwargs.update(dtype=cfg.dtype, max_batch_size=cfg.batch.max_num_seqs, max_num_tokens=cfg.batch.max_num_batched_tokens,
                       max_seq_len=max_model_len(cfg, ckpt))
     if cfg.disaggregation:
         kwargs["cache_transceiver_config"] = api.CacheTransceiverConfig(backend=cfg.cache_transceiver)
@@ -101,9 +102,10 @@ def quant_config(cfg: TrtllmConfig, api: TrtllmApi) -> Any:
 
 
 def max_model_len(cfg: TrtllmConfig, ckpt: Checkpoint) -> int:
-    if ckpt.is_engine and cfg.max_model_len > ckpt.max_position:
-        raise EngineUnavailableError(f"{ckpt.path} was built for {ckpt.max_position} tokens, not {cfg.max_model_len}")
-    return cfg.max_model_len or ckpt.max_position
+    asked = cfg.batch.max_model_len
+    if ckpt.is_engine and asked > ckpt.max_position:
+        raise EngineUnavailableError(f"{ckpt.path} was built for {ckpt.max_position} tokens, not {asked}")
+    return asked or ckpt.max_position
 
 
 def extra_options(path: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 (services/common/engine_factory.py); what TensorRT-LLM measures at start-up is reported, never written back."""
 from dataclasses import dataclass
 
+from engines.base.engine_configs import BatchConfig, CacheConfig
+
 # the release this adapter is written against (docker/worker-trtllm.Dockerfile pins the same image)
 TRTLLM_VERSION = "1.2.1"
 
@@ -11,13 +13,11 @@ class TrtllmConfig:
     model: str  # a Hugging Face checkpoint directory, or a prebuilt TensorRT engine directory
     dtype: str = "bfloat16"
     device: str = "cuda"
-    block_size: int = 16  # TensorRT-LLM's tokens_per_block: the router hashes prompts in blocks of this size
-    num_blocks: int = 0  # > 0: exactly this many KV blocks; 0: sized from gpu_memory_utilization
-    max_num_seqs: int = 64  # max_batch_size
-    max_num_batched_tokens: int = 2048  # max_num_tokens
-    max_model_len: int = 0  # max_seq_len; 0: the checkpoint's
-    enable_prefix_caching: bool = True  # enable_block_reuse (and KV events for the router)
-    gpu_memory_utilization: float = 0.9  # vLLM's meaning: the share of the whole card this worker may use
+    # max_batch_size, max_num_tokens, max_seq_len (0: the checkpoint's), enable_block_reuse (and KV events)
+    batch: BatchConfig = BatchConfig()
+    # tokens_per_block (the router hashes prompts in blocks of it); num_blocks > 0: exactly this many, 0: sized
+    # from gpu_memory_utilization (vLLM's meaning: the share of the whole card); its own tiers (no G2/G3 here)
+    cache: CacheConfig = CacheConfig()
     held_kv_ttl_s: float = 30.0  # a prefilled request's KV no decode worker took is let go after this long
     backend: str = "auto"  # "pytorch" | "tensorrt" | "auto" (tensorrt for an engine directory)
     quant: str = ""  # "" | "fp8" | "nvfp4": weights

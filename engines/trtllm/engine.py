@@ -61,13 +61,13 @@ class TrtllmEngine:
         check_checkpoint(config, self.ckpt, self.backend)
         self.max_model_len = max_model_len(config, self.ckpt)
         self.kv_layout = KvLayout(self.ckpt.num_layers, self.ckpt.num_kv_heads, self.ckpt.head_dim,
-                                  kv_dtype(config, self.ckpt), config.block_size)
+                                  kv_dtype(config, self.ckpt), config.cache.block_size)
         self._llm: Any = None
         self._live: dict[str, _Live] = {}
         self._held: dict[str, tuple[float, Any]] = {}  # req_id -> (let go at, result): prefilled, KV held
         self._counts = Counts()
         self._stat: dict = {}
-        self._kv = TrtllmKvEvents(config.block_size, root=config.kv_hash_root)
+        self._kv = TrtllmKvEvents(config.cache.block_size, root=config.kv_hash_root)
         self._kv_changed = asyncio.Event()
         self._pollers: list[asyncio.Task] = []
         self._failure: str | None = None  # why the executor is gone; then nothing more is served
@@ -124,7 +124,7 @@ class TrtllmEngine:
         plan = plan_request(request, self.ckpt.eos_token_ids, secrets.randbits(63))
         result = self._submit(plan, request.hash_root)
         p = request.params
-        stream = OutputStream(request.req_id, plan, len(request.prompt_token_ids), self.config.block_size,
+        stream = OutputStream(request.req_id, plan, len(request.prompt_token_ids), self.config.cache.block_size,
                               p.top_logprobs, p.logprobs)
         live = self._live[request.req_id] = _Live(result, stream)
         live.pump = asyncio.ensure_future(self._pump(request.req_id, live))
@@ -261,7 +261,7 @@ class TrtllmEngine:
 
     def stats(self) -> EngineStats:
         self._expire_held()
-        return engine_stats(self._stat, self._counts, block_size=self.config.block_size,
+        return engine_stats(self._stat, self._counts, block_size=self.config.cache.block_size,
                             max_model_len=self.max_model_len, num_held=len(self._held), num_live=len(self._live))
 
     async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:

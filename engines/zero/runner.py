@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import Done, RunnerInfo, deterministic_token, zero_kv_export
@@ -49,23 +50,18 @@ class ZeroRunner(TieredLoads):
 @dataclass(frozen=True, slots=True)
 class ZeroSpec:
     model: str  # a checkpoint directory: only config.json's vocab and context are read (defaults without one)
-    block_size: int = 16
-    max_model_len: int = 0  # 0: config.json's max_position_embeddings, capped at 8192
-    num_blocks: int = 0  # 0: DEFAULT_NUM_BLOCKS
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    kv_host_gb: float = 0.0
-    kv_disk_gb: float = 0.0
+    batch: BatchConfig = BatchConfig(max_num_seqs=256, max_num_batched_tokens=8192)  # max_model_len 0: config.json's
+    cache: CacheConfig = CacheConfig()  # num_blocks 0: DEFAULT_NUM_BLOCKS; the tiers' sizes only (no disk is written)
 
 
 def build_core(spec: ZeroSpec) -> EngineCore:
     path = Path(spec.model) / "config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     vocab_size = config.get("vocab_size", DEFAULT_VOCAB_SIZE)
-    max_model_len = spec.max_model_len or min(config.get("max_position_embeddings", MAX_DEFAULT_MODEL_LEN),
-                                              MAX_DEFAULT_MODEL_LEN)
-    runner = ZeroRunner(vocab_size, spec.block_size, max_model_len, spec.num_blocks or DEFAULT_NUM_BLOCKS,
-                        spec.kv_host_gb, spec.kv_disk_gb)
-    return EngineCore(CoreConfig(spec.max_num_seqs, spec.max_num_batched_tokens,
-                                 enable_prefix_caching=spec.enable_prefix_caching), runner)
+    batch, cache = spec.batch, spec.cache
+    max_model_len = batch.max_model_len or min(config.get("max_position_embeddings", MAX_DEFAULT_MODEL_LEN),
+                                               MAX_DEFAULT_MODEL_LEN)
+    runner = ZeroRunner(vocab_size, cache.block_size, max_model_len, cache.num_blocks or DEFAULT_NUM_BLOCKS,
+                        cache.kv_host_gb, cache.kv_disk_gb)
+    return EngineCore(CoreConfig(batch.max_num_seqs, batch.max_num_batched_tokens,
+                                 enable_prefix_caching=batch.enable_prefix_caching), runner)

@@ -20,26 +20,20 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
         from engines.zero import zero_spec
 
-        return zero_spec(s.model, block_size=s.block_size, max_model_len=s.max_model_len,
-                         num_blocks=s.num_blocks, max_num_seqs=s.max_num_seqs,
-                         max_num_batched_tokens=s.max_num_batched_tokens,
-                         enable_prefix_caching=s.enable_prefix_caching, kv_host_gb=s.kv_host_gb,
-                         kv_disk_gb=s.kv_disk_gb)
+        return zero_spec(s.model, batch=s.batch_config(), cache=s.cache_config())
     if s.engine == "sim":
         from engines.sim import sim_spec
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
         return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
-                        kv_host_gb=s.kv_host_gb, kv_disk_gb=s.kv_disk_gb, payload=sim_payload(s),
+                        cache=s.cache_config(), payload=sim_payload(s),
                         held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S, model=s.model)
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
     return native_spec(EngineConfig(
         model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
-        num_blocks=s.num_blocks or None, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len or None,
-        enable_prefix_caching=s.enable_prefix_caching, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+        num_blocks=s.num_blocks or None, batch=s.batch_config(), held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
         num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
         kv_disk_gb=s.kv_disk_gb, kv_disk_key=s.kv_signing_key() or b"", kv_transport=kv_transport(s),
         speculative=s.speculative, num_speculative_tokens=s.num_speculative_tokens,
@@ -71,10 +65,8 @@ def make_engine(s: WorkerSettings) -> Engine:
         from engines.trtllm import TrtllmConfig, TrtllmEngine
 
         return TrtllmEngine(TrtllmConfig(
-            model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size, num_blocks=s.num_blocks,
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-            max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-            gpu_memory_utilization=s.gpu_memory_utilization, held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            model=s.model, dtype=s.dtype, device=s.device, batch=s.batch_config(), cache=s.cache_config(),
+            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
             backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
             cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
             options_file=s.trtllm_options, kv_hash_root=chain_root("", s.kv_hash_secret),

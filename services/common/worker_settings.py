@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.common.roles import WorkerRole
 from engines.core.speculative import SpecConfig, parse_speculative
-from engines.native.config import check_tier_sizes
+from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig, check_tier_sizes
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
 from services.common.kv_signing import parse_key
@@ -142,6 +142,18 @@ class WorkerSettings:
                 raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.trtllm_tensor_parallel_size < 1:
             raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
+
+    def batch_config(self) -> BatchConfig:
+        return BatchConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
+                           self.enable_prefix_caching)
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(self.block_size, self.num_blocks, self.gpu_memory_utilization, self.kv_host_gb,
+                           self.kv_disk_dir, self.kv_disk_gb)
+
+    def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
+        """The transport as asked ("auto" resolved by the engine factory); blocks held a grace past the lease."""
+        return TransferConfig(self.kv_transport, self.kv_lease_s + held_kv_grace_s)
 
     @property
     def is_overlapped(self) -> bool:

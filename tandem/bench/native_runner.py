@@ -16,12 +16,13 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
     of all memory."""
     from engines.core.client import EngineClient
     from engines.native import native_spec
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
 
     blocks_per_seq = num_blocks_for(max_len, BLOCK_SIZE) + 1
     config = EngineConfig(
         model=str(model_dir), dtype=dtype, num_threads=threads, block_size=BLOCK_SIZE,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,
+        batch=BatchConfig(max_num_seqs, 4096),
         num_blocks=2 * max_num_seqs * blocks_per_seq,  # twice: finished warm-up blocks may linger as cache
         speculative=speculative,
     )

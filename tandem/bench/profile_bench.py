@@ -18,15 +18,17 @@ def measure(args: argparse.Namespace) -> dict:
     import torch  # NOTE: the engine loads here, not when `tandem` starts
 
     from engines.base import EngineRequest, SamplingParams
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
     if args.threads:
         torch.set_num_threads(args.threads)
     need = max(max(args.isls), max(b * (c + args.steps + 2) for b in args.batches for c in args.contexts))
-    config = EngineConfig(model=str(args.model), dtype=args.dtype, device=args.device, max_num_seqs=max(args.batches),
-                          max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=need // 16 + max(args.batches) + 8,
-                          enable_prefix_caching=False, max_model_len=max(max(args.isls), max(args.contexts)) + args.steps + 8)
+    config = EngineConfig(model=str(args.model), dtype=args.dtype, device=args.device, num_blocks=need // 16 + max(args.batches) + 8,
+                          batch=BatchConfig(max(args.batches), args.max_num_batched_tokens,
+                                            max(max(args.isls), max(args.contexts)) + args.steps + 8,
+                                            enable_prefix_caching=False))
     core = build_core(config)
     vocab, gen = core.info.vocab_size, torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -67,8 +69,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {"device": device, "model": f"{args.model.name} {args.dtype}",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv), "prefill_ms": prefill, "decode_step_ms": decode,
-            "engine": {"block_size": config.block_size, "max_num_batched_tokens": config.max_num_batched_tokens,
-                       "threads": torch.get_num_threads(), "device": args.device}}
+            "engine": {"block_size": config.block_size,
+                       "max_num_batched_tokens": config.batch.max_num_batched_tokens, "threads": torch.get_num_threads(), "device": args.device}}
 
 
 def format_table(doc: dict, anchor_name: str) -> str:

@@ -32,6 +32,7 @@ class _KvRecorder:
 def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu",
               dtype: str = "float32") -> QuantConfig:
     """Scales measured over `prompts` (token ids each); the checkpoint's weight format is kept."""
+    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core, prompt_logits
 
@@ -39,8 +40,9 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
         raise ValueError("calibration needs at least one prompt")
     longest = max(len(p) for p in prompts)
     core = build_core(EngineConfig(model=str(model_dir), device=device, dtype=dtype, attention_backend="torch",
-                                   cuda_graphs=False, enable_prefix_caching=False, max_model_len=longest + 1,
-                                   num_blocks=num_blocks_for(longest, 16) + 2, max_num_batched_tokens=longest))
+                                   cuda_graphs=False, num_blocks=num_blocks_for(longest, 16) + 2,
+                                   batch=BatchConfig(max_num_batched_tokens=longest, max_model_len=longest + 1,
+                                                     enable_prefix_caching=False)))
     model = core.runner.model
     kv_amax = [[torch.zeros(()), torch.zeros(())] for _ in model.attention_layers]
     for attn, amax in zip(model.attention_layers, kv_amax):

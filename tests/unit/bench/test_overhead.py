@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from engines.core.client import EngineClient
+from engines.base.engine_configs import BatchConfig
 from engines.zero import zero_spec
 from tandem.bench.loadgen import PromptMaker, RequestSpec, run_schedule, synthetic_specs
 from tandem.bench.overhead import InProcessSender, OverheadConfig
@@ -22,7 +23,7 @@ async def test_in_process_sender_stamps_every_token_of_the_zero_engine(tmp_path)
 
 
 async def test_in_process_sender_records_engine_refusals(tmp_path):
-    engine = EngineClient(zero_spec(str(tmp_path), max_model_len=8))
+    engine = EngineClient(zero_spec(str(tmp_path), batch=BatchConfig(256, 8192, max_model_len=8)))
     await engine.start()
     record = await InProcessSender(engine, PromptMaker(np.arange(100, 200))).send(RequestSpec(0, None, 16, 2))
     await engine.shutdown()

@@ -4,6 +4,7 @@ import asyncio
 from engines.base import EngineRequest, SamplingParams
 from engines.core.client import EngineClient
 from engines.native import native_spec
+from engines.base.engine_configs import BatchConfig
 from engines.native.config import EngineConfig
 
 
@@ -27,6 +28,8 @@ async def run_batch(engine: EngineClient, prompts, params: SamplingParams, prefi
 
 async def started(model_dir, *, process: bool = False, overlap: bool = False, **kw) -> EngineClient:
     kw.setdefault("num_blocks", 256)
-    engine = EngineClient(native_spec(EngineConfig(model=str(model_dir), **kw)), process=process, overlap=overlap)
+    batch = BatchConfig(**{f: kw.pop(f) for f in BatchConfig.__slots__ if f in kw})  # the tests' flat keywords
+    config = EngineConfig(model=str(model_dir), batch=batch, **kw)
+    engine = EngineClient(native_spec(config), process=process, overlap=overlap)
     await engine.start()
     return engine

@@ -6,6 +6,7 @@ from engines.base.types import EngineRequest, SamplingParams
 from engines.core import messages
 from engines.core.block_manager import BlockManager
 from engines.core.sequence import Sequence
+from engines.base.engine_configs import CacheConfig
 from engines.zero.runner import ZeroSpec, build_core
 
 BS = 4
@@ -69,7 +70,7 @@ def _run(core, request: EngineRequest) -> int:
 
 
 def test_engine_core_reports_no_cached_tokens_across_tenants(tmp_path):
-    core = build_core(ZeroSpec(model=str(tmp_path), block_size=BS, num_blocks=64))
+    core = build_core(ZeroSpec(model=str(tmp_path), cache=CacheConfig(block_size=BS, num_blocks=64)))
     prompt, params = tuple(TOKENS), SamplingParams(max_tokens=2, ignore_eos=True)
     assert _run(core, EngineRequest("a1", prompt, params, hash_root=ROOT_A)) == 0
     assert _run(core, EngineRequest("b1", prompt, params, hash_root=ROOT_B)) == 0

@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 
 from engines.base import EngineUnavailableError, ModelNotFoundError
+from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.trtllm import build
 from engines.trtllm.checkpoint import read_checkpoint
 from engines.trtllm.config import TrtllmConfig
 from tests.unit.engines.trtllm.fake_trtllm import LLM, CacheTransceiverConfig, KvCacheConfig, QuantAlgo, fake_api
 
 GIB = 1 << 30
+HALF = CacheConfig(gpu_memory_utilization=0.5)  # of an 80 GiB card
 
 
 def engine_dir(root: Path, tokens_per_block=32, quant=None) -> Path:
@@ -90,37 +92,39 @@ def test_the_pytorch_backend_needs_a_checkpoint_quantized_as_asked(tiny_llama, c
 def test_an_engine_must_match_the_block_size_and_quantization_it_was_built_with(tmp_path):
     ckpt = read_checkpoint(str(engine_dir(tmp_path / "e", 64)))
     with pytest.raises(EngineUnavailableError, match="--block-size 64"):
-        build.check_checkpoint(TrtllmConfig(model="m", block_size=16), ckpt, "tensorrt")
+        build.check_checkpoint(TrtllmConfig(model="m", cache=CacheConfig(block_size=16)), ckpt, "tensorrt")
     with pytest.raises(EngineUnavailableError, match="rebuild the engine"):
-        build.check_checkpoint(TrtllmConfig(model="m", block_size=64, quant="fp8"), ckpt, "tensorrt")
+        build.check_checkpoint(TrtllmConfig(model="m", cache=CacheConfig(block_size=64), quant="fp8"), ckpt,
+                              "tensorrt")
     with pytest.raises(EngineUnavailableError, match="without an FP8 KV cache"):
-        build.check_checkpoint(TrtllmConfig(model="m", block_size=64, kv_cache_dtype="fp8"), ckpt, "tensorrt")
+        build.check_checkpoint(TrtllmConfig(model="m", cache=CacheConfig(block_size=64), kv_cache_dtype="fp8"), ckpt,
+                              "tensorrt")
     with pytest.raises(EngineUnavailableError, match="built for 8192 tokens, not 9000"):
-        build.max_model_len(TrtllmConfig(model="m", max_model_len=9000), ckpt)
+        build.max_model_len(TrtllmConfig(model="m", batch=BatchConfig(max_model_len=9000)), ckpt)
 
 
 def test_the_kv_cache_takes_the_memory_budget_less_the_weights(tmp_path):
     ckpt = read_checkpoint(str(engine_dir(tmp_path / "e", 16)))  # 32 layers, 8 kv heads of 128: 128 KiB a token
-    config = TrtllmConfig(model="m", gpu_memory_utilization=0.5, block_size=16, dtype="bfloat16")
+    config = TrtllmConfig(model="m", cache=CacheConfig(gpu_memory_utilization=0.5), dtype="bfloat16")
     assert build.kv_bytes_per_token(config, ckpt) == 2 * 32 * 8 * 128 * 2
     size = build.kv_cache_size(config, ckpt, total_bytes=80 * GIB)
     want_blocks = int((0.5 * 80 * GIB - 1000) // (2 * 32 * 8 * 128 * 2 * 16))
     assert size == {"max_tokens": want_blocks * 16, "free_gpu_memory_fraction": 0.9}
-    fp8 = build.kv_cache_size(TrtllmConfig(model="m", gpu_memory_utilization=0.5, kv_cache_dtype="fp8"), ckpt,
+    fp8 = build.kv_cache_size(TrtllmConfig(model="m", cache=HALF, kv_cache_dtype="fp8"), ckpt,
                               80 * GIB)
     assert fp8["max_tokens"] == pytest.approx(2 * size["max_tokens"], abs=16)  # one byte a value, not two
-    tp2 = build.kv_cache_size(TrtllmConfig(model="m", gpu_memory_utilization=0.5, tensor_parallel_size=2), ckpt,
+    tp2 = build.kv_cache_size(TrtllmConfig(model="m", cache=HALF, tensor_parallel_size=2), ckpt,
                               80 * GIB)
     assert tp2["max_tokens"] == pytest.approx(2 * size["max_tokens"], abs=16)  # each rank holds half the heads
-    assert build.kv_cache_size(TrtllmConfig(model="m", num_blocks=100), ckpt, 80 * GIB) == {"max_tokens": 1600}
+    assert build.kv_cache_size(TrtllmConfig(model="m", cache=CacheConfig(num_blocks=100)), ckpt, 80 * GIB) == {"max_tokens": 1600}
     with pytest.raises(EngineUnavailableError, match="leaves no room for KV"):
         build.kv_cache_size(config, ckpt, total_bytes=1000)
 
 
 def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
     ckpt = read_checkpoint(str(tiny_llama))
-    config = TrtllmConfig(model=str(tiny_llama), dtype="bfloat16", block_size=16, num_blocks=64, max_num_seqs=8,
-                          max_num_batched_tokens=1024, kv_cache_dtype="fp8", cache_transceiver="UCX")
+    config = TrtllmConfig(model=str(tiny_llama), dtype="bfloat16", batch=BatchConfig(8, 1024),
+                          cache=CacheConfig(num_blocks=64), kv_cache_dtype="fp8", cache_transceiver="UCX")
     cls, kwargs = build.llm_arguments(config, ckpt, "pytorch", fake_api(), 80 * GIB)
     assert cls is LLM
     assert kwargs == {
@@ -132,7 +136,8 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
                                          max_tokens=1024, dtype="fp8")}
     options = tmp_path / "extra.json"
     options.write_text(json.dumps({"cuda_graph_config": {"max_batch_size": 8}, "max_batch_size": 4}))
-    no_reuse = TrtllmConfig(model="m", enable_prefix_caching=False, cache_transceiver="off", num_blocks=8,
+    no_reuse = TrtllmConfig(model="m", batch=BatchConfig(enable_prefix_caching=False), cache_transceiver="off",
+                            cache=CacheConfig(num_blocks=8),
                             options_file=str(options))
     _, kwargs = build.llm_arguments(no_reuse, ckpt, "pytorch", fake_api(), 80 * GIB)
     assert "cache_transceiver_config" not in kwargs and kwargs["max_batch_size"] == 4  # the file wins
@@ -143,13 +148,13 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
 
 def test_llm_arguments_quantize_through_quant_config_on_the_tensorrt_backend(tiny_llama, tmp_path):
     ckpt = read_checkpoint(str(tiny_llama))
-    config = TrtllmConfig(model="m", num_blocks=8, quant="nvfp4", kv_cache_dtype="fp8")
+    config = TrtllmConfig(model="m", cache=CacheConfig(num_blocks=8), quant="nvfp4", kv_cache_dtype="fp8")
     cls, kwargs = build.llm_arguments(config, ckpt, "tensorrt", fake_api(), 80 * GIB)
     assert cls is fake_api().TrtLLM and "enable_iter_perf_stats" not in kwargs
     assert (kwargs["quant_config"].quant_algo, kwargs["quant_config"].kv_cache_quant_algo) == (
         QuantAlgo.NVFP4, QuantAlgo.FP8)
     eng = read_checkpoint(str(engine_dir(tmp_path / "e", 16)))
-    _, kwargs = build.llm_arguments(TrtllmConfig(model="m", num_blocks=8), eng, "tensorrt", fake_api(), 80 * GIB)
+    _, kwargs = build.llm_arguments(TrtllmConfig(model="m", cache=CacheConfig(num_blocks=8)), eng, "tensorrt", fake_api(), 80 * GIB)
     assert set(kwargs) == {"model", "tensor_parallel_size", "cache_transceiver_config", "kv_cache_config"}
 
 

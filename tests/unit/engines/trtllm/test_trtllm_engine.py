@@ -9,6 +9,7 @@ from engines.base import (Engine, EngineError, EngineRequest, EngineUnavailableE
                           InvalidRequestError, RequestNotFoundError, SamplingParams)
 from engines.base.block_hash import chain_block_hashes
 from engines.base.events import KvEventKind
+from engines.base.engine_configs import CacheConfig
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from tests.unit.engines.trtllm import fake_trtllm
 from tests.unit.engines.trtllm.fake_trtllm import fake_api, next_token
@@ -23,8 +24,7 @@ def fresh_fake():
 
 
 async def make(model, **kw) -> TrtllmEngine:
-    kw.setdefault("num_blocks", 64)
-    engine = TrtllmEngine(TrtllmConfig(model=str(model), **kw), api=fake_api())
+    engine = TrtllmEngine(TrtllmConfig(model=str(model), cache=CacheConfig(num_blocks=64), **kw), api=fake_api())
     await engine.start()
     return engine
 

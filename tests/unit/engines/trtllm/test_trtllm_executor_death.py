@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from engines.base import EngineDiedError, EngineError, EngineRequest, FinishReason, SamplingParams
+from engines.base.engine_configs import CacheConfig
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from engines.trtllm import engine as trtllm_engine
 from services.common.convert import delta_from_pb, finish_from_pb
@@ -29,7 +30,7 @@ def fresh_fake(monkeypatch):
 
 
 async def make(model, **kw) -> tuple[TrtllmEngine, fake_trtllm.LLM]:
-    engine = TrtllmEngine(TrtllmConfig(model=str(model), num_blocks=64, **kw), api=fake_api())
+    engine = TrtllmEngine(TrtllmConfig(model=str(model), cache=CacheConfig(num_blocks=64), **kw), api=fake_api())
     await engine.start()
     llm = fake_trtllm.LLM.instances[0]
     llm.step_delay = 0.005

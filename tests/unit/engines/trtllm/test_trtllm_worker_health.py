@@ -8,6 +8,7 @@ import socket
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engines.base.engine_configs import CacheConfig
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from engines.trtllm import engine as trtllm_engine
 from services.common import worker_base
@@ -47,7 +48,7 @@ async def test_a_worker_whose_executor_dies_reports_not_serving(tiny_llama, monk
     port = free_port()
     settings = dataclasses.replace(settings, port=port, router_address=f"127.0.0.1:{free_port()}")  # no router
     monkeypatch.setattr(worker_base, "make_engine", lambda s: TrtllmEngine(
-        TrtllmConfig(model=s.model, device="cuda", num_blocks=64), api=fake_api()))
+        TrtllmConfig(model=s.model, device="cuda", cache=CacheConfig(num_blocks=64)), api=fake_api()))
     signalled = asyncio.Event()
 
     async def until_signalled(start, stop):

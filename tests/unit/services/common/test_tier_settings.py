@@ -14,6 +14,7 @@ TIERS = dict(kv_host_gb=2.0, kv_disk_dir="/var/kv", kv_disk_gb=8.0)
 @pytest.mark.parametrize("engine, disk_dir", [("native", "/var/kv"), ("zero", None), ("sim", None)])
 def test_every_engine_spec_carries_the_tier_sizes(engine, disk_dir):
     config = engine_spec(WorkerSettings(role="decode", engine=engine, model="m", **TIERS)).config
+    config = getattr(config, "cache", config)  # a backend that takes the shared CacheConfig whole
     assert (config.kv_host_gb, config.kv_disk_gb) == (2.0, 8.0)
     if disk_dir is not None:
         assert config.kv_disk_dir == disk_dir
