@@ -45,7 +45,7 @@ model: install
 up: install model
 	$(TANDEM) up --prometheus $(ARGS)
 
-test: install model aiperf guidellm
+test: install model aiperf guidellm lint
 	$(PY) -m pytest -q tests
 
 # ruff (lint + format check) over the tree, mypy over the core packages (pyproject.toml says which)

@@ -4,6 +4,7 @@ Reads only the files the sections wrote; measures nothing.
 
     python bench/gpu_all_report.py WORK_DIR --json OUT.json
 """
+
 import argparse
 import json
 import sys
@@ -37,15 +38,25 @@ def junit_counts(path: Path) -> dict | None:
     for suite in suites:
         for k in total:
             total[k] += int(suite.get(k, 0))
-    return {"tests": total["tests"], "failed": total["failures"], "errors": total["errors"],
-            "skipped": total["skipped"], "passed": total["tests"] - total["failures"] - total["errors"] -
-            total["skipped"]}
+    return {
+        "tests": total["tests"],
+        "failed": total["failures"],
+        "errors": total["errors"],
+        "skipped": total["skipped"],
+        "passed": total["tests"] - total["failures"] - total["errors"] - total["skipped"],
+    }
 
 
 def _target(name: str, measured, goal: float, at_most: bool = False, why: str = "") -> dict:
     met = None if measured is None else (measured <= goal if at_most else measured >= goal)
-    return {"target": name, "measured": measured, "goal": goal, "at_most": at_most, "met": met,
-            "note": why if measured is None else ""}
+    return {
+        "target": name,
+        "measured": measured,
+        "goal": goal,
+        "at_most": at_most,
+        "met": met,
+        "note": why if measured is None else "",
+    }
 
 
 def _why(section: dict) -> str:
@@ -60,8 +71,9 @@ def targets(sections: dict[str, dict]) -> list[dict]:
     out = []
     engine = sections["engine"]
     if engine["data"] and engine["data"].get("targets"):
-        out += [_target(t["target"], t["measured"], t["goal"], why="engine: row missing") for t in engine["data"]
-                ["targets"]]
+        out += [
+            _target(t["target"], t["measured"], t["goal"], why="engine: row missing") for t in engine["data"]["targets"]
+        ]
     else:
         out.append(_target("gpu_engine.py targets (decode, FP8/NVFP4, kernel, offline)", None, 0, why=_why(engine)))
     serve, why = sections["serve"]["data"], _why(sections["serve"])
@@ -69,23 +81,34 @@ def targets(sections: dict[str, dict]) -> list[dict]:
     out.append(_target("serving / in-process engine, TTFT p50", serve and serve["ttft_ratio"], 1.2, True, why))
     pd, why = sections["pd"]["data"], _why(sections["pd"])
     runs = pd and pd["runs"]
-    out.append(_target("P/D errors (both modes)", runs and runs["pd"]["errors"] + runs["aggregated"]["errors"], 0,
-                       True, why))
+    out.append(
+        _target("P/D errors (both modes)", runs and runs["pd"]["errors"] + runs["aggregated"]["errors"], 0, True, why)
+    )
     out.append(_target("P/D KV import GB/s", runs and runs["pd"]["kv_gb_per_s"], 20.0, why=why))
     out.append(_target("P/D TTFT p50 / aggregated", pd and pd["ttft_ratio"], 1.5, True, why))
     copy, why = (sections["kv_tiers"]["data"] or {}).get("copy"), _why(sections["kv_tiers"])
     out.append(_target("host tier G1 -> G2 GB/s", copy and copy["g1_to_g2_gb_per_s"], 40.0, why=why))
     out.append(_target("host tier G2 -> G1 GB/s", copy and copy["g2_to_g1_gb_per_s"], 40.0, why=why))
     tests = sections["pytest_gpu"]["data"]
-    out.append(_target("pytest -m gpu: failures", tests and tests["failed"] + tests["errors"], 0, True,
-                       _why(sections["pytest_gpu"])))
+    out.append(
+        _target(
+            "pytest -m gpu: failures",
+            tests and tests["failed"] + tests["errors"],
+            0,
+            True,
+            _why(sections["pytest_gpu"]),
+        )
+    )
     return out
 
 
 def render(sections: dict[str, dict], rows: list[dict]) -> str:
     lines = ["| section | exit | seconds | limit s |", "|---|---:|---:|---:|"]
-    lines += [f"| {n} | {s['rc'] if s['rc'] is not None else '-'}{' (timeout)' if s['timed_out'] else ''} | "
-              f"{s['seconds']} | {s['limit_s']} |" for n, s in sections.items()]
+    lines += [
+        f"| {n} | {s['rc'] if s['rc'] is not None else '-'}{' (timeout)' if s['timed_out'] else ''} | "
+        f"{s['seconds']} | {s['limit_s']} |"
+        for n, s in sections.items()
+    ]
     lines += ["", "| target | measured | goal | met |", "|---|---:|---:|---|"]
     for t in rows:
         measured = "n/a" if t["measured"] is None else f"{t['measured']:.4g}"
@@ -108,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         table = "DRY RUN (CPU, tiny shapes): every section's code ran; no figure below is a measurement\n\n" + table
     print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"device": args.device, "dry_run": args.dry_run, "targets": rows,
-                                     "sections": sections, "table": table}, indent=1, default=str))
+    args.json.write_text(
+        json.dumps(
+            {"device": args.device, "dry_run": args.dry_run, "targets": rows, "sections": sections, "table": table},
+            indent=1,
+            default=str,
+        )
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ FLOPs of a forward pass: 2 per linear weight per token for every layer but lm_he
 weight only for the rows that sample, and causal attention (QK^T and PV, 2 FLOPs per MAC each) over
 the pairs each query sees. Linear FLOPs run at the weights' matmul rate (FP8 or bf16), attention at bf16's.
 """
+
 from dataclasses import dataclass
 
 
@@ -44,8 +45,13 @@ def offline_ceiling(flops: ModelFlops, n_in: int, n_out: int, linear_rate: float
 TARGET_BYTES_PER_S = 2.0e12  # paged decode kernel, one H100
 
 
-def targets(rows: list[dict], dtype: str, kernel_configs: tuple[str, ...], prefill_len: int,
-            offline_goals: tuple[tuple[str, float], ...]) -> list[dict]:
+def targets(
+    rows: list[dict],
+    dtype: str,
+    kernel_configs: tuple[str, ...],
+    prefill_len: int,
+    offline_goals: tuple[tuple[str, float], ...],
+) -> list[dict]:
     """Each target with its measured value and whether it is met (None where the run lacks the row).
     kernel_configs: the paged decode shapes held to TARGET_BYTES_PER_S ("128 x 1024");
     offline_goals: (offline config, output tok/s goal) each."""
@@ -74,5 +80,4 @@ def _ratio(name: str, row: dict | None, base: dict | None, goal: float) -> dict:
 
 
 def _at_least(name: str, measured: float | None, goal: float) -> dict:
-    return {"target": name, "measured": measured, "goal": goal,
-            "met": None if measured is None else measured >= goal}
+    return {"target": name, "measured": measured, "goal": goal, "met": None if measured is None else measured >= goal}

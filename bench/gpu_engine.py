@@ -12,6 +12,7 @@ Ceilings (bench/gpu_ceilings.py): decode tok/s <= copy bandwidth / bytes read pe
 prefill and offline tok/s <= the matmul rate over the FLOPs they need (linear layers, lm_head for the
 rows that sample, causal attention).
 """
+
 import argparse
 import json
 import os
@@ -51,15 +52,46 @@ class Plan:
     offline_goals: tuple[float, ...]  # output tok/s goal of each `offline` entry (FP8 weights and KV)
 
 
-GPU_PLAN = Plan("cuda", "bfloat16", "llama-3.1-8b", 8192, 1 << 30, 8, 128, 128, (2048, 8192),
-                ((512, 128, 128), (128, 1000, 1000)), 512, 10240, AttnShape(32, 8, 128, 16),
-                ((1, 1024), (1, 8192), (32, 1024), (128, 1024), (128, 2000)),
-                (("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096),
-                 ("down_proj", 4096, 14336)), (1, 4, 16, 64, 256, 1024, 4096),
-                ("128 x 1024", "1 x 8192"), (14000.0, 7600.0))  # half of TensorRT-LLM's FP8 figures
-DRY_PLAN = Plan("cpu", "float32", None, 256, 1 << 22, 1, 16, 4, (32, 64), ((4, 8, 8), (2, 16, 16)), 4, 128,
-                AttnShape(4, 2, 16, 16), ((1, 64), (2, 32)), (("qkv_proj", 128, 64), ("down_proj", 64, 128)), (1, 32),
-                ("2 x 32", "1 x 64"), (14000.0, 7600.0))
+GPU_PLAN = Plan(
+    "cuda",
+    "bfloat16",
+    "llama-3.1-8b",
+    8192,
+    1 << 30,
+    8,
+    128,
+    128,
+    (2048, 8192),
+    ((512, 128, 128), (128, 1000, 1000)),
+    512,
+    10240,
+    AttnShape(32, 8, 128, 16),
+    ((1, 1024), (1, 8192), (32, 1024), (128, 1024), (128, 2000)),
+    (("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096), ("down_proj", 4096, 14336)),
+    (1, 4, 16, 64, 256, 1024, 4096),
+    ("128 x 1024", "1 x 8192"),
+    (14000.0, 7600.0),
+)  # half of TensorRT-LLM's FP8 figures
+DRY_PLAN = Plan(
+    "cpu",
+    "float32",
+    None,
+    256,
+    1 << 22,
+    1,
+    16,
+    4,
+    (32, 64),
+    ((4, 8, 8), (2, 16, 16)),
+    4,
+    128,
+    AttnShape(4, 2, 16, 16),
+    ((1, 64), (2, 32)),
+    (("qkv_proj", 128, 64), ("down_proj", 64, 128)),
+    (1, 32),
+    ("2 x 32", "1 x 64"),
+    (14000.0, 7600.0),
+)
 
 
 @dataclass(slots=True)
@@ -71,8 +103,17 @@ class Report:
 
     def add(self, section: str, config: str, value: float, unit: str, ceiling: float | None, **extra) -> None:
         frac = value / ceiling if ceiling else None
-        self.rows.append({"section": section, "config": config, "value": value, "unit": unit,
-                          "ceiling": ceiling, "fraction": frac, **extra})
+        self.rows.append(
+            {
+                "section": section,
+                "config": config,
+                "value": value,
+                "unit": unit,
+                "ceiling": ceiling,
+                "fraction": frac,
+                **extra,
+            }
+        )
 
 
 # -- card ceilings ---------------------------------------------------------------------------
@@ -111,8 +152,11 @@ def matmul_rate(plan: Plan, fp8: bool = False) -> float | None:
         return None
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
     one = torch.ones((), device=plan.device)
-    return 2 * n**3 / timed(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                            plan.device)
+    return (
+        2
+        * n**3
+        / timed(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), plan.device)
+    )
 
 
 # -- the kernels alone -------------------------------------------------------------------------
@@ -121,11 +165,24 @@ def bench_kernels(plan: Plan, report: Report) -> None:
     for num_seqs, ctx in plan.decode_kernel:
         r = gpu_kernels.decode_attention(num_seqs, ctx, plan.attn, dtype, plan.device)
         # NOTE: the copy ceiling counts read + write; a kernel that only reads could beat it a little
-        report.add("paged decode kernel", r["config"], r["bytes_per_s"], "bytes/s", copy_bw,
-                   seconds=r["seconds"], sdpa_seconds=r["sdpa_seconds"])
+        report.add(
+            "paged decode kernel",
+            r["config"],
+            r["bytes_per_s"],
+            "bytes/s",
+            copy_bw,
+            seconds=r["seconds"],
+            sdpa_seconds=r["sdpa_seconds"],
+        )
     r = gpu_kernels.prefill_attention(max(plan.prefill_lens), plan.attn, dtype, plan.device)
-    report.add("prefill attention kernel", r["config"], r["flops_per_s"], "FLOP/s",
-               report.ceilings["matmul_flops_per_s"], sdpa_flops_per_s=r["sdpa_flops_per_s"])
+    report.add(
+        "prefill attention kernel",
+        r["config"],
+        r["flops_per_s"],
+        "FLOP/s",
+        report.ceilings["matmul_flops_per_s"],
+        sdpa_flops_per_s=r["sdpa_flops_per_s"],
+    )
     report.linears = gpu_kernels.linear_layers(list(plan.linears), plan.linear_ms, dtype, plan.device)
 
 
@@ -136,8 +193,11 @@ def make_checkpoints(plan: Plan, root: Path) -> dict[str, Path]:
 
     base = init_model(root / "bf16", "llama", tiny=plan.shape is None, shape=plan.shape, dtype=plan.dtype)
     quant_device = plan.device if plan.device.startswith("cuda") else "cpu"
-    return {"base": base, "fp8": quantize_checkpoint(base, root / "fp8", "fp8", device=quant_device),
-            "nvfp4": quantize_checkpoint(base, root / "nvfp4", "nvfp4", device=quant_device)}
+    return {
+        "base": base,
+        "fp8": quantize_checkpoint(base, root / "fp8", "fp8", device=quant_device),
+        "nvfp4": quantize_checkpoint(base, root / "nvfp4", "nvfp4", device=quant_device),
+    }
 
 
 def engine(plan: Plan, model_dir: Path, kv: str = "auto", max_num_seqs: int = 1, batched: int = 8192):
@@ -145,9 +205,16 @@ def engine(plan: Plan, model_dir: Path, kv: str = "auto", max_num_seqs: int = 1,
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
-    return build_core(EngineConfig(model=str(model_dir), dtype=plan.dtype, device=plan.device, kv_cache_dtype=kv,
-                                   batch=BatchConfig(max_num_seqs, batched, plan.max_model_len),
-                                   kv_cache_memory_fraction=0.85))
+    return build_core(
+        EngineConfig(
+            model=str(model_dir),
+            dtype=plan.dtype,
+            device=plan.device,
+            kv_cache_dtype=kv,
+            batch=BatchConfig(max_num_seqs, batched, plan.max_model_len),
+            kv_cache_memory_fraction=0.85,
+        )
+    )
 
 
 class _Sink:
@@ -168,8 +235,9 @@ class _Sink:
             self.first_s = time.perf_counter()
 
 
-def run_requests(core, requests: list[tuple[int, int]], device: str, overlap: bool | None = None
-                 ) -> tuple[float, float]:
+def run_requests(
+    core, requests: list[tuple[int, int]], device: str, overlap: bool | None = None
+) -> tuple[float, float]:
     """(input_len, output_len) each, greedy, ignore EOS; returns (seconds, seconds to the first output).
     overlap None: the bare core, step by step; else the engine loop as a worker runs it, overlap on or off."""
     from engines.base import EngineRequest, SamplingParams
@@ -206,8 +274,13 @@ def model_flops(core) -> gpu_ceilings.ModelFlops:
     cfg = core.runner.model.config
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
-    return gpu_ceilings.ModelFlops(cfg.num_hidden_layers * per_layer, cfg.vocab_size * cfg.hidden_size,
-                                   cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim)
+    return gpu_ceilings.ModelFlops(
+        cfg.num_hidden_layers * per_layer,
+        cfg.vocab_size * cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.head_dim,
+    )
 
 
 def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
@@ -224,8 +297,9 @@ def bench_decode(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
             kv_bytes = bytes_per_block(core.info.kv_layout) * ctx / core.info.kv_layout.block_size
             ceiling = report.ceilings["copy_bytes_per_s"] / (weight_bytes(core) + kv_bytes)
             label = plan.dtype if weights == "base" else weights
-            report.add("decode batch 1", f"weights={label} kv={'fp8' if kv == 'fp8' else plan.dtype}", tok_s,
-                       "tok/s", ceiling)
+            report.add(
+                "decode batch 1", f"weights={label} kv={'fp8' if kv == 'fp8' else plan.dtype}", tok_s, "tok/s", ceiling
+            )
             del core
             free_memory(plan.device)
 
@@ -236,8 +310,13 @@ def bench_prefill(plan: Plan, ckpts: dict[str, Path], report: Report) -> None:
     rate = report.ceilings["matmul_flops_per_s"]
     for n in plan.prefill_lens:
         secs, _ = run_requests(core, [(n, 1)], plan.device)
-        report.add("prefill", f"{n} tokens {plan.dtype}", n / secs, "tok/s",
-                   gpu_ceilings.prefill_ceiling(model_flops(core), n, rate))
+        report.add(
+            "prefill",
+            f"{n} tokens {plan.dtype}",
+            n / secs,
+            "tok/s",
+            gpu_ceilings.prefill_ceiling(model_flops(core), n, rate),
+        )
     del core
     free_memory(plan.device)
 
@@ -252,8 +331,9 @@ def bench_offline(plan: Plan, ckpts: dict[str, Path], report: Report, overlaps: 
             secs, _ = run_requests(core, [(n_in, n_out)] * num, plan.device, overlap)
             ceiling = gpu_ceilings.offline_ceiling(model_flops(core), n_in, n_out, rate, bf16_rate)
             label = f"weights={plan.dtype} kv={plan.dtype}" if weights == "base" else "weights=fp8 kv=fp8"
-            report.add("offline", offline_config(num, n_in, n_out, label, overlap), num * n_out / secs,
-                       "output tok/s", ceiling)
+            report.add(
+                "offline", offline_config(num, n_in, n_out, label, overlap), num * n_out / secs, "output tok/s", ceiling
+            )
         del core
         free_memory(plan.device)
 
@@ -296,12 +376,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, kernels in Triton's interpreter")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    parser.add_argument("--overlap", choices=["core", "off", "on", "both"], default="core",
-                        help="offline: the bare core stepping (core), or the engine loop as a worker runs it, with "
-                             "overlap off, on, or both side by side")
+    parser.add_argument(
+        "--overlap",
+        choices=["core", "off", "on", "both"],
+        default="core",
+        help="offline: the bare core stepping (core), or the engine loop as a worker runs it, with "
+        "overlap off, on, or both side by side",
+    )
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--engine", choices=["native", "trtllm"], default="native",
-                        help="trtllm: the TensorRT-LLM engine through tandem's adapter (bench/trtllm_engine.py)")
+    parser.add_argument(
+        "--engine",
+        choices=["native", "trtllm"],
+        default="native",
+        help="trtllm: the TensorRT-LLM engine through tandem's adapter (bench/trtllm_engine.py)",
+    )
     parser.add_argument("--model", type=Path, default=None, help="--engine trtllm: a checkpoint (default: random 8B)")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--engine trtllm")
     args = parser.parse_args(argv)
@@ -318,16 +406,30 @@ def main(argv: list[str] | None = None) -> int:
     overlaps = {"core": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.overlap]
     report = run(plan, args.sections, overlaps)
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
-    offline = tuple((offline_config(num, n_in, n_out, "weights=fp8 kv=fp8", overlaps[-1]), goal)
-                    for (num, n_in, n_out), goal in zip(plan.offline, plan.offline_goals))
+    offline = tuple(
+        (offline_config(num, n_in, n_out, "weights=fp8 kv=fp8", overlaps[-1]), goal)
+        for (num, n_in, n_out), goal in zip(plan.offline, plan.offline_goals)
+    )
     goals = gpu_ceilings.targets(report.rows, plan.dtype, plan.target_kernels, max(plan.prefill_lens), offline)
     print(f"device: {device}  dtype: {plan.dtype}  shape: {plan.shape or 'tiny'}")
     print(gpu_report.render(report.ceilings, report.checks, report.rows, report.linears, goals))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": device, "plan": repr(plan), "ceilings": report.ceilings,
-                                         "checks": report.checks, "rows": report.rows, "linears": report.linears,
-                                         "targets": goals}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "plan": repr(plan),
+                    "ceilings": report.ceilings,
+                    "checks": report.checks,
+                    "rows": report.rows,
+                    "linears": report.linears,
+                    "targets": goals,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(c["ok"] for c in report.checks) else 1
 
 

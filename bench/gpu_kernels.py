@@ -5,6 +5,7 @@ ceiling and SDPA's flash kernel), and the FP8 / NVFP4 linear layers against bf16
 Times come from triton.testing.do_bench on a GPU (it clears L2 between calls) and from a wall clock
 in the CPU dry run, where the interpreter's numbers mean only that the code runs.
 """
+
 import time
 from dataclasses import dataclass
 
@@ -73,13 +74,15 @@ def prefill_attention(n: int, shape: AttnShape, dtype, device: str) -> dict:
     ints = lambda v: torch.tensor([v], dtype=torch.int32, device=device)  # noqa: E731
     scale = shape.head_dim**-0.5
     tiles = tiles_for(shape.head_dim, device.startswith("cuda"))
-    ours = kernel_seconds(lambda: paged_prefill(q, k_cache, v_cache, table, ints(0), ints(n), ints(n), n, scale,
-                                                **tiles), device)
+    ours = kernel_seconds(
+        lambda: paged_prefill(q, k_cache, v_cache, table, ints(0), ints(n), ints(n), n, scale, **tiles), device
+    )
     flops = attention_flops(n, n, shape.num_heads, shape.head_dim)
     qs = q.transpose(0, 1)[None]  # [1, heads, n, head_dim]
     kv = torch.randn(1, shape.num_kv_heads, n, shape.head_dim, generator=gen, device=device).to(dtype)
-    sdpa = kernel_seconds(lambda: F.scaled_dot_product_attention(qs, kv, kv, is_causal=True, scale=scale,
-                                                                 enable_gqa=True), device)
+    sdpa = kernel_seconds(
+        lambda: F.scaled_dot_product_attention(qs, kv, kv, is_causal=True, scale=scale, enable_gqa=True), device
+    )
     return {"config": f"{n} tokens", "seconds": ours, "flops_per_s": flops / ours, "sdpa_flops_per_s": flops / sdpa}
 
 
@@ -106,9 +109,15 @@ def linear_layers(shapes: list[tuple[str, int, int]], ms: tuple[int, ...], dtype
                 layer(x)  # picks (and times) its GEMM for this m once
                 times[label] = kernel_seconds(lambda layer=layer, x=x: layer(x), device)
             key = dispatch.m_bucket(m)
-            rows.append({"layer": name, "m": m, **{f"{p}_seconds": s for p, s in times.items()},
-                         "fp8_path": dispatch.known(("fp8", n, k, key)),
-                         "nvfp4_path": dispatch.known(("nvfp4", n, k, key))})
+            rows.append(
+                {
+                    "layer": name,
+                    "m": m,
+                    **{f"{p}_seconds": s for p, s in times.items()},
+                    "fp8_path": dispatch.known(("fp8", n, k, key)),
+                    "nvfp4_path": dispatch.known(("nvfp4", n, k, key)),
+                }
+            )
     return rows
 
 
@@ -123,8 +132,11 @@ def _quantized_layers(w: torch.Tensor, dtype, device: str):
     fp8.weight.data.copy_(q)
     fp8.weight_scale.data.copy_(scale)
     packed, block_scale, global_scale = formats.quantize_nvfp4(w)
-    for param, value in ((nvfp4.weight, packed), (nvfp4.weight_scale, block_scale),
-                         (nvfp4.weight_scale_2, global_scale)):
+    for param, value in (
+        (nvfp4.weight, packed),
+        (nvfp4.weight_scale, block_scale),
+        (nvfp4.weight_scale_2, global_scale),
+    ):
         param.data.copy_(value)
     return fp8, nvfp4
 
@@ -135,17 +147,34 @@ def kernel_checks(plan) -> list:
 
     dtype, dev, fp8 = getattr(torch, plan.dtype), plan.device, torch.float8_e4m3fn
     big = plan.check_scale > 1
-    attn = {"num_heads": plan.attn.num_heads, "num_kv_heads": plan.attn.num_kv_heads,
-            "head_dim": plan.attn.head_dim, "block_size": plan.attn.block_size} if big else {}
+    attn = (
+        {
+            "num_heads": plan.attn.num_heads,
+            "num_kv_heads": plan.attn.num_kv_heads,
+            "head_dim": plan.attn.head_dim,
+            "block_size": plan.attn.block_size,
+        }
+        if big
+        else {}
+    )
     results = []
     for kv in (None, fp8):
         results.append(checks.check_write_kv(dev, dtype, kv, **({"num_tokens": 4096, **_kv_only(attn)} if big else {})))
-        results.append(checks.check_decode(dev, dtype, kv, seq_lens=(1, 129, 1000, 4097) if big else (1, 7, 33), **attn))
-        results.append(checks.check_prefill(dev, dtype, kv, **({"spans": ((2048, 2048), (100, 1124), (1, 513)),
-                                                                 **attn} if big else {})))
-        results.append(op_checks.check_rope_kv(dev, dtype, kv, **({"num_tokens": 512, **_no_block(attn)} if big else {})))
+        results.append(
+            checks.check_decode(dev, dtype, kv, seq_lens=(1, 129, 1000, 4097) if big else (1, 7, 33), **attn)
+        )
+        results.append(
+            checks.check_prefill(
+                dev, dtype, kv, **({"spans": ((2048, 2048), (100, 1124), (1, 513)), **attn} if big else {})
+            )
+        )
+        results.append(
+            op_checks.check_rope_kv(dev, dtype, kv, **({"num_tokens": 512, **_no_block(attn)} if big else {}))
+        )
     for quant in (None, "static", "dynamic"):
-        results.append(op_checks.check_rms_norm(dev, dtype, quant, **({"num_tokens": 256, "hidden": 4096} if big else {})))
+        results.append(
+            op_checks.check_rms_norm(dev, dtype, quant, **({"num_tokens": 256, "hidden": 4096} if big else {}))
+        )
         results.append(op_checks.check_silu_mul(dev, dtype, quant, **({"num_tokens": 256, "n": 14336} if big else {})))
     for m, (_, n, k) in [(m, shape) for m in (1, 16, 256) for shape in plan.linears[:1]] if big else [(3, (0, 40, 96))]:
         results.append(op_checks.check_fp8_w8a16(dev, dtype, m, n, k))

@@ -7,6 +7,7 @@ JSON.
     python bench/gpu_pd.py --model /path/to/Llama-3.1-8B --json bench/out/gpu-pd.json   # default: random 8B shape
     python bench/gpu_pd.py --dry-run        # CPU, tiny model, a few short requests, KV transport auto: code only
 """
+
 import argparse
 import asyncio
 import json
@@ -48,32 +49,67 @@ def main(argv: list[str] | None = None) -> int:
     print(f"P/D TTFT p50 / aggregated: {ratio:.2f} (target <= 1.5); KV target >= 20 GB/s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": runs, "ttft_ratio": ratio, "dry_run": args.dry_run,
-                                         "kv_transport": "auto" if args.dry_run else "nixl"}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "runs": runs,
+                    "ttft_ratio": ratio,
+                    "dry_run": args.dry_run,
+                    "kv_transport": "auto" if args.dry_run else "nixl",
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
 def _random_model(out: Path, tiny: bool) -> Path:
     from tandem.models.init import init_model
 
-    return init_model(out, "llama", tiny=tiny, shape=None if tiny else "llama-3.1-8b",
-                      dtype="float32" if tiny else "bfloat16")
+    return init_model(
+        out, "llama", tiny=tiny, shape=None if tiny else "llama-3.1-8b", dtype="float32" if tiny else "bfloat16"
+    )
 
 
 def run(args, prefill: int, share: float) -> dict:
-    device = ["--dtype", "float32", "--device", "cpu"] if args.dry_run else \
-        ["--dtype", "bfloat16", "--device", "cuda", "--gpu-memory-utilization", str(share)]
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--engine", "native", *device, "--model", args.model,
-           "--port", str(PORT), "--prefill", str(prefill), "--decode", "1"]
-    env = {**os.environ, "TANDEM_KV_TRANSPORT": "auto" if args.dry_run else "nixl",
-           "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256", "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(args.concurrency)}
+    device = (
+        ["--dtype", "float32", "--device", "cpu"]
+        if args.dry_run
+        else ["--dtype", "bfloat16", "--device", "cuda", "--gpu-memory-utilization", str(share)]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--engine",
+        "native",
+        *device,
+        "--model",
+        args.model,
+        "--port",
+        str(PORT),
+        "--prefill",
+        str(prefill),
+        "--decode",
+        "1",
+    ]
+    env = {
+        **os.environ,
+        "TANDEM_KV_TRANSPORT": "auto" if args.dry_run else "nixl",
+        "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256",
+        "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(args.concurrency),
+    }
     stack = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         banner = wait_ready(stack)
         asyncio.run(load(args, 2, 2))  # warm the stack's caches and connections
         ttfts, errors = asyncio.run(load(args, args.num_requests, args.concurrency))
-        return {"errors": errors, "ttft_p50_s": sorted(ttfts)[len(ttfts) // 2] if ttfts else float("nan"),
-                "kv_gb_per_s": kv_rate(banner)}
+        return {
+            "errors": errors,
+            "ttft_p50_s": sorted(ttfts)[len(ttfts) // 2] if ttfts else float("nan"),
+            "kv_gb_per_s": kv_rate(banner),
+        }
     finally:
         stack.send_signal(signal.SIGTERM)
         stack.wait(120)
@@ -101,9 +137,18 @@ async def load(args, n: int, concurrency: int) -> tuple[list[float], int]:
     async def timed(client, i):
         prompt = [(i * 7919 + j * 31) % (args.vocab - 100) + 100 for j in range(args.isl)]
         start, first = time.perf_counter(), None
-        async with client.stream("POST", f"http://127.0.0.1:{PORT}/v1/completions", timeout=600, json={
-                "model": Path(args.model).name, "prompt": prompt, "max_tokens": args.osl, "ignore_eos": True,
-                "stream": True}) as r:
+        async with client.stream(
+            "POST",
+            f"http://127.0.0.1:{PORT}/v1/completions",
+            timeout=600,
+            json={
+                "model": Path(args.model).name,
+                "prompt": prompt,
+                "max_tokens": args.osl,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ) as r:
             if r.status_code != 200:
                 return None
             async for line in r.aiter_lines():
@@ -120,6 +165,7 @@ def kv_rate(banner: str) -> float:
     """The decode worker's imported KV bytes over the seconds its imports took, from its /metrics."""
     url = re.search(r"metrics: decode-0 (\S+)", banner).group(1)
     text = httpx.get(url, timeout=10).text
+
     def value(name: str) -> float:
         return sum(float(m) for m in re.findall(rf'^{name}{{direction="import"[^}}]*}} (\S+)', text, re.M))
 

@@ -6,6 +6,7 @@ tok/s >= 0.90 of the engine's, TTFT p50 within 1.2x. Prints a table, writes JSON
     python bench/gpu_serve.py --model DIR --json bench/out/gpu-serve.json    # CUDA (default: random 8B shape)
     python bench/gpu_serve.py --dry-run                                       # CPU, tiny model, seconds
 """
+
 import argparse
 import json
 import os
@@ -31,8 +32,15 @@ def in_process(model: Path, device: str, dtype: str, n: int, isl: int, osl: int)
     from engines.native.config import EngineConfig
     from engines.native.runner import build_core
 
-    core = build_core(EngineConfig(model=str(model), dtype=dtype, device=device, batch=BatchConfig(n, 8192, isl + osl + 16),
-                                   kv_cache_memory_fraction=0.85))
+    core = build_core(
+        EngineConfig(
+            model=str(model),
+            dtype=dtype,
+            device=device,
+            batch=BatchConfig(n, 8192, isl + osl + 16),
+            kv_cache_memory_fraction=0.85,
+        )
+    )
     gen = torch.Generator().manual_seed(0)
     vocab = core.info.vocab_size
 
@@ -63,8 +71,26 @@ def in_process(model: Path, device: str, dtype: str, n: int, isl: int, osl: int)
 
 def served(model: Path, device: str, dtype: str, n: int, isl: int, osl: int, out_dir: Path) -> dict:
     """The same load through `tandem up` + `tandem bench serve` (closed loop, n in flight)."""
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--engine", "native", "--dtype", dtype, "--device", device,
-           "--model", str(model), "--port", str(PORT), "--prefill", "0", "--decode", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--engine",
+        "native",
+        "--dtype",
+        dtype,
+        "--device",
+        device,
+        "--model",
+        str(model),
+        "--port",
+        str(PORT),
+        "--prefill",
+        "0",
+        "--decode",
+        "1",
+    ]
     if device.startswith("cuda"):
         cmd += ["--gpu-memory-utilization", "0.9"]
     env = {**os.environ, "TANDEM_WORKER_MAX_NUM_SEQS": str(n), "TANDEM_WORKER_MAX_NUM_BATCHED_TOKENS": "8192"}
@@ -72,16 +98,41 @@ def served(model: Path, device: str, dtype: str, n: int, isl: int, osl: int, out
     try:
         wait_ready(stack)
         report = out_dir / "serve-bench.json"
-        subprocess.run([sys.executable, "-m", "tandem.cli", "bench", "serve", "--url", f"http://127.0.0.1:{PORT}",
-                        "--concurrency", str(n), "--num-requests", str(n), "--isl", str(isl), "--osl", str(osl),
-                        "--warmup", "4", "--json", str(report)], check=True, timeout=900)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tandem.cli",
+                "bench",
+                "serve",
+                "--url",
+                f"http://127.0.0.1:{PORT}",
+                "--concurrency",
+                str(n),
+                "--num-requests",
+                str(n),
+                "--isl",
+                str(isl),
+                "--osl",
+                str(osl),
+                "--warmup",
+                "4",
+                "--json",
+                str(report),
+            ],
+            check=True,
+            timeout=900,
+        )
         data = json.loads(report.read_text())
     finally:
         stack.terminate()
         stack.wait(120)
     summary = data["summary"]
-    return {"output_tok_per_s": summary["output_tokens_per_s"], "ttft_p50_s": summary["ttft_s"]["p50"],
-            "errors": summary["num_errors"]}
+    return {
+        "output_tok_per_s": summary["output_tokens_per_s"],
+        "ttft_p50_s": summary["ttft_s"]["p50"],
+        "errors": summary["num_errors"],
+    }
 
 
 def _sync(device: str) -> None:
@@ -101,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = ("cpu", "float32") if args.dry_run else ("cuda", "bfloat16")
     if device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device; use --dry-run on CPU")
-    n, isl, osl = args.num_requests or (8 if args.dry_run else 256), args.isl or (16 if args.dry_run else 128), \
-        args.osl or (8 if args.dry_run else 128)
+    n, isl, osl = (
+        args.num_requests or (8 if args.dry_run else 256),
+        args.isl or (16 if args.dry_run else 128),
+        args.osl or (8 if args.dry_run else 128),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or _random_model(Path(tmp) / "model", args.dry_run, dtype)
         engine = in_process(model, device, dtype, n, isl, osl)
@@ -115,10 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving / engine: {ratio:.2f} (target >= 0.90); TTFT p50 ratio {ttft_ratio:.2f} (target <= 1.2)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
-                                         "load": {"num_requests": n, "isl": isl, "osl": osl}, "engine": engine,
-                                         "serving": serving, "throughput_ratio": ratio, "ttft_ratio": ttft_ratio},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
+                    "load": {"num_requests": n, "isl": isl, "osl": osl},
+                    "engine": engine,
+                    "serving": serving,
+                    "throughput_ratio": ratio,
+                    "ttft_ratio": ttft_ratio,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -4,6 +4,7 @@ pass streams the weights). A diagnostic for bench/RESULTS.md; prints medians in 
 
   python bench/grammar_cold_cache.py [--model DIR]
 """
+
 import json
 import statistics
 import sys
@@ -33,8 +34,9 @@ def main() -> None:
     tokens = g.tokenizer.tokenize_str('{"story": "' + "once upon a time there was a lighthouse keeper who " * 20)
     big = torch.randn(64 * 1024 * 1024)  # 256 MB: a forward pass's worth of streaming through the caches
     for cold in (False, True, False, True):
-        seq = Sequence(f"r{cold}{time.time()}", list(range(100, 228)), 128,
-                       SamplingParams(max_tokens=64, structured=spec))
+        seq = Sequence(
+            f"r{cold}{time.time()}", list(range(100, 228)), 128, SamplingParams(max_tokens=64, structured=spec)
+        )
         fills = []
         for t_i in range(48):
             job = g.start([seq])

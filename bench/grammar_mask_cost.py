@@ -5,6 +5,7 @@ SmolLM2's BPE grown with merges of its own tokens, which is what a mask computat
 
   python bench/grammar_mask_cost.py --model DIR --json bench/results/grammar-mask-cost.json [--xgrammar-path P]
 """
+
 import argparse
 import json
 import statistics
@@ -12,13 +13,29 @@ import sys
 import time
 from pathlib import Path
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "address"],
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                         "tags": {"type": "array", "items": {"type": "string"}},
-                         "address": {"type": "object", "required": ["city", "zip"],
-                                     "properties": {"city": {"type": "string"}, "zip": {"type": "string"}}}}}
-ANSWER = json.dumps({"name": "Ada Lovelace", "age": 36, "tags": ["mathematics", "engines", "poetry"],
-                     "address": {"city": "London", "zip": "W1"}})
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags", "address"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "required": ["city", "zip"],
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+        },
+    },
+}
+ANSWER = json.dumps(
+    {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "tags": ["mathematics", "engines", "poetry"],
+        "address": {"city": "London", "zip": "W1"},
+    }
+)
 LARGE_VOCAB = 128256  # Llama 3's
 
 
@@ -84,10 +101,17 @@ def time_xgrammar(tokenizer_json: str, answer_ids: list[int], eos: int) -> dict:
 
 def _summary(library: str, vocab_size: int, tokenizer_s: float, compile_s: float, times: list[float]) -> dict:
     us = sorted(t * 1e6 for t in times)
-    return {"library": library, "vocab_size": vocab_size, "tokenizer_setup_ms": round(tokenizer_s * 1e3, 1),
-            "compile_ms": round(compile_s * 1e3, 1), "num_tokens": len(us),
-            "mask_us_p50": round(statistics.median(us), 1), "mask_us_p90": round(us[int(0.9 * (len(us) - 1))], 1),
-            "mask_us_max": round(us[-1], 1), "mask_us_mean": round(statistics.fmean(us), 1)}
+    return {
+        "library": library,
+        "vocab_size": vocab_size,
+        "tokenizer_setup_ms": round(tokenizer_s * 1e3, 1),
+        "compile_ms": round(compile_s * 1e3, 1),
+        "num_tokens": len(us),
+        "mask_us_p50": round(statistics.median(us), 1),
+        "mask_us_p90": round(us[int(0.9 * (len(us) - 1))], 1),
+        "mask_us_max": round(us[-1], 1),
+        "mask_us_mean": round(statistics.fmean(us), 1),
+    }
 
 
 def main() -> None:
@@ -109,11 +133,15 @@ def main() -> None:
         for fn in (time_llguidance, time_xgrammar):
             fn(tokenizer_json, answer_ids, eos)  # warm-up: first-use caches
             rows.append(fn(tokenizer_json, answer_ids, eos))
-    print(f"{'library':<11} {'vocab':>7} {'tok setup ms':>12} {'compile ms':>10} {'p50 us':>8} {'p90 us':>8} "
-          f"{'max us':>8}")
+    print(
+        f"{'library':<11} {'vocab':>7} {'tok setup ms':>12} {'compile ms':>10} {'p50 us':>8} {'p90 us':>8} "
+        f"{'max us':>8}"
+    )
     for r in rows:
-        print(f"{r['library']:<11} {r['vocab_size']:>7} {r['tokenizer_setup_ms']:>12} {r['compile_ms']:>10} "
-              f"{r['mask_us_p50']:>8} {r['mask_us_p90']:>8} {r['mask_us_max']:>8}")
+        print(
+            f"{r['library']:<11} {r['vocab_size']:>7} {r['tokenizer_setup_ms']:>12} {r['compile_ms']:>10} "
+            f"{r['mask_us_p50']:>8} {r['mask_us_p90']:>8} {r['mask_us_max']:>8}"
+        )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"schema": SCHEMA, "answer": ANSWER, "rows": rows}, indent=1) + "\n")
 

@@ -4,6 +4,7 @@ both processes' CPU time is read around each phase. Measures only: run it under 
 
     python bench/grpc_call_cost.py --calls 4000 --messages 40000 --json bench/results/grpc_call_cost.json
 """
+
 import argparse
 import asyncio
 import json
@@ -31,10 +32,15 @@ def _handlers() -> grpc.GenericRpcHandler:
 
     async def cpu(request: bytes, context) -> bytes:
         return str(time.process_time()).encode()
-    return grpc.method_handlers_generic_handler(SERVICE, {
-        "Unary": grpc.unary_unary_rpc_method_handler(unary),
-        "Stream": grpc.unary_stream_rpc_method_handler(stream),
-        "Cpu": grpc.unary_unary_rpc_method_handler(cpu)})
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+            "Cpu": grpc.unary_unary_rpc_method_handler(cpu),
+        },
+    )
 
 
 async def serve(port_file: str, certs: str) -> None:
@@ -42,8 +48,11 @@ async def serve(port_file: str, certs: str) -> None:
     server.add_generic_rpc_handlers((_handlers(),))
     if certs:
         d = Path(certs)
-        creds = grpc.ssl_server_credentials([((d / "server.key").read_bytes(), (d / "server.crt").read_bytes())],
-                                            root_certificates=(d / "ca.crt").read_bytes(), require_client_auth=True)
+        creds = grpc.ssl_server_credentials(
+            [((d / "server.key").read_bytes(), (d / "server.crt").read_bytes())],
+            root_certificates=(d / "ca.crt").read_bytes(),
+            require_client_auth=True,
+        )
         port = server.add_secure_port("127.0.0.1:0", creds)
     else:
         port = server.add_insecure_port("127.0.0.1:0")
@@ -56,6 +65,7 @@ def write_certs(directory: Path) -> None:
     """A CA and two ECDSA P-256 leaves, as tandem's own certificates (tandem/certs/pki.py)."""
     from services.common.identity import Identity
     from tandem.certs import pki
+
     authority = pki.new_authority()
     (directory / "ca.crt").write_bytes(authority.cert_pem)
     for name, role in (("server", "router"), ("client", "gateway")):
@@ -68,8 +78,9 @@ def _channel(port: int, certs: str) -> grpc.aio.Channel:
     if not certs:
         return grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     d = Path(certs)
-    creds = grpc.ssl_channel_credentials((d / "ca.crt").read_bytes(), (d / "client.key").read_bytes(),
-                                         (d / "client.crt").read_bytes())
+    creds = grpc.ssl_channel_credentials(
+        (d / "ca.crt").read_bytes(), (d / "client.key").read_bytes(), (d / "client.crt").read_bytes()
+    )
     return grpc.aio.secure_channel(f"127.0.0.1:{port}", creds, options=[("grpc.ssl_target_name_override", "tandem")])
 
 
@@ -87,6 +98,7 @@ async def _phase(channel: grpc.aio.Channel, kind: str, total: int) -> None:
             for _ in range(per_caller // 128):
                 async for _msg in stream(b"128"):
                     pass
+
     await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
 
 
@@ -100,7 +112,9 @@ async def measure(port: int, certs: str, calls: int, messages: int) -> dict[str,
         await _phase(channel, kind, total)
         wall, client = time.perf_counter() - wall_before, time.process_time() - client_before
         server = float(await cpu(b"")) - server_before
-        done = total // CONCURRENCY * CONCURRENCY if kind == "unary" else total // CONCURRENCY // 128 * 128 * CONCURRENCY
+        done = (
+            total // CONCURRENCY * CONCURRENCY if kind == "unary" else total // CONCURRENCY // 128 * 128 * CONCURRENCY
+        )
         result[f"{kind}_client_us"] = client / done * 1e6
         result[f"{kind}_server_us"] = server / done * 1e6
         result[f"{kind}_wall_us"] = wall / done * 1e6
@@ -138,10 +152,21 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as certs:
         write_certs(Path(certs))
-        rounds = [{mode: run_mode(certs if mode == "mtls" else "", args.calls, args.messages)
-                   for mode in (("mtls", "plain") if r % 2 == 0 else ("plain", "mtls"))} for r in range(args.rounds)]
-    report = {"calls": args.calls, "messages": args.messages, "concurrency": CONCURRENCY,
-              "payload_bytes": len(PAYLOAD), "rounds": rounds, "median": _medians(rounds)}
+        rounds = [
+            {
+                mode: run_mode(certs if mode == "mtls" else "", args.calls, args.messages)
+                for mode in (("mtls", "plain") if r % 2 == 0 else ("plain", "mtls"))
+            }
+            for r in range(args.rounds)
+        ]
+    report = {
+        "calls": args.calls,
+        "messages": args.messages,
+        "concurrency": CONCURRENCY,
+        "payload_bytes": len(PAYLOAD),
+        "rounds": rounds,
+        "median": _medians(rounds),
+    }
     _print(report["median"])
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -153,7 +178,10 @@ def _medians(rounds: list[dict]) -> dict[str, dict[str, float]]:
         values = sorted(values)
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-    return {mode: {key: median([r[mode][key] for r in rounds]) for key in rounds[0][mode]} for mode in ("mtls", "plain")}
+
+    return {
+        mode: {key: median([r[mode][key] for r in rounds]) for key in rounds[0][mode]} for mode in ("mtls", "plain")
+    }
 
 
 def _print(median: dict[str, dict[str, float]]) -> None:
@@ -162,8 +190,10 @@ def _print(median: dict[str, dict[str, float]]) -> None:
     for kind, label in (("unary", "unary call"), ("stream", "streamed message")):
         m, p = median["mtls"], median["plain"]
         extra = m[f"{kind}_client_us"] + m[f"{kind}_server_us"] - p[f"{kind}_client_us"] - p[f"{kind}_server_us"]
-        print(f"| {label} | {m[f'{kind}_client_us']:.1f} / {p[f'{kind}_client_us']:.1f} | "
-              f"{m[f'{kind}_server_us']:.1f} / {p[f'{kind}_server_us']:.1f} | {extra:+.1f} |")
+        print(
+            f"| {label} | {m[f'{kind}_client_us']:.1f} / {p[f'{kind}_client_us']:.1f} | "
+            f"{m[f'{kind}_server_us']:.1f} / {p[f'{kind}_server_us']:.1f} | {extra:+.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Two measurements per candidate, both with the reader on an asyncio loop as the w
   the engine loop's batched output), the front decodes each into per-request tuples: first paced at one step
   per millisecond (delivery latency, "lag"), then flat out (steps and tokens per second).
 """
+
 import argparse
 import asyncio
 import json
@@ -56,7 +57,7 @@ class Ring:
                 break
             time.sleep(0)  # full: the reader is behind
         for i, byte_chunk in self._spans(written, record):
-            self.buf[_HEAD.size + i: _HEAD.size + i + len(byte_chunk)] = byte_chunk
+            self.buf[_HEAD.size + i : _HEAD.size + i + len(byte_chunk)] = byte_chunk
         struct.pack_into("<Q", self.buf, 0, written + len(record))
 
     def read_all(self) -> list[bytes]:
@@ -79,8 +80,8 @@ class Ring:
     def _take(self, at: int, n: int) -> bytes:
         start = at % self.size
         first = min(n, self.size - start)
-        data = bytes(self.buf[_HEAD.size + start: _HEAD.size + start + first])
-        return data + bytes(self.buf[_HEAD.size: _HEAD.size + n - first]) if first < n else data
+        data = bytes(self.buf[_HEAD.size + start : _HEAD.size + start + first])
+        return data + bytes(self.buf[_HEAD.size : _HEAD.size + n - first]) if first < n else data
 
     def close(self, unlink: bool = False) -> None:
         self.buf.release()
@@ -143,9 +144,9 @@ class Front:
         loop = asyncio.get_running_loop()
         child_args, send, cleanup = self._open(loop)
         method = "fork" if self.kind == "shm+msgpack" else "spawn"  # NOTE: the shm child inherits the eventfd
-        proc = mp.get_context(method).Process(target=engine_side,
-                                               args=(self.kind, child_args, self.num_steps, self.batch,
-                                                     self.num_pings))
+        proc = mp.get_context(method).Process(
+            target=engine_side, args=(self.kind, child_args, self.num_steps, self.batch, self.num_pings)
+        )
         proc.start()
         try:
             rtts = []
@@ -170,9 +171,13 @@ class Front:
                 proc.kill()
         rtts.sort()
         lags.sort()
-        return {"rtt_p50_us": rtts[len(rtts) // 2] * 1e6, "rtt_p99_us": rtts[int(len(rtts) * 0.99)] * 1e6,
-                "steps_per_s": self.num_steps / elapsed, "tokens_per_s": count / elapsed,
-                "lag_p50_us": lags[len(lags) // 2] * 1e6}
+        return {
+            "rtt_p50_us": rtts[len(rtts) // 2] * 1e6,
+            "rtt_p99_us": rtts[int(len(rtts) * 0.99)] * 1e6,
+            "steps_per_s": self.num_steps / elapsed,
+            "tokens_per_s": count / elapsed,
+            "lag_p50_us": lags[len(lags) // 2] * 1e6,
+        }
 
     @staticmethod
     def _decode(message) -> int:
@@ -208,8 +213,7 @@ class Front:
                 self.inbox.put_nowait(loads(await pull.recv(copy=False)))
 
         task = asyncio.ensure_future(reader())
-        return ((f"{base}-out", f"{base}-in"), lambda m: push.send(dumps(m)),
-                lambda: (task.cancel(), ctx.destroy(0)))
+        return ((f"{base}-out", f"{base}-in"), lambda m: push.send(dumps(m)), lambda: (task.cancel(), ctx.destroy(0)))
 
     def _open_shm(self, loop):
         ring = Ring()
@@ -225,8 +229,11 @@ class Front:
                 self.inbox.put_nowait(msgpack.unpackb(record))
 
         loop.add_reader(wake, on_wake)
-        return ((ring.shm.name, wake, engine), front.send,
-                lambda: (loop.remove_reader(wake), os.close(wake), ring.close(unlink=True)))
+        return (
+            (ring.shm.name, wake, engine),
+            front.send,
+            lambda: (loop.remove_reader(wake), os.close(wake), ring.close(unlink=True)),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,13 +249,17 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.candidates:
             result = asyncio.run(Front(kind, args.steps, batch, args.pings).run())
             rows.append({"candidate": kind, "batch": batch, **result})
-            print(f"{kind:12s} batch {batch:4d}: rtt p50 {result['rtt_p50_us']:7.1f} us  p99 "
-                  f"{result['rtt_p99_us']:7.1f} us  steps/s {result['steps_per_s']:9.0f}  tokens/s "
-                  f"{result['tokens_per_s']:10.0f}  lag p50 {result['lag_p50_us']:9.1f} us", flush=True)
+            print(
+                f"{kind:12s} batch {batch:4d}: rtt p50 {result['rtt_p50_us']:7.1f} us  p99 "
+                f"{result['rtt_p99_us']:7.1f} us  steps/s {result['steps_per_s']:9.0f}  tokens/s "
+                f"{result['tokens_per_s']:10.0f}  lag p50 {result['lag_p50_us']:9.1f} us",
+                flush=True,
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"host": platform.node(), "load_avg": os.getloadavg(), "rows": rows},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"host": platform.node(), "load_avg": os.getloadavg(), "rows": rows}, indent=2) + "\n"
+        )
     return 0
 
 

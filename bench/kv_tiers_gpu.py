@@ -10,6 +10,7 @@ multiturn: bench/kv_tiers_live.py's multi-turn workload on a random-weight Llama
 the device pool a third of what the conversations need, without and with a host tier. Target: >= 40% lower mean
 TTFT of rounds 2-4 (Dynamo's published figure), later rounds flat.
 """
+
 import argparse
 import json
 import sys
@@ -23,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from engines.base.events import KvTier  # noqa: E402
 from engines.base.types import KvLayout  # noqa: E402
-from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec  # noqa: E402
 from engines.core.loads import KvLoad  # noqa: E402
+from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec  # noqa: E402
 from engines.native.kv_cache import KvCache, bytes_per_block  # noqa: E402
 from engines.native.tiers.native_tiers import NativeTiers  # noqa: E402
 
@@ -81,13 +82,20 @@ def tier_copies(layout: KvLayout, num_blocks: int, device: str) -> tuple[float, 
 def bench_copy(layout: KvLayout, num_blocks: int, device: str) -> dict:
     down, up = tier_copies(layout, num_blocks, device)
     ceil_down, ceil_up = ceiling(num_blocks * bytes_per_block(layout), device)
-    return {"num_blocks": num_blocks, "block_bytes": bytes_per_block(layout), "g1_to_g2_gb_per_s": down,
-            "g2_to_g1_gb_per_s": up, "ceiling_d2h_gb_per_s": ceil_down, "ceiling_h2d_gb_per_s": ceil_up}
+    return {
+        "num_blocks": num_blocks,
+        "block_bytes": bytes_per_block(layout),
+        "g1_to_g2_gb_per_s": down,
+        "g2_to_g1_gb_per_s": up,
+        "ceiling_d2h_gb_per_s": ceil_down,
+        "ceiling_h2d_gb_per_s": ceil_up,
+    }
 
 
 def bench_multiturn(args) -> dict:
     """The live multi-turn comparison on an 8B-shape checkpoint (a stack on this GPU)."""
     import kv_tiers_live as live  # noqa: PLC0415  (bench/ is on sys.path when run as a script)
+
     from tandem.bench.multiturn import Multiturn
     from tandem.models.init import init_model
 
@@ -97,11 +105,18 @@ def bench_multiturn(args) -> dict:
     num_blocks = live.pool_blocks(mt, args.pool_fraction_inverse)
     base = ("--device", "cuda", "--dtype", "bfloat16", "--num-blocks", str(num_blocks))
     logs = Path(tempfile.mkdtemp(prefix="kv_tiers_gpu_"))
-    runs = {name: live.serve(model, logs / name, wargs, live.multiturn_cfg(model, mt))
-            for name, wargs in (("device", base), ("host", (*base, "--kv-host-gb", str(args.kv_host_gb))))}
+    runs = {
+        name: live.serve(model, logs / name, wargs, live.multiturn_cfg(model, mt))
+        for name, wargs in (("device", base), ("host", (*base, "--kv-host-gb", str(args.kv_host_gb))))
+    }
     ratio = live.later_rounds_ttft(runs["host"]) / live.later_rounds_ttft(runs["device"])
-    return {"num_blocks": num_blocks, "needed_tokens": needed, "runs": runs, "rounds_2_4_ratio": ratio,
-            "same_answers": runs["device"]["answers_sha256"] == runs["host"]["answers_sha256"]}
+    return {
+        "num_blocks": num_blocks,
+        "needed_tokens": needed,
+        "runs": runs,
+        "rounds_2_4_ratio": ratio,
+        "same_answers": runs["device"]["answers_sha256"] == runs["host"]["answers_sha256"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         print("target: >= 40 GB/s each way on an H100")
     if "multiturn" in sections and not args.dry_run:
         out["multiturn"] = m = bench_multiturn(args)
-        print(f"multiturn rounds 2-4 mean TTFT ratio (host tier / device only): {m['rounds_2_4_ratio']:.3f} "
-              f"(target <= 0.6); identical answers: {m['same_answers']}")
+        print(
+            f"multiturn rounds 2-4 mean TTFT ratio (host tier / device only): {m['rounds_2_4_ratio']:.3f} "
+            f"(target <= 0.6); identical answers: {m['same_answers']}"
+        )
         for d, h in zip(m["runs"]["device"]["rounds"], m["runs"]["host"]["rounds"]):
             print(f"  round {d['round']}: {d['ttft_mean_s'] * 1e3:.1f} ms vs {h['ttft_mean_s'] * 1e3:.1f} ms")
     if args.json:

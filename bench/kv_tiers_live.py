@@ -10,6 +10,7 @@ router, one aggregated decode worker, gateway, started and stopped here). Prints
 3. warm restart: a conversation with host and disk tiers, the stack restarted on the same disk directory, the
    conversation again: it hits the disk tier and yields the same answers.
 """
+
 import argparse
 import asyncio
 import datetime
@@ -36,8 +37,16 @@ MODEL = Path(".cache/models/HuggingFaceTB--SmolLM2-135M-Instruct")
 def serve(model: Path, log_dir: Path, worker_args: tuple[str, ...], cfg_for, disk_dir: str = "") -> dict:
     """Start a stack, run one benchmark against it, read the worker's tier counters, stop it."""
     port = free_port()
-    cfg = StackConfig(model=str(model), num_prefill=0, num_decode=1, port=port, num_threads=1, log_dir=log_dir,
-                      worker_args=worker_args, kv_disk_dir=disk_dir)
+    cfg = StackConfig(
+        model=str(model),
+        num_prefill=0,
+        num_decode=1,
+        port=port,
+        num_threads=1,
+        log_dir=log_dir,
+        worker_args=worker_args,
+        kv_disk_dir=disk_dir,
+    )
     stack = make_stack(cfg)
     try:
         stack.start()
@@ -59,8 +68,9 @@ def tier_counters(url: str) -> dict:
             elif s.name == "tandem_worker_prefix_cache_hits_total":
                 out["prefix_hits"] = s.value
             elif s.name.startswith("tandem_worker_kv_tier_") and s.name.endswith("_total"):
-                out[f"{s.name.removeprefix('tandem_worker_kv_tier_').removesuffix('_total')}_{s.labels['tier']}"] = \
+                out[f"{s.name.removeprefix('tandem_worker_kv_tier_').removesuffix('_total')}_{s.labels['tier']}"] = (
                     s.value
+                )
     return out
 
 
@@ -69,15 +79,24 @@ def multiturn_cfg(model: Path, mt: Multiturn):
 
 
 def random_cfg(model: Path, num_requests: int, isl: int, osl: int):
-    return lambda url: ServeConfig(Endpoint(url, extra_body={"ignore_eos": True}), tokenizer=model, concurrency=4,
-                                   num_requests=num_requests, isl=isl, osl=osl, seed=1)
+    return lambda url: ServeConfig(
+        Endpoint(url, extra_body={"ignore_eos": True}),
+        tokenizer=model,
+        concurrency=4,
+        num_requests=num_requests,
+        isl=isl,
+        osl=osl,
+        seed=1,
+    )
 
 
 def mean_summary(summaries: list[dict]) -> dict:
     """What the no-reuse table reads, averaged over interleaved runs of one case."""
     n = len(summaries)
-    return {"output_tokens_per_s": sum(s["output_tokens_per_s"] for s in summaries) / n,
-            "ttft_s": {"mean": sum(s["ttft_s"]["mean"] for s in summaries) / n}}
+    return {
+        "output_tokens_per_s": sum(s["output_tokens_per_s"] for s in summaries) / n,
+        "ttft_s": {"mean": sum(s["ttft_s"]["mean"] for s in summaries) / n},
+    }
 
 
 def later_rounds_ttft(report: dict) -> float:
@@ -93,40 +112,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--user-tokens", type=int, default=1000)
     p.add_argument("--answer-tokens", type=int, default=32)
-    p.add_argument("--num-blocks", type=int, default=0, help="device blocks of 16 tokens (0: a third of the "
-                                                               "distinct tokens the conversations hold)")
+    p.add_argument(
+        "--num-blocks",
+        type=int,
+        default=0,
+        help="device blocks of 16 tokens (0: a third of the distinct tokens the conversations hold)",
+    )
     p.add_argument("--kv-host-gb", type=float, default=1.0)
     p.add_argument("--no-reuse-requests", type=int, default=24)
     p.add_argument("--no-reuse-isl", type=int, default=1000)
-    p.add_argument("--no-reuse-repeats", type=int, default=1,
-                   help="runs of each no-reuse case, interleaved (off, on, on, off, ...), so drift hits both alike")
+    p.add_argument(
+        "--no-reuse-repeats",
+        type=int,
+        default=1,
+        help="runs of each no-reuse case, interleaved (off, on, on, off, ...), so drift hits both alike",
+    )
     p.add_argument("--skip", default="", help="comma-separated cases to leave out: multiturn,noreuse,restart")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     skip = set(args.skip.split(","))
-    mt = Multiturn(args.users, args.rounds, args.system_tokens, args.user_tokens, args.answer_tokens,
-                   round_barrier=True)
+    mt = Multiturn(
+        args.users, args.rounds, args.system_tokens, args.user_tokens, args.answer_tokens, round_barrier=True
+    )
     needed = distinct_tokens(mt)
     num_blocks = args.num_blocks or pool_blocks(mt, 3)
     base = ("--num-blocks", str(num_blocks))
     host = (*base, "--kv-host-gb", str(args.kv_host_gb))
     logs = Path(tempfile.mkdtemp(prefix="kv_tiers_live_"))
-    out: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-                 "command": " ".join(sys.argv), "model": str(args.model), "multiturn_load": mt.describe(),
-                 "num_blocks": num_blocks, "distinct_tokens": needed, "pool_multiple": needed / (16 * num_blocks),
-                 "kv_host_gb": args.kv_host_gb, "logs": str(logs)}
+    out: dict = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+        "command": " ".join(sys.argv),
+        "model": str(args.model),
+        "multiturn_load": mt.describe(),
+        "num_blocks": num_blocks,
+        "distinct_tokens": needed,
+        "pool_multiple": needed / (16 * num_blocks),
+        "kv_host_gb": args.kv_host_gb,
+        "logs": str(logs),
+    }
     if "multiturn" not in skip:
-        out["multiturn"] = {name: serve(args.model, logs / name, wargs, multiturn_cfg(args.model, mt))
-                            for name, wargs in (("device", base), ("host", host))}
+        out["multiturn"] = {
+            name: serve(args.model, logs / name, wargs, multiturn_cfg(args.model, mt))
+            for name, wargs in (("device", base), ("host", host))
+        }
         dev, tier = out["multiturn"]["device"], out["multiturn"]["host"]
         out["multiturn_ratio"] = later_rounds_ttft(tier) / later_rounds_ttft(dev)
         out["multiturn_same_answers"] = dev["answers_sha256"] == tier["answers_sha256"]
     if "noreuse" not in skip:
         cfg = random_cfg(args.model, args.no_reuse_requests, args.no_reuse_isl, args.answer_tokens)
         cases = (("device", base), ("host", host))
-        runs = [(name, i, serve(args.model, logs / f"noreuse-{name}-{i}", wargs, cfg))
-                for i in range(args.no_reuse_repeats) for name, wargs in (cases if i % 2 == 0 else cases[::-1])]
+        runs = [
+            (name, i, serve(args.model, logs / f"noreuse-{name}-{i}", wargs, cfg))
+            for i in range(args.no_reuse_repeats)
+            for name, wargs in (cases if i % 2 == 0 else cases[::-1])
+        ]
         out["noreuse"] = {name: {"runs": [r for n, _, r in runs if n == name]} for name in ("device", "host")}
         for entry in out["noreuse"].values():
             entry["summary"] = mean_summary([r["summary"] for r in entry["runs"]])
@@ -142,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def distinct_tokens(mt: Multiturn) -> int:
     """Tokens the conversations hold at their end: the shared system part once, each user's whole history."""
-    return mt.system_tokens + mt.users * (mt.user_tokens + mt.rounds * mt.answer_tokens
-                                          + (mt.rounds - 1) * QUESTION_TOKENS)
+    return mt.system_tokens + mt.users * (
+        mt.user_tokens + mt.rounds * mt.answer_tokens + (mt.rounds - 1) * QUESTION_TOKENS
+    )
 
 
 def pool_blocks(mt: Multiturn, multiple: int) -> int:
@@ -162,8 +203,12 @@ def warm_restart(args, mt: Multiturn, host: tuple[str, ...], logs: Path) -> dict
     first = serve(args.model, logs / "restart-1", wargs, multiturn_cfg(args.model, mt), disk)
     time.sleep(0.5)
     second = serve(args.model, logs / "restart-2", wargs, multiturn_cfg(args.model, mt), disk)
-    return {"disk_dir": disk, "first": first, "second": second,
-            "same_answers": first["answers_sha256"] == second["answers_sha256"]}
+    return {
+        "disk_dir": disk,
+        "first": first,
+        "second": second,
+        "same_answers": first["answers_sha256"] == second["answers_sha256"],
+    }
 
 
 def format_report(out: dict) -> str:
@@ -172,32 +217,40 @@ def format_report(out: dict) -> str:
         lines.append(f"{'multiturn (ms)':<28}{'device only':>14}{'+ host tier':>14}")
         dev, tier = out["multiturn"]["device"], out["multiturn"]["host"]
         for d, t in zip(dev["rounds"], tier["rounds"]):
-            lines.append(f"{'TTFT mean round ' + str(d['round']):<28}{d['ttft_mean_s'] * 1e3:>14.1f}"
-                         f"{t['ttft_mean_s'] * 1e3:>14.1f}")
-        lines.append(f"{'TTFT mean rounds 2-4':<28}{later_rounds_ttft(dev) * 1e3:>14.1f}"
-                     f"{later_rounds_ttft(tier) * 1e3:>14.1f}")
+            lines.append(
+                f"{'TTFT mean round ' + str(d['round']):<28}{d['ttft_mean_s'] * 1e3:>14.1f}"
+                f"{t['ttft_mean_s'] * 1e3:>14.1f}"
+            )
+        lines.append(
+            f"{'TTFT mean rounds 2-4':<28}{later_rounds_ttft(dev) * 1e3:>14.1f}{later_rounds_ttft(tier) * 1e3:>14.1f}"
+        )
         for key in ("prefix_hits", "prefix_hits_host", "onboarded_blocks_host", "offloaded_blocks_host"):
             lines.append(f"{key:<28}{dev['tiers'].get(key, 0):>14.0f}{tier['tiers'].get(key, 0):>14.0f}")
-        lines.append(f"rounds 2-4 ratio {out['multiturn_ratio']:.3f} (target <= 0.5); identical answers: "
-                     f"{out['multiturn_same_answers']}")
+        lines.append(
+            f"rounds 2-4 ratio {out['multiturn_ratio']:.3f} (target <= 0.5); identical answers: "
+            f"{out['multiturn_same_answers']}"
+        )
     if "noreuse" in out:
         dev, tier = (out["noreuse"][k]["summary"] for k in ("device", "host"))
         lines.append(f"\n{'no reuse':<28}{'device only':>14}{'+ host tier':>14}{'ratio':>10}")
-        for label, key, sub in (("output tokens/s", "output_tokens_per_s", None),
-                                ("TTFT mean (ms)", "ttft_s", "mean")):
+        for label, key, sub in (("output tokens/s", "output_tokens_per_s", None), ("TTFT mean (ms)", "ttft_s", "mean")):
             a, b = (s[key] if sub is None else s[key][sub] for s in (dev, tier))
             scale = 1e3 if sub else 1.0
             lines.append(f"{label:<28}{a * scale:>14.1f}{b * scale:>14.1f}{b / a:>10.3f}")
         for i, (d, t) in enumerate(zip(*(out["noreuse"][k]["runs"] for k in ("device", "host")))):
             d, t = d["summary"], t["summary"]
-            lines.append(f"  run {i + 1}: tokens/s {d['output_tokens_per_s']:.1f} / {t['output_tokens_per_s']:.1f}, "
-                         f"TTFT mean (ms) {d['ttft_s']['mean'] * 1e3:.1f} / {t['ttft_s']['mean'] * 1e3:.1f}")
+            lines.append(
+                f"  run {i + 1}: tokens/s {d['output_tokens_per_s']:.1f} / {t['output_tokens_per_s']:.1f}, "
+                f"TTFT mean (ms) {d['ttft_s']['mean'] * 1e3:.1f} / {t['ttft_s']['mean'] * 1e3:.1f}"
+            )
     if "restart" in out:
         r = out["restart"]
-        lines.append(f"\nwarm restart: disk blocks written {r['first']['tiers'].get('offloaded_blocks_disk', 0):.0f}"
-                     f"; after the restart prompt tokens from disk {r['second']['tiers'].get('prefix_hits_disk', 0):.0f}"
-                     f", from host {r['second']['tiers'].get('prefix_hits_host', 0):.0f}; identical answers: "
-                     f"{r['same_answers']}")
+        lines.append(
+            f"\nwarm restart: disk blocks written {r['first']['tiers'].get('offloaded_blocks_disk', 0):.0f}"
+            f"; after the restart prompt tokens from disk {r['second']['tiers'].get('prefix_hits_disk', 0):.0f}"
+            f", from host {r['second']['tiers'].get('prefix_hits_host', 0):.0f}; identical answers: "
+            f"{r['same_answers']}"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ tier bookkeeping), timed inside the same run. Prints a table, writes JSON.
 
 Target (issue 17): offload on costs <= 5% of throughput and of TTFT.
 """
+
 import argparse
 import datetime
 import json
@@ -46,6 +47,7 @@ class TierClock:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
+
         return wrapper
 
     def close(self) -> None:
@@ -55,8 +57,9 @@ class TierClock:
 
 def run(model: Path, host_gb: float, prompts: list[list[int]], osl: int, concurrency: int) -> dict:
     """Serve `prompts` `concurrency` at a time; wall time, TTFT per request, and time in tier work."""
-    core = build_core(EngineConfig(str(model), num_blocks=len(prompts[0]) // 16 * concurrency * 2,
-                                   num_threads=1, kv_host_gb=host_gb))
+    core = build_core(
+        EngineConfig(str(model), num_blocks=len(prompts[0]) // 16 * concurrency * 2, num_threads=1, kv_host_gb=host_gb)
+    )
     clock = TierClock() if host_gb else None
     pending, ttft, start = list(enumerate(prompts)), {}, time.perf_counter()
     arrived, live = {}, set()
@@ -76,9 +79,14 @@ def run(model: Path, host_gb: float, prompts: list[list[int]], osl: int, concurr
             clock.close()
         if core.runner.tiers is not None:
             core.runner.tiers.close()
-    return {"host_gb": host_gb, "wall_s": wall, "output_tokens_per_s": len(prompts) * osl / wall,
-            "ttft_mean_s": sum(ttft.values()) / len(ttft), "tier_work_s": clock.seconds if clock else 0.0,
-            "blocks_offloaded": core.stats().num_blocks_offloaded_host}
+    return {
+        "host_gb": host_gb,
+        "wall_s": wall,
+        "output_tokens_per_s": len(prompts) * osl / wall,
+        "ttft_mean_s": sum(ttft.values()) / len(ttft),
+        "tier_work_s": clock.seconds if clock else 0.0,
+        "blocks_offloaded": core.stats().num_blocks_offloaded_host,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,14 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(1)
     prompts = [[rng.randrange(1000, 40000) for _ in range(args.isl)] for _ in range(args.requests)]
     cases = (0.0, args.kv_host_gb)
-    runs = [run(args.model, gb, prompts, args.osl, args.concurrency)
-            for i in range(args.repeats) for gb in (cases if i % 2 == 0 else cases[::-1])]
+    runs = [
+        run(args.model, gb, prompts, args.osl, args.concurrency)
+        for i in range(args.repeats)
+        for gb in (cases if i % 2 == 0 else cases[::-1])
+    ]
     off, on = ([r for r in runs if (r["host_gb"] > 0) == tiered] for tiered in (False, True))
     print(format_table(off, on))
     if args.json:
-        out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-               "load_average": os.getloadavg(), "command": " ".join(sys.argv), "runs": runs}
+        out = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+            "load_average": os.getloadavg(),
+            "command": " ".join(sys.argv),
+            "runs": runs,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json}")
@@ -119,11 +134,15 @@ def format_table(off: list[dict], on: list[dict]) -> str:
         a, b = mean(off, key), mean(on, key)
         lines.append(f"{label:<28}{a * scale:>14.1f}{b * scale:>14.1f}{b / a:>10.3f}")
     for i, (a, b) in enumerate(zip(off, on)):
-        lines.append(f"  run {i + 1}: tokens/s {a['output_tokens_per_s']:.1f} / {b['output_tokens_per_s']:.1f}, "
-                     f"TTFT mean (ms) {a['ttft_mean_s'] * 1e3:.0f} / {b['ttft_mean_s'] * 1e3:.0f}")
+        lines.append(
+            f"  run {i + 1}: tokens/s {a['output_tokens_per_s']:.1f} / {b['output_tokens_per_s']:.1f}, "
+            f"TTFT mean (ms) {a['ttft_mean_s'] * 1e3:.0f} / {b['ttft_mean_s'] * 1e3:.0f}"
+        )
     share = sum(r["tier_work_s"] for r in on) / sum(r["wall_s"] for r in on)
-    lines.append(f"tier work in the tiered runs: {share * 100:.2f}% of their wall time "
-                 f"({sum(r['blocks_offloaded'] for r in on)} blocks written through)  (target: cost <= 5%)")
+    lines.append(
+        f"tier work in the tiered runs: {share * 100:.2f}% of their wall time "
+        f"({sum(r['blocks_offloaded'] for r in on)} blocks written through)  (target: cost <= 5%)"
+    )
     return "\n".join(lines)
 
 

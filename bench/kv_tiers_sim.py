@@ -12,6 +12,7 @@ told apart from capacity (tiers) and from where the router sent the requests.
 Targets (issue 17): prefix hit rate >= 0.25 and mean TTFT <= 0.8x the run without a host tier, on the Mooncake
 conversation trace, 8 workers, time scale 0.5, 7,000 blocks of 64 tokens per worker, a 256 GB host tier.
 """
+
 import argparse
 import datetime
 import json
@@ -52,25 +53,37 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_trace(args.trace, args.max_requests, args.time_scale)
     slo = Slo(DEFAULT_SLO_TTFT_S, DEFAULT_SLO_ITL_S)
     base = SimConfig(args.workers, kv_overlap_weight=args.kv_overlap_weight, kv_inflight_weight=args.kv_inflight_weight)
-    runs = {"device only": simulate(profile, base, args.policy, rows, slo),
-            f"+ host {args.kv_host_gb:g} GB": simulate(profile, replace(base, kv_host_gb=args.kv_host_gb,
-                                                                         kv_disk_gb=args.kv_disk_gb),
-                                                       args.policy, rows, slo),
-            "device unlimited": simulate(unlimited(profile), base, args.policy, rows, slo)}
+    runs = {
+        "device only": simulate(profile, base, args.policy, rows, slo),
+        f"+ host {args.kv_host_gb:g} GB": simulate(
+            profile, replace(base, kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb), args.policy, rows, slo
+        ),
+        "device unlimited": simulate(unlimited(profile), base, args.policy, rows, slo),
+    }
     anchor, tiered, bound = runs.values()
     ratio = tiered["ttft_mean_s"] / anchor["ttft_mean_s"]
     print(_table(runs))
     print(f"\nmean TTFT ratio (tiers / device only): {ratio:.3f}  (target <= 0.8)")
-    print(f"bound (device unlimited, decode cost as at {args.num_blocks} blocks): mean TTFT ratio "
-          f"{bound['ttft_mean_s'] / anchor['ttft_mean_s']:.3f}, hit rate {bound['prefix_hit_rate']:.3f}")
+    print(
+        f"bound (device unlimited, decode cost as at {args.num_blocks} blocks): mean TTFT ratio "
+        f"{bound['ttft_mean_s'] / anchor['ttft_mean_s']:.3f}, hit rate {bound['prefix_hit_rate']:.3f}"
+    )
     print(f"prefix hit rate with tiers: {tiered['prefix_hit_rate']:.3f}  (target >= 0.25)")
     if args.json:
-        header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-                  "command": " ".join(sys.argv), "trace": str(args.trace), "num_requests": len(rows),
-                  "time_scale": args.time_scale, "num_workers": args.workers, "policy": args.policy,
-                  "kv_overlap_weight": args.kv_overlap_weight, "kv_inflight_weight": args.kv_inflight_weight,
-                  "profile": profile.to_dict(), "ttft_mean_ratio": ratio}
+        header = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+            "command": " ".join(sys.argv),
+            "trace": str(args.trace),
+            "num_requests": len(rows),
+            "time_scale": args.time_scale,
+            "num_workers": args.workers,
+            "policy": args.policy,
+            "kv_overlap_weight": args.kv_overlap_weight,
+            "kv_inflight_weight": args.kv_inflight_weight,
+            "profile": profile.to_dict(),
+            "ttft_mean_ratio": ratio,
+        }
         body = {n: {k: v for k, v in r.items() if k != "ttft_values_s"} for n, r in runs.items()}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_safe({**header, "runs": body}), indent=2) + "\n")
@@ -97,8 +110,10 @@ def routing_reach(rows, worker_ids: list[str], block_size: int) -> float:
         tokens = prompt_tokens(row, i)
         hashes = chain_block_hashes(tokens, block_size)
         cache = held.setdefault(worker_id, set())
-        n = next((k for k, h in enumerate(hashes[: (len(tokens) - 1) // block_size]) if h not in cache),
-                 (len(tokens) - 1) // block_size)
+        n = next(
+            (k for k, h in enumerate(hashes[: (len(tokens) - 1) // block_size]) if h not in cache),
+            (len(tokens) - 1) // block_size,
+        )
         hits, total = hits + n * block_size, total + len(tokens)
         cache.update(hashes)
     return hits / total if total else 0.0
@@ -118,11 +133,11 @@ def _table(runs: dict[str, dict]) -> str:
     keys = _KEYS + ("itl_mean_s", "num_preemptions")
     lines += [f"{k:<22}" + "".join(f"{runs[n][k]:>18.3f}" for n in names) for k in keys]
     for tier in ("device", "host", "disk"):
-        lines.append(f"{'hit rate ' + tier:<22}"
-                     + "".join(f"{runs[n]['prefix_hit_rate_by_tier'][tier]:>18.3f}" for n in names))
+        lines.append(
+            f"{'hit rate ' + tier:<22}" + "".join(f"{runs[n]['prefix_hit_rate_by_tier'][tier]:>18.3f}" for n in names)
+        )
     lines.append(f"{'hit rate, routing reach':<22}" + "".join(f"{runs[n]['routing_reach']:>18.3f}" for n in names))
-    lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{runs[n]['kv_bytes_onboarded'] / 1e9:>18.1f}"
-                                                       for n in names))
+    lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{runs[n]['kv_bytes_onboarded'] / 1e9:>18.1f}" for n in names))
     return "\n".join(lines)
 
 

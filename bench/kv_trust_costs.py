@@ -5,6 +5,7 @@ at the NIXL target of 2 GB/s. Prints a table, writes JSON.
 
     python bench/kv_trust_costs.py --json bench/results/kv-trust-costs.json
 """
+
 import argparse
 import asyncio
 import json
@@ -28,16 +29,27 @@ TOKENS, BLOCK, NUM_BLOCKS, TARGET_GB_S = 2000, 64, 32, 2.0
 
 def handles(n: int, params: bytes) -> list[common_pb2.KvHandle]:
     layout = common_pb2.KvLayout(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", block_size=BLOCK)
-    return [common_pb2.KvHandle(worker_id="prefill-0", address="10.0.0.1:5000", req_id=f"r{i}", num_tokens=TOKENS,
-                                num_blocks=NUM_BLOCKS, lease_expires_unix_s=time.time() + 60, engine_params=params,
-                                layout=layout) for i in range(n)]
+    return [
+        common_pb2.KvHandle(
+            worker_id="prefill-0",
+            address="10.0.0.1:5000",
+            req_id=f"r{i}",
+            num_tokens=TOKENS,
+            num_blocks=NUM_BLOCKS,
+            lease_expires_unix_s=time.time() + 60,
+            engine_params=params,
+            layout=layout,
+        )
+        for i in range(n)
+    ]
 
 
 def signing_ms(n: int) -> tuple[float, float]:
     key, tokens = os.urandom(32), tuple((j * 31) % 500 + 10 for j in range(TOKENS))
     layout = payload_layout(131072, BLOCK)
-    params = descriptor.encode(KvDescriptor(NIXL, layout, tokens, tuple(range(NUM_BLOCKS)), "agent",
-                                            os.urandom(3200), 1 << 40, 4096))
+    params = descriptor.encode(
+        KvDescriptor(NIXL, layout, tokens, tuple(range(NUM_BLOCKS)), "agent", os.urandom(3200), 1 << 40, 4096)
+    )
     batch, signer, gate = handles(n, params), KvSigner(key), KvGate(KvVerifier(key), None)
     start = time.perf_counter()
     for h in batch:
@@ -56,8 +68,10 @@ def signing_ms(n: int) -> tuple[float, float]:
 def nixl_ms(n: int) -> tuple[float, float]:
     layout = payload_layout(131072, BLOCK)
     num_pool = NUM_BLOCKS + 8
-    caches = [HostCache(np.zeros(num_pool * layout.num_layers * 2 * block_bytes(layout), np.uint8), layout, num_pool)
-              for _ in range(2)]
+    caches = [
+        HostCache(np.zeros(num_pool * layout.num_layers * 2 * block_bytes(layout), np.uint8), layout, num_pool)
+        for _ in range(2)
+    ]
     src, dst = NixlLink(caches[0].geometry, "cost-src"), NixlLink(caches[1].geometry, "cost-dst")
     g, expose, load = caches[0].geometry, 0.0, 0.0
     for i in range(n):
@@ -83,14 +97,17 @@ def main() -> int:
     rows = {"sign a handle (prefill worker)": sign, "verify a handle (decode worker)": verify}
     if is_available():
         expose, load = nixl_ms(args.num)
-        rows |= {"register + deregister one request's blocks (prefill engine)": expose,
-                 "load one request's metadata (decode engine, poster thread)": load}
+        rows |= {
+            "register + deregister one request's blocks (prefill engine)": expose,
+            "load one request's metadata (decode engine, poster thread)": load,
+        }
     print(f"{'per request':<64}{'ms':>8}{'% of transfer':>15}   (transfer: {transfer_ms:.0f} ms at {TARGET_GB_S} GB/s)")
     for name, ms in rows.items():
         print(f"{name:<64}{ms:>8.3f}{100 * ms / transfer_ms:>14.2f}%")
     if args.json is not None:
-        args.json.write_text(json.dumps({"transfer_ms_at_target": transfer_ms, "ms_per_request": rows,
-                                         "num": args.num}, indent=2))
+        args.json.write_text(
+            json.dumps({"transfer_ms_at_target": transfer_ms, "ms_per_request": rows, "num": args.num}, indent=2)
+        )
     return 0
 
 

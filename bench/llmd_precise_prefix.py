@@ -5,6 +5,7 @@ random; output tok/s and TTFT p90 per QPS beside llm-d's published figures.
 
     python bench/llmd_precise_prefix.py --jobs 3 --json bench/results/llmd_precise_prefix.json
 """
+
 import argparse
 import datetime
 import json
@@ -26,21 +27,72 @@ from tandem.cluster.des import ClusterSim, SimConfig  # noqa: E402
 
 # llm-d.ai, "KV-cache wins you can see", and its inference-perf report: whole run, then per QPS stage
 # (output tok/s, TTFT p90 s). Their "load" scheduler (queue + KV-usage scorers) is the load-only one.
-LLMD = {"precise": {"output_tok_s": 8730.0, "ttft_p90_s": 0.542}, "approximate": {"output_tok_s": 6944.4,
-        "ttft_p90_s": 31.083}, "load": {"output_tok_s": 4266.4, "ttft_p90_s": 94.865},
-        "random": {"output_tok_s": 4428.7, "ttft_p90_s": 92.551}}
+LLMD = {
+    "precise": {"output_tok_s": 8730.0, "ttft_p90_s": 0.542},
+    "approximate": {"output_tok_s": 6944.4, "ttft_p90_s": 31.083},
+    "load": {"output_tok_s": 4266.4, "ttft_p90_s": 94.865},
+    "random": {"output_tok_s": 4428.7, "ttft_p90_s": 92.551},
+}
 _QPS = (3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60)
-LLMD_STAGES = {name: dict(zip(_QPS, rows)) for name, rows in {
-    "precise": ((1219.1, 0.498), (3902.1, 0.600), (5761.1, 0.400), (9184.5, 0.600), (9382.0, 0.500), (9242.2, 0.583),
-                (9221.8, 0.509), (9780.6, 0.500), (10270.8, 0.488), (10054.8, 0.500), (10128.7, 0.589),
-                (10296.5, 0.600), (10284.6, 0.507), (10140.9, 0.600), (10313.9, 0.600), (10496.9, 0.500)),
-    "approximate": ((1310.9, 0.497), (3842.4, 0.499), (5152.9, 0.400), (8082.6, 0.600), (8415.7, 0.700),
-                    (8445.1, 0.609), (8435.9, 0.708), (7443.5, 2.459), (8045.9, 43.018), (7969.6, 43.515),
-                    (7695.2, 44.930), (7455.9, 46.335), (7452.3, 47.284), (7100.7, 50.108), (7013.8, 49.930),
-                    (7247.9, 50.226)),
-    "random": ((1314.0, 0.820), (3568.5, 1.398), (3791.1, 2.299), (4933.1, 70.273), (4765.4, 78.420), (4781.3, 82.943),
-               (4636.3, 86.182), (4332.6, 91.519), (4773.8, 101.272), (4844.6, 101.142), (4969.5, 101.265),
-               (4783.2, 103.514), (4845.1, 105.004), (4921.7, 104.321), (4764.2, 106.816), (4835.2, 105.988))}.items()}
+LLMD_STAGES = {
+    name: dict(zip(_QPS, rows))
+    for name, rows in {
+        "precise": (
+            (1219.1, 0.498),
+            (3902.1, 0.600),
+            (5761.1, 0.400),
+            (9184.5, 0.600),
+            (9382.0, 0.500),
+            (9242.2, 0.583),
+            (9221.8, 0.509),
+            (9780.6, 0.500),
+            (10270.8, 0.488),
+            (10054.8, 0.500),
+            (10128.7, 0.589),
+            (10296.5, 0.600),
+            (10284.6, 0.507),
+            (10140.9, 0.600),
+            (10313.9, 0.600),
+            (10496.9, 0.500),
+        ),
+        "approximate": (
+            (1310.9, 0.497),
+            (3842.4, 0.499),
+            (5152.9, 0.400),
+            (8082.6, 0.600),
+            (8415.7, 0.700),
+            (8445.1, 0.609),
+            (8435.9, 0.708),
+            (7443.5, 2.459),
+            (8045.9, 43.018),
+            (7969.6, 43.515),
+            (7695.2, 44.930),
+            (7455.9, 46.335),
+            (7452.3, 47.284),
+            (7100.7, 50.108),
+            (7013.8, 49.930),
+            (7247.9, 50.226),
+        ),
+        "random": (
+            (1314.0, 0.820),
+            (3568.5, 1.398),
+            (3791.1, 2.299),
+            (4933.1, 70.273),
+            (4765.4, 78.420),
+            (4781.3, 82.943),
+            (4636.3, 86.182),
+            (4332.6, 91.519),
+            (4773.8, 101.272),
+            (4844.6, 101.142),
+            (4969.5, 101.265),
+            (4783.2, 103.514),
+            (4845.1, 105.004),
+            (4921.7, 104.321),
+            (4764.2, 106.816),
+            (4835.2, 105.988),
+        ),
+    }.items()
+}
 POLICIES = {"kv": "precise", "kv-approx": "approximate", "least_loaded": "load", "random": "random"}
 LLMD_KV_TOKENS_PER_POD = 307_328  # their config: 8 x 307,328; 150 x 12,000 resident tokens = 73.2% of it
 # Qwen3-32B (32.8B parameters) on two H100s against an 8B model on one: per GPU, 2.05x the FLOPs per token and 2.05x
@@ -80,18 +132,30 @@ def replay(profile: TimingProfile, rows, shape: PrefixShape, workers: int, seed:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--qps", type=lambda s: tuple(float(q) for q in s.split(",")), default=None,
-                   help="uniform stages of --stage-s each, no warm-up (default: llm-d's published stages)")
+    p.add_argument(
+        "--qps",
+        type=lambda s: tuple(float(q) for q in s.split(",")),
+        default=None,
+        help="uniform stages of --stage-s each, no warm-up (default: llm-d's published stages)",
+    )
     p.add_argument("--stage-s", type=float, default=60.0)
     p.add_argument("--tenants", type=int, default=PrefixShape().num_tenants)
     p.add_argument("--output-tokens", type=int, default=PrefixShape().output_tokens)
     p.add_argument("--workers", type=int, default=8, help="pods")
     p.add_argument("--kv-tokens", type=int, default=LLMD_KV_TOKENS_PER_POD, help="KV capacity per pod, in tokens")
     p.add_argument("--profile", default="h100-llama3.1-8b", help="the per-GPU base profile (8B on one H100)")
-    p.add_argument("--compute-factor", type=float, default=QWEN32B_TP2_OVER_8B,
-                   help="a pod's prefill and weights-pass time over the base profile's")
-    p.add_argument("--kv-read-factor", type=float, default=LLMD_KV_READ_FACTOR,
-                   help="the decode step's KV-reading part over the base profile's (1: as the base has it)")
+    p.add_argument(
+        "--compute-factor",
+        type=float,
+        default=QWEN32B_TP2_OVER_8B,
+        help="a pod's prefill and weights-pass time over the base profile's",
+    )
+    p.add_argument(
+        "--kv-read-factor",
+        type=float,
+        default=LLMD_KV_READ_FACTOR,
+        help="the decode step's KV-reading part over the base profile's (1: as the base has it)",
+    )
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="replay the policies in this many processes")
@@ -106,22 +170,29 @@ def pod_profile(base: TimingProfile, factor: float, kv_tokens: int, kv_read_fact
         raise SystemExit(f"profile {base.name!r} carries measured tables; give a coefficient profile")
     a, b, c = base.prefill_ms_coeffs
     da, db, dc = base.decode_ms_coeffs
-    return TimingProfile.from_dict({
-        **base.to_dict(), "name": f"{base.name} x{factor:.3g} compute, {kv_tokens} KV tokens",
-        "num_blocks": num_blocks_for(kv_tokens, base.block_size), "prefill_ms_coeffs": (a * factor, b * factor, c * factor),
-        "decode_ms_coeffs": (da * kv_read_factor, db * kv_read_factor, dc * factor),
-        "min_step_ms": base.min_step_ms * factor})
+    return TimingProfile.from_dict(
+        {
+            **base.to_dict(),
+            "name": f"{base.name} x{factor:.3g} compute, {kv_tokens} KV tokens",
+            "num_blocks": num_blocks_for(kv_tokens, base.block_size),
+            "prefill_ms_coeffs": (a * factor, b * factor, c * factor),
+            "decode_ms_coeffs": (da * kv_read_factor, db * kv_read_factor, dc * factor),
+            "min_step_ms": base.min_step_ms * factor,
+        }
+    )
 
 
 def calibration(profile: TimingProfile, shape: PrefixShape) -> str:
     """The modelled pod beside what llm-d measured on theirs."""
     isl = shape.context_tokens + shape.query_tokens
-    return (f"pod model: prefill of a whole {isl}-token prompt {profile.prefill_s(isl):.2f} s (llm-d, random at "
-            f"3 QPS: TTFT mean 0.62 s); decode step {profile.decode_s(0.1) * 1e3:.0f} ms at 10% of the KV active, "
-            f"{profile.decode_s(0.6) * 1e3:.0f} ms at 60% (llm-d: ITL mean 11 ms at 3 QPS, 29 ms at 60 QPS, "
-            f"KV 59% used on average); KV {profile.kv_capacity_tokens:,} tokens per pod, the residents "
-            f"{shape.resident_tokens():,} tokens = {shape.resident_tokens() / 8 / profile.kv_capacity_tokens:.1%} "
-            "of 8 pods")
+    return (
+        f"pod model: prefill of a whole {isl}-token prompt {profile.prefill_s(isl):.2f} s (llm-d, random at "
+        f"3 QPS: TTFT mean 0.62 s); decode step {profile.decode_s(0.1) * 1e3:.0f} ms at 10% of the KV active, "
+        f"{profile.decode_s(0.6) * 1e3:.0f} ms at 60% (llm-d: ITL mean 11 ms at 3 QPS, 29 ms at 60 QPS, "
+        f"KV 59% used on average); KV {profile.kv_capacity_tokens:,} tokens per pod, the residents "
+        f"{shape.resident_tokens():,} tokens = {shape.resident_tokens() / 8 / profile.kv_capacity_tokens:.1%} "
+        "of 8 pods"
+    )
 
 
 def summarize(records, shape: PrefixShape, wall_s: float) -> dict:
@@ -136,14 +207,26 @@ def summarize(records, shape: PrefixShape, wall_s: float) -> dict:
     for k, (qps, seconds) in enumerate(shape.stages):
         group = [r for r in records if starts[k] <= r.arrival_s < starts[k + 1]]
         produced = _produced(first, finish, tokens, starts[k], starts[k + 1])
-        stages.append({"qps": qps, "warmup": k < shape.num_warmup_stages, **_figures(group, starts[k]),
-                       "window_tok_s": produced / seconds})
-    ladder = stages[shape.num_warmup_stages:]
+        stages.append(
+            {
+                "qps": qps,
+                "warmup": k < shape.num_warmup_stages,
+                **_figures(group, starts[k]),
+                "window_tok_s": produced / seconds,
+            }
+        )
+    ladder = stages[shape.num_warmup_stages :]
     in_ladder = arrival >= starts[shape.num_warmup_stages]
     ttft = (first - arrival)[in_ladder & (first >= 0)]
-    return {"stages": stages, "overall": _figures(records, 0.0), "sim_wall_s": wall_s,
-            "ladder": {"output_tok_s": float(np.mean([s["window_tok_s"] for s in ladder])),
-                       "ttft_p90_s": float(np.quantile(ttft, 0.9)) if ttft.size else float("nan")}}
+    return {
+        "stages": stages,
+        "overall": _figures(records, 0.0),
+        "sim_wall_s": wall_s,
+        "ladder": {
+            "output_tok_s": float(np.mean([s["window_tok_s"] for s in ladder])),
+            "ttft_p90_s": float(np.quantile(ttft, 0.9)) if ttft.size else float("nan"),
+        },
+    }
 
 
 def _produced(first: np.ndarray, finish: np.ndarray, tokens: np.ndarray, start: float, end: float) -> float:
@@ -162,59 +245,98 @@ def _figures(group, start: float) -> dict:
         return {"num_requests": len(group), "output_tok_s": 0.0, "ttft_p90_s": float("nan"), "prefix_hit_rate": 0.0}
     end = max(r.finish_s for r in done)
     ttft = np.array([r.first_token_s - r.arrival_s for r in done])
-    return {"num_requests": len(group), "output_tok_s": sum(r.num_output_tokens for r in done) / (end - start),
-            "ttft_p90_s": float(np.quantile(ttft, 0.9)), "ttft_mean_s": float(ttft.mean()),
-            "prefix_hit_rate": sum(r.num_cached_tokens for r in done) / sum(r.num_prompt_tokens for r in done)}
+    return {
+        "num_requests": len(group),
+        "output_tok_s": sum(r.num_output_tokens for r in done) / (end - start),
+        "ttft_p90_s": float(np.quantile(ttft, 0.9)),
+        "ttft_mean_s": float(ttft.mean()),
+        "prefix_hit_rate": sum(r.num_cached_tokens for r in done) / sum(r.num_prompt_tokens for r in done),
+    }
 
 
 def compare(results: dict) -> dict:
     """kv over random on both figures (throughput up, TTFT p90 down), as llm-d summarises them, beside llm-d's."""
-    out = {"llmd": {"tok_s_ratio": LLMD["precise"]["output_tok_s"] / LLMD["random"]["output_tok_s"],
-                    "ttft_p90_ratio": LLMD["random"]["ttft_p90_s"] / LLMD["precise"]["ttft_p90_s"]}}
+    out = {
+        "llmd": {
+            "tok_s_ratio": LLMD["precise"]["output_tok_s"] / LLMD["random"]["output_tok_s"],
+            "ttft_p90_ratio": LLMD["random"]["ttft_p90_s"] / LLMD["precise"]["ttft_p90_s"],
+        }
+    }
     if "kv" in results and "random" in results:
         kv, rnd = results["kv"]["ladder"], results["random"]["ladder"]
-        out["tandem"] = {"tok_s_ratio": kv["output_tok_s"] / rnd["output_tok_s"],
-                         "ttft_p90_ratio": rnd["ttft_p90_s"] / kv["ttft_p90_s"]}
+        out["tandem"] = {
+            "tok_s_ratio": kv["output_tok_s"] / rnd["output_tok_s"],
+            "ttft_p90_ratio": rnd["ttft_p90_s"] / kv["ttft_p90_s"],
+        }
         out["tandem_at_least_llmd"] = {k: out["tandem"][k] >= out["llmd"][k] for k in out["llmd"]}
     return out
 
 
 def format_table(results: dict, shape: PrefixShape, ratios: dict) -> str:
     names = list(results)
-    lines = [f"{'QPS':>8}" + "".join(f"{n + ' tok/s':>20}{n + ' p90':>16}" for n in names)
-             + "   llm-d precise / approximate / random (tok/s, p90 s)"]
+    lines = [
+        f"{'QPS':>8}"
+        + "".join(f"{n + ' tok/s':>20}{n + ' p90':>16}" for n in names)
+        + "   llm-d precise / approximate / random (tok/s, p90 s)"
+    ]
     for k, qps in enumerate(shape.qps):
         cells = [(results[n]["stages"][k]["window_tok_s"], results[n]["stages"][k]["ttft_p90_s"]) for n in names]
         label = f"{qps:g}" + ("w" if k < shape.num_warmup_stages else "")
         published = [LLMD_STAGES[p].get(qps) for p in ("precise", "approximate", "random")]
-        theirs = "" if k < shape.num_warmup_stages or None in published else "   " + " / ".join(
-            f"{t:,.0f}, {q:.2f}" for t, q in published)
+        theirs = (
+            ""
+            if k < shape.num_warmup_stages or None in published
+            else "   " + " / ".join(f"{t:,.0f}, {q:.2f}" for t, q in published)
+        )
         lines.append(f"{label:>8}" + "".join(f"{t:>20,.0f}{p:>15.2f}s" for t, p in cells) + theirs)
     cells = [(results[n]["ladder"]["output_tok_s"], results[n]["ladder"]["ttft_p90_s"]) for n in names]
-    lines.append(f"{'summary':>8}" + "".join(f"{t:>20,.0f}{p:>15.2f}s" for t, p in cells) + "   " + " / ".join(
-        f"{LLMD[p]['output_tok_s']:,.0f}, {LLMD[p]['ttft_p90_s']:.2f}" for p in ("precise", "approximate", "random")))
-    lines.append("(w: warm-up stage)  prefix hit rate: " + ", ".join(
-        f"{n} {results[n]['overall']['prefix_hit_rate']:.1%}" for n in names))
+    lines.append(
+        f"{'summary':>8}"
+        + "".join(f"{t:>20,.0f}{p:>15.2f}s" for t, p in cells)
+        + "   "
+        + " / ".join(
+            f"{LLMD[p]['output_tok_s']:,.0f}, {LLMD[p]['ttft_p90_s']:.2f}" for p in ("precise", "approximate", "random")
+        )
+    )
+    lines.append(
+        "(w: warm-up stage)  prefix hit rate: "
+        + ", ".join(f"{n} {results[n]['overall']['prefix_hit_rate']:.1%}" for n in names)
+    )
     for who in ("tandem", "llmd"):
         if who in ratios:
             r = ratios[who]
-            lines.append(f"{who}: kv/random output tok/s {r['tok_s_ratio']:.2f}x; random/kv TTFT p90 "
-                         f"{r['ttft_p90_ratio']:.1f}x")
+            lines.append(
+                f"{who}: kv/random output tok/s {r['tok_s_ratio']:.2f}x; random/kv TTFT p90 {r['ttft_p90_ratio']:.1f}x"
+            )
     return "\n".join(lines)
 
 
 def write(args, shape: PrefixShape, profile: TimingProfile, num_rows: int, results: dict, ratios: dict) -> None:
-    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-           "command": "python bench/llmd_precise_prefix.py " + " ".join(sys.argv[1:]),
-           "shape": {"tenants": shape.num_tenants, "users_per_tenant": shape.users_per_tenant,
-                     "context_tokens": shape.context_tokens, "query_tokens": shape.query_tokens,
-                     "output_tokens": shape.output_tokens, "stages": [list(s) for s in shape.stages],
-                     "num_warmup_stages": shape.num_warmup_stages, "resident_tokens": shape.resident_tokens()},
-           "workers": args.workers, "num_requests": num_rows, "seed": args.seed, "profile": profile.to_dict(),
-           "calibration": calibration(profile, shape),
-           "heartbeat_interval_s": SimConfig(1).heartbeat_interval_s, "policies_as_llmd": POLICIES,
-           "llmd_published": {"overall": LLMD, "stages": LLMD_STAGES}, "results": results, "ratios": ratios}
+    doc = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+        "command": "python bench/llmd_precise_prefix.py " + " ".join(sys.argv[1:]),
+        "shape": {
+            "tenants": shape.num_tenants,
+            "users_per_tenant": shape.users_per_tenant,
+            "context_tokens": shape.context_tokens,
+            "query_tokens": shape.query_tokens,
+            "output_tokens": shape.output_tokens,
+            "stages": [list(s) for s in shape.stages],
+            "num_warmup_stages": shape.num_warmup_stages,
+            "resident_tokens": shape.resident_tokens(),
+        },
+        "workers": args.workers,
+        "num_requests": num_rows,
+        "seed": args.seed,
+        "profile": profile.to_dict(),
+        "calibration": calibration(profile, shape),
+        "heartbeat_interval_s": SimConfig(1).heartbeat_interval_s,
+        "policies_as_llmd": POLICIES,
+        "llmd_published": {"overall": LLMD, "stages": LLMD_STAGES},
+        "results": results,
+        "ratios": ratios,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=lambda x: None) + "\n")
     print(f"wrote {args.json}")

@@ -4,6 +4,7 @@ secure-minus-baseline difference of each round. Reads JSON only; measures nothin
 
     python bench/overhead_rounds_summary.py bench/results/overhead-security-rounds-fourth*.json
 """
+
 import json
 import statistics
 import sys
@@ -35,19 +36,25 @@ def main(paths: list[str]) -> None:
     print("|---|---|---|---|")
     for i, ((s, b), (ts, tb)) in enumerate(zip(rounds, tps)):
         errors = s["summary"]["num_errors"] + b["summary"]["num_errors"]
-        print(f"| {i} | {ts:,.0f} / {tb:,.0f} ({ts / tb:.3f}x) | {per_token(s)['stack']:.1f} / "
-              f"{per_token(b)['stack']:.1f} | {errors} |")
+        print(
+            f"| {i} | {ts:,.0f} / {tb:,.0f} ({ts / tb:.3f}x) | {per_token(s)['stack']:.1f} / "
+            f"{per_token(b)['stack']:.1f} | {errors} |"
+        )
     ms, mb = statistics.median(t[0] for t in tps), statistics.median(t[1] for t in tps)
     ratios = [ts / tb for ts, tb in tps]
-    print(f"\nratio of medians {ms:,.0f} / {mb:,.0f} = {ms / mb:.3f}x; per round median {statistics.median(ratios):.3f}"
-          f", spread {min(ratios):.3f}-{max(ratios):.3f}\n")
+    print(
+        f"\nratio of medians {ms:,.0f} / {mb:,.0f} = {ms / mb:.3f}x; per round median {statistics.median(ratios):.3f}"
+        f", spread {min(ratios):.3f}-{max(ratios):.3f}\n"
+    )
     print("| process | secure / baseline µs/token (medians) | difference, median | per round |")
     print("|---|---|---|---|")
     for name in (*SERVICES, "stack"):
         sec, base = [per_token(s)[name] for s, _ in rounds], [per_token(b)[name] for _, b in rounds]
         diffs = [a - b for a, b in zip(sec, base)]
-        print(f"| {name} | {statistics.median(sec):.1f} / {statistics.median(base):.1f} | "
-              f"{statistics.median(diffs):+.1f} | {', '.join(f'{d:+.1f}' for d in diffs)} |")
+        print(
+            f"| {name} | {statistics.median(sec):.1f} / {statistics.median(base):.1f} | "
+            f"{statistics.median(diffs):+.1f} | {', '.join(f'{d:+.1f}' for d in diffs)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ checkpoint, else 1.0), the FP8 KV cache with scales from `tandem model calibrate
 corpus, not on the scored prompts), NVFP4 weights (W4A16). The quantized checkpoints are written by the offline
 transform into a temporary directory. Runs wherever the engine runs (CPU: the reference paths).
 """
+
 import argparse
 import json
 import sys
@@ -21,13 +22,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from engines.native.config import EngineConfig  # noqa: E402
-from engines.native.runner import build_core, prompt_logits  # noqa: E402
 from engines.native.quant.transform import quantize_checkpoint  # noqa: E402
+from engines.native.runner import build_core, prompt_logits  # noqa: E402
 
 PROMPTS = (
     "The capital of France is",
     "Photosynthesis is the process by which plants",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Once upon a time, in a small village by the sea, there lived",
     "The three laws of thermodynamics state that",
     "To make a cup of tea, first boil the water, then",
@@ -87,8 +88,9 @@ def measure(model_dir: Path, variants=VARIANTS, dtype: str = "float32", prompts=
             if variant == "fp8-kv":
                 ours, secs = run_logits(model_dir, token_ids, dtype, kv_cache_dtype="fp8")
             elif variant == "fp8-kv-calibrated":
-                ours, secs = run_logits(calibrated_copy(model_dir, Path(tmp) / variant, dtype), token_ids, dtype,
-                                        kv_cache_dtype="fp8")
+                ours, secs = run_logits(
+                    calibrated_copy(model_dir, Path(tmp) / variant, dtype), token_ids, dtype, kv_cache_dtype="fp8"
+                )
             else:
                 quantized = quantize_checkpoint(model_dir, Path(tmp) / variant, variant.removesuffix("-weights"))
                 ours, secs = run_logits(quantized, token_ids, dtype)
@@ -110,17 +112,27 @@ def calibrated_copy(model_dir: Path, dst: Path, dtype: str) -> Path:
 
 
 def table(results: list[Quality]) -> str:
-    lines = ["| variant | positions | top-1 agreement | mean KL (nats) | max KL | seconds |", "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {q.variant} | {q.num_positions} | {q.top1_agreement:.4f} | {q.mean_kl:.5f} | {q.max_kl:.4f} | "
-              f"{q.seconds:.1f} |" for q in results]
+    lines = [
+        "| variant | positions | top-1 agreement | mean KL (nats) | max KL | seconds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {q.variant} | {q.num_positions} | {q.top1_agreement:.4f} | {q.mean_kl:.5f} | {q.max_kl:.4f} | "
+        f"{q.seconds:.1f} |"
+        for q in results
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the fetched SmolLM2)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="compute dtype of every variant (the checkpoint's bf16 weights are exact in both)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="compute dtype of every variant (the checkpoint's bf16 weights are exact in both)",
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--num-prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--json", type=Path, default=None)
@@ -136,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"model": str(model_dir), "dtype": args.dtype, "prompts": list(PROMPTS[: args.num_prompts]),
-                   "results": [asdict(q) for q in results]}
+        payload = {
+            "model": str(model_dir),
+            "dtype": args.dtype,
+            "prompts": list(PROMPTS[: args.num_prompts]),
+            "results": [asdict(q) for q in results],
+        }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
     return 0
 

@@ -4,6 +4,7 @@ costs, the unit that TLS makes dear (bench/grpc_call_cost.py). Counts, not times
 
     python bench/rpc_counts.py [--num-requests 256] [--json bench/results/rpc_counts.json]
 """
+
 import argparse
 import asyncio
 import collections
@@ -37,9 +38,20 @@ def run(model: Path, num_requests: int, counts_dir: Path) -> dict:
     cfg = ov.OverheadConfig(num_requests=num_requests, concurrencies=(16,), num_prefill=1)
     path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", "")) if p)
     env = {**ov._ALWAYS_DISAGGREGATE, "PYTHONPATH": path, "TANDEM_BENCH_RPC_COUNTS": str(counts_dir)}
-    stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=1, num_decode=1, port=free_port(),
-                              num_threads=1, log_dir=model.parent / "logs", ready_timeout_s=120, env=env,
-                              num_gateway_workers=1))
+    stack = Stack(
+        StackConfig(
+            model=str(model),
+            engine="zero",
+            num_prefill=1,
+            num_decode=1,
+            port=free_port(),
+            num_threads=1,
+            log_dir=model.parent / "logs",
+            ready_timeout_s=120,
+            env=env,
+            num_gateway_workers=1,
+        )
+    )
     try:
         stack.start()
         stack.wait_ready()
@@ -55,11 +67,21 @@ def run(model: Path, num_requests: int, counts_dir: Path) -> dict:
     finally:
         stack.stop()
     requests = num_requests + cfg.num_warmup
-    per_request = {name: {key: round((after[name][key] - before[name].get(key, 0)) / requests, 3)
-                          for key in sorted(after[name]) if after[name][key] != before[name].get(key, 0)}
-                   for name in after}
-    return {"num_requests": num_requests, "num_warmup": cfg.num_warmup, "errors": phase.summary.num_errors,
-            "tokens_per_request": phase.summary.num_output_tokens / max(1, num_requests), "per_request": per_request}
+    per_request = {
+        name: {
+            key: round((after[name][key] - before[name].get(key, 0)) / requests, 3)
+            for key in sorted(after[name])
+            if after[name][key] != before[name].get(key, 0)
+        }
+        for name in after
+    }
+    return {
+        "num_requests": num_requests,
+        "num_warmup": cfg.num_warmup,
+        "errors": phase.summary.num_errors,
+        "tokens_per_request": phase.summary.num_output_tokens / max(1, num_requests),
+        "per_request": per_request,
+    }
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ one run so that drift on a shared machine hits both. Decode throughput is counte
 
     python bench/sampling_overhead.py [--model DIR] [--rounds 3] [--json bench/results/sampling_overhead.json]
 """
+
 import argparse
 import asyncio
 import json
@@ -16,8 +17,12 @@ from pathlib import Path
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.native_runner import make_engine
 
-SHAPED = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1,
-              logit_bias=tuple((t, 1.5) for t in range(100, 1700, 200)))
+SHAPED = dict(
+    presence_penalty=0.5,
+    frequency_penalty=0.5,
+    repetition_penalty=1.1,
+    logit_bias=tuple((t, 1.5) for t in range(100, 1700, 200)),
+)
 
 
 async def one_round(engine, prompts: list[list[int]], params: SamplingParams, tag: str) -> float:
@@ -110,19 +115,34 @@ def main() -> None:
     for name, value in (("plain", plain), ("shaped", shaped)):
         print(f"{name:<8} {value:>22.1f} {', '.join(f'{v:.1f}' for v in runs[name]):>40}")
     print(f"cost of penalties + logit_bias: {100 * cost:.2f}% of decode throughput (medians; target <= 3%)")
-    print(f"per round (1 - shaped/plain of the same round): {', '.join(f'{100 * c:.2f}%' for c in paired)}; "
-          f"median {100 * statistics.median(paired):.2f}%, spread {100 * min(paired):.2f}% to {100 * max(paired):.2f}%")
-    print(f"sampler alone, {args.concurrency} rows x {vocab_size} vocab: plain {sampler['plain']:.2f} ms, shaped "
-          f"{sampler['shaped']:.2f} ms per step (a decode step here: {1000 * args.concurrency / plain:.0f} ms)")
-    result = {"model": str(model), "concurrency": args.concurrency, "isl": args.isl, "osl": args.osl,
-              "threads": args.threads, "shaping": {k: v for k, v in SHAPED.items() if k != "logit_bias"} |
-              {"logit_bias_tokens": len(SHAPED["logit_bias"])}, "rounds": runs,
-              "median_tok_s": {"plain": plain, "shaped": shaped}, "cost_fraction": cost,
-              "paired_cost_fractions": paired, "paired_cost_median": statistics.median(paired),
-              "load_average_before": load_before, "load_average_after": load_after,
-              "sampler_ms": sampler, "step_ms_plain": 1000 * args.concurrency / plain,
-              "host": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                       time.gmtime())}
+    print(
+        f"per round (1 - shaped/plain of the same round): {', '.join(f'{100 * c:.2f}%' for c in paired)}; "
+        f"median {100 * statistics.median(paired):.2f}%, spread {100 * min(paired):.2f}% to {100 * max(paired):.2f}%"
+    )
+    print(
+        f"sampler alone, {args.concurrency} rows x {vocab_size} vocab: plain {sampler['plain']:.2f} ms, shaped "
+        f"{sampler['shaped']:.2f} ms per step (a decode step here: {1000 * args.concurrency / plain:.0f} ms)"
+    )
+    result = {
+        "model": str(model),
+        "concurrency": args.concurrency,
+        "isl": args.isl,
+        "osl": args.osl,
+        "threads": args.threads,
+        "shaping": {k: v for k, v in SHAPED.items() if k != "logit_bias"}
+        | {"logit_bias_tokens": len(SHAPED["logit_bias"])},
+        "rounds": runs,
+        "median_tok_s": {"plain": plain, "shaped": shaped},
+        "cost_fraction": cost,
+        "paired_cost_fractions": paired,
+        "paired_cost_median": statistics.median(paired),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "sampler_ms": sampler,
+        "step_ms_plain": 1000 * args.concurrency / plain,
+        "host": platform.processor() or platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")

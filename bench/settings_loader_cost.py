@@ -3,6 +3,7 @@ settings: a fresh interpreter's import, and one load from the environment (varia
 checks run in both). pydantic-settings is not a dependency: install it aside, e.g.
 `pip install --target /tmp/ps pydantic-settings python-dotenv`, and run with TANDEM_BENCH_PYDANTIC_SETTINGS=/tmp/ps.
 Writes bench/results/settings_loader_cost.json and prints a table."""
+
 import dataclasses
 import json
 import os
@@ -14,8 +15,12 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "results" / "settings_loader_cost.json"
 EXTRA = os.environ.get("TANDEM_BENCH_PYDANTIC_SETTINGS", "")
-ENV = {"TANDEM_MODEL": "/m", "TANDEM_ROUTER_POLICY": "kv", "TANDEM_WORKER_MAX_NUM_SEQS": "32",
-       "TANDEM_WORKER_KV_HOST_GB": "1.5"}
+ENV = {
+    "TANDEM_MODEL": "/m",
+    "TANDEM_ROUTER_POLICY": "kv",
+    "TANDEM_WORKER_MAX_NUM_SEQS": "32",
+    "TANDEM_WORKER_KV_HOST_GB": "1.5",
+}
 
 
 def import_ms(statement: str, runs: int) -> float:
@@ -23,9 +28,13 @@ def import_ms(statement: str, runs: int) -> float:
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), EXTRA) if p)
 
     def once(code: str) -> float:
-        out = subprocess.run([sys.executable, "-c", f"import time; t = time.perf_counter(); {code}; "
-                              "print(time.perf_counter() - t)"], capture_output=True, text=True, check=True,
-                             env=os.environ | {"PYTHONPATH": path})
+        out = subprocess.run(
+            [sys.executable, "-c", f"import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ | {"PYTHONPATH": path},
+        )
         return float(out.stdout)
 
     return statistics.median(once(statement) for _ in range(runs)) * 1e3
@@ -36,8 +45,13 @@ def pydantic_loader(source):
     from pydantic import AliasChoices, Field, create_model
     from pydantic_settings import BaseSettings, SettingsConfigDict
 
-    fields = {s.name: (type(s.default) if s.name not in ("api_keys",) else str,
-                       Field(s.default, validation_alias=AliasChoices(s.env))) for s in source.settings()}
+    fields = {
+        s.name: (
+            type(s.default) if s.name not in ("api_keys",) else str,
+            Field(s.default, validation_alias=AliasChoices(s.env)),
+        )
+        for s in source.settings()
+    }
     model = create_model("Bench", __base__=BaseSettings, **fields)
     model.model_config = SettingsConfigDict(frozen=True, extra="ignore")
     return model
@@ -59,13 +73,19 @@ def main() -> None:
     for name, source, fixed in (("router", ROUTER, {}), ("decode worker", WORKER, {"role": WorkerRole.DECODE})):
         model = pydantic_loader(source)
         assert dataclasses.asdict(source.cls(**fixed, **model().model_dump())) == dataclasses.asdict(
-            source.load(**fixed)), "the two loaders must build the same settings"
-        rows[name] = {"own_load_us": load_us(lambda source=source, fixed=fixed: source.load(**fixed)),
-                      "pydantic_settings_load_us": load_us(
-                          lambda source=source, fixed=fixed, model=model: source.cls(**fixed, **model().model_dump()))}
+            source.load(**fixed)
+        ), "the two loaders must build the same settings"
+        rows[name] = {
+            "own_load_us": load_us(lambda source=source, fixed=fixed: source.load(**fixed)),
+            "pydantic_settings_load_us": load_us(
+                lambda source=source, fixed=fixed, model=model: source.cls(**fixed, **model().model_dump())
+            ),
+        }
     runs = 15
-    rows["import"] = {"own_import_ms": import_ms("import services.common.settings_loader", runs),
-                      "pydantic_settings_import_ms": import_ms("import pydantic_settings", runs)}
+    rows["import"] = {
+        "own_import_ms": import_ms("import services.common.settings_loader", runs),
+        "pydantic_settings_import_ms": import_ms("import pydantic_settings", runs),
+    }
     OUT.write_text(json.dumps({"python": sys.version.split()[0], "import_runs": runs, "results": rows}, indent=1))
     print(f"{'':16} {'own loader':>12} {'pydantic-settings':>18}")
     for name in ("router", "decode worker"):

@@ -4,6 +4,7 @@ CPU time of the stepping thread (time.thread_time), so a loaded host's waiting i
 
     python bench/spec_step_cpu.py [--requests 4] [--osl 128] [--rounds 2] [--json bench/results/X.json]
 """
+
 import argparse
 import json
 import statistics
@@ -26,9 +27,15 @@ from tandem.bench.spec_bench import WORKLOADS, chat_prompts, params_for
 
 
 def make_core(model: Path, speculative: str, max_len: int):
-    config = EngineConfig(model=str(model), dtype="float32", num_threads=1, block_size=BLOCK_SIZE,
-                          batch=BatchConfig(1, 4096), num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1)),
-                          speculative=speculative)
+    config = EngineConfig(
+        model=str(model),
+        dtype="float32",
+        num_threads=1,
+        block_size=BLOCK_SIZE,
+        batch=BatchConfig(1, 4096),
+        num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1)),
+        speculative=speculative,
+    )
     return build_core(config)
 
 
@@ -55,10 +62,16 @@ def run(core, prompts: list[list[int]], osl: int, tag: str) -> dict:
             elif all(s.num_new_tokens == 1 for s in out.scheduled):
                 plain.append(spent)
         outputs.append(tokens)
-    return {"plain_steps": len(plain), "verify_steps": len(verifying), "plain_step_ms": 1e3 * statistics.median(plain),
-            "plain_step_ms_mean": 1e3 * statistics.fmean(plain), "verify_step_ms_total": 1e3 * sum(verifying),
-            "cpu_ms_per_token": 1e3 * total / sum(map(len, outputs)), "tokens": sum(map(len, outputs)),
-            "outputs": outputs}
+    return {
+        "plain_steps": len(plain),
+        "verify_steps": len(verifying),
+        "plain_step_ms": 1e3 * statistics.median(plain),
+        "plain_step_ms_mean": 1e3 * statistics.fmean(plain),
+        "verify_step_ms_total": 1e3 * sum(verifying),
+        "cpu_ms_per_token": 1e3 * total / sum(map(len, outputs)),
+        "tokens": sum(map(len, outputs)),
+        "outputs": outputs,
+    }
 
 
 def separate(args) -> None:
@@ -66,12 +79,33 @@ def separate(args) -> None:
     rows = {"off": [], "on": []}
     for r in range(args.rounds):
         for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            cmd = [sys.executable, __file__, "--requests", str(args.requests), "--osl", str(args.osl), "--rounds", "1",
-                   "--speculative", args.speculative, "--only", name]
-            rows[name].append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True)
-                                         .stdout.strip().splitlines()[-1]))
-    report = {"speculative": args.speculative, "requests": args.requests, "osl": args.osl, "rounds": args.rounds,
-              "separate_processes": True, **rows}
+            cmd = [
+                sys.executable,
+                __file__,
+                "--requests",
+                str(args.requests),
+                "--osl",
+                str(args.osl),
+                "--rounds",
+                "1",
+                "--speculative",
+                args.speculative,
+                "--only",
+                name,
+            ]
+            rows[name].append(
+                json.loads(
+                    subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                )
+            )
+    report = {
+        "speculative": args.speculative,
+        "requests": args.requests,
+        "osl": args.osl,
+        "rounds": args.rounds,
+        "separate_processes": True,
+        **rows,
+    }
     summarize(report, rows, args.json)
 
 
@@ -81,13 +115,19 @@ def summarize(report: dict, rows: dict, path: Path | None) -> None:
     report["plain_step_ratio_on_over_off"] = on / off
     per_token = {n: statistics.median(x["cpu_ms_per_token"] for x in runs) for n, runs in rows.items()}
     report["cpu_per_token_ratio_off_over_on"] = per_token["off"] / per_token["on"]  # NOTE: a throughput ratio
-    print("| engine | plain decode step CPU ms (median) | CPU ms per token | plain steps | verify steps |\n"
-          "|---|---|---|---|---|")
+    print(
+        "| engine | plain decode step CPU ms (median) | CPU ms per token | plain steps | verify steps |\n"
+        "|---|---|---|---|---|"
+    )
     for name, runs in rows.items():
-        print(f"| {name} | {statistics.median(x['plain_step_ms'] for x in runs):.2f} | {per_token[name]:.2f} | "
-              f"{sum(x['plain_steps'] for x in runs)} | {sum(x['verify_steps'] for x in runs)} |")
-    print(f"on/off per plain step: {on / off:.3f}; throughput by CPU, on vs off: "
-          f"{report['cpu_per_token_ratio_off_over_on']:.3f}x")
+        print(
+            f"| {name} | {statistics.median(x['plain_step_ms'] for x in runs):.2f} | {per_token[name]:.2f} | "
+            f"{sum(x['plain_steps'] for x in runs)} | {sum(x['verify_steps'] for x in runs)} |"
+        )
+    print(
+        f"on/off per plain step: {on / off:.3f}; throughput by CPU, on vs off: "
+        f"{report['cpu_per_token_ratio_off_over_on']:.3f}x"
+    )
     if path:
         path.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -119,8 +159,13 @@ def main() -> None:
     if args.only:
         print(json.dumps({k: v for k, v in rows[args.only][-1].items() if k != "outputs"}))
         return
-    report = {"speculative": args.speculative, "requests": args.requests, "osl": args.osl, "rounds": args.rounds,
-              "identical_output": all(a["outputs"] == b["outputs"] for a, b in zip(rows["off"], rows["on"]))}
+    report = {
+        "speculative": args.speculative,
+        "requests": args.requests,
+        "osl": args.osl,
+        "rounds": args.rounds,
+        "identical_output": all(a["outputs"] == b["outputs"] for a, b in zip(rows["off"], rows["on"])),
+    }
     for name, runs in rows.items():
         report[name] = [{k: v for k, v in x.items() if k != "outputs"} for x in runs]
     summarize(report, rows, args.json)

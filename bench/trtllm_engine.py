@@ -7,6 +7,7 @@ of tensorrt_llm (what CI runs: it checks the benchmark, not TensorRT-LLM).
     python bench/gpu_engine.py --engine trtllm --json bench/out/trtllm-engine.json        # random-weight 8B shape
     python bench/gpu_engine.py --engine trtllm --model /models/Llama-3.1-8B-Instruct-FP8  # the anchors' checkpoint
 """
+
 import asyncio
 import json
 import random
@@ -42,8 +43,14 @@ def engine_for(model: Path, plan: TrtPlan, api=None, dtype: str = "bfloat16", kv
     from engines.trtllm import TrtllmConfig, TrtllmEngine
 
     batch = BatchConfig(plan.max_num_seqs, plan.max_num_batched_tokens, plan.max_model_len)
-    config = TrtllmConfig(model=str(model), dtype=dtype, batch=batch, cache=CacheConfig(block_size=32),
-                          kv_cache_dtype=kv, cache_transceiver="off")
+    config = TrtllmConfig(
+        model=str(model),
+        dtype=dtype,
+        batch=batch,
+        cache=CacheConfig(block_size=32),
+        kv_cache_dtype=kv,
+        cache_transceiver="off",
+    )
     return TrtllmEngine(config, api=api)
 
 
@@ -52,8 +59,9 @@ async def one(engine, req_id: str, prompt: tuple[int, ...], n_out: int) -> tuple
     from engines.base import EngineRequest, SamplingParams
 
     start, first, n = time.perf_counter(), None, 0
-    async for out in engine.add_request(EngineRequest(req_id, prompt, SamplingParams(max_tokens=n_out,
-                                                                                      ignore_eos=True))):
+    async for out in engine.add_request(
+        EngineRequest(req_id, prompt, SamplingParams(max_tokens=n_out, ignore_eos=True))
+    ):
         n += len(out.new_token_ids)
         first = first or time.perf_counter() - start
     return first or 0.0, time.perf_counter() - start, n
@@ -82,16 +90,26 @@ async def measure(engine, plan: TrtPlan, vocab: int) -> list[dict]:
 
 
 def row(section: str, config: str, value: float, unit: str, anchor: float | None = None) -> dict:
-    return {"section": section, "config": config, "value": value, "unit": unit, "anchor": anchor,
-            "fraction": value / anchor if anchor else None}
+    return {
+        "section": section,
+        "config": config,
+        "value": value,
+        "unit": unit,
+        "anchor": anchor,
+        "fraction": value / anchor if anchor else None,
+    }
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| section | config | value | unit | anchor (TensorRT-LLM, 8B FP8, H100) | fraction |",
-             "|---|---|---:|---|---:|---:|"]
-    lines += [f"| {r['section']} | {r['config']} | {r['value']:.1f} | {r['unit']} | "
-              f"{r['anchor'] or '-'} | {'-' if r['fraction'] is None else format(r['fraction'], '.3f')} |"
-              for r in rows]
+    lines = [
+        "| section | config | value | unit | anchor (TensorRT-LLM, 8B FP8, H100) | fraction |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    lines += [
+        f"| {r['section']} | {r['config']} | {r['value']:.1f} | {r['unit']} | "
+        f"{r['anchor'] or '-'} | {'-' if r['fraction'] is None else format(r['fraction'], '.3f')} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -116,8 +134,9 @@ def main(model: Path | None, dry_run: bool, json_path: Path | None, kv: str = "a
         api, plan, device = fake_api(), DRY_PLAN, "cpu (dry run, fake tensorrt_llm)"
     with tempfile.TemporaryDirectory() as tmp:
         if model is None:  # speed does not depend on the weights' values
-            model = init_model(Path(tmp) / "m", "llama", tiny=dry_run, shape=None if dry_run else "llama-3.1-8b",
-                               dtype="bfloat16")
+            model = init_model(
+                Path(tmp) / "m", "llama", tiny=dry_run, shape=None if dry_run else "llama-3.1-8b", dtype="bfloat16"
+            )
         rows = asyncio.run(run(model, plan, api, kv))
     if not dry_run:
         import torch
@@ -127,6 +146,18 @@ def main(model: Path | None, dry_run: bool, json_path: Path | None, kv: str = "a
     print(render(rows))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"device": device, "engine": "trtllm", "trtllm_version": TRTLLM_VERSION,
-                                         "model": str(model), "plan": repr(plan), "rows": rows}, indent=2) + "\n")
+        json_path.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "engine": "trtllm",
+                    "trtllm_version": TRTLLM_VERSION,
+                    "model": str(model),
+                    "plan": repr(plan),
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0

@@ -5,6 +5,7 @@
 It only asks; it never changes a service's state. gRPC goes over TLS when TANDEM_GRPC_TLS_* says so, as the
 service's own channels do.
 """
+
 import argparse
 import sys
 import urllib.error
@@ -31,7 +32,8 @@ def check_grpc(address: str, service: str, timeout_s: float) -> str | None:
     with make_sync_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError as e:
             return f"{e.code().name}: {e.details()}"
     if reply.status != health_pb2.HealthCheckResponse.SERVING:

@@ -2,6 +2,7 @@
 for the prefill and decode Deployments, the KV signing key, the KV hash secret) and one Secret per role holding only
 that role's files, and the Redis password's Secret; later runs find the CA's Secret and add only what an older run did
 not make. Talks to the Kubernetes API only about those Secrets."""
+
 import logging
 import os
 import subprocess
@@ -12,8 +13,13 @@ from pathlib import Path
 log = logging.getLogger("tandem.k8s-certs")
 CA_SECRET = "tandem-pki-ca"
 # role -> the identity directory `tandem certs init` writes for it
-IDENTITIES = {"gateway": "gateway", "router": "router", "planner": "planner", "prefill": "prefill-any",
-              "decode": "decode-any"}
+IDENTITIES = {
+    "gateway": "gateway",
+    "router": "router",
+    "planner": "planner",
+    "prefill": "prefill-any",
+    "decode": "decode-any",
+}
 WORKERS = ("prefill", "decode")
 HASHERS = ("gateway", "router", "prefill", "decode")  # whoever hashes tokens or tenants: the KV hash secret
 HASH_SECRET = "kv-hash.secret"
@@ -37,22 +43,46 @@ def secret_bodies(pki: Path) -> list[dict]:
             files[REDIS_PASSWORD] = (pki / REDIS_PASSWORD).read_text()
         bodies.append(_secret(role_secret_name(role), "kubernetes.io/tls", files, role))
     bodies.append(_secret(REDIS_SECRET, "Opaque", {REDIS_PASSWORD: (pki / REDIS_PASSWORD).read_text()}, "redis"))
-    ca = {name: (pki / name).read_text()
-          for name in ("ca.crt", "ca.key", "kv-signing.key", HASH_SECRET, REDIS_PASSWORD)}
+    ca = {
+        name: (pki / name).read_text() for name in ("ca.crt", "ca.key", "kv-signing.key", HASH_SECRET, REDIS_PASSWORD)
+    }
     bodies.append(_secret(CA_SECRET, "Opaque", ca, "certs"))
     return bodies
 
 
 def _secret(name: str, kind: str, files: dict[str, str], role: str) -> dict:
     labels = {"app.kubernetes.io/part-of": "tandem", "app.kubernetes.io/component": "certs", "tandem.io/role": role}
-    return {"apiVersion": "v1", "kind": "Secret", "type": kind, "metadata": {"name": name, "labels": labels},
-            "stringData": files}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": kind,
+        "metadata": {"name": name, "labels": labels},
+        "stringData": files,
+    }
 
 
 def init_pki(folder: Path) -> Path:
     pki = folder / "pki"
-    subprocess.run(["tandem", "certs", "init", str(pki), "--routers", "1", "--prefill", "0", "--decode", "1",
-                    "--role-wide", "prefill", "--role-wide", "decode"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "tandem",
+            "certs",
+            "init",
+            str(pki),
+            "--routers",
+            "1",
+            "--prefill",
+            "0",
+            "--decode",
+            "1",
+            "--role-wide",
+            "prefill",
+            "--role-wide",
+            "decode",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     _write_private(pki / REDIS_PASSWORD, _new_secret(24))
     return pki
 
@@ -74,8 +104,10 @@ def backfill_hash_secret(core, namespace: str, ca) -> int:
     import base64
 
     has = set(ca.data or {})
-    for key, num_bytes, holders in ((HASH_SECRET, 32, [role_secret_name(role) for role in HASHERS]),
-                                    (REDIS_PASSWORD, 24, [role_secret_name("gateway"), REDIS_SECRET])):
+    for key, num_bytes, holders in (
+        (HASH_SECRET, 32, [role_secret_name(role) for role in HASHERS]),
+        (REDIS_PASSWORD, 24, [role_secret_name("gateway"), REDIS_SECRET]),
+    ):
         if key in has:
             continue
         encoded = base64.b64encode(_new_secret(num_bytes).encode()).decode()
@@ -93,8 +125,11 @@ def _add_key(core, namespace: str, name: str, key: str, encoded: str) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
-        body = V1Secret(metadata=V1ObjectMeta(name=name, labels={"app.kubernetes.io/part-of": "tandem"}),
-                        type="Opaque", data={key: encoded})
+        body = V1Secret(
+            metadata=V1ObjectMeta(name=name, labels={"app.kubernetes.io/part-of": "tandem"}),
+            type="Opaque",
+            data={key: encoded},
+        )
         core.create_namespaced_secret(namespace, body)
         log.info("created %s", name)
         return

@@ -4,6 +4,7 @@ Images install the dependencies in a layer of their own (rebuilt only when pypro
 then the project itself with --no-deps; --exclude leaves out what the base image already provides
 (torch in the TensorRT-LLM image, whose build must not be replaced).
 """
+
 import argparse
 import re
 import sys

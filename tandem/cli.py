@@ -2,19 +2,20 @@
 
 Parsing and error reporting only; subcommands live next to the code they drive (e.g. tandem/models/cli.py).
 """
+
 import argparse
 import logging
 import sys
 
-from tandem.models.cli import add_model_commands
-from tandem.stack_cli import add_stack_commands
 from tandem.bench.commands import add_bench_commands
-from tandem.cluster.cli import add_sim_command
-from tandem.worker_drain import add_worker_commands
-from tandem.chaos.cli import add_chaos_command
 from tandem.certs.cli import add_certs_commands
+from tandem.chaos.cli import add_chaos_command
+from tandem.cluster.cli import add_sim_command
 from tandem.config_cli import add_config_commands
+from tandem.models.cli import add_model_commands
 from tandem.models.errors import ModelError
+from tandem.stack_cli import add_stack_commands
+from tandem.worker_drain import add_worker_commands
 
 
 def build_parser() -> argparse.ArgumentParser:

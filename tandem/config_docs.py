@@ -1,5 +1,6 @@
 """Writes docs/configuration.md from the services' settings Sources: each field's variable, flags, default and
 meaning (the Source's help, else the field's comment in its class). Pure text out; it reads no environment."""
+
 import importlib
 import inspect
 import io
@@ -74,18 +75,29 @@ def _up_section() -> str:
     add_stack_commands(parser.add_subparsers(dest="command"))
     commands = next(a for a in parser._actions if a.choices and "up" in a.choices)
     up = commands.choices["up"]
-    rows = ["## `tandem up` (what `make up` runs)\n",
-            "`make up ARGS=\"--decode 2 --prefill 0\"` passes flags through; it starts every service below as a local "
-            "process, each logging to `.cache/logs/<service>.log`.\n", "| flag | meaning |", "|---|---|"]
-    rows += [f"| {', '.join(f'`{o}`' for o in a.option_strings)} | {_cell(a.help or '')} |"
-             for a in up._actions if a.option_strings and a.dest != "help"]
+    rows = [
+        "## `tandem up` (what `make up` runs)\n",
+        '`make up ARGS="--decode 2 --prefill 0"` passes flags through; it starts every service below as a local '
+        "process, each logging to `.cache/logs/<service>.log`.\n",
+        "| flag | meaning |",
+        "|---|---|",
+    ]
+    rows += [
+        f"| {', '.join(f'`{o}`' for o in a.option_strings)} | {_cell(a.help or '')} |"
+        for a in up._actions
+        if a.option_strings and a.dest != "help"
+    ]
     return "\n".join(rows) + "\n"
 
 
 def _section(title: str, source: Source) -> str:
     comments = field_comments(source.cls)
-    rows = [f"## {title}\n", f"`{source.cls.__name__}`; variables `{source.prefix}*` unless named.\n",
-            "| variable | flag | default | meaning |", "|---|---|---|---|"]
+    rows = [
+        f"## {title}\n",
+        f"`{source.cls.__name__}`; variables `{source.prefix}*` unless named.\n",
+        "| variable | flag | default | meaning |",
+        "|---|---|---|---|",
+    ]
     rows += [_row(s, s.help or comments.get(s.name, "")) for s in source.settings()]
     return "\n".join(rows) + "\n"
 

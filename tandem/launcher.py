@@ -1,8 +1,9 @@
 """`tandem up`'s Stack: router, prefill and decode workers and the gateway as separate local processes. It starts
 them, waits until they are ready, starts one again on request (tandem/supervisor.py decides when) and stops every
 process it started (children also die with it if it is killed outright). stack_run.py drives it."""
-import json
+
 import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -97,17 +98,44 @@ class Stack:
         router = ",".join(f"127.0.0.1:{port}" for port in self.router_ports.values())  # every replica
         for name, port in self.router_ports.items():
             self._spawn(name, ["router", "--port", str(port), *self._metrics_args(name), *self.cfg.router_args])
-        threads = str(self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode)))
-        common = ["--model", self.cfg.model, "--router-address", router, "--engine", self.cfg.engine,
-                  "--dtype", self.cfg.dtype, "--num-threads", threads, *self.cfg.worker_args]
+        threads = str(
+            self.cfg.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.cfg.num_prefill + self.cfg.num_decode))
+        )
+        common = [
+            "--model",
+            self.cfg.model,
+            "--router-address",
+            router,
+            "--engine",
+            self.cfg.engine,
+            "--dtype",
+            self.cfg.dtype,
+            "--num-threads",
+            threads,
+            *self.cfg.worker_args,
+        ]
         for i in range(self.cfg.num_prefill):
             self._spawn(f"prefill-{i}", ["prefill", *common, *self._worker_args(f"prefill-{i}")])
         for i in range(self.cfg.num_decode):
             self._spawn(f"decode-{i}", ["decode", *common, *self._worker_args(f"decode-{i}")])
-        self._spawn("gateway", ["gateway", "--model-dir", self.cfg.model, "--router-address", router,
-                                "--served-model-name", served_name(self.cfg.model),
-                                "--host", self.cfg.host, "--port", str(self.cfg.port), *self._gateway_workers_args(),
-                                *self.cfg.gateway_args])
+        self._spawn(
+            "gateway",
+            [
+                "gateway",
+                "--model-dir",
+                self.cfg.model,
+                "--router-address",
+                router,
+                "--served-model-name",
+                served_name(self.cfg.model),
+                "--host",
+                self.cfg.host,
+                "--port",
+                str(self.cfg.port),
+                *self._gateway_workers_args(),
+                *self.cfg.gateway_args,
+            ],
+        )
         self.write_targets()
 
     @property
@@ -120,9 +148,10 @@ class Stack:
 
     def write_targets(self) -> Path:
         """Every service's metrics endpoint as a Prometheus file_sd file (written whole, then renamed)."""
-        groups = [{"targets": [f"127.0.0.1:{port}"],
-                   "labels": {"service": name.split("-")[0], "instance_name": name}}
-                  for name, port in self.metrics_ports.items()]
+        groups = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"service": name.split("-")[0], "instance_name": name}}
+            for name, port in self.metrics_ports.items()
+        ]
         tmp = self.targets_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups, indent=2) + "\n")
         tmp.replace(self.targets_path)
@@ -133,15 +162,25 @@ class Stack:
         binary is not installed."""
         binary = shutil.which("prometheus")
         if binary is None:
-            print("prometheus is not installed (Debian: apt-get install prometheus); metrics are still served "
-                  "at the endpoints below", flush=True)
+            print(
+                "prometheus is not installed (Debian: apt-get install prometheus); metrics are still served "
+                "at the endpoints below",
+                flush=True,
+            )
             return None
         config = self.cfg.log_dir / "prometheus.yml"  # next to the targets file it names by a relative path
         shutil.copyfile(PROMETHEUS_CONFIG, config)
         data = self.cfg.log_dir.parent / "prometheus-data"
         port = self.cfg.prometheus_port
-        self._spawn_command("prometheus", [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                                           f"--web.listen-address=127.0.0.1:{port}"])
+        self._spawn_command(
+            "prometheus",
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={data}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+        )
         return f"http://127.0.0.1:{port}"
 
     def _gateway_workers_args(self) -> list[str]:
@@ -199,8 +238,11 @@ class Stack:
         variables) when insecure."""
         if self.pki is None:
             return {}
-        env = ({**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)} if not self.is_mutual_tls
-               else self.pki.child_env(name))
+        env = (
+            {**dict.fromkeys(TLS_ENV, ""), KV_KEY_ENV: str(self.pki.kv_key)}
+            if not self.is_mutual_tls
+            else self.pki.child_env(name)
+        )
         if os.environ.get(KV_KEY_ENV) or KV_KEY_ENV in self.cfg.env:  # NOTE: "" in cfg.env: unsigned (a baseline)
             env.pop(KV_KEY_ENV, None)
         return env
@@ -209,11 +251,15 @@ class Stack:
         """A child in its own session (a terminal's Ctrl-C reaches the launcher, which stops them in order) that
         dies with the launcher. NOTE: no preexec_fn: forking a process whose gRPC threads are busy (tests, the
         readiness probe) can abort the child before exec; the child arms its own death signal instead."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.env, **self._security_env(name),
-               PARENT_PID_ENV: str(os.getpid())}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **self.cfg.env,
+            **self._security_env(name),
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         with open(log_path, mode) as log_file:
-            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def channel(self, address: str, identity: Identity | None = None):
         """A blocking channel to one of this stack's services, as `identity` (default: this process's own, the
@@ -242,8 +288,12 @@ class Stack:
 
     def supervisor(self) -> Supervisor:
         # NOTE: a copy of the names each round: the planner's control thread may add or retire workers meanwhile
-        return Supervisor(lambda: [c.name for c in list(self.children)], self.exit_code, self.restart,
-                          lambda name: self.child(name).log_path.read_text()[-2000:])
+        return Supervisor(
+            lambda: [c.name for c in list(self.children)],
+            self.exit_code,
+            self.restart,
+            lambda name: self.child(name).log_path.read_text()[-2000:],
+        )
 
     def _gateway_ready(self) -> bool:
         try:
@@ -306,5 +356,7 @@ def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
 
 
 KV_HASH_SECRET_ENV = "TANDEM_KV_HASH_SECRET"  # the block hashes' key: the same for every child of one stack
-_EXEC_SHIM = ("import os, sys; from services.common.process import die_with_parent; die_with_parent(); "
-              "os.execv(sys.argv[1], sys.argv[1:])")
+_EXEC_SHIM = (
+    "import os, sys; from services.common.process import die_with_parent; die_with_parent(); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)

@@ -1,6 +1,7 @@
 """`tandem up`'s mutual TLS: an ephemeral CA (one per launcher process, made at its first stack), one certificate
 per child named by its role and id, a KV signing key per stack, and the operator identity the launcher itself dials
 with. Files only; the launcher decides what to start (TANDEM_GRPC_INSECURE=1: none of this, plaintext)."""
+
 import os
 import shutil
 import threading
@@ -12,8 +13,13 @@ from tandem.certs import pki
 
 INSECURE_ENV = "TANDEM_GRPC_INSECURE"
 KV_KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
-TLS_ENV = ("TANDEM_GRPC_TLS_CA", "TANDEM_GRPC_TLS_CERT", "TANDEM_GRPC_TLS_KEY", "TANDEM_GRPC_TLS_CLIENT_AUTH",
-            "TANDEM_GRPC_TLS_SERVER_NAME")
+TLS_ENV = (
+    "TANDEM_GRPC_TLS_CA",
+    "TANDEM_GRPC_TLS_CERT",
+    "TANDEM_GRPC_TLS_KEY",
+    "TANDEM_GRPC_TLS_CLIENT_AUTH",
+    "TANDEM_GRPC_TLS_SERVER_NAME",
+)
 _ROLES = {"router": "router", "prefill": "prefill", "decode": "decode", "gateway": "gateway", "planner": "planner"}
 _LEAF_DAYS = 7  # NOTE: a new CA every start; a week covers any stack's life
 

@@ -2,6 +2,7 @@
 endpoint through which the planner's local connector reads and changes them. HTTP/JSON on loopback, a daemon thread:
     GET  /workers                               -> {"prefill": {"ready", "starting", "draining"}, "decode": {...}}
     POST /scale {"role": "decode", "replicas": N} -> the same, after starting or draining workers"""
+
 import json
 import os
 import signal
@@ -102,11 +103,24 @@ class ScalableStack(Stack):
 
         profile = WORKER.read("sim_profile")  # NOTE: size with what sim workers run
         has_own_profile = PLANNER.setting("profile").env in os.environ
-        self._spawn("planner", ["planner", "--port", str(grpc_port), "--metrics-port", str(metrics_port),
-                                "--router-address", router, "--connector", "local",
-                                "--local-control-url", self.control.url,
-                                *(["--profile", profile] if profile and not has_own_profile else []),
-                                *self.cfg.planner_args])
+        self._spawn(
+            "planner",
+            [
+                "planner",
+                "--port",
+                str(grpc_port),
+                "--metrics-port",
+                str(metrics_port),
+                "--router-address",
+                router,
+                "--connector",
+                "local",
+                "--local-control-url",
+                self.control.url,
+                *(["--profile", profile] if profile and not has_own_profile else []),
+                *self.cfg.planner_args,
+            ],
+        )
 
     def live_workers(self, role: str) -> list[str]:
         """Running workers of `role` not asked to leave, oldest first."""
@@ -118,9 +132,24 @@ class ScalableStack(Stack):
         grpc_port, metrics_port = free_ports(2, exclude=self._ports_in_use())
         self.worker_ports[name], self.metrics_ports[name] = grpc_port, metrics_port
         threads = str(self.cfg.num_threads or 1)
-        self._spawn(name, [role, "--model", self.cfg.model, "--router-address", f"127.0.0.1:{self.router_port}",
-                           "--engine", self.cfg.engine, "--dtype", self.cfg.dtype, "--num-threads", threads,
-                           *self.cfg.worker_args, *self._worker_args(name)])
+        self._spawn(
+            name,
+            [
+                role,
+                "--model",
+                self.cfg.model,
+                "--router-address",
+                f"127.0.0.1:{self.router_port}",
+                "--engine",
+                self.cfg.engine,
+                "--dtype",
+                self.cfg.dtype,
+                "--num-threads",
+                threads,
+                *self.cfg.worker_args,
+                *self._worker_args(name),
+            ],
+        )
         self.write_targets()
         print(f"planner: started {name}", flush=True)
         return name
@@ -142,8 +171,11 @@ class ScalableStack(Stack):
         for role in ("prefill", "decode"):
             live = self.live_workers(role)
             ready = sum(1 for name in live if name in registered)
-            counts[role] = {"ready": ready, "starting": len(live) - ready,
-                            "draining": sum(1 for c in self.retired if c.name.startswith(f"{role}-"))}
+            counts[role] = {
+                "ready": ready,
+                "starting": len(live) - ready,
+                "draining": sum(1 for c in self.retired if c.name.startswith(f"{role}-")),
+            }
         return counts
 
     def _ports_in_use(self) -> set[int]:

@@ -1,6 +1,7 @@
 """`tandem up`'s top: picks the stack (a plain Stack, or with --planner the ScalableStack of stack_control.py), starts
 it, prints how to use it, keeps its children up through the supervisor until Ctrl-C/SIGTERM, then stops it all.
 It knows no child's command line (launcher.py does)."""
+
 import signal
 import sys
 import time
@@ -51,7 +52,8 @@ def print_banner(stack: Stack, prometheus: str | None = None) -> None:
     model = served_name(cfg.model)
     metrics = "\n".join(f"metrics: {name} {url}" for name, url in stack.metrics_urls.items())
     prometheus_line = f"\n  prometheus: {prometheus}" if prometheus else ""
-    print(f"""tandem is up: {stack.url}
+    print(
+        f"""tandem is up: {stack.url}
   router {", ".join(f"127.0.0.1:{p}" for p in stack.router_ports.values())} · {cfg.num_prefill} prefill · {cfg.num_decode} decode · engine {cfg.engine}
   logs: {cfg.log_dir}/
 {metrics}
@@ -62,11 +64,15 @@ try it:
   curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "temperature": 0, "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
-Ctrl-C stops everything.""", flush=True)
+Ctrl-C stops everything.""",
+        flush=True,
+    )
 
 
 def _security_line(stack: Stack) -> str:
     if not stack.is_mutual_tls:
         return "gRPC: PLAINTEXT (TANDEM_GRPC_INSECURE=1): any local process may call any service"
-    return (f"gRPC: mutual TLS, per-role authorization; certificates in {stack.pki.directory}/ "
-            f"(dial as the operator with {stack.pki.directory}/operator/)")
+    return (
+        f"gRPC: mutual TLS, per-role authorization; certificates in {stack.pki.directory}/ "
+        f"(dial as the operator with {stack.pki.directory}/operator/)"
+    )

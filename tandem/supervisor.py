@@ -6,6 +6,7 @@ child and why.
 RestartPolicy (services/common/process.py) is pure (times in, decisions out); Supervisor polls processes through
 the callables it is given.
 """
+
 import logging
 import signal
 import time
@@ -45,9 +46,15 @@ class Supervisor:
     and starts one again with `restart(name)`; `poll()` does one round and raises CrashLoopError when it must
     give up."""
 
-    def __init__(self, names: Callable[[], list[str]], exit_code: Callable[[str], int | None],
-                 restart: Callable[[str], None], log_tail: Callable[[str], str] = lambda name: "",
-                 policy: RestartPolicy = RestartPolicy(), clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        names: Callable[[], list[str]],
+        exit_code: Callable[[str], int | None],
+        restart: Callable[[str], None],
+        log_tail: Callable[[str], str] = lambda name: "",
+        policy: RestartPolicy = RestartPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.policy = policy
         self._names, self._exit_code, self._restart = names, exit_code, restart
         self._log_tail, self._clock = log_tail, clock
@@ -70,16 +77,24 @@ class Supervisor:
     def _on_exit(self, name: str, code: int, history: History, now: float) -> None:
         how = describe_exit(code)
         if code == BAD_SETTINGS_EXIT:
-            raise CrashLoopError(f"{name} exited with {how} (bad settings; a restart would not help)"
-                                 f"{self._tail(name)}")
+            raise CrashLoopError(f"{name} exited with {how} (bad settings; a restart would not help){self._tail(name)}")
         num_recent = history.window.record(now, self.policy.window_s)
         if self.policy.is_crash_loop(num_recent):
-            raise CrashLoopError(f"{name} is crash-looping: it exited {num_recent} times within "
-                                 f"{self.policy.window_s:.0f} s, the last with {how}{self._tail(name)}")
+            raise CrashLoopError(
+                f"{name} is crash-looping: it exited {num_recent} times within "
+                f"{self.policy.window_s:.0f} s, the last with {how}{self._tail(name)}"
+            )
         wait_s = self.policy.backoff_s(num_recent)
         history.restart_at = now + wait_s
-        log.warning("%s exited with %s; starting it again in %.1f s (%d of %d restarts allowed in %.0f s)", name,
-                    how, wait_s, num_recent, self.policy.max_restarts, self.policy.window_s)
+        log.warning(
+            "%s exited with %s; starting it again in %.1f s (%d of %d restarts allowed in %.0f s)",
+            name,
+            how,
+            wait_s,
+            num_recent,
+            self.policy.max_restarts,
+            self.policy.window_s,
+        )
 
     def _tail(self, name: str) -> str:
         tail = self._log_tail(name).strip()

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random checkpoints per architecture, the real SmolLM2, one torch thread."""
+
 import os
 from pathlib import Path
 
@@ -17,8 +18,18 @@ TINY_VARIANTS = {
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     "llama-mqa": ("llama", {"num_key_value_heads": 1}),
     "llama-mha": ("llama", {"num_key_value_heads": 4}),
-    "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama3-rope": (
+        "llama",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
     "mistral": ("mistral", {}),
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),

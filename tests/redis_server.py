@@ -1,5 +1,6 @@
 """A real redis-server (Debian's package) on a free loopback port, for the response store's tests. Without the
 binary the test fails when TANDEM_REQUIRE_REDIS is set (.ci/run installs it) and skips, saying why, elsewhere."""
+
 import contextlib
 import os
 import shutil
@@ -29,8 +30,19 @@ def redis_binary() -> str:
 def running_redis(work: Path) -> Iterator[str]:
     """Starts redis-server (no persistence) and yields its URL; stops it after."""
     port = free_port()
-    command = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--dir", str(work)]
+    command = [
+        redis_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(work),
+    ]
     with open(work / "redis.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:

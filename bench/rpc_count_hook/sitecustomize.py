@@ -1,6 +1,7 @@
 """Bench only (bench/rpc_counts.py puts this folder first on PYTHONPATH): every grpc.aio server in the process gets
 one more interceptor counting calls by method and the messages each server stream sends, written to
 $TANDEM_BENCH_RPC_COUNTS/<pid>.json every half second. It changes no call; never on PYTHONPATH outside the bench."""
+
 import collections
 import inspect
 import json
@@ -29,8 +30,10 @@ class _Counting(grpc.aio.ServerInterceptor):
             async for item in behavior(request, context):
                 _counts[key] += 1
                 yield item
-        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
-                                                    response_serializer=handler.response_serializer)
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
 
 
 def _write_forever() -> None:
@@ -51,6 +54,7 @@ def _install() -> None:
             started.append(threading.Thread(target=_write_forever, daemon=True))
             started[0].start()
         return original(*args, interceptors=[*(interceptors or []), _Counting()], **kwargs)
+
     grpc.aio.server = server
 
 

@@ -6,6 +6,7 @@ kustomization's folder). Needs no cluster; it never applies anything.
     .venv/bin/python deploy/k8s/render.py            check: exit 1, naming each out-of-date file
     .venv/bin/python deploy/k8s/render.py --update   rewrite them (what `make k8s-golden` runs)
 """
+
 import argparse
 import shutil
 import subprocess

@@ -1,4 +1,5 @@
 """The engine contract shared by every backend. Imports no torch."""
+
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, hash_block
 from engines.base.engine import Engine
 from engines.base.errors import (
@@ -24,9 +25,25 @@ from engines.base.types import (
 )
 
 __all__ = [
-    "NONE_HASH", "chain_block_hashes", "hash_block", "Engine", "EngineBusyError", "EngineDiedError", "EngineError",
-    "EngineUnavailableError", "InvalidRequestError",
-    "KvLayoutMismatchError", "ModelNotFoundError", "RequestNotFoundError", "UnsupportedArchitectureError",
-    "EngineRequest", "EngineStats", "FinishReason", "KvExport", "KvLayout", "RequestOutput",
-    "SamplingParams", "TokenLogprob",
+    "NONE_HASH",
+    "chain_block_hashes",
+    "hash_block",
+    "Engine",
+    "EngineBusyError",
+    "EngineDiedError",
+    "EngineError",
+    "EngineUnavailableError",
+    "InvalidRequestError",
+    "KvLayoutMismatchError",
+    "ModelNotFoundError",
+    "RequestNotFoundError",
+    "UnsupportedArchitectureError",
+    "EngineRequest",
+    "EngineStats",
+    "FinishReason",
+    "KvExport",
+    "KvLayout",
+    "RequestOutput",
+    "SamplingParams",
+    "TokenLogprob",
 ]

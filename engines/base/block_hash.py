@@ -5,6 +5,7 @@ salt and the deployment's secret (chain_root), so tenants never share a block an
 Every part of tandem that names a KV block (prefix cache, KV events, router index, simulator)
 calls this module; nothing else may hash blocks, or count the blocks a number of tokens fills.
 """
+
 import functools
 import hashlib
 import sys
@@ -31,9 +32,7 @@ def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
     return _xxh3(array(_TOKEN, token_ids).tobytes(), parent_hash ^ HASH_SEED)
 
 
-def chain_block_hashes(
-    token_ids: Sequence[int], block_size: int, parent_hash: int = NONE_HASH
-) -> list[int]:
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, parent_hash: int = NONE_HASH) -> list[int]:
     """Hashes of every full block of `token_ids`; a partial last block gets none. Packs the ids once."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -1,4 +1,5 @@
 """The Engine protocol: what a worker holds, whatever the backend, and the capabilities it declares."""
+
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable

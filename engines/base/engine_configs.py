@@ -1,6 +1,7 @@
 """The frozen sub-configs every engine backend shares: batching limits, the KV cache (blocks and tiers) and KV
 transfer. A worker's settings build them once; a backend's config takes them whole instead of re-declaring their
 fields. Validation only: no I/O, no torch, nothing measured is written back."""
+
 from dataclasses import dataclass
 
 KV_TRANSPORTS = ("auto", "nixl", "grpc", "")  # auto: nixl when it imports; "": bytes in the message (native)
@@ -9,6 +10,7 @@ KV_TRANSPORTS = ("auto", "nixl", "grpc", "")  # auto: nixl when it imports; "": 
 @dataclass(frozen=True, slots=True)
 class BatchConfig:
     """How much one engine step may hold: the scheduler's limits."""
+
     max_num_seqs: int = 64  # running requests per step
     max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
     max_model_len: int = 0  # 0: the model's
@@ -24,6 +26,7 @@ class BatchConfig:
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The paged KV cache: block size, the device pool, and the host (G2) and disk (G3) tiers below it."""
+
     block_size: int = 16  # tokens per KV block: the router hashes prompts in blocks of this size
     num_blocks: int = 0  # > 0: exactly this many device blocks; 0: sized from memory
     gpu_memory_utilization: float = 0.9  # GPU engines: the card's share this worker may fill, weights included
@@ -42,6 +45,7 @@ class CacheConfig:
 @dataclass(frozen=True, slots=True)
 class TransferConfig:
     """How KV leaves and enters this engine: the transport, and how long exported blocks wait to be taken."""
+
     kv_transport: str = "auto"
     held_kv_ttl_s: float = 30.0  # a prefilled request's KV no decode worker took is let go after this long
 
@@ -59,5 +63,6 @@ def check_tier_sizes(host_gb: float, disk_dir: str, disk_gb: float) -> None:
     if bool(disk_dir) != (disk_gb > 0):
         raise ValueError("the disk KV tier needs both a directory (kv_disk_dir) and a size (kv_disk_gb)")
     if disk_gb > 0 and host_gb <= 0:
-        raise ValueError("the disk KV tier is fed from the host tier: set kv_host_gb too (host >= device KV, "
-                         "disk >= host)")
+        raise ValueError(
+            "the disk KV tier is fed from the host tier: set kv_host_gb too (host >= device KV, disk >= host)"
+        )

@@ -3,6 +3,7 @@ ring and summarised by a snapshot when the ring no longer reaches back far enoug
 
 Pure dataclasses: no torch, no I/O, no transport (the worker converts these to protos).
 """
+
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,8 +81,9 @@ class KvEventLog:
         self._live.clear()
         return self._append(KvEventKind.CLEARED, NONE_HASH, (), KvTier.DEVICE)
 
-    def record(self, stored: Iterable[tuple[int, int]], removed: Iterable[int],
-               tier: KvTier = KvTier.DEVICE) -> list[KvEvent]:
+    def record(
+        self, stored: Iterable[tuple[int, int]], removed: Iterable[int], tier: KvTier = KvTier.DEVICE
+    ) -> list[KvEvent]:
         """Turn a drain of (parent_hash, block_hash) pairs and removed hashes into events: removals first,
         then one STORED event per run of pairs that chain on each other."""
         events = []
@@ -120,8 +122,9 @@ class KvEventLog:
         events: list[KvEvent] = []
         for tier in KvTier:
             pairs = [(parent, h) for (h, t), parent in self._live.items() if t == tier]
-            events += [KvEvent(self.last_seq, KvEventKind.STORED, parent, hashes, tier)
-                       for parent, hashes in _chains(pairs)]
+            events += [
+                KvEvent(self.last_seq, KvEventKind.STORED, parent, hashes, tier) for parent, hashes in _chains(pairs)
+            ]
         return KvSnapshot(self.last_seq, tuple(events))
 
     def _append(self, kind: KvEventKind, parent_hash: int, hashes: tuple[int, ...], tier: KvTier) -> KvEvent:

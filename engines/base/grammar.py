@@ -1,5 +1,6 @@
 """A StructuredSpec as llguidance's grammar text, checked: what the gateway runs to refuse a bad grammar with a 400
 and what an engine compiles. llguidance alone (no torch); holds no state."""
+
 import json
 
 import llguidance
@@ -21,6 +22,5 @@ def grammar_text(spec: StructuredSpec) -> str:
         raise InvalidRequestError(f"the {spec.kind} grammar does not compile: {exc}", param=spec.field) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise InvalidRequestError(f"the {spec.kind} grammar does not compile: {'; '.join(messages)}",
-                                  param=spec.field)
+        raise InvalidRequestError(f"the {spec.kind} grammar does not compile: {'; '.join(messages)}", param=spec.field)
     return grammar

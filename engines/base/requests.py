@@ -1,5 +1,6 @@
 """What every engine checks and does the same way: request validation, KV import checks and the
 per-request output stream fed through an asyncio queue. Imports no torch."""
+
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Sequence
 
@@ -17,12 +18,15 @@ def validate_request(request: EngineRequest, max_model_len: int, live_ids: Conta
         raise InvalidRequestError("prompt is empty")
     if len(tokens) >= max_model_len:
         what = "prompt and output tokens fill the context:" if request.output_token_ids else "prompt has"
-        raise InvalidRequestError(f"{what} {len(tokens)} tokens; the context holds {max_model_len} "
-                                  "(prompt plus at least one generated token)")
+        raise InvalidRequestError(
+            f"{what} {len(tokens)} tokens; the context holds {max_model_len} (prompt plus at least one generated token)"
+        )
     request.params.validate()
     if len(request.output_token_ids) >= request.params.max_tokens:
-        raise InvalidRequestError(f"output_token_ids already hold {len(request.output_token_ids)} tokens of "
-                                  f"max_tokens {request.params.max_tokens}")
+        raise InvalidRequestError(
+            f"output_token_ids already hold {len(request.output_token_ids)} tokens of "
+            f"max_tokens {request.params.max_tokens}"
+        )
     if request.req_id in live_ids:
         raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
 
@@ -42,7 +46,8 @@ def check_importable(layout: KvLayout, kv: KvExport) -> None:
     if kv.num_blocks != num_blocks or len(kv.data) != expected * itemsize:
         raise KvLayoutMismatchError(
             f"KV export holds {kv.num_blocks} blocks / {len(kv.data)} bytes; "
-            f"{kv.num_tokens} tokens need {num_blocks} blocks / {expected * itemsize} bytes")
+            f"{kv.num_tokens} tokens need {num_blocks} blocks / {expected * itemsize} bytes"
+        )
     num_scales = 2 * layout.num_layers if layout.dtype == FP8_KV_DTYPE else 0
     if len(kv.scales) != num_scales:
         raise KvLayoutMismatchError(f"KV export carries {len(kv.scales)} scales; this cache needs {num_scales}")
@@ -56,8 +61,9 @@ def check_kv_prefix(kv_token_ids: Sequence[int], token_ids: Sequence[int]) -> No
         raise InvalidRequestError("imported KV must cover a strict prefix of the request's tokens")
 
 
-async def queue_stream(req_id: str, queue: asyncio.Queue, on_done: Callable[[], object],
-                       abort: Callable[[str], Awaitable[None]]) -> AsyncIterator[RequestOutput]:
+async def queue_stream(
+    req_id: str, queue: asyncio.Queue, on_done: Callable[[], object], abort: Callable[[str], Awaitable[None]]
+) -> AsyncIterator[RequestOutput]:
     """Deltas from `queue` until the finished one; a consumer that leaves early aborts the request."""
     finished = False
     try:

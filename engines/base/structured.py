@@ -1,5 +1,6 @@
 """The grammar a request's output must follow, as the engine contract carries it: what kind of grammar, its text,
 and the request field that asked for it (named in any refusal). Pure data; compiling it is the engine's job."""
+
 import json
 from dataclasses import dataclass
 
@@ -33,5 +34,8 @@ class StructuredSpec:
 def refuse_structured(spec: StructuredSpec | None) -> None:
     """For engines that cannot constrain their output: a structured request is refused, never run unconstrained."""
     if spec is not None:
-        raise InvalidRequestError(f"`{spec.field}` is not supported by this engine: it does not constrain its "
-                                  "output to a grammar (the native and trtllm engines do)", param=spec.field)
+        raise InvalidRequestError(
+            f"`{spec.field}` is not supported by this engine: it does not constrain its "
+            "output to a grammar (the native and trtllm engines do)",
+            param=spec.field,
+        )

@@ -1,4 +1,5 @@
 """Domain dataclasses of the engine contract: requests, sampling, outputs, stats, KV exports."""
+
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -69,18 +70,19 @@ class SamplingParams:
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
-            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got "
-                                      f"{len(self.logit_bias)}")
+            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
         ids = [token_id for token_id, _ in self.logit_bias]
         if ids != sorted(set(ids)):
             raise InvalidRequestError("logit_bias token ids must be unique and in ascending order")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
-                raise InvalidRequestError(f"logit_bias maps token ids >= 0 to biases in [-100, 100], got "
-                                          f"{token_id}: {bias}")
+                raise InvalidRequestError(
+                    f"logit_bias maps token ids >= 0 to biases in [-100, 100], got {token_id}: {bias}"
+                )
         if len(self.cache_salt) > MAX_CACHE_SALT_CHARS:
-            raise InvalidRequestError(f"cache_salt takes at most {MAX_CACHE_SALT_CHARS} characters, got "
-                                      f"{len(self.cache_salt)}")
+            raise InvalidRequestError(
+                f"cache_salt takes at most {MAX_CACHE_SALT_CHARS} characters, got {len(self.cache_salt)}"
+            )
         if self.structured is not None:
             self.structured.validate()
 
@@ -94,8 +96,13 @@ class SamplingParams:
 
     def shaping_fields(self) -> tuple[str, ...]:
         """The logit-shaping fields set away from "off": what an engine without logits must refuse."""
-        off = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-               "logit_bias": ()}
+        off = {
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_p": 0.0,
+            "logit_bias": (),
+        }
         return tuple(name for name, value in off.items() if getattr(self, name) != value)
 
 

@@ -1,5 +1,6 @@
 """Paged KV block accounting: reference counts, a prefix cache keyed by the chained block hash
 (confirmed by token ids), and LRU reuse of freed cached blocks. No torch, no I/O."""
+
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ class BlockManager:
         if not computed:  # NOTE: the per-decode-step case: room in the last block and no block newly full
             num_after = seq.num_computed_tokens + num_new_tokens
             if num_after <= len(seq.block_table) * bs and (
-                    not self.enable_prefix_caching or min(num_after, len(seq.token_ids)) // bs <= seq.num_registered_blocks):
+                not self.enable_prefix_caching or min(num_after, len(seq.token_ids)) // bs <= seq.num_registered_blocks
+            ):
                 return True
         num_after = seq.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_needed = self.num_blocks_for(num_after) - len(seq.block_table) - len(computed)

@@ -5,6 +5,7 @@ in-process benchmarks; messages pass as objects). The client and the loop are th
 Pipes were chosen on measurements (bench/ipc_bench.py, bench/RESULTS.md): round trips and step streams as fast as
 ZMQ's or faster, and EOF tells the client at once that the engine process died.
 """
+
 import asyncio
 import logging
 import multiprocessing as mp
@@ -85,8 +86,12 @@ class ProcessChannel:
         ctx = mp.get_context("spawn")  # NOTE: never fork a process whose gRPC threads are running
         self._conn, child = ctx.Pipe()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.process = ctx.Process(target=engine_process, args=(child, spec, overlap, os.getpid(), log_setup),
-                                   name="tandem-engine", daemon=True)
+        self.process = ctx.Process(
+            target=engine_process,
+            args=(child, spec, overlap, os.getpid(), log_setup),
+            name="tandem-engine",
+            daemon=True,
+        )
         self.process.start()
         child.close()
 
@@ -163,8 +168,9 @@ class _PipeEngineSide:
         self.conn.send_bytes(messages.encode(message))
 
 
-def engine_process(conn, spec: EngineSpec, overlap: bool, parent_pid: int,
-                   log_setup: Callable[[], None] | None = None) -> None:
+def engine_process(
+    conn, spec: EngineSpec, overlap: bool, parent_pid: int, log_setup: Callable[[], None] | None = None
+) -> None:
     """The engine process: dies with its parent, leaves signals to it, serves until Stop or the pipe closes."""
     _die_with(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: the worker decides when its engine stops

@@ -1,6 +1,7 @@
 """EngineClient: the Engine protocol over an engine loop in a child process (workers) or on a thread (tests,
 in-process benchmarks). It validates requests, owns one asyncio queue of deltas per request, mirrors the stats
 and KV events each step message carries, and fails every live stream at once if the engine dies."""
+
 import asyncio
 import itertools
 import logging
@@ -22,8 +23,14 @@ STOP_TIMEOUT_S = 10.0
 
 
 class EngineClient:
-    def __init__(self, spec: EngineSpec, *, process: bool = False, overlap: bool = False,
-                 log_setup: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        process: bool = False,
+        overlap: bool = False,
+        log_setup: Callable[[], None] | None = None,
+    ):
         """Builds the engine where it runs; raises the engine's typed errors (bad directory, ...). `log_setup`:
         how an engine process logs (picklable; its records join the worker's log in the worker's format)."""
         self.channel = ProcessChannel(spec, overlap, log_setup) if process else ThreadChannel(spec, overlap)
@@ -33,8 +40,9 @@ class EngineClient:
             self.channel.close()
             raise first.error
         self.info = first.info
-        self.capabilities = EngineCapabilities(kv_events=True, reset_prefix_cache=True, kv_export=True,
-                                               kv_transport=self.info.kv_transport)
+        self.capabilities = EngineCapabilities(
+            kv_events=True, reset_prefix_cache=True, kv_export=True, kv_transport=self.info.kv_transport
+        )
         self._stats = first.stats
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._calls: dict[int, Future] = {}

@@ -1,6 +1,7 @@
 """EngineCore: one engine's requests over a Runner — add, run the scheduler's steps, emit deltas, hold and export
 KV, start KV loads, record KV events, count stats; the Scheduler alone moves requests between its queues. Synchronous
 and single-threaded; the engine loop (loop.py) or the cluster simulator (virtual time) drives it. No torch, no I/O."""
+
 import logging
 import time
 from collections import OrderedDict, deque
@@ -9,19 +10,20 @@ from dataclasses import dataclass
 
 from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvEventLog, KvTier
-from engines.base.structured import refuse_structured
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
+from engines.base.structured import refuse_structured
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvSource, LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig
-from engines.core.step import SchedulerOutput, StepTokens
-from engines.core.speculative import Proposer, SpecConfig
 from engines.core.sequence import Sequence, SequenceStatus
+from engines.core.speculative import Proposer, SpecConfig
+from engines.core.step import SchedulerOutput, StepTokens
 from engines.core.tiers.tiering import Tiering
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
@@ -55,36 +57,55 @@ def check_shaping(params: SamplingParams, info: RunnerInfo) -> None:
     """Logit-shaping parameters need logits, and biased token ids must be in the vocabulary."""
     refused = params.shaping_fields() if info.no_logits else ()
     if refused:
-        raise InvalidRequestError(f"the {info.no_logits} engine draws tokens without logits and cannot honour "
-                                  f"{', '.join(refused)}; send {refused[0]} only to a native or trtllm engine")
+        raise InvalidRequestError(
+            f"the {info.no_logits} engine draws tokens without logits and cannot honour "
+            f"{', '.join(refused)}; send {refused[0]} only to a native or trtllm engine"
+        )
     if params.logit_bias and params.logit_bias[-1][0] >= info.vocab_size:
-        raise InvalidRequestError(f"logit_bias token ids must be in [0, {info.vocab_size}), got "
-                                  f"{params.logit_bias[-1][0]}")
+        raise InvalidRequestError(
+            f"logit_bias token ids must be in [0, {info.vocab_size}), got {params.logit_bias[-1][0]}"
+        )
 
 
 class EngineCore:
-    def __init__(self, config: CoreConfig, runner: Runner, clock: Callable[[], float] = time.monotonic,
-                 proposer: Proposer | None = None):
+    def __init__(
+        self,
+        config: CoreConfig,
+        runner: Runner,
+        clock: Callable[[], float] = time.monotonic,
+        proposer: Proposer | None = None,
+    ):
         """`proposer`: speculative decoding's, when not the config's default (n-gram prompt lookup)."""
         self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.info.max_model_len:
-            raise ValueError("without chunked prefill, max_num_batched_tokens must be >= max_model_len "
-                             f"({config.max_num_batched_tokens} < {self.info.max_model_len})")
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens must be >= max_model_len "
+                f"({config.max_num_batched_tokens} < {self.info.max_model_len})"
+            )
         if config.spec.is_enabled and not self.info.can_speculate:
             raise ValueError("this engine cannot verify proposed tokens: speculative decoding needs the native engine")
-        self.block_manager = BlockManager(self.info.num_blocks, self.info.kv_layout.block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.info.num_blocks, self.info.kv_layout.block_size, config.enable_prefix_caching
+        )
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
         self.pending_loads: deque[tuple[Sequence, KvSource]] = deque()  # imports waiting for free blocks, in order
         self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
-        self.tiering = (Tiering(tiers, self.block_manager, clock)
-                        if tiers is not None and tiers.tier_spec.is_enabled and config.enable_prefix_caching else None)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   config.enable_chunked_prefill, config.spec), self.block_manager,
-                                   proposer, self.tiering)
+        self.tiering = (
+            Tiering(tiers, self.block_manager, clock)
+            if tiers is not None and tiers.tier_spec.is_enabled and config.enable_prefix_caching
+            else None
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill, config.spec
+            ),
+            self.block_manager,
+            proposer,
+            self.tiering,
+        )
 
     # -- commands ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -92,10 +113,15 @@ class EngineCore:
         if request.req_id in self.seqs:
             raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
         seq = Sequence(
-            req_id=request.req_id, token_ids=list(request.all_token_ids),
-            num_prompt_tokens=len(request.prompt_token_ids), params=request.params,
-            eos_token_ids=self.info.eos_token_ids, max_model_len=self.info.max_model_len,
-            hold_kv=request.hold_kv, num_emitted_tokens=len(request.output_token_ids), arrival_s=self.clock(),
+            req_id=request.req_id,
+            token_ids=list(request.all_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+            params=request.params,
+            eos_token_ids=self.info.eos_token_ids,
+            max_model_len=self.info.max_model_len,
+            hold_kv=request.hold_kv,
+            num_emitted_tokens=len(request.output_token_ids),
+            arrival_s=self.clock(),
             hash_root=request.hash_root,
         )
         if request.kv_params:
@@ -163,9 +189,10 @@ class EngineCore:
         """Record what the block manager changed since the last drain (steps, imports, evictions)."""
         drained = self.block_manager.drain_events()
         events = [self.kv_events.cleared()] if drained.cleared else []
-        events += self.kv_events.record(((parent, h) for parent, h, _ in drained.stored), drained.removed,
-                                        KvTier.DEVICE)
-        for tier, (stored, removed) in (self.tiering.drain().items() if self.tiering is not None else ()):
+        events += self.kv_events.record(
+            ((parent, h) for parent, h, _ in drained.stored), drained.removed, KvTier.DEVICE
+        )
+        for tier, (stored, removed) in self.tiering.drain().items() if self.tiering is not None else ():
             events += self.kv_events.record(stored, removed, tier)
         return events
 
@@ -295,15 +322,21 @@ class EngineCore:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
             num_waiting=sched.num_waiting + len(self.pending_loads),
-            num_running=len(sched.running), num_held=sched.num_held,
-            num_blocks_total=bm.num_blocks, num_blocks_used=bm.num_blocks - bm.num_free_blocks,
-            num_blocks_cached_free=bm.num_cached_free_blocks, block_size=bm.block_size,
-            max_model_len=self.info.max_model_len, prefix_queries=sched.prefix_queries,
-            prefix_hits=sched.prefix_hits, num_preemptions=sched.num_preemptions,
+            num_running=len(sched.running),
+            num_held=sched.num_held,
+            num_blocks_total=bm.num_blocks,
+            num_blocks_used=bm.num_blocks - bm.num_free_blocks,
+            num_blocks_cached_free=bm.num_cached_free_blocks,
+            block_size=bm.block_size,
+            max_model_len=self.info.max_model_len,
+            prefix_queries=sched.prefix_queries,
+            prefix_hits=sched.prefix_hits,
+            num_preemptions=sched.num_preemptions,
             num_prompt_tokens_computed=sched.num_prompt_tokens_computed,
             num_generated_tokens=sched.num_generated_tokens,
             **(self.tiering.stats() if self.tiering is not None else {}),
-            **self._grammar_stats(), **self._spec_stats(),
+            **self._grammar_stats(),
+            **self._spec_stats(),
         )
 
     def _grammar_stats(self) -> dict:
@@ -314,8 +347,11 @@ class EngineCore:
         spec = self.scheduler.speculator
         if spec is None:
             return {}
-        return {"num_spec_proposed": spec.num_proposed, "num_spec_accepted": spec.num_accepted,
-                "num_spec_verify_steps": spec.num_verify_steps}
+        return {
+            "num_spec_proposed": spec.num_proposed,
+            "num_spec_accepted": spec.num_accepted,
+            "num_spec_verify_steps": spec.num_verify_steps,
+        }
 
     # -- internals ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence) -> RequestOutput:
@@ -337,8 +373,17 @@ class EngineCore:
     def _output(self, seq: Sequence, error: str | None = None, kv_params: bytes = b"") -> RequestOutput:
         new_ids, logprobs = seq.take_new_tokens()
         queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
-        return RequestOutput(seq.req_id, new_ids, logprobs, seq.finish_reason, seq.num_prompt_tokens,
-                             seq.num_cached_tokens, error, queue_s, kv_params)
+        return RequestOutput(
+            seq.req_id,
+            new_ids,
+            logprobs,
+            seq.finish_reason,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            error,
+            queue_s,
+            kv_params,
+        )
 
     def _held(self, req_id: str) -> Sequence:
         seq = self.held.get(req_id)

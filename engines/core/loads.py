@@ -1,6 +1,7 @@
 """KV loads: filling a request's allocated device blocks asynchronously (KV imported from a prefill worker,
 a prefix onboarded from a lower tier) while the batch keeps stepping. The records the core keeps and the two
 things it asks a runner (`start_load`, `poll_loads`); the runner decides how bytes move. No torch, no I/O."""
+
 from dataclasses import dataclass, field
 from typing import Protocol
 

@@ -5,6 +5,7 @@ With overlap, step N is launched before step N-1's outputs are sent, so building
 the device computes (nothing in N's launch depends on how N-1's outputs are sent; N-1 is committed first).
 The same loop runs in the engine process and, for tests and in-process benchmarks, on a thread.
 """
+
 import importlib
 import logging
 from collections.abc import Callable
@@ -140,16 +141,20 @@ class EngineLoop:
             self.channel.send(reply)
         elif isinstance(command, Stop):
             self.is_stopping = True
-            self.unsent += [RequestOutput(o.req_id, o.new_token_ids, o.logprobs, FinishReason.ABORT)
-                            for o in map(self.core.abort, list(self.core.seqs)) if o is not None]
+            self.unsent += [
+                RequestOutput(o.req_id, o.new_token_ids, o.logprobs, FinishReason.ABORT)
+                for o in map(self.core.abort, list(self.core.seqs))
+                if o is not None
+            ]
             self._publish()
 
     def _add(self, command: Add) -> None:
         try:
             self.core.add(command.request)
         except EngineError as exc:
-            self.unsent.append(RequestOutput(command.request.req_id, (), finish_reason=FinishReason.ERROR,
-                                             error=str(exc)))
+            self.unsent.append(
+                RequestOutput(command.request.req_id, (), finish_reason=FinishReason.ERROR, error=str(exc))
+            )
 
     def _call(self, call: Call) -> Reply:
         if call.name not in CALLS:
@@ -163,5 +168,4 @@ class EngineLoop:
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         outs = [o for req_id in list(self.core.seqs) if (o := self.core.abort(req_id)) is not None]
-        return [RequestOutput(o.req_id, o.new_token_ids, o.logprobs, FinishReason.ERROR, error=message)
-                for o in outs]
+        return [RequestOutput(o.req_id, o.new_token_ids, o.logprobs, FinishReason.ERROR, error=message) for o in outs]

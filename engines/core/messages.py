@@ -5,6 +5,7 @@ Client -> engine: Add, Abort, Call, Stop. Engine -> client: Ready or Failed once
 Reply, never in StepOutputs. Each message is defined once, here; the domain dataclasses it carries encode by
 their own field names, so a new field travels without an edit here. No torch, no I/O.
 """
+
 from typing import cast
 
 import msgspec

@@ -1,6 +1,7 @@
 """The Runner: what EngineCore needs from a backend — run one scheduled step, move KV blocks, say what it
 is — and nothing of requests' lifecycles. native (PyTorch), sim (a timing model) and zero (free tokens) are
 runners. No torch here."""
+
 from dataclasses import dataclass
 from typing import Protocol
 

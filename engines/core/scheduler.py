@@ -2,6 +2,7 @@
 per-step token budget shared by decodes and (chunked) prefills, prefix-cache hits and tier loads on admission,
 preemption by recompute, and committing a step's sampled tokens (`update_from_output`), with speculative
 decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
+
 import itertools
 import logging
 from collections import deque
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
@@ -33,8 +35,13 @@ class Scheduler:
     they fill) and `parked` (requests waiting for a tier load another request started). Nothing else writes them;
     the tiering plug-in is called at its hooks and holds no reference back."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None,
-                 tiering: "Tiering | None" = None):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        proposer: Proposer | None = None,
+        tiering: "Tiering | None" = None,
+    ):
         self.config = config
         self.block_manager = block_manager
         self.tiering = tiering
@@ -62,8 +69,11 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         """Requests not running: queued, loading KV, or parked on another request's load."""
-        return (len(self.waiting) + sum(len(e.seqs) for e in self.loading.values())
-                + sum(len(seqs) for seqs in self.parked.values()))
+        return (
+            len(self.waiting)
+            + sum(len(e.seqs) for e in self.loading.values())
+            + sum(len(seqs) for seqs in self.parked.values())
+        )
 
     def schedule(self) -> SchedulerOutput:
         """The next step. With tiers, waiting requests whose prefix a lower tier holds first get their loads
@@ -329,8 +339,9 @@ class Scheduler:
         if self.speculator is None or seq.num_uncomputed_tokens != 1 or seq.hold_kv or seq.params.structured:
             return ()
         room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - seq.num_tokens, budget) - 1
-        return self.speculator.propose(seq.req_id, seq.token_ids, seq.spec, room, len(self.running),
-                                       seq.params.is_greedy)
+        return self.speculator.propose(
+            seq.req_id, seq.token_ids, seq.spec, room, len(self.running), seq.params.is_greedy
+        )
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

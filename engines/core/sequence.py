@@ -1,5 +1,6 @@
 """Sequence: one request's tokens, progress and blocks as the scheduler sees them, and the one place that
 decides when a request stops. No torch, no I/O."""
+
 from dataclasses import dataclass, field
 from enum import Enum
 

@@ -1,6 +1,7 @@
 """Speculative decoding's scheduler half: the proposer interface and n-gram prompt lookup, the per-request adaptive
 draft length, and the counters. Pure: no torch, no I/O — the runner verifies what is proposed here (a draft model
 proposer, engines/native/draft.py, plugs in through `Proposer`)."""
+
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,8 +32,10 @@ class SpecConfig:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
         if self.max_draft_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("max_draft_tokens must be >= 1 and 1 <= ngram_min <= ngram_max")
-        if min(self.draft_cost, self.propose_cost, *self.verify_costs, *self.verify_costs_sampled) < 0 or \
-                self.cooldown_steps < 0:
+        if (
+            min(self.draft_cost, self.propose_cost, *self.verify_costs, *self.verify_costs_sampled) < 0
+            or self.cooldown_steps < 0
+        ):
             raise ValueError("draft_cost, verify_costs, propose_cost and cooldown_steps must be >= 0")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -156,16 +159,18 @@ class Speculator:
         if state.cooldown > 0:
             state.cooldown -= 1
             return 0
-        k = best_draft_len(state.acceptance_rate, min(max_k, self.config.max_draft_tokens),
-                           lambda n: self.config.cost(n, is_greedy))
+        k = best_draft_len(
+            state.acceptance_rate, min(max_k, self.config.max_draft_tokens), lambda n: self.config.cost(n, is_greedy)
+        )
         if state.is_fresh and max_k > 0:  # NOTE: a costly draft would never start from the prior: measure it once
             k = max(k, 1)
         elif k == 0 and max_k > 0:  # NOTE: it stopped paying: rest, then try once more (a text that never copies
             state.rest(self.config.cooldown_steps)  # rests longer and longer, so it costs ever less)
         return k
 
-    def propose(self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int,
-                num_running: int, is_greedy: bool = True) -> tuple[int, ...]:
+    def propose(
+        self, req_id: str, token_ids: Seq[int], state: SpecState, max_k: int, num_running: int, is_greedy: bool = True
+    ) -> tuple[int, ...]:
         if num_running > self.config.max_num_seqs or max_k < 1:
             return ()
         k = self.draft_len(state, max_k, is_greedy)

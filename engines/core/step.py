@@ -1,6 +1,7 @@
 """What one engine step is: the scheduler's output (the sequences scheduled, with the tokens each computes) and
 what the runner hands back per sampling sequence. Plain data shared by the scheduler, the runners and the tier
 plug-in; no logic beyond reading it."""
+
 from dataclasses import dataclass, field
 
 from engines.base.types import TokenLogprob

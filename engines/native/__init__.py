@@ -1,4 +1,5 @@
 """The PyTorch runner over engines/core. Importing this package imports no torch; the engine process does."""
+
 from engines.core.loop import EngineSpec
 from engines.native.config import EngineConfig
 

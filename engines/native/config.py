@@ -1,4 +1,5 @@
 """EngineConfig (what the operator asks for) and ModelConfig (what the checkpoint says). No torch."""
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -4,6 +4,7 @@ A decode-only step of n sequences copies its inputs into the buffers' first n ro
 of its bucket (slot -1 writes nowhere, seq_len 0 attends to nothing), replays and reads n rows.
 Only the kernel backend is capturable (the torch backend's masks change shape every step).
 """
+
 import torch
 
 from engines.native.attention.varlen import VarlenMetadata
@@ -50,8 +51,14 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]],
-            seq_lens: list[int]) -> torch.Tensor:
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_tables: list[list[int]],
+        seq_lens: list[int],
+    ) -> torch.Tensor:
         """One decode step of len(input_ids) sequences; returns their hidden states [n, hidden_size]."""
         n = len(input_ids)
         size = bucket_for(n, self.buckets)
@@ -66,8 +73,12 @@ class DecodeGraphs:
         return self.outputs[size][:n]
 
     def _forward(self, size: int) -> torch.Tensor:
-        meta = VarlenMetadata(slot_mapping=self.slot_mapping[:size], num_decode_tokens=size,
-                              decode_seq_lens=self.seq_lens[:size], decode_block_table=self.block_table[:size])
+        meta = VarlenMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            num_decode_tokens=size,
+            decode_seq_lens=self.seq_lens[:size],
+            decode_block_table=self.block_table[:size],
+        )
         return self.model(self.input_ids[:size], self.positions[:size], meta)
 
     @staticmethod

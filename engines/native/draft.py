@@ -1,6 +1,7 @@
 """The draft-model proposer: a small checkpoint with the target's tokenizer, run by the same ModelRunner code over its
 own small paged KV cache, proposes greedily (a point-mass draft, so the target's acceptance rule stays exact). Keeps
 one mirror sequence per request; knows nothing of the target's blocks."""
+
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import replace
@@ -8,8 +9,8 @@ from pathlib import Path
 
 from engines.base.types import SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.step import ScheduledSeq, SchedulerOutput
 from engines.core.sequence import Sequence
+from engines.core.step import ScheduledSeq, SchedulerOutput
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.model_runner import ModelRunner
 from engines.transfer import transports
@@ -37,9 +38,17 @@ class DraftProposer:
     def __init__(self, target: EngineConfig, draft_dir: str, num_blocks: int):
         model_cfg = check_draft(target.model, draft_dir)
         # NOTE: the draft's own small cache; no prefix caching (its blocks are rewritten as proposals are rejected)
-        config = replace(target, model=draft_dir, num_blocks=num_blocks,
-                         batch=replace(target.batch, enable_prefix_caching=False),
-                         speculative="", kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0, kv_transport=transports.BYTES)
+        config = replace(
+            target,
+            model=draft_dir,
+            num_blocks=num_blocks,
+            batch=replace(target.batch, enable_prefix_caching=False),
+            speculative="",
+            kv_host_gb=0.0,
+            kv_disk_dir="",
+            kv_disk_gb=0.0,
+            kv_transport=transports.BYTES,
+        )
         self.runner = ModelRunner(config, model_cfg)
         self.runner.grammars = None  # NOTE: greedy proposals never follow a grammar (structured requests never ask)
         self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)

@@ -4,6 +4,7 @@ runs; then each step's masks are filled on the step thread after the forward pas
 a few µs per row, with no thread hand-off per token. A request continued elsewhere (after a prefill worker's first
 token, or a migration) replays its output tokens into a fresh matcher. Knows nothing of scheduling; never touches
 the logits itself."""
+
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,8 +61,9 @@ class Grammars:
         self.vocab_size, self.device = vocab_size, device
         self.num_words = (vocab_size + 31) // 32
         # NOTE: a model without EOS ids (config and generation_config) leaves llguidance the tokenizer's own
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
-                                                eos_token=list(eos_token_ids) or None)
+        self.tokenizer = llguidance.LLTokenizer(
+            tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+        )
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._live: dict[str, _Entry] = {}
         self._compile = lru_cache(maxsize=256)(grammar_text)
@@ -72,8 +74,9 @@ class Grammars:
         self.counters = GrammarCounters()
 
     @classmethod
-    def maybe_load(cls, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
-                   device: str = "cpu") -> "Grammars | None":
+    def maybe_load(
+        cls, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...], device: str = "cpu"
+    ) -> "Grammars | None":
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             log.warning("%s has no tokenizer.json: structured outputs are refused", model_dir)
@@ -129,12 +132,14 @@ class Grammars:
     def _entry(self, seq) -> _Entry:
         entry = self._live.get(seq.req_id)
         if entry is None or entry.seq is not seq:
-            tokens = list(seq.token_ids[seq.num_prompt_tokens:])  # NOTE: read here, on the step thread
+            tokens = list(seq.token_ids[seq.num_prompt_tokens :])  # NOTE: read here, on the step thread
             ready = self._thread.submit(self._build, seq.params.structured, tokens, seq.req_id)
             entry = self._live[seq.req_id] = _Entry(seq, ready)
         return entry
 
-    def _build(self, spec, tokens: list[int], req_id: str) -> tuple[llguidance.LLMatcher | None, int, np.ndarray | None]:
+    def _build(
+        self, spec, tokens: list[int], req_id: str
+    ) -> tuple[llguidance.LLMatcher | None, int, np.ndarray | None]:
         """On the grammar thread: the matcher, fed the tokens already generated, and its next mask (no matcher when
         the grammar does not compile: the gateway checks it first, so only a caller that skips it gets here)."""
         start = time.perf_counter()
@@ -162,7 +167,7 @@ class Grammars:
 
 def seq_new_tokens(entry: _Entry) -> list[int]:
     seq = entry.seq
-    return list(seq.token_ids[seq.num_prompt_tokens + entry.num_consumed:])
+    return list(seq.token_ids[seq.num_prompt_tokens + entry.num_consumed :])
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:

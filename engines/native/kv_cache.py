@@ -3,6 +3,7 @@ per-layer views for attention, and block export/import as raw bytes.
 
 An FP8 (E4M3) cache stores k / k_scale and v / v_scale with one (k, v) scale pair per layer; exports
 carry the scales and an import with other scales is requantized to this cache's."""
+
 import os
 
 import torch
@@ -24,8 +25,14 @@ class KvCache:
         self.scales = _layer_scales(layout, scales, device) if self.is_quantized else None
         # NOTE: zeros, not empty: padded gathers read unused slots, and NaN * 0 is NaN.
         self.tensor = torch.zeros(
-            layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim,
-            dtype=self.dtype, device=device,
+            layout.num_layers,
+            2,
+            num_blocks,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+            dtype=self.dtype,
+            device=device,
         )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,8 +42,13 @@ class KvCache:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.tensor.device)
         if self.is_quantized:  # NOTE: CPU index ops do not take float8 tensors; bytes are the same
             blocks = self.tensor.view(torch.uint8).index_select(2, ids).contiguous().cpu()
-            return KvExport(layout=self.layout, token_ids=token_ids, num_blocks=len(block_ids),
-                            data=blocks.numpy().tobytes(), scales=tuple(self.scales.flatten().tolist()))
+            return KvExport(
+                layout=self.layout,
+                token_ids=token_ids,
+                num_blocks=len(block_ids),
+                data=blocks.numpy().tobytes(),
+                scales=tuple(self.scales.flatten().tolist()),
+            )
         blocks = self.tensor.index_select(2, ids).contiguous().cpu()  # [layers, 2, n, bs, kv_heads, head_dim]
         data = blocks.view(torch.uint8).numpy().tobytes()
         return KvExport(layout=self.layout, token_ids=token_ids, num_blocks=len(block_ids), data=data)
@@ -44,8 +56,14 @@ class KvCache:
     def import_(self, block_ids: list[int], kv: KvExport) -> None:
         check_importable(self.layout, kv)
         raw = torch.frombuffer(bytearray(kv.data), dtype=torch.uint8)
-        shape = (self.layout.num_layers, 2, kv.num_blocks, self.layout.block_size,
-                 self.layout.num_kv_heads, self.layout.head_dim)
+        shape = (
+            self.layout.num_layers,
+            2,
+            kv.num_blocks,
+            self.layout.block_size,
+            self.layout.num_kv_heads,
+            self.layout.head_dim,
+        )
         blocks = raw.view(self.dtype).view(shape).to(self.tensor.device)
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.tensor.device)
         if self.is_quantized:

@@ -1,6 +1,7 @@
 """The native KV cache as a KvMover's paged cache: its one [layers, 2, blocks, ...] tensor seen as
 [planes, blocks, block_bytes], so NIXL registers it where it lies (host or device memory) and a READ lands in
 the blocks the step loop reads. Staging copies run on the mover's thread; on CUDA, on their own stream."""
+
 import torch
 
 from engines.base.types import KvLayout

@@ -1,4 +1,5 @@
 """Build a model on the meta device and fill it once from safetensors shards (memory-mapped)."""
+
 import json
 from pathlib import Path
 

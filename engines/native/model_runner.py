@@ -1,20 +1,21 @@
 """ModelRunner: turns a scheduled step into tensors, runs the model, samples. Owns the model,
 the KV cache and the attention backend; knows nothing of requests' lifecycles."""
+
 import torch
 
 from engines.base.block_hash import num_blocks_for
 from engines.base.types import KvLayout
+from engines.core.step import ScheduledSeq, SchedulerOutput
 from engines.native.attention import AttentionMetadata, FreshSpans, PrefillSpan, get_backend, resolve_backend
 from engines.native.attention.varlen import build_varlen_metadata
 from engines.native.config import EngineConfig, ModelConfig
+from engines.native.grammar import Grammars
 from engines.native.kv_cache import FP8_KV_DTYPE, KvCache, available_memory, bytes_per_block, gpu_share_left
 from engines.native.layers.linear import Linear
-from engines.native.quant.swap import read_quant_config
 from engines.native.layers.rotary import RotaryEmbedding
 from engines.native.loader import load_model
-from engines.native.grammar import Grammars
+from engines.native.quant.swap import read_quant_config
 from engines.native.sampler import SampledTokens, SampleRow, sample
-from engines.core.step import ScheduledSeq, SchedulerOutput
 
 MAX_DEFAULT_MODEL_LEN = 8192
 
@@ -28,20 +29,27 @@ class ModelRunner:
         self.block_size = config.block_size
         self.max_model_len = resolve_max_model_len(config, model_cfg)
         self.backend_name = resolve_backend(self.device, config.attention_backend)
-        self.model = load_model(config.model, model_cfg, get_backend(self.device, self.backend_name), self.dtype,
-                                self.device)
+        self.model = load_model(
+            config.model, model_cfg, get_backend(self.device, self.backend_name), self.dtype, self.device
+        )
         if self.device == "cpu" and config.dtype == "float32" and torch.backends.mkldnn.is_available():
             for module in self.model.modules():
                 if isinstance(module, Linear):
                     module.pack_for_cpu()
         kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else config.dtype
-        self.kv_layout = KvLayout(model_cfg.num_hidden_layers, model_cfg.num_key_value_heads,
-                                  model_cfg.head_dim, kv_dtype, config.block_size)
+        self.kv_layout = KvLayout(
+            model_cfg.num_hidden_layers, model_cfg.num_key_value_heads, model_cfg.head_dim, kv_dtype, config.block_size
+        )
         quant = read_quant_config(config.model)
-        self.kv_cache = KvCache(self.kv_layout, self._num_blocks(), self.device,
-                                quant.kv_cache_scales if quant and config.kv_cache_dtype == "fp8" else ())
-        rotary = RotaryEmbedding(model_cfg.head_dim, self.max_model_len, model_cfg.rope_theta,
-                                 model_cfg.rope_scaling, self.device)
+        self.kv_cache = KvCache(
+            self.kv_layout,
+            self._num_blocks(),
+            self.device,
+            quant.kv_cache_scales if quant and config.kv_cache_dtype == "fp8" else (),
+        )
+        rotary = RotaryEmbedding(
+            model_cfg.head_dim, self.max_model_len, model_cfg.rope_theta, model_cfg.rope_scaling, self.device
+        )
         for i, attn in enumerate(self.model.attention_layers):
             attn.k_cache, attn.v_cache = self.kv_cache.layer(i)
             attn.rotary = rotary
@@ -52,8 +60,9 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device)  # unseeded sampling rows draw from it
         self.generator.seed()
         # NOTE: a step's masks are computed on the grammar thread while its forward pass runs
-        self.grammars = Grammars.maybe_load(config.model, model_cfg.vocab_size, model_cfg.eos_token_ids,
-                                              str(self.device))
+        self.grammars = Grammars.maybe_load(
+            config.model, model_cfg.vocab_size, model_cfg.eos_token_ids, str(self.device)
+        )
 
     @property
     def num_blocks(self) -> int:
@@ -64,8 +73,9 @@ class ModelRunner:
             return None
         from engines.native.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, self.config.batch.max_num_seqs, num_blocks_for(self.max_model_len, self.block_size),
-                              self.device)
+        graphs = DecodeGraphs(
+            self.model, self.config.batch.max_num_seqs, num_blocks_for(self.max_model_len, self.block_size), self.device
+        )
         graphs.capture()
         return graphs
 
@@ -98,15 +108,22 @@ class ModelRunner:
             return None
         sizes = [1 + len(s.spec_token_ids) for s in samplers]
         # NOTE: a verifying sequence's rows are its last 1 + k positions: each scores the next proposal
-        rows = torch.tensor([r for s, n in zip(samplers, sizes) for r in range(last_rows[id(s)] - n + 1,
-                                                                               last_rows[id(s)] + 1)], device=self.device)
+        rows = torch.tensor(
+            [r for s, n in zip(samplers, sizes) for r in range(last_rows[id(s)] - n + 1, last_rows[id(s)] + 1)],
+            device=self.device,
+        )
         logits = self.model.compute_logits(hidden[rows]).float()  # [num_rows, vocab_size]
         allowed = masks.wait() if masks is not None else None
         is_verifying = len(sizes) != len(rows)
         if allowed is not None and is_verifying:  # one mask per sampler, repeated over its rows
             allowed = allowed.repeat_interleave(torch.tensor(sizes, device=allowed.device), dim=0)
-        return sample(logits, [r for s in samplers for r in _sample_rows(s)], self.generator, allowed,
-                      tuple(sizes) if is_verifying else ())
+        return sample(
+            logits,
+            [r for s in samplers for r in _sample_rows(s)],
+            self.generator,
+            allowed,
+            tuple(sizes) if is_verifying else (),
+        )
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:
@@ -133,8 +150,11 @@ class ModelRunner:
             last_rows[id(s)] = len(ids) - 1
         if self.backend_name == "triton":
             meta = build_varlen_metadata(
-                self._tensor(slots), [(s.seq.block_table, s.start + 1) for s in decodes],
-                [self._span_varlen(s, q_start) for s, q_start in spans], self.device)
+                self._tensor(slots),
+                [(s.seq.block_table, s.start + 1) for s in decodes],
+                [self._span_varlen(s, q_start) for s, q_start in spans],
+                self.device,
+            )
             return self._tensor(ids), self._tensor(pos), meta, last_rows
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
@@ -147,9 +167,12 @@ class ModelRunner:
 
     def _graph_decode(self, order: list[ScheduledSeq]) -> torch.Tensor:
         return self.graphs.run(
-            [s.seq.token_ids[s.start] for s in order], [s.start for s in order],
-            [self._slot(s.seq.block_table, s.start) for s in order], [s.seq.block_table for s in order],
-            [s.start + 1 for s in order])
+            [s.seq.token_ids[s.start] for s in order],
+            [s.start for s in order],
+            [self._slot(s.seq.block_table, s.start) for s in order],
+            [s.seq.block_table for s in order],
+            [s.start + 1 for s in order],
+        )
 
     def _span_varlen(self, s: ScheduledSeq, q_start: int) -> tuple[int, int, int, list[int]]:
         ctx_len = s.start + s.num_new_tokens
@@ -168,8 +191,10 @@ class ModelRunner:
         tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes]
         ctx_lens = self._tensor([s.start + 1 for s in decodes])
         mask = torch.arange(max_blocks * self.block_size, device=self.device)[None, :] < ctx_lens[:, None]
-        return {"decode_block_tables": self._tensor([b for t in tables for b in t]),
-                "decode_mask": mask[:, None, None, :]}
+        return {
+            "decode_block_tables": self._tensor([b for t in tables for b in t]),
+            "decode_mask": mask[:, None, None, :],
+        }
 
     def _fresh(self, spans: list[tuple[int, int]]) -> FreshSpans | None:
         """Index maps that pad fresh spans (q_len, q_start) into one [num_spans, max_len] batch."""
@@ -183,8 +208,9 @@ class ModelRunner:
             src.extend(range(i * max_len, i * max_len + n))
             dst.extend(range(start, start + n))
         padded = len(gather) != len(src)
-        return FreshSpans(self._tensor(gather), len(spans), max_len,
-                          self._tensor(src) if padded else None, self._tensor(dst))
+        return FreshSpans(
+            self._tensor(gather), len(spans), max_len, self._tensor(src) if padded else None, self._tensor(dst)
+        )
 
     def _span(self, s: ScheduledSeq, q_start: int) -> PrefillSpan:
         q_len, ctx_len = s.num_new_tokens, s.start + s.num_new_tokens
@@ -199,15 +225,17 @@ def _sample_rows(s: ScheduledSeq) -> list[SampleRow]:
     (index, banned stop tokens and penalty history as if the proposals before it were accepted)."""
     seq, spec = s.seq, s.spec_token_ids
     if not spec:
-        return [SampleRow(seq.params, seq.num_output_tokens, seq.banned_token_ids(), seq.token_ids,
-                          seq.num_prompt_tokens)]
+        return [
+            SampleRow(seq.params, seq.num_output_tokens, seq.banned_token_ids(), seq.token_ids, seq.num_prompt_tokens)
+        ]
     rows = []
     for j in range(len(spec) + 1):
         index = seq.num_output_tokens + j
         banned = seq.stop_token_ids if index < seq.params.min_tokens else ()
         history = seq.token_ids + list(spec[:j]) if seq.params.has_penalties else seq.token_ids
-        rows.append(SampleRow(seq.params, index, banned, history, seq.num_prompt_tokens,
-                              spec[j] if j < len(spec) else -1))
+        rows.append(
+            SampleRow(seq.params, index, banned, history, seq.num_prompt_tokens, spec[j] if j < len(spec) else -1)
+        )
     return rows
 
 

@@ -3,6 +3,7 @@ frequency penalties (over the generated tokens), and vLLM/HF's repetition penalt
 
 Builds a few index tensors per step and touches only the rows that ask; no sampling, no host sync.
 """
+
 from collections.abc import Sequence
 from itertools import chain
 
@@ -11,8 +12,13 @@ import torch
 from engines.base.types import SamplingParams
 
 
-def shape_logits(logits: torch.Tensor, params: list[SamplingParams], histories: list[Sequence[int]],
-                 num_prompt_tokens: list[int], in_place: bool = False) -> torch.Tensor:
+def shape_logits(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    histories: list[Sequence[int]],
+    num_prompt_tokens: list[int],
+    in_place: bool = False,
+) -> torch.Tensor:
     """`logits` [num_rows, vocab_size] float32, shaped in place when `in_place` (else a shaped copy); `logits` as it
     is when no row asks. `histories[i]` is row i's prompt + generated tokens so far, of which the first
     `num_prompt_tokens[i]` are the prompt."""
@@ -24,8 +30,13 @@ def shape_logits(logits: torch.Tensor, params: list[SamplingParams], histories: 
     if biased:
         _add_bias(out, [(i, params[i].logit_bias) for i in biased])
     if penalized:
-        _penalize(out, penalized, [params[i] for i in penalized], [histories[i] for i in penalized],
-                  [num_prompt_tokens[i] for i in penalized])
+        _penalize(
+            out,
+            penalized,
+            [params[i] for i in penalized],
+            [histories[i] for i in penalized],
+            [num_prompt_tokens[i] for i in penalized],
+        )
     return out
 
 
@@ -38,8 +49,13 @@ def _add_bias(logits: torch.Tensor, rows: list[tuple[int, tuple[tuple[int, float
     logits.index_put_(index, torch.tensor(values, device=device, dtype=logits.dtype), accumulate=True)
 
 
-def _penalize(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], histories: list[Sequence[int]],
-              num_prompt_tokens: list[int]) -> None:
+def _penalize(
+    logits: torch.Tensor,
+    rows: list[int],
+    params: list[SamplingParams],
+    histories: list[Sequence[int]],
+    num_prompt_tokens: list[int],
+) -> None:
     """Rows `rows` of `logits`, in place, touching only the (row, token) pairs seen: repetition first (it scales
     the logit), then the subtractions. O(tokens seen), never O(vocab_size), per row."""
     device, vocab_size = logits.device, logits.shape[-1]

@@ -1,5 +1,6 @@
 """The native (PyTorch) runner: EngineCore's Runner over a ModelRunner, and the builders an engine process
 calls. Builds the model where it is called (the engine process or thread)."""
+
 from dataclasses import dataclass, replace
 
 import torch
@@ -8,19 +9,19 @@ from engines.base.errors import InvalidRequestError
 from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
-from engines.core.step import Sampled, ScheduledSeq, SchedulerOutput
-from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.sequence import Sequence
 from engines.core.speculative import SpecConfig, parse_speculative
-from engines.native.draft import DraftProposer
+from engines.core.step import Sampled, ScheduledSeq, SchedulerOutput
+from engines.core.tiers.kv_tiers import TierSpec
 from engines.native.config import EngineConfig, ModelConfig
+from engines.native.draft import DraftProposer
 from engines.native.kv_cache import KvCache, bytes_per_block
 from engines.native.kv_transfer import make_mover
 from engines.native.model_runner import ModelRunner
-from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
-from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.native.sampler import SampledTokens
 from engines.native.spec_costs import measure_verify_costs
+from engines.native.tiers.host_pool import GB, check_host_budget, memory_available
+from engines.native.tiers.native_tiers import NativeTiers, model_fingerprint
 from engines.transfer import transports
 from engines.transfer.mover import MovedLoads
 
@@ -40,10 +41,16 @@ class NativeRunner(MovedLoads):
             check_host_budget(int(config.kv_host_gb * GB), memory_available())
         self.model_runner = ModelRunner(config, model_cfg)
         self.mover = make_mover(self.model_runner.kv_cache, config.kv_transport)
-        self.info = RunnerInfo(self.model_runner.kv_layout, self.model_runner.num_blocks,
-                               self.model_runner.max_model_len, model_cfg.vocab_size, model_cfg.eos_token_ids,
-                               kv_transport=config.kv_transport if self.mover else transports.BYTES,
-                               can_constrain=self.model_runner.grammars is not None, can_speculate=True)
+        self.info = RunnerInfo(
+            self.model_runner.kv_layout,
+            self.model_runner.num_blocks,
+            self.model_runner.max_model_len,
+            model_cfg.vocab_size,
+            model_cfg.eos_token_ids,
+            kv_transport=config.kv_transport if self.mover else transports.BYTES,
+            can_constrain=self.model_runner.grammars is not None,
+            can_speculate=True,
+        )
         self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
 
     @property
@@ -60,8 +67,11 @@ class NativeRunner(MovedLoads):
         if grammars is None:
             return {}
         c = grammars.counters
-        return {"num_grammar_masks": c.num_masks, "grammar_mask_seconds": c.mask_seconds + c.build_seconds,
-                "grammar_wait_seconds": c.wait_seconds}
+        return {
+            "num_grammar_masks": c.num_masks,
+            "grammar_mask_seconds": c.mask_seconds + c.build_seconds,
+            "grammar_wait_seconds": c.wait_seconds,
+        }
 
     def launch(self, out: SchedulerOutput) -> _Pending:
         return _Pending(self.model_runner.launch(out))
@@ -79,16 +89,25 @@ class NativeRunner(MovedLoads):
 def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
     """The host (and disk) tiers under `kv_cache`, sized in whole blocks of every layer."""
     block_bytes = bytes_per_block(kv_cache.layout)
-    spec = TierSpec(num_host_blocks=int(config.kv_host_gb * GB) // block_bytes,
-                    num_disk_blocks=int(config.kv_disk_gb * GB) // block_bytes, block_bytes=block_bytes)
+    spec = TierSpec(
+        num_host_blocks=int(config.kv_host_gb * GB) // block_bytes,
+        num_disk_blocks=int(config.kv_disk_gb * GB) // block_bytes,
+        block_bytes=block_bytes,
+    )
     return NativeTiers(kv_cache, spec, config.kv_disk_dir, model_fingerprint(config.model), config.kv_disk_key)
 
 
 def core_config(config: EngineConfig) -> CoreConfig:
     spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
     batch = config.batch
-    return CoreConfig(batch.max_num_seqs, batch.max_num_batched_tokens, config.enable_chunked_prefill,
-                      batch.enable_prefix_caching, config.held_kv_ttl_s, spec)
+    return CoreConfig(
+        batch.max_num_seqs,
+        batch.max_num_batched_tokens,
+        config.enable_chunked_prefill,
+        batch.enable_prefix_caching,
+        config.held_kv_ttl_s,
+        spec,
+    )
 
 
 def build_core(config: EngineConfig) -> EngineCore:

@@ -5,6 +5,7 @@ A row that verifies a proposed token (speculative decoding) applies the speculat
 
 `sample` only enqueues device work; `SampledTokens.to_host` is where the host waits for the device.
 """
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,15 +62,21 @@ class SampledTokens:
         return out
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator,
-           allowed: torch.Tensor | None = None, group_sizes: tuple[int, ...] = ()) -> SampledTokens:
+def sample(
+    logits: torch.Tensor,
+    rows: list[SampleRow],
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
+    group_sizes: tuple[int, ...] = (),
+) -> SampledTokens:
     """`logits` [num_rows, vocab_size] float32, the caller's to give away: penalties, bias and the mask apply in place
     unless a row asks for log-probabilities; `generator` draws for unseeded rows; `allowed` [num_rows, vocab_size]
     bool, when given, is each row's grammar mask (False: never sampled), applied after the shaping."""
     params = [r.params for r in rows]
     wants_logprobs = any(p.logprobs or p.top_logprobs for p in params)  # then the unmodified logits are kept
-    masked = shape_logits(logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows],
-                          in_place=not wants_logprobs)
+    masked = shape_logits(
+        logits, params, [r.token_ids for r in rows], [r.num_prompt_tokens for r in rows], in_place=not wants_logprobs
+    )
     has_banned = any(r.banned for r in rows)
     if (allowed is not None or has_banned) and masked is logits and wants_logprobs:
         masked = logits.clone()  # NOTE: log-probabilities read the unmodified logits
@@ -101,7 +108,9 @@ def _verify_row(probs: torch.Tensor, draft: int, gen: torch.Generator) -> torch.
     """Speculative sampling's rule for a proposal drawn from q = a point mass on `draft` (prompt lookup): accept it
     with probability min(1, p/q) = p(draft); else draw from the residual norm(max(0, p - q)), which is p without
     `draft`. Either way the token is distributed as p."""
-    if torch.rand((), generator=gen, device=probs.device) * probs.sum() < probs[draft]:  # NOTE: min-p leaves p unnormalized
+    if (
+        torch.rand((), generator=gen, device=probs.device) * probs.sum() < probs[draft]
+    ):  # NOTE: min-p leaves p unnormalized
         return torch.tensor(draft, device=probs.device)
     return torch.multinomial(residual(probs, draft), 1, generator=gen)[0]
 

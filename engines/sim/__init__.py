@@ -1,4 +1,5 @@
 """A timing runner over engines/core: each step costs what a measured profile says."""
+
 from engines.core.loop import EngineSpec
 from engines.sim.runner import SimSpec
 

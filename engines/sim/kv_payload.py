@@ -1,6 +1,7 @@
 """The sim runner's real paged KV cache: GPU-sized bytes per token in host memory, so transfers move what a
 real engine's would. Each computed token's slot in every plane is stamped with (plane, position, token id),
 so a load can check it holds the tokens it claims. Numpy only."""
+
 import numpy as np
 
 from engines.base.types import KvLayout
@@ -35,8 +36,11 @@ class SimKvCache(HostCache):
         super().__init__(array, layout, num_blocks)
         slot_bytes = self.blocks.shape[2] // layout.block_size
         # [planes, num_blocks, block_size, slot_bytes // 8]: a token's first 8 bytes per plane hold its stamp
-        self.stamps = (self.blocks.view(np.uint64).reshape(*self.blocks.shape[:2], layout.block_size, -1)
-                       if slot_bytes % 8 == 0 else None)
+        self.stamps = (
+            self.blocks.view(np.uint64).reshape(*self.blocks.shape[:2], layout.block_size, -1)
+            if slot_bytes % 8 == 0
+            else None
+        )
 
     def stamp(self, block_table: list[int], start: int, token_ids: list[int]) -> None:
         """Stamp the KV slots of tokens at positions start.. (what computing them would write)."""
@@ -45,7 +49,7 @@ class SimKvCache(HostCache):
             self.stamps[:, rows, cols, 0] = expected
 
     def check(self, load: KvLoad) -> str:
-        """"" when the loaded blocks hold the source's tokens from position 0, else what is wrong."""
+        """ "" when the loaded blocks hold the source's tokens from position 0, else what is wrong."""
         if self.stamps is None:
             return ""
         token_ids = list(load.source.token_ids)
@@ -58,6 +62,9 @@ class SimKvCache(HostCache):
         pos = np.arange(start, start + len(token_ids), dtype=np.int64)
         rows = np.asarray(block_table, dtype=np.int64)[pos // bs]
         planes = np.arange(self.blocks.shape[0], dtype=np.uint64)[:, None]
-        expected = (planes << np.uint64(56)) ^ (pos.astype(np.uint64) << np.uint64(24)) ^ np.asarray(
-            token_ids, dtype=np.uint64)
+        expected = (
+            (planes << np.uint64(56))
+            ^ (pos.astype(np.uint64) << np.uint64(24))
+            ^ np.asarray(token_ids, dtype=np.uint64)
+        )
         return rows, pos % bs, expected

@@ -3,6 +3,7 @@ services (live, sleeping the modelled time x `time_factor`) and the cluster simu
 sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are deterministic. With KV
 payloads on (workers), it holds a real paged cache of GPU-sized bytes per token and moves it as a real runner
 does (NIXL or staging files); without (the cluster simulator), exports carry zero bytes. No torch."""
+
 import dataclasses
 import json
 import time
@@ -15,11 +16,11 @@ import numpy as np
 from engines.base.engine_configs import CacheConfig
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
+from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
+from engines.core.sequence import Sequence
+from engines.core.step import Sampled, SchedulerOutput
 from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.tiers.modelled_tiers import ModelledTiers
-from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
-from engines.core.step import Sampled, SchedulerOutput
-from engines.core.sequence import Sequence
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.timing.profile import TimingProfile, load_profile
 from engines.transfer import transports
@@ -60,8 +61,9 @@ class _Timed:
         return self.sampled
 
 
-def sim_tiers(profile: TimingProfile, host_gb: float, disk_gb: float, clock: Callable[[], float],
-              time_factor: float) -> ModelledTiers | None:
+def sim_tiers(
+    profile: TimingProfile, host_gb: float, disk_gb: float, clock: Callable[[], float], time_factor: float
+) -> ModelledTiers | None:
     """Host and disk tiers of `host_gb` and `disk_gb` per worker, loading at the profile's copy bandwidths; the
     cost check starts from the profile's prefill rate at a full step."""
     if host_gb <= 0:
@@ -69,8 +71,7 @@ def sim_tiers(profile: TimingProfile, host_gb: float, disk_gb: float, clock: Cal
     block_bytes = profile.kv_bytes_per_token * profile.block_size
     spec = TierSpec(int(host_gb * 1e9) // block_bytes, int(disk_gb * 1e9) // block_bytes, block_bytes)
     rate = profile.max_num_batched_tokens / profile.prefill_s(profile.max_num_batched_tokens)
-    return ModelledTiers(spec, profile.kv_host_gb_per_s * 1e9, profile.kv_disk_gb_per_s * 1e9, clock, time_factor,
-                         rate)
+    return ModelledTiers(spec, profile.kv_host_gb_per_s * 1e9, profile.kv_disk_gb_per_s * 1e9, clock, time_factor, rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +84,27 @@ class Payload:
 
 
 class SimRunner(MovedLoads):
-    def __init__(self, profile: TimingProfile, time_factor: float = 1.0,
-                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, sleep: Callable[[float], None] = time.sleep,
-                 kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 load_time_factor: float | None = None, payload: Payload | None = None, vocab_size: int = VOCAB_SIZE):
+    def __init__(
+        self,
+        profile: TimingProfile,
+        time_factor: float = 1.0,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        sleep: Callable[[float], None] = time.sleep,
+        kv_host_gb: float = 0.0,
+        kv_disk_gb: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        load_time_factor: float | None = None,
+        payload: Payload | None = None,
+        vocab_size: int = VOCAB_SIZE,
+    ):
         """`load_time_factor` scales an onboarding load's modelled time on `clock` (default `time_factor`; the
         cluster simulator, stepping in virtual time with time_factor 0, gives 1). `payload`: a real KV cache."""
         if time_factor < 0:
             raise ValueError(f"time_factor must be >= 0, got {time_factor}")
         self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
-        self.tiers = sim_tiers(profile, kv_host_gb, kv_disk_gb, clock,
-                               time_factor if load_time_factor is None else load_time_factor)
+        self.tiers = sim_tiers(
+            profile, kv_host_gb, kv_disk_gb, clock, time_factor if load_time_factor is None else load_time_factor
+        )
         self.cache = None
         if payload is None:
             layout = KvLayout(1, 1, 1, "float32", profile.block_size)  # NOTE: exports stay tiny
@@ -101,13 +112,20 @@ class SimRunner(MovedLoads):
             return
         layout = payload_layout(payload.kv_bytes_per_token, profile.block_size)
         block_bytes = payload.kv_bytes_per_token * profile.block_size
-        num_blocks = (max(1, payload.cache_bytes // block_bytes) if payload.cache_bytes else
-                      default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks))
+        num_blocks = (
+            max(1, payload.cache_bytes // block_bytes)
+            if payload.cache_bytes
+            else default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks)
+        )
         self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == transports.NIXL)
-        self.mover = (KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
-                      if payload.kv_transport in transports.LOADING else None)
-        self.info = RunnerInfo(layout, num_blocks, max_model_len, vocab_size, kv_transport=payload.kv_transport,
-                               no_logits="sim")
+        self.mover = (
+            KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
+            if payload.kv_transport in transports.LOADING
+            else None
+        )
+        self.info = RunnerInfo(
+            layout, num_blocks, max_model_len, vocab_size, kv_transport=payload.kv_transport, no_logits="sim"
+        )
 
     def step_duration(self, out: SchedulerOutput) -> float:
         num_decodes = sum(1 for s in out.scheduled if is_decode(s.num_new_tokens, s.start, s.seq))
@@ -135,8 +153,9 @@ class SimRunner(MovedLoads):
 
         NOTE: the engine loop waits it out, as a runner whose import is a blocking copy would."""
         if self.cache is not None:
-            self.cache.write_blocks(block_ids, np.frombuffer(kv.data, np.uint8).reshape(
-                self.cache.blocks.shape[0], kv.num_blocks, -1))
+            self.cache.write_blocks(
+                block_ids, np.frombuffer(kv.data, np.uint8).reshape(self.cache.blocks.shape[0], kv.num_blocks, -1)
+            )
             return
         if self.time_factor:
             self.sleep(self.profile.transfer_s(kv.num_tokens) * self.time_factor)
@@ -161,19 +180,45 @@ def build_core(spec: SimSpec) -> EngineCore:
     payload = spec.payload
     if payload is not None and payload.kv_bytes_per_token < 0:  # the profile's
         payload = dataclasses.replace(payload, kv_bytes_per_token=profile.kv_bytes_per_token)
-    return sim_core(profile, spec.time_factor, spec.max_model_len, spec.enable_prefix_caching,
-                    kv_host_gb=spec.cache.kv_host_gb, kv_disk_gb=spec.cache.kv_disk_gb, payload=payload,
-                    held_kv_ttl_s=spec.held_kv_ttl_s, vocab_size=model_vocab_size(spec.model))
+    return sim_core(
+        profile,
+        spec.time_factor,
+        spec.max_model_len,
+        spec.enable_prefix_caching,
+        kv_host_gb=spec.cache.kv_host_gb,
+        kv_disk_gb=spec.cache.kv_disk_gb,
+        payload=payload,
+        held_kv_ttl_s=spec.held_kv_ttl_s,
+        vocab_size=model_vocab_size(spec.model),
+    )
 
 
-def sim_core(profile: TimingProfile, time_factor: float = 1.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-             enable_prefix_caching: bool = True, clock: Callable[[], float] = time.monotonic,
-             kv_host_gb: float = 0.0, kv_disk_gb: float = 0.0, load_time_factor: float | None = None,
-             payload: Payload | None = None, held_kv_ttl_s: float = 30.0, vocab_size: int = VOCAB_SIZE
-             ) -> EngineCore:
+def sim_core(
+    profile: TimingProfile,
+    time_factor: float = 1.0,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    enable_prefix_caching: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+    kv_host_gb: float = 0.0,
+    kv_disk_gb: float = 0.0,
+    load_time_factor: float | None = None,
+    payload: Payload | None = None,
+    held_kv_ttl_s: float = 30.0,
+    vocab_size: int = VOCAB_SIZE,
+) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
-    config = CoreConfig(profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching,
-                        held_kv_ttl_s)
-    runner = SimRunner(profile, time_factor, max_model_len, kv_host_gb=kv_host_gb, kv_disk_gb=kv_disk_gb,
-                       clock=clock, load_time_factor=load_time_factor, payload=payload, vocab_size=vocab_size)
+    config = CoreConfig(
+        profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching, held_kv_ttl_s
+    )
+    runner = SimRunner(
+        profile,
+        time_factor,
+        max_model_len,
+        kv_host_gb=kv_host_gb,
+        kv_disk_gb=kv_disk_gb,
+        clock=clock,
+        load_time_factor=load_time_factor,
+        payload=payload,
+        vocab_size=vocab_size,
+    )
     return EngineCore(config, runner, clock)

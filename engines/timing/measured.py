@@ -3,6 +3,7 @@ sequences, mean context). What `tandem bench profile` writes and a TimingProfile
 
 Between measured points the tables interpolate linearly; past the last one they extend the last segment's slope.
 """
+
 import bisect
 import functools
 import json

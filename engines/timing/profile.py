@@ -1,6 +1,7 @@
 """TimingProfile: what a simulated engine costs (prefill and decode step time, KV capacity, KV transfer),
 loaded from a JSON data file, fitted from `tandem bench engine --json` results, or built from measured step
 times (`tandem bench profile`). Pure: no torch."""
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +50,12 @@ class TimingProfile:
         if len(self.prefill_ms_coeffs) != 3 or len(self.decode_ms_coeffs) != 3:
             raise ProfileError(f"profile {self.name!r}: prefill and decode take three coefficients each")
         if min(self.kv_transfer_gb_per_s, self.kv_host_gb_per_s, self.kv_disk_gb_per_s) <= 0 or self.min_step_ms < 0:
-            raise ProfileError(f"profile {self.name!r}: need copy bandwidths (kv_*_gb_per_s) > 0 and "
-                               "min_step_ms >= 0")
+            raise ProfileError(f"profile {self.name!r}: need copy bandwidths (kv_*_gb_per_s) > 0 and min_step_ms >= 0")
         if self.spec_num_tokens < 0 or not 0 <= self.spec_acceptance_rate < 1 or self.spec_verify_cost < 0:
-            raise ProfileError(f"profile {self.name!r}: need spec_num_tokens >= 0, 0 <= spec_acceptance_rate < 1 "
-                               "and spec_verify_cost >= 0")
+            raise ProfileError(
+                f"profile {self.name!r}: need spec_num_tokens >= 0, 0 <= spec_acceptance_rate < 1 "
+                "and spec_verify_cost >= 0"
+            )
 
     @property
     def spec_decode_factor(self) -> float:
@@ -68,8 +70,9 @@ class TimingProfile:
         if num_tokens <= 0:
             return 0.0
         if self.prefill_ms_points:
-            return max(interp(prefill_table(self.prefill_ms_points, self.min_step_ms), num_tokens),
-                       self.min_step_ms) / 1e3
+            return (
+                max(interp(prefill_table(self.prefill_ms_points, self.min_step_ms), num_tokens), self.min_step_ms) / 1e3
+            )
         a, b, c = self.prefill_ms_coeffs
         return max((a * num_tokens + b) * num_tokens + c, self.min_step_ms) / 1e3
 
@@ -168,8 +171,15 @@ def profile_from_bench(json_path: str | Path, base: TimingProfile | None = None)
         raise ProfileError(f"{json_path}: no native engine results to fit")
     name = f"bench-{report.get('model', 'unknown')}".replace("/", "_")
     sources = (f"fitted from {json_path} ({len(prefill)} workload(s)) by engines/timing/profile.py",)
-    return TimingProfile.from_dict({**base.to_dict(), "name": name, "sources": sources,
-                                    "prefill_ms_coeffs": _fit(prefill), "decode_ms_coeffs": _fit(decode)})
+    return TimingProfile.from_dict(
+        {
+            **base.to_dict(),
+            "name": name,
+            "sources": sources,
+            "prefill_ms_coeffs": _fit(prefill),
+            "decode_ms_coeffs": _fit(decode),
+        }
+    )
 
 
 def profile_from_measurements(json_path: str | Path, base: TimingProfile, name: str) -> TimingProfile:
@@ -182,15 +192,34 @@ def profile_from_measurements(json_path: str | Path, base: TimingProfile, name: 
     measured_with = {k: v for k, v in meta.get("engine", {}).items() if k in ("block_size", "max_num_batched_tokens")}
     base = TimingProfile.from_dict({**base.to_dict(), **measured_with})
     capacity = base.kv_capacity_tokens
-    source = (f"measured step times from {Path(json_path).name} ({meta.get('device', 'unknown device')}, "
-              f"{meta.get('model', 'unknown model')}): {len(prefill)} prefill and {len(decode)} decode points, "
-              "interpolated piecewise-linearly by engines/timing/measured.py; the coefficients are least-squares fits")
-    limits = ", ".join(f"{k}={getattr(base, k)}" for k in ("block_size", "num_blocks", "max_num_seqs",
-                       "max_num_batched_tokens", "min_step_ms", "kv_bytes_per_token", "kv_transfer_gb_per_s"))
-    return TimingProfile.from_dict({
-        **base.to_dict(), "name": name, "sources": (source, f"Limits (given, not measured): {limits}"),
-        "prefill_ms_points": prefill, "decode_ms_points": decode, "prefill_ms_coeffs": _fit(list(prefill)),
-        "decode_ms_coeffs": _fit([(b * c / capacity, ms) for b, c, ms in decode])})
+    source = (
+        f"measured step times from {Path(json_path).name} ({meta.get('device', 'unknown device')}, "
+        f"{meta.get('model', 'unknown model')}): {len(prefill)} prefill and {len(decode)} decode points, "
+        "interpolated piecewise-linearly by engines/timing/measured.py; the coefficients are least-squares fits"
+    )
+    limits = ", ".join(
+        f"{k}={getattr(base, k)}"
+        for k in (
+            "block_size",
+            "num_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "min_step_ms",
+            "kv_bytes_per_token",
+            "kv_transfer_gb_per_s",
+        )
+    )
+    return TimingProfile.from_dict(
+        {
+            **base.to_dict(),
+            "name": name,
+            "sources": (source, f"Limits (given, not measured): {limits}"),
+            "prefill_ms_points": prefill,
+            "decode_ms_points": decode,
+            "prefill_ms_coeffs": _fit(list(prefill)),
+            "decode_ms_coeffs": _fit([(b * c / capacity, ms) for b, c, ms in decode]),
+        }
+    )
 
 
 def _lists(value):

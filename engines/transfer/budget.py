@@ -1,5 +1,6 @@
 """StagingBudget: a worker front process's staging file handed out in regions, waiting (bounded) for room; the
 gRPC KV fallback's memory bound. Copies between gRPC messages and the file run on a thread, never on the loop."""
+
 import asyncio
 import time
 

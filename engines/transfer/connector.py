@@ -1,6 +1,7 @@
 """The KvConnector seam: how a worker moves one request's KV between a prefill and a decode engine, whichever the
 transport (engines/transfer/transports.py). One connector per worker, chosen once at start-up from the transport
 its engine declares. Only the contract lives here: no gRPC, no files, no engine calls."""
+
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,8 +31,7 @@ class KvConnector(Protocol):
 
     name: str  # a transports name
 
-    def export(self, req_id: str, num_blocks: int | None,
-               taken: Callable[[str], None]) -> AsyncIterator[Any]:
+    def export(self, req_id: str, num_blocks: int | None, taken: Callable[[str], None]) -> AsyncIterator[Any]:
         """PullKv's chunks of a held request's KV; typed errors before the first chunk; `taken(req_id)` once the
         engine has handed the blocks over; the request's hold ends when the last chunk is out."""
 

@@ -1,6 +1,7 @@
 """KvDescriptor: where a request's KV lies and how to read it — what a prefill engine hands a decode engine as
 `kv_params` (NIXL: the source agent, its metadata, the block ids) or what a decode worker hands its own engine
 (staging: a region of a shared-memory file the gRPC fallback filled). msgpack; pure, no I/O."""
+
 import dataclasses
 from dataclasses import dataclass
 
@@ -46,8 +47,23 @@ class KvDescriptor:
 
 def encode(d: KvDescriptor) -> bytes:
     layout = (d.layout.num_layers, d.layout.num_kv_heads, d.layout.head_dim, d.layout.dtype, d.layout.block_size)
-    return msgpack.packb((VERSION, d.kind, layout, d.token_ids, d.block_ids, d.agent, d.metadata, d.base,
-                          d.num_pool_blocks, d.mem, d.device_id, d.path, d.expires_unix_s))
+    return msgpack.packb(
+        (
+            VERSION,
+            d.kind,
+            layout,
+            d.token_ids,
+            d.block_ids,
+            d.agent,
+            d.metadata,
+            d.base,
+            d.num_pool_blocks,
+            d.mem,
+            d.device_id,
+            d.path,
+            d.expires_unix_s,
+        )
+    )
 
 
 def decode(data: bytes) -> KvDescriptor:
@@ -76,8 +92,12 @@ def with_expiry(data: bytes, expires_unix_s: float) -> bytes:
 def _check(d: KvDescriptor) -> None:
     if not d.token_ids:
         raise ValueError("no tokens")
-    if d.kind == NIXL and (len(d.block_ids) != d.num_blocks or not d.agent or d.num_pool_blocks < 1
-                           or any(not 0 <= b < d.num_pool_blocks for b in d.block_ids)):
+    if d.kind == NIXL and (
+        len(d.block_ids) != d.num_blocks
+        or not d.agent
+        or d.num_pool_blocks < 1
+        or any(not 0 <= b < d.num_pool_blocks for b in d.block_ids)
+    ):
         raise ValueError("NIXL descriptor without an agent or with block ids outside its cache")
     if d.kind == STAGING and (not d.path or d.base < 0):
         raise ValueError("staging descriptor without a file")

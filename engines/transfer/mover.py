@@ -1,6 +1,7 @@
 """KvMover: a runner's KV transfers over its paged cache — describes held blocks for a decode engine (NIXL),
 loads blocks from a NIXL descriptor or a staging file without blocking the step loop, and exports blocks into
 a staging file for the gRPC fallback. The payload never passes through Python objects or the engine's pipe."""
+
 import logging
 import os
 import time
@@ -11,8 +12,8 @@ from typing import Protocol
 import numpy as np
 
 from engines.base.types import KvLayout
-from engines.core.tiers.kv_tiers import Onboard, TieredLoads
 from engines.core.loads import KvLoad, LoadDone
+from engines.core.tiers.kv_tiers import Onboard, TieredLoads
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
 from engines.transfer.paged import Geometry, staging_nbytes, staging_view
@@ -30,8 +31,13 @@ class PagedCache(Protocol):
 
 
 class KvMover:
-    def __init__(self, cache: PagedCache, layout: KvLayout, transport: str = transports.STAGING,
-                 verify: Callable[[KvLoad], str] | None = None):
+    def __init__(
+        self,
+        cache: PagedCache,
+        layout: KvLayout,
+        transport: str = transports.STAGING,
+        verify: Callable[[KvLoad], str] | None = None,
+    ):
         if transport not in transports.LOADING:
             raise ValueError(f"kv transport must be one of {transports.LOADING}, got {transport!r}")
         self.cache, self.layout, self.verify = cache, layout, verify
@@ -54,8 +60,20 @@ class KvMover:
             return b""
         g = self.cache.geometry
         metadata = self.link.expose(req_id, block_ids)
-        return descriptor.encode(KvDescriptor(NIXL, self.layout, tuple(token_ids), tuple(block_ids), self.link.name,
-                                              metadata, g.base, g.num_blocks, g.mem, g.device_id))
+        return descriptor.encode(
+            KvDescriptor(
+                NIXL,
+                self.layout,
+                tuple(token_ids),
+                tuple(block_ids),
+                self.link.name,
+                metadata,
+                g.base,
+                g.num_blocks,
+                g.mem,
+                g.device_id,
+            )
+        )
 
     def release(self, req_id: str) -> None:
         if self.link is not None:
@@ -63,8 +81,9 @@ class KvMover:
 
     def export_to(self, block_ids, path: str, offset: int) -> None:
         """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
-        self.cache.read_blocks(block_ids, staging_view(self.reader.array(_staging_path(path)), self.layout, offset,
-                                                       len(block_ids)))
+        self.cache.read_blocks(
+            block_ids, staging_view(self.reader.array(_staging_path(path)), self.layout, offset, len(block_ids))
+        )
 
     # -- the decode side ---------------------------------------------------------------------
     def source(self, kv_params: bytes) -> KvDescriptor:
@@ -72,7 +91,9 @@ class KvMover:
         desc = descriptor.decode(kv_params)
         descriptor.check_layout(desc, self.layout)
         if desc.kind == NIXL and self.link is None:
-            raise DescriptorError("this engine has no NIXL agent (TANDEM_KV_TRANSPORT=grpc): it reads no NIXL descriptor")
+            raise DescriptorError(
+                "this engine has no NIXL agent (TANDEM_KV_TRANSPORT=grpc): it reads no NIXL descriptor"
+            )
         if desc.kind == STAGING:
             size = self.reader.array(_staging_path(desc.path)).size
             if desc.base + staging_nbytes(self.layout, desc.num_blocks) > size:
@@ -83,7 +104,9 @@ class KvMover:
         desc: KvDescriptor = load.source
         if desc.kind == NIXL:
             if _lapsed(desc):
-                self._done.append(LoadDone(load.req_id, False, "the source's lease on its blocks ended before the READ"))
+                self._done.append(
+                    LoadDone(load.req_id, False, "the source's lease on its blocks ended before the READ")
+                )
                 return
             handle = self.link.read(desc, load.block_ids)  # NOTE: a READ NIXL refuses ends as that load's ERR
         else:

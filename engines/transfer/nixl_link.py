@@ -2,6 +2,7 @@
 remote engine's blocks straight into local ones, posting runs contiguous on both sides as single pieces, off
 the caller's thread. Imported only when NIXL is the transport; the `nixl` meta package exposes `nixl`, a lone
 flavour `nixl_cu12` / `nixl_cu13`. It never copies a payload through Python."""
+
 import importlib
 import logging
 import os
@@ -66,6 +67,7 @@ class NixlSettings:
 @dataclass(slots=True)
 class Transfer:
     """A READ in flight: its post on the link's poster thread, which yields NIXL's handle and first state."""
+
     posted: Future
     error: str = ""  # why it failed to post (the request's error)
 
@@ -79,8 +81,11 @@ class NixlLink:
         self.geometry = geometry
         self.name = f"{name_prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # NOTE: unique per process
         # NOTE: STRICT: the poster and the pump call the agent beside the engine's thread
-        config = api.nixl_agent_config(enable_prog_thread=settings.progress_thread, backends=["UCX"],
-                                       sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+        config = api.nixl_agent_config(
+            enable_prog_thread=settings.progress_thread,
+            backends=["UCX"],
+            sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+        )
         self.agent = api.nixl_agent(self.name, config)
         # NOTE: the whole cache, as the destination of this engine's READs; its metadata never leaves the process
         self.agent.register_memory([(geometry.base, geometry.nbytes, geometry.device_id, "")], geometry.mem)
@@ -97,8 +102,9 @@ class NixlLink:
         pieces = self.geometry.pieces(block_ids)
         runs, _ = merge_runs(pieces, pieces)  # NOTE: one region per run of consecutive blocks, per plane
         self.conceal(key)
-        regions = self.agent.register_memory([(int(a), int(n), int(d), "") for a, n, d in runs], self.geometry.mem,
-                                             backends=["UCX"])
+        regions = self.agent.register_memory(
+            [(int(a), int(n), int(d), "") for a, n, d in runs], self.geometry.mem, backends=["UCX"]
+        )
         self._exposed[key] = regions
         return self.agent.get_partial_agent_metadata(regions, True, ["UCX"])
 
@@ -119,7 +125,7 @@ class NixlLink:
         return Transfer(self._poster.submit(self._post, local, remote, desc, not is_new))
 
     def state(self, transfer: Transfer) -> str:
-        """"DONE", "PROC" or "ERR"; a transfer that is done or failed is released."""
+        """ "DONE", "PROC" or "ERR"; a transfer that is done or failed is released."""
         if not transfer.posted.done():
             return "PROC"
         try:
@@ -145,8 +151,12 @@ class NixlLink:
         (CMA): the engine's thread never waits on a copy."""
         if is_load_due:  # NOTE: here, not on the engine's thread: loading metadata takes a millisecond or two
             self._remote(desc)
-        handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.geometry.mem),
-                                            self.agent.get_xfer_descs(remote, desc.mem), desc.agent)
+        handle = self.agent.initialize_xfer(
+            "READ",
+            self.agent.get_xfer_descs(local, self.geometry.mem),
+            self.agent.get_xfer_descs(remote, desc.mem),
+            desc.agent,
+        )
         try:
             return handle, self.agent.transfer(handle)
         except Exception:

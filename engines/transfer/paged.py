@@ -1,6 +1,7 @@
 """The paged KV cache as bytes: a [num_layers * 2 planes, num_blocks, block_bytes] array at one address, the
 NIXL pieces of its (plane, block) pairs, pieces merged into runs contiguous on both sides of a transfer,
 and block copies in and out of a staging view. Numpy only."""
+
 from dataclasses import dataclass
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Staging files: a worker's preallocated shared-memory file the gRPC fallback receives KV into (decode) or
 exports KV through (prefill), with a first-fit allocator over it; the engine process maps the same file by
 path. Bytes only; no asyncio, no gRPC."""
+
 import os
 import tempfile
 import threading

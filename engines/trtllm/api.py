@@ -1,6 +1,7 @@
 """The few TensorRT-LLM objects the adapter touches, gathered in one place so that `tensorrt_llm` is imported
 only here, only when a worker starts, and so that tests can hand the adapter a fake of exactly these.
 Must not import tensorrt_llm at module import."""
+
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,9 +10,11 @@ from typing import Any
 from engines.base.errors import EngineUnavailableError
 from engines.trtllm.config import TRTLLM_VERSION
 
-INSTALL_HINT = (f"run the worker in NVIDIA's TensorRT-LLM container (nvcr.io/nvidia/tensorrt-llm/release:"
-                f"{TRTLLM_VERSION}; docker/worker-trtllm.Dockerfile builds tandem on it) or install it on a "
-                f"CUDA host: pip install tensorrt-llm=={TRTLLM_VERSION}")
+INSTALL_HINT = (
+    f"run the worker in NVIDIA's TensorRT-LLM container (nvcr.io/nvidia/tensorrt-llm/release:"
+    f"{TRTLLM_VERSION}; docker/worker-trtllm.Dockerfile builds tandem on it) or install it on a "
+    f"CUDA host: pip install tensorrt-llm=={TRTLLM_VERSION}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +35,9 @@ def require_package() -> None:
     """Raise EngineUnavailableError (one line: what is missing, how to get it) when tensorrt_llm is absent.
     Looks the package up without importing it: importing it needs a GPU driver."""
     if importlib.util.find_spec("tensorrt_llm") is None:
-        raise EngineUnavailableError(f"engine trtllm needs the tensorrt_llm package, which is not installed: "
-                                     f"{INSTALL_HINT}")
+        raise EngineUnavailableError(
+            f"engine trtllm needs the tensorrt_llm package, which is not installed: {INSTALL_HINT}"
+        )
 
 
 def load_api() -> TrtllmApi:
@@ -43,14 +47,18 @@ def load_api() -> TrtllmApi:
         import torch
         from tensorrt_llm import _tensorrt_engine, llmapi
     except (ImportError, OSError, RuntimeError) as exc:  # e.g. no driver, or a CUDA mismatch
-        raise EngineUnavailableError(f"tensorrt_llm is installed but does not import ({exc}); "
-                                     f"{INSTALL_HINT}") from None
+        raise EngineUnavailableError(f"tensorrt_llm is installed but does not import ({exc}); {INSTALL_HINT}") from None
     return TrtllmApi(
-        LLM=tensorrt_llm.LLM, TrtLLM=_tensorrt_engine.LLM, SamplingParams=tensorrt_llm.SamplingParams,
-        DisaggregatedParams=llmapi.DisaggregatedParams, GuidedDecodingParams=llmapi.GuidedDecodingParams,
+        LLM=tensorrt_llm.LLM,
+        TrtLLM=_tensorrt_engine.LLM,
+        SamplingParams=tensorrt_llm.SamplingParams,
+        DisaggregatedParams=llmapi.DisaggregatedParams,
+        GuidedDecodingParams=llmapi.GuidedDecodingParams,
         KvCacheConfig=llmapi.KvCacheConfig,
-        CacheTransceiverConfig=llmapi.CacheTransceiverConfig, QuantConfig=llmapi.QuantConfig,
-        QuantAlgo=llmapi.QuantAlgo, gpu_memory=torch.cuda.mem_get_info,
+        CacheTransceiverConfig=llmapi.CacheTransceiverConfig,
+        QuantConfig=llmapi.QuantConfig,
+        QuantAlgo=llmapi.QuantAlgo,
+        gpu_memory=torch.cuda.mem_get_info,
     )
 
 

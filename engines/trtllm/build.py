@@ -2,6 +2,7 @@
 (block size, reuse, events, its size from the worker's GPU memory budget, FP8), quantization through
 TensorRT-LLM's own QuantConfig, the cache transceiver that moves KV between workers. Pure: the classes
 come in through TrtllmApi and the GPU's memory figures as plain numbers."""
+
 import json
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def choose_backend(cfg: TrtllmConfig, ckpt: Checkpoint) -> str:
     backend = cfg.backend if cfg.backend != "auto" else ("tensorrt" if ckpt.is_engine else "pytorch")
     if backend == "pytorch" and ckpt.is_engine:
-        raise EngineUnavailableError(f"{ckpt.path} is a TensorRT engine directory: start the worker with "
-                                     "--trtllm-backend tensorrt (or auto)")
+        raise EngineUnavailableError(
+            f"{ckpt.path} is a TensorRT engine directory: start the worker with --trtllm-backend tensorrt (or auto)"
+        )
     return backend
 
 
@@ -31,16 +33,21 @@ def check_checkpoint(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str) -> None:
     wanted = _QUANT.get(cfg.quant)
     fixed = ckpt.is_engine or backend == "pytorch"  # only the tensorrt backend quantizes a HF checkpoint
     if wanted and fixed and ckpt.quant_algo != wanted:
-        how = ("rebuild the engine with that quantization" if ckpt.is_engine else
-               "use a ModelOpt checkpoint of it (NVIDIA ModelOpt's hf_ptq.py --qformat "
-               f"{cfg.quant}) or --trtllm-backend tensorrt, which quantizes through QuantConfig at build")
+        how = (
+            "rebuild the engine with that quantization"
+            if ckpt.is_engine
+            else "use a ModelOpt checkpoint of it (NVIDIA ModelOpt's hf_ptq.py --qformat "
+            f"{cfg.quant}) or --trtllm-backend tensorrt, which quantizes through QuantConfig at build"
+        )
         found = ckpt.quant_algo or "not quantized"
         raise EngineUnavailableError(f"{ckpt.path} is not quantized as {wanted} (it is {found}): {how}")
     if ckpt.is_engine and cfg.kv_cache_dtype == "fp8" and ckpt.kv_cache_quant_algo != "FP8":
         raise EngineUnavailableError(f"{ckpt.path} was built without an FP8 KV cache: rebuild it with one")
     if ckpt.tokens_per_block and ckpt.tokens_per_block != cfg.cache.block_size:
-        raise EngineUnavailableError(f"{ckpt.path} was built with tokens_per_block={ckpt.tokens_per_block}: "
-                                     f"start the worker with --block-size {ckpt.tokens_per_block}")
+        raise EngineUnavailableError(
+            f"{ckpt.path} was built with tokens_per_block={ckpt.tokens_per_block}: "
+            f"start the worker with --block-size {ckpt.tokens_per_block}"
+        )
 
 
 def kv_dtype(cfg: TrtllmConfig, ckpt: Checkpoint) -> str:
@@ -65,21 +72,32 @@ def kv_cache_size(cfg: TrtllmConfig, ckpt: Checkpoint, total_bytes: int) -> dict
     if budget < block_bytes:
         raise EngineUnavailableError(
             f"gpu_memory_utilization={cache.gpu_memory_utilization} of {total_bytes / 2**30:.1f} GiB leaves no room "
-            f"for KV after {ckpt.weight_bytes / tp / 2**30:.1f} GiB of weights: raise it or use more GPUs")
-    return {"max_tokens": int(budget // block_bytes) * cache.block_size,
-            "free_gpu_memory_fraction": FREE_FRACTION_CEILING}
+            f"for KV after {ckpt.weight_bytes / tp / 2**30:.1f} GiB of weights: raise it or use more GPUs"
+        )
+    return {
+        "max_tokens": int(budget // block_bytes) * cache.block_size,
+        "free_gpu_memory_fraction": FREE_FRACTION_CEILING,
+    }
 
 
-def llm_arguments(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str, api: TrtllmApi,
-                  total_bytes: int) -> tuple[Any, dict[str, Any]]:
+def llm_arguments(
+    cfg: TrtllmConfig, ckpt: Checkpoint, backend: str, api: TrtllmApi, total_bytes: int
+) -> tuple[Any, dict[str, Any]]:
     """(the LLM class, its keyword arguments)."""
-    kv = {"enable_block_reuse": cfg.batch.enable_prefix_caching, "tokens_per_block": cfg.cache.block_size,
-          "event_buffer_max_size": EVENT_BUFFER if cfg.batch.enable_prefix_caching else 0,
-          **kv_cache_size(cfg, ckpt, total_bytes)}
+    kv = {
+        "enable_block_reuse": cfg.batch.enable_prefix_caching,
+        "tokens_per_block": cfg.cache.block_size,
+        "event_buffer_max_size": EVENT_BUFFER if cfg.batch.enable_prefix_caching else 0,
+        **kv_cache_size(cfg, ckpt, total_bytes),
+    }
     kwargs: dict[str, Any] = {"model": str(ckpt.path), "tensor_parallel_size": cfg.tensor_parallel_size}
     if not ckpt.is_engine:  # an engine's dtype and limits were fixed when it was built
-        kwargs.update(dtype=cfg.dtype, max_batch_size=cfg.batch.max_num_seqs, max_num_tokens=cfg.batch.max_num_batched_tokens,
-                      max_seq_len=max_model_len(cfg, ckpt))
+        kwargs.update(
+            dtype=cfg.dtype,
+            max_batch_size=cfg.batch.max_num_seqs,
+            max_num_tokens=cfg.batch.max_num_batched_tokens,
+            max_seq_len=max_model_len(cfg, ckpt),
+        )
     if cfg.disaggregation:
         kwargs["cache_transceiver_config"] = api.CacheTransceiverConfig(backend=cfg.cache_transceiver)
     if backend == "pytorch":

@@ -1,6 +1,7 @@
 """What the adapter reads from a model directory before TensorRT-LLM loads it: the KV layout, the context
 length, the EOS ids, how it is quantized and how many bytes of weights it holds. Pure file reading: no
 tensorrt_llm, no torch."""
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,9 @@ def read_checkpoint(model: str) -> Checkpoint:
     path = Path(model)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ModelNotFoundError(f"{model}: no config.json (need a Hugging Face checkpoint or a TensorRT engine "
-                                 "directory)")
+        raise ModelNotFoundError(
+            f"{model}: no config.json (need a Hugging Face checkpoint or a TensorRT engine directory)"
+        )
     config = json.loads(config_path.read_text())
     if "pretrained_config" in config and "build_config" in config:
         return _engine_dir(path, config)
@@ -42,12 +44,16 @@ def _hf_dir(path: Path, config: dict) -> Checkpoint:
     heads = config["num_attention_heads"]
     quant = _modelopt_quant(path, config)
     return Checkpoint(
-        path=path, is_engine=False, num_layers=config["num_hidden_layers"],
+        path=path,
+        is_engine=False,
+        num_layers=config["num_hidden_layers"],
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        max_position=config.get("max_position_embeddings", 0), vocab_size=config.get("vocab_size", 0),
+        max_position=config.get("max_position_embeddings", 0),
+        vocab_size=config.get("vocab_size", 0),
         eos_token_ids=_eos_ids(path, config),
-        quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        quant_algo=quant.get("quant_algo"),
+        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         weight_bytes=_file_bytes(path, ("*.safetensors", "*.bin")),
     )
 
@@ -57,12 +63,15 @@ def _engine_dir(path: Path, config: dict) -> Checkpoint:
     heads = pretrained["num_attention_heads"]
     quant = pretrained.get("quantization") or {}
     return Checkpoint(
-        path=path, is_engine=True, num_layers=pretrained["num_hidden_layers"],
+        path=path,
+        is_engine=True,
+        num_layers=pretrained["num_hidden_layers"],
         num_kv_heads=pretrained.get("num_key_value_heads") or heads,
         head_dim=pretrained.get("head_size") or pretrained["hidden_size"] // heads,
         max_position=build.get("max_seq_len") or pretrained.get("max_position_embeddings", 0),
         vocab_size=pretrained.get("vocab_size", 0),
-        eos_token_ids=_eos_ids(path, {}), quant_algo=quant.get("quant_algo"),
+        eos_token_ids=_eos_ids(path, {}),
+        quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         tokens_per_block=(build.get("plugin_config") or {}).get("tokens_per_block"),
         weight_bytes=_file_bytes(path, ("rank*.engine",)),

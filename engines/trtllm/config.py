@@ -1,5 +1,6 @@
 """TrtllmConfig: what a TensorRT-LLM worker engine is asked to run, frozen. Built from the worker's settings
 (services/common/engine_factory.py); what TensorRT-LLM measures at start-up is reported, never written back."""
+
 from dataclasses import dataclass
 
 from engines.base.engine_configs import BatchConfig, CacheConfig

@@ -6,6 +6,7 @@ TensorRT-LLM's disaggregated params as kv_params, and a request with kv_params r
 crosses between workers through TensorRT-LLM's own cache transceiver, never through tandem. Two pollers drain
 TensorRT-LLM's iteration stats and KV events, and a death watch (executor_failure) ends every stream with ABORT, so
 the gateway moves them, once TensorRT-LLM's executor has shut down. tensorrt_llm is imported in start() only."""
+
 import asyncio
 import json
 import logging
@@ -15,12 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base.engine import EngineCapabilities
-from engines.transfer import transports
-from engines.base.errors import (EngineDiedError, EngineError, EngineUnavailableError, InvalidRequestError,
-                                 RequestNotFoundError)
+from engines.base.errors import (
+    EngineDiedError,
+    EngineError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    RequestNotFoundError,
+)
 from engines.base.events import KvEvent, KvSnapshot
 from engines.base.requests import queue_stream, validate_request
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, KvLayout, RequestOutput
+from engines.transfer import transports
 from engines.trtllm.api import TrtllmApi, executor_failure, load_api, require_package
 from engines.trtllm.build import check_checkpoint, choose_backend, kv_dtype, llm_arguments, max_model_len
 from engines.trtllm.checkpoint import read_checkpoint
@@ -53,15 +59,22 @@ class TrtllmEngine:
         if api is None:
             require_package()  # NOTE: first, so a host without it hears about that before anything else
         if not config.device.startswith("cuda"):
-            raise EngineUnavailableError("engine trtllm runs on NVIDIA GPUs only: start the worker with "
-                                         "--device cuda (TANDEM_WORKER_DEVICE=cuda)")
+            raise EngineUnavailableError(
+                "engine trtllm runs on NVIDIA GPUs only: start the worker with "
+                "--device cuda (TANDEM_WORKER_DEVICE=cuda)"
+            )
         self.config, self._api = config, api
         self.ckpt = read_checkpoint(config.model)
         self.backend = choose_backend(config, self.ckpt)
         check_checkpoint(config, self.ckpt, self.backend)
         self.max_model_len = max_model_len(config, self.ckpt)
-        self.kv_layout = KvLayout(self.ckpt.num_layers, self.ckpt.num_kv_heads, self.ckpt.head_dim,
-                                  kv_dtype(config, self.ckpt), config.cache.block_size)
+        self.kv_layout = KvLayout(
+            self.ckpt.num_layers,
+            self.ckpt.num_kv_heads,
+            self.ckpt.head_dim,
+            kv_dtype(config, self.ckpt),
+            config.cache.block_size,
+        )
         self._llm: Any = None
         self._live: dict[str, _Live] = {}
         self._held: dict[str, tuple[float, Any]] = {}  # req_id -> (let go at, result): prefilled, KV held
@@ -86,8 +99,10 @@ class TrtllmEngine:
         # NOTE: on the loop's own thread, as TensorRT-LLM's servers do (it starts its executor processes and binds
         # its result queues to the running loop); nothing else is served until the engine has started
         self._llm = cls(**kwargs)
-        self._pollers = [asyncio.ensure_future(self._poll(self._llm.get_stats_async, self._on_stats)),
-                         asyncio.ensure_future(self._poll(self._llm.get_kv_cache_events_async, self._on_kv_events))]
+        self._pollers = [
+            asyncio.ensure_future(self._poll(self._llm.get_stats_async, self._on_stats)),
+            asyncio.ensure_future(self._poll(self._llm.get_kv_cache_events_async, self._on_kv_events)),
+        ]
 
     async def shutdown(self) -> None:
         self._stopping = True  # NOTE: our own shutdown stops the executor too; that is no failure
@@ -119,13 +134,21 @@ class TrtllmEngine:
             # NOTE: TensorRT-LLM does not check: an id past the embedding table faults the GPU, and every request
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         if (request.hold_kv or request.kv_params) and not self.config.disaggregation:
-            raise InvalidRequestError("this trtllm worker runs without a cache transceiver (--trtllm-cache-"
-                                      "transceiver off): it neither holds nor takes KV for another worker")
+            raise InvalidRequestError(
+                "this trtllm worker runs without a cache transceiver (--trtllm-cache-"
+                "transceiver off): it neither holds nor takes KV for another worker"
+            )
         plan = plan_request(request, self.ckpt.eos_token_ids, secrets.randbits(63))
         result = self._submit(plan, request.hash_root)
         p = request.params
-        stream = OutputStream(request.req_id, plan, len(request.prompt_token_ids), self.config.cache.block_size,
-                              p.top_logprobs, p.logprobs)
+        stream = OutputStream(
+            request.req_id,
+            plan,
+            len(request.prompt_token_ids),
+            self.config.cache.block_size,
+            p.top_logprobs,
+            p.logprobs,
+        )
         live = self._live[request.req_id] = _Live(result, stream)
         live.pump = asyncio.ensure_future(self._pump(request.req_id, live))
         return queue_stream(request.req_id, live.queue, lambda: self._stream_done(request.req_id), self.abort)
@@ -143,11 +166,13 @@ class TrtllmEngine:
         salted = {"cache_salt": f"{hash_root:016x}"} if hash_root else {}
         try:
             guided = plan.sampling.get("guided_decoding")
-            sampling = self._api.SamplingParams(**plan.sampling | (
-                {"guided_decoding": self._api.GuidedDecodingParams(**guided)} if guided else {}))
+            sampling = self._api.SamplingParams(
+                **plan.sampling | ({"guided_decoding": self._api.GuidedDecodingParams(**guided)} if guided else {})
+            )
             disagg = self._api.DisaggregatedParams(**plan.disaggregated) if plan.disaggregated else None
-            return self._llm.generate_async(list(plan.inputs), sampling_params=sampling, streaming=True,
-                                            disaggregated_params=disagg, **salted)
+            return self._llm.generate_async(
+                list(plan.inputs), sampling_params=sampling, streaming=True, disaggregated_params=disagg, **salted
+            )
         except (TypeError, ValueError) as exc:  # what TensorRT-LLM's own validation refuses, e.g. a newer kv_params
             raise InvalidRequestError(f"TensorRT-LLM refused the request: {exc}") from None
         except RuntimeError as exc:  # "LLM is shutting down": its executor died since the last look
@@ -185,8 +210,13 @@ class TrtllmEngine:
         live.queue.put_nowait(out)
 
     def _failed(self, live: _Live, error: str) -> RequestOutput:
-        return RequestOutput(live.stream.req_id, (), finish_reason=FinishReason.ERROR, error=error,
-                             num_prompt_tokens=live.stream.num_prompt_tokens)
+        return RequestOutput(
+            live.stream.req_id,
+            (),
+            finish_reason=FinishReason.ERROR,
+            error=error,
+            num_prompt_tokens=live.stream.num_prompt_tokens,
+        )
 
     def _count_prompt(self, live: _Live) -> None:
         if not live.counted:
@@ -198,8 +228,12 @@ class TrtllmEngine:
         live = self._live.get(req_id)
         if live is not None and not live.closed:
             _abort_quietly(live.result)
-            self._deliver(live, RequestOutput(req_id, (), finish_reason=FinishReason.ABORT,
-                                              num_prompt_tokens=live.stream.num_prompt_tokens))
+            self._deliver(
+                live,
+                RequestOutput(
+                    req_id, (), finish_reason=FinishReason.ABORT, num_prompt_tokens=live.stream.num_prompt_tokens
+                ),
+            )
         held = self._held.pop(req_id, None)
         if held is not None:
             _abort_quietly(held[1])
@@ -215,7 +249,7 @@ class TrtllmEngine:
         while not self._executor_gone():
             try:
                 await asyncio.wait_for(self._dead.wait(), HEALTH_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return self._failure or "TensorRT-LLM's executor failed"
 
@@ -234,16 +268,25 @@ class TrtllmEngine:
         lives = [live for live in self._live.values() if not live.closed]
         log.error("%s: handing %d live requests back, dropping %d held", reason, len(lives), len(self._held))
         for live in lives:  # NOTE: ABORT, not ERROR: the gateway continues an aborted request on another worker
-            self._deliver(live, RequestOutput(live.stream.req_id, (), finish_reason=FinishReason.ABORT,
-                                              num_prompt_tokens=live.stream.num_prompt_tokens))
+            self._deliver(
+                live,
+                RequestOutput(
+                    live.stream.req_id,
+                    (),
+                    finish_reason=FinishReason.ABORT,
+                    num_prompt_tokens=live.stream.num_prompt_tokens,
+                ),
+            )
             if live.pump is not None and live.pump is not asyncio.current_task():
                 live.pump.cancel()  # NOTE: a dead executor may never answer it again
         self._held.clear()
         self._dead.set()
 
     async def export_kv(self, req_id: str) -> KvExport:
-        raise EngineError("the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "
-                          "with the kv_params of the prefill's last output")
+        raise EngineError(
+            "the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "
+            "with the kv_params of the prefill's last output"
+        )
 
     async def release_kv(self, req_id: str) -> None:
         held = self._held.pop(req_id, None)
@@ -261,8 +304,14 @@ class TrtllmEngine:
 
     def stats(self) -> EngineStats:
         self._expire_held()
-        return engine_stats(self._stat, self._counts, block_size=self.config.cache.block_size,
-                            max_model_len=self.max_model_len, num_held=len(self._held), num_live=len(self._live))
+        return engine_stats(
+            self._stat,
+            self._counts,
+            block_size=self.config.cache.block_size,
+            max_model_len=self.max_model_len,
+            num_held=len(self._held),
+            num_live=len(self._live),
+        )
 
     async def kv_events_since(self, after_seq: int) -> list[KvEvent] | None:
         return self._kv.log.since(after_seq)
@@ -292,7 +341,7 @@ class TrtllmEngine:
                     handle(json_dict(item))
                     drained = True
                     await asyncio.sleep(0)  # NOTE: a queue that always has more must not starve the streams
-            except (asyncio.TimeoutError, asyncio.QueueEmpty):
+            except (TimeoutError, asyncio.QueueEmpty):
                 pass
             except Exception as exc:  # NOTE: a failed drain must not end the worker; the next one may succeed
                 log.warning("TensorRT-LLM %s failed: %s", getattr(fetch, "__name__", fetch), exc)

@@ -6,6 +6,7 @@ extra keys that tandem cannot recompute), but every stored event carries each bl
 hash: this mapper rehashes each full block with tandem's chained hash, remembers TensorRT-LLM's hash -> tandem's,
 and translates removals, tier moves (cache_level updates) and gaps through that map. A partial block (fewer
 tokens than the block size) has no tandem hash and is not announced. Pure: dicts in, events out."""
+
 import logging
 from collections import Counter
 from collections.abc import Iterable
@@ -50,8 +51,9 @@ class TrtllmKvEvents:
         event_id = event.get("event_id")
         if event_id is not None and self._last_id is not None and event_id != self._last_id + 1:
             # NOTE: events were lost (TensorRT-LLM's buffer overflowed): forget everything rather than be wrong
-            log.warning("KV events %d..%d lost; announcing this worker's cache cleared", self._last_id + 1,
-                        event_id - 1)
+            log.warning(
+                "KV events %d..%d lost; announcing this worker's cache cleared", self._last_id + 1, event_id - 1
+            )
             out.append(self._clear())
         self._last_id = event_id if event_id is not None else self._last_id
         data = event.get("data") or {}

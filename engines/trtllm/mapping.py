@@ -2,6 +2,7 @@
 arguments (one to one; a clear InvalidRequestError for what has no TensorRT-LLM equivalent), and the
 disaggregation mode (context-only for hold_kv, generation-only for kv_params). Also the kv_params codec.
 Pure: no tensorrt_llm import; the adapter builds the real objects from these dicts."""
+
 import base64
 import dataclasses
 import json
@@ -14,10 +15,27 @@ from engines.base.structured import StructuredSpec
 from engines.base.types import EngineRequest, SamplingParams
 
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
-MAPPED = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos",
-                    "logprobs", "top_logprobs", "min_tokens", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "min_p", "logit_bias", "structured",
-                    "cache_salt"})  # NOTE: travels as generate_async's cache_salt (the keyed root, engine.py)
+MAPPED = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+        "top_logprobs",
+        "min_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_p",
+        "logit_bias",
+        "structured",
+        "cache_salt",
+    }
+)  # NOTE: travels as generate_async's cache_salt (the keyed root, engine.py)
 # tandem's field -> TensorRT-LLM SamplingParams' (tensorrt_llm/sampling_params.py, read 2026-11): the same names.
 # NOTE (assumption, not checked on a GPU here): TensorRT-LLM's sampler may count the prompt in presence/frequency
 # penalties, where OpenAI (and tandem's native engine) count generated tokens only
@@ -53,8 +71,13 @@ def plan_request(request: EngineRequest, eos_token_ids: tuple[int, ...], seed: i
         if first != done:
             raise InvalidRequestError(f"kv_params carry first tokens {list(first)}, the request {list(done)}")
         sampling = sampling_kwargs(p, p.max_tokens, p.min_tokens, eos_token_ids, seed)
-        return RequestPlan(request.prompt_token_ids, sampling, {**params, "request_type": "generation_only"},
-                           skip_tokens=first, imported=True)
+        return RequestPlan(
+            request.prompt_token_ids,
+            sampling,
+            {**params, "request_type": "generation_only"},
+            skip_tokens=first,
+            imported=True,
+        )
     if done:  # tokens generated elsewhere without their KV: they become part of the prompt
         left = p.max_tokens - len(done)
         if left < 1:
@@ -65,22 +88,32 @@ def plan_request(request: EngineRequest, eos_token_ids: tuple[int, ...], seed: i
         sampling = sampling_kwargs(p, 1, min(1, p.min_tokens), eos_token_ids, seed)
         return RequestPlan(request.prompt_token_ids, sampling, {"request_type": "context_only"}, holds_kv=True)
     # NOTE: a hold_kv request whose only token is its last finishes as usual and holds nothing
-    return RequestPlan(request.prompt_token_ids, sampling_kwargs(p, p.max_tokens, p.min_tokens, eos_token_ids,
-                                                                 seed), None)
+    return RequestPlan(
+        request.prompt_token_ids, sampling_kwargs(p, p.max_tokens, p.min_tokens, eos_token_ids, seed), None
+    )
 
 
-def sampling_kwargs(p: SamplingParams, max_tokens: int, min_tokens: int, eos_token_ids: tuple[int, ...],
-                    seed: int) -> dict[str, Any]:
+def sampling_kwargs(
+    p: SamplingParams, max_tokens: int, min_tokens: int, eos_token_ids: tuple[int, ...], seed: int
+) -> dict[str, Any]:
     """The model's first EOS id is TensorRT-LLM's end id; its other EOS ids stop as stop tokens do."""
     stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids[1:]))
     if min_tokens and stops:
         # TensorRT-LLM holds back only the end id before min_tokens; stop_token_ids would still stop it early
-        raise InvalidRequestError("the trtllm engine cannot hold back stop_token_ids (or a second EOS id) before "
-                                  "min_tokens; send min_tokens without stop_token_ids")
+        raise InvalidRequestError(
+            "the trtllm engine cannot hold back stop_token_ids (or a second EOS id) before "
+            "min_tokens; send min_tokens without stop_token_ids"
+        )
     kwargs: dict[str, Any] = {
-        "max_tokens": max_tokens, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-        "seed": p.seed if p.seed is not None else seed, "stop_token_ids": stops, "ignore_eos": p.ignore_eos,
-        "detokenize": False, "return_perf_metrics": True,
+        "max_tokens": max_tokens,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "seed": p.seed if p.seed is not None else seed,
+        "stop_token_ids": stops,
+        "ignore_eos": p.ignore_eos,
+        "detokenize": False,
+        "return_perf_metrics": True,
     }
     if eos_token_ids:
         kwargs["end_id"] = eos_token_ids[0]

@@ -2,6 +2,7 @@
 cumulative token lists; this keeps a cursor and emits what is new, maps finish reasons and log-probabilities,
 drops the first tokens a generation-only request repeats, and turns a context-only request's end into
 FinishReason.PREFILLED with its disaggregated params as kv_params. Pure: reads attributes, imports nothing."""
+
 from typing import Any
 
 from engines.base.types import FinishReason, RequestOutput, TokenLogprob
@@ -11,8 +12,15 @@ _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "cancelled"
 
 
 class OutputStream:
-    def __init__(self, req_id: str, plan: RequestPlan, num_prompt_tokens: int, block_size: int,
-                 top_logprobs: int = 0, want_logprobs: bool = False):
+    def __init__(
+        self,
+        req_id: str,
+        plan: RequestPlan,
+        num_prompt_tokens: int,
+        block_size: int,
+        top_logprobs: int = 0,
+        want_logprobs: bool = False,
+    ):
         self.req_id, self.plan, self.block_size = req_id, plan, block_size
         self.num_prompt_tokens = num_prompt_tokens  # the user's prompt, whatever TensorRT-LLM was given
         self.top_logprobs, self.want_logprobs = top_logprobs, want_logprobs or top_logprobs > 0
@@ -28,7 +36,7 @@ class OutputStream:
         tokens = list(out.token_ids)
         start, self.cursor = self.cursor, len(tokens)
         cut, error = self._repeated(start, tokens[start:])
-        new = tokens[start + cut:]
+        new = tokens[start + cut :]
         finish = self._finish(out, result.finished) if error is None else FinishReason.ERROR
         if finish is FinishReason.ERROR and error is None:
             error = f"TensorRT-LLM ended the request with finish reason {out.finish_reason!r}"
@@ -48,16 +56,25 @@ class OutputStream:
             except KeyError:
                 finish, error = FinishReason.ERROR, "TensorRT-LLM returned no logprob for a sampled token"
         self.finished = finish is not None
-        return RequestOutput(self.req_id, tuple(new), lps, finish, self.num_prompt_tokens, self.num_cached_tokens,
-                             error=error, queue_s=self.queue_s, kv_params=kv_params)
+        return RequestOutput(
+            self.req_id,
+            tuple(new),
+            lps,
+            finish,
+            self.num_prompt_tokens,
+            self.num_cached_tokens,
+            error=error,
+            queue_s=self.queue_s,
+            kv_params=kv_params,
+        )
 
     def _repeated(self, start: int, new: list[int]) -> tuple[int, str | None]:
         """How many of `new` a generation-only request repeats from the prefill worker (already sent), and an
         error when they are not those tokens."""
         skip = self.plan.skip_tokens
         cut = max(0, min(len(skip) - start, len(new)))
-        if tuple(new[:cut]) != skip[start:start + cut]:
-            return cut, f"TensorRT-LLM's output began {new[:cut]}, not the prefill's {list(skip[start:start + cut])}"
+        if tuple(new[:cut]) != skip[start : start + cut]:
+            return cut, f"TensorRT-LLM's output began {new[:cut]}, not the prefill's {list(skip[start : start + cut])}"
         return cut, None
 
     def _logprobs(self, tokens: list[int], logprobs: list, first: int) -> tuple[TokenLogprob, ...]:
@@ -66,8 +83,10 @@ class OutputStream:
         offset = len(tokens) - len(logprobs)
         if first - offset < 0:
             raise KeyError(first)
-        return tuple(_token_logprob(t, logprobs[i - offset], self.top_logprobs)
-                     for i, t in enumerate(tokens[first:], start=first))
+        return tuple(
+            _token_logprob(t, logprobs[i - offset], self.top_logprobs)
+            for i, t in enumerate(tokens[first:], start=first)
+        )
 
     def _finish(self, out: Any, finished: bool) -> FinishReason | None:
         reason = out.finish_reason
@@ -94,6 +113,5 @@ def _token_logprob(token: int, entry: Any, top_n: int) -> TokenLogprob:
     """`entry`: {token_id: Logprob(logprob, rank)} (the sampled token among them), or a bare float."""
     if isinstance(entry, float):
         return TokenLogprob(token, entry)
-    ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30,
-                                                   -kv[1].logprob))
+    ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30, -kv[1].logprob))
     return TokenLogprob(token, entry[token].logprob, tuple((t, lp.logprob) for t, lp in ranked[:top_n]))

@@ -5,6 +5,7 @@ What TensorRT-LLM does not report is counted by the adapter from the requests it
 computed, tokens generated, prefix lookups and hits in tokens, from each request's reused-block count), or is
 0 and documented: preemptions (its default capacity scheduler never evicts a started request) and free blocks
 still holding a prefix (its stats do not tell them apart)."""
+
 from dataclasses import dataclass
 
 from engines.base.types import EngineStats
@@ -24,8 +25,9 @@ class Counts:
             self.prefix_hits += num_cached_tokens
 
 
-def engine_stats(stat: dict, counts: Counts, *, block_size: int, max_model_len: int, num_held: int,
-                 num_live: int) -> EngineStats:
+def engine_stats(
+    stat: dict, counts: Counts, *, block_size: int, max_model_len: int, num_held: int, num_live: int
+) -> EngineStats:
     """`stat`: the latest iteration's dict ({} before the first). TensorRT-LLM reports nothing while idle, so
     its last figures go stale: the requests the adapter streams (`num_live`) bound its queued and active
     counts, and with nothing live or held no block is in use."""
@@ -36,9 +38,17 @@ def engine_stats(stat: dict, counts: Counts, *, block_size: int, max_model_len: 
     total = kv.get("maxNumBlocks", 0)
     used = kv.get("usedNumBlocks", total - kv.get("freeNumBlocks", total)) if num_live or num_held else 0
     return EngineStats(
-        num_waiting=min(waiting, num_live), num_running=min(running, num_live), num_held=num_held,
-        num_blocks_total=total, num_blocks_used=used, num_blocks_cached_free=0, block_size=block_size,
-        max_model_len=max_model_len, prefix_queries=counts.prefix_queries, prefix_hits=counts.prefix_hits,
-        num_preemptions=0, num_prompt_tokens_computed=counts.prompt_tokens_computed,
+        num_waiting=min(waiting, num_live),
+        num_running=min(running, num_live),
+        num_held=num_held,
+        num_blocks_total=total,
+        num_blocks_used=used,
+        num_blocks_cached_free=0,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        prefix_queries=counts.prefix_queries,
+        prefix_hits=counts.prefix_hits,
+        num_preemptions=0,
+        num_prompt_tokens_computed=counts.prompt_tokens_computed,
         num_generated_tokens=counts.generated_tokens,
     )

@@ -1,6 +1,7 @@
 """Reads the part of TensorRT-LLM's Python API the adapter relies on from the package's source with `ast` into
 api_surface.json, which the tests hold the fake to; re-run it on a new release (`--help`, docs/trtllm.md).
 Must not import tensorrt_llm (that needs a GPU driver)."""
+
 import argparse
 import ast
 import importlib.util
@@ -66,8 +67,16 @@ class Source:
             tree = self.tree("version.py")
         except SourceError:
             return None
-        return next((n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                     and isinstance(n.value, ast.Constant) and _names(n.targets) == ["__version__"]), None)
+        return next(
+            (
+                n.value.value
+                for n in tree.body
+                if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Constant)
+                and _names(n.targets) == ["__version__"]
+            ),
+            None,
+        )
 
 
 def extract(src: Source, note: str = "") -> dict:
@@ -82,9 +91,13 @@ def extract(src: Source, note: str = "") -> dict:
 
     classes = {name: describe(find_class(tree(rel), cls), rel) for name, (rel, cls) in CLASSES.items()}
     keys, types = kv_event_shape(find_class(tree(KV_EVENTS[0]), KV_EVENTS[1]))
-    return {"tensorrt_llm_version": src.version(), "source": note, "classes": classes,
-            "exports": {rel: sorted(bound_names(tree(rel))) for rel in EXPORTS},
-            "kv_events": {"keys": keys, "types": types}}
+    return {
+        "tensorrt_llm_version": src.version(),
+        "source": note,
+        "classes": classes,
+        "exports": {rel: sorted(bound_names(tree(rel))) for rel in EXPORTS},
+        "kv_events": {"keys": keys, "types": types},
+    }
 
 
 def find_class(tree: ast.Module, name: str) -> ast.ClassDef:
@@ -104,27 +117,41 @@ def describe(cls: ast.ClassDef, rel: str) -> dict:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             methods[node.name] = signature(node)
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    return {"file": rel, "bases": [ast.unparse(b) for b in cls.bases], "fields": fields, "members": members,
-            "methods": methods, "attributes": sorted(self_attributes(init)) if init else []}
+    return {
+        "file": rel,
+        "bases": [ast.unparse(b) for b in cls.bases],
+        "fields": fields,
+        "members": members,
+        "methods": methods,
+        "attributes": sorted(self_attributes(init)) if init else [],
+    }
 
 
 def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict:
     a = fn.args
     positional = a.posonlyargs + a.args
-    with_default = positional[len(positional) - len(a.defaults):] if a.defaults else []
+    with_default = positional[len(positional) - len(a.defaults) :] if a.defaults else []
     optional = [p.arg for p in with_default] + [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     params = [p.arg for p in positional + a.kwonlyargs if p.arg not in ("self", "cls")]
-    return {"params": params, "optional": optional, "var_keyword": a.kwarg is not None,
-            "is_async": isinstance(fn, ast.AsyncFunctionDef)}
+    return {
+        "params": params,
+        "optional": optional,
+        "var_keyword": a.kwarg is not None,
+        "is_async": isinstance(fn, ast.AsyncFunctionDef),
+    }
 
 
 def self_attributes(fn: ast.FunctionDef) -> set[str]:
     found = set()
     for node in ast.walk(fn):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
-        found |= {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                  and t.value.id == "self"}
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        found |= {
+            t.attr
+            for t in targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+        }
     return found
 
 
@@ -151,8 +178,12 @@ def kv_event_shape(serializer: ast.ClassDef) -> tuple[list[str], list[str]]:
                     keys.add(key.value)
                     if key.value == "type" and isinstance(value, ast.Constant):
                         types.add(value.value)
-        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and isinstance(
-                node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        ):
             keys.add(node.slice.value)
     return sorted(keys), sorted(types)
 
@@ -176,11 +207,19 @@ def dump(snapshot: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engines.trtllm.surface", description=(
-        "Write (or --check) the snapshot of TensorRT-LLM's API that tandem's fake is held to, from its source; "
-        "tensorrt_llm is parsed, never imported."))
-    parser.add_argument("source", type=Path, nargs="?", help="a TensorRT-LLM checkout, the tensorrt_llm directory, "
-                        "or a wheel (default: the installed package)")
+    parser = argparse.ArgumentParser(
+        prog="python -m engines.trtllm.surface",
+        description=(
+            "Write (or --check) the snapshot of TensorRT-LLM's API that tandem's fake is held to, from its source; "
+            "tensorrt_llm is parsed, never imported."
+        ),
+    )
+    parser.add_argument(
+        "source",
+        type=Path,
+        nargs="?",
+        help="a TensorRT-LLM checkout, the tensorrt_llm directory, or a wheel (default: the installed package)",
+    )
     parser.add_argument("--out", type=Path, default=SNAPSHOT, help="where the snapshot goes (default: %(default)s)")
     parser.add_argument("--note", default="", help="where the source came from (release tag, commit), kept in it")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs")

@@ -1,4 +1,5 @@
 """A zero-cost runner: no model, tokens at once. For measuring the control plane's own overhead."""
+
 from engines.core.loop import EngineSpec
 from engines.zero.runner import ZeroSpec
 

@@ -1,6 +1,7 @@
 """Who may call what: the one table from every tandem gRPC method to the roles whose certificates may call it.
 Pure: no grpc, no I/O. The interceptor (services/common/authz_interceptor.py) enforces it; a method missing here
 is refused to everyone, and a unit test fails for any RPC in the protos without an entry."""
+
 from services.common.identity import Identity
 
 GATEWAY, ROUTER, PREFILL, DECODE, PLANNER, OPERATOR = "gateway", "router", "prefill", "decode", "planner", "operator"
@@ -48,7 +49,7 @@ OPEN_SERVICES = frozenset({"grpc.health.v1.Health"})
 
 
 def split_method(full_method: str) -> tuple[str, str]:
-    """"/tandem.v1.Router/Register" -> ("tandem.v1.Router", "Register"); ("", "") for anything else."""
+    """ "/tandem.v1.Router/Register" -> ("tandem.v1.Router", "Register"); ("", "") for anything else."""
     parts = full_method.split("/")
     return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "" else ("", "")
 

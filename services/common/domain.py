@@ -1,5 +1,6 @@
 """Domain types of the gateway's gRPC seams: a route, a prefill's outcome, a listed worker, a token delta.
 services/common/convert.py makes them from protobuf at the boundary; nothing here knows a protobuf message."""
+
 from dataclasses import dataclass
 
 from engines.base.types import FinishReason, TokenLogprob

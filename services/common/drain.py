@@ -4,6 +4,7 @@ answers by migrating the request (prompt + tokens so far) to another worker.
 
 Knows asyncio tasks and gRPC status codes; nothing of engines or requests.
 """
+
 import asyncio
 import functools
 import logging
@@ -25,8 +26,9 @@ class Drain:
     def num_live(self) -> int:
         return len(self._live)
 
-    async def wait_idle(self, timeout_s: float, is_engine_idle: Callable[[], bool] = lambda: True,
-                        poll_s: float = 0.05) -> bool:
+    async def wait_idle(
+        self, timeout_s: float, is_engine_idle: Callable[[], bool] = lambda: True, poll_s: float = 0.05
+    ) -> bool:
         """Until no stream is live and the engine holds nothing; False when `timeout_s` ran out first."""
         deadline = time.monotonic() + timeout_s
         while self._live or not is_engine_idle():

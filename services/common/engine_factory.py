@@ -1,6 +1,7 @@
 """Build the engine a worker holds from its settings: for the runners over engines/core, the spec of the runner
 and the client of an engine process built from it; TensorRT-LLM brings its own executor and is held as is.
 Backends are imported lazily (the runners in the engine process only)."""
+
 import functools
 
 from engines.base import Engine
@@ -25,20 +26,38 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         from engines.sim import sim_spec
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
-        return sim_spec(s.sim_profile, s.sim_time_factor, enable_prefix_caching=s.enable_prefix_caching,
-                        cache=s.cache_config(), payload=sim_payload(s),
-                        held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S, model=s.model)
+        return sim_spec(
+            s.sim_profile,
+            s.sim_time_factor,
+            enable_prefix_caching=s.enable_prefix_caching,
+            cache=s.cache_config(),
+            payload=sim_payload(s),
+            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            model=s.model,
+        )
     from engines.native import native_spec
     from engines.native.config import EngineConfig
 
-    return native_spec(EngineConfig(
-        model=s.model, dtype=s.dtype, device=s.device, block_size=s.block_size,
-        num_blocks=s.num_blocks or None, batch=s.batch_config(), held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
-        num_threads=s.num_threads or None, kv_host_gb=s.kv_host_gb, kv_disk_dir=s.kv_disk_dir,
-        kv_disk_gb=s.kv_disk_gb, kv_disk_key=s.kv_signing_key() or b"", kv_transport=kv_transport(s),
-        speculative=s.speculative, num_speculative_tokens=s.num_speculative_tokens,
-        gpu_memory_utilization=s.gpu_memory_utilization if s.device.startswith("cuda") else 0.0,
-    ))
+    return native_spec(
+        EngineConfig(
+            model=s.model,
+            dtype=s.dtype,
+            device=s.device,
+            block_size=s.block_size,
+            num_blocks=s.num_blocks or None,
+            batch=s.batch_config(),
+            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            num_threads=s.num_threads or None,
+            kv_host_gb=s.kv_host_gb,
+            kv_disk_dir=s.kv_disk_dir,
+            kv_disk_gb=s.kv_disk_gb,
+            kv_disk_key=s.kv_signing_key() or b"",
+            kv_transport=kv_transport(s),
+            speculative=s.speculative,
+            num_speculative_tokens=s.num_speculative_tokens,
+            gpu_memory_utilization=s.gpu_memory_utilization if s.device.startswith("cuda") else 0.0,
+        )
+    )
 
 
 def kv_transport(s: WorkerSettings) -> str:
@@ -64,12 +83,23 @@ def make_engine(s: WorkerSettings) -> Engine:
     if s.engine == "trtllm":
         from engines.trtllm import TrtllmConfig, TrtllmEngine
 
-        return TrtllmEngine(TrtllmConfig(
-            model=s.model, dtype=s.dtype, device=s.device, batch=s.batch_config(), cache=s.cache_config(),
-            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
-            backend=s.trtllm_backend, quant=s.trtllm_quant, kv_cache_dtype=s.trtllm_kv_cache_dtype,
-            cache_transceiver=s.trtllm_cache_transceiver, tensor_parallel_size=s.trtllm_tensor_parallel_size,
-            options_file=s.trtllm_options, kv_hash_root=chain_root("", s.kv_hash_secret),
-        ))
-    return EngineClient(engine_spec(s), process=True, overlap=s.is_overlapped,
-                        log_setup=functools.partial(setup_logging, s.role.value))
+        return TrtllmEngine(
+            TrtllmConfig(
+                model=s.model,
+                dtype=s.dtype,
+                device=s.device,
+                batch=s.batch_config(),
+                cache=s.cache_config(),
+                held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+                backend=s.trtllm_backend,
+                quant=s.trtllm_quant,
+                kv_cache_dtype=s.trtllm_kv_cache_dtype,
+                cache_transceiver=s.trtllm_cache_transceiver,
+                tensor_parallel_size=s.trtllm_tensor_parallel_size,
+                options_file=s.trtllm_options,
+                kv_hash_root=chain_root("", s.kv_hash_secret),
+            )
+        )
+    return EngineClient(
+        engine_spec(s), process=True, overlap=s.is_overlapped, log_setup=functools.partial(setup_logging, s.role.value)
+    )

@@ -1,5 +1,6 @@
 """The one place engine and service errors become gRPC statuses: a status code plus a structured detail (a
 google.rpc.ErrorInfo naming the error's class and the request field at fault), and where a caller reads it back."""
+
 from dataclasses import dataclass
 
 import grpc
@@ -7,10 +8,19 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engines.base.errors import (EngineBusyError, EngineDiedError, EngineError, InvalidRequestError,
-                                 KvLayoutMismatchError, ModelNotFoundError, NoWorkerAvailableError,
-                                 RequestNotFoundError, UnknownModelError, UnsupportedArchitectureError,
-                                 WorkersBusyError)
+from engines.base.errors import (
+    EngineBusyError,
+    EngineDiedError,
+    EngineError,
+    InvalidRequestError,
+    KvLayoutMismatchError,
+    ModelNotFoundError,
+    NoWorkerAvailableError,
+    RequestNotFoundError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+    WorkersBusyError,
+)
 from engines.transfer.budget import StagingFull
 from services.common.kv_signing import HandleInvalid, HandleNotTrusted
 
@@ -53,8 +63,9 @@ class ErrorDetail:
 def status_of(exc: Exception) -> status_pb2.Status:
     """`exc` as a rich status: its code and text, and an ErrorInfo detail with its kind (and param)."""
     param = getattr(exc, "param", None)
-    info = error_details_pb2.ErrorInfo(reason=type(exc).__name__, domain=DOMAIN,
-                                       metadata={"param": param} if param else {})
+    info = error_details_pb2.ErrorInfo(
+        reason=type(exc).__name__, domain=DOMAIN, metadata={"param": param} if param else {}
+    )
     detail = any_pb2.Any()
     detail.Pack(info)
     return status_pb2.Status(code=status_for(exc).value[0], message=str(exc), details=[detail])

@@ -7,6 +7,7 @@ NOTE: one gateway multiplexes every stream to a worker over one connection, up t
 1024 in the chaos runs): the per-connection stream limit must stay above any gateway's, or its streams would queue
 inside HTTP/2 instead of being refused by admission with a 429. An earlier attempt at 1024 coincided with flaky
 connects in the cancellation tests on a loaded host; these values are 4x that."""
+
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -20,9 +21,11 @@ class GrpcLimits:
     max_concurrent_rpcs: int = 16384  # every peer's: past it a new call gets RESOURCE_EXHAUSTED at once
 
     def options(self) -> list[tuple[str, int]]:
-        return [("grpc.max_receive_message_length", self.max_receive_bytes),
-                ("grpc.max_send_message_length", self.max_send_bytes),
-                ("grpc.max_concurrent_streams", self.max_streams_per_connection)]
+        return [
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
+            ("grpc.max_send_message_length", self.max_send_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+        ]
 
 
 # NOTE: a request carries at most a prompt's token ids (< 5 bytes each as varints: 8 MiB is over a million tokens)
@@ -32,8 +35,9 @@ LIMITS = {
     "decode": GrpcLimits(max_receive_bytes=8 * MIB, max_send_bytes=64 * MIB),
     "prefill": GrpcLimits(max_receive_bytes=8 * MIB, max_send_bytes=64 * MIB),
     # the planner's callers are the operator and its own scaler: a handful of calls
-    "planner": GrpcLimits(max_receive_bytes=4 * MIB, max_send_bytes=4 * MIB, max_streams_per_connection=256,
-                          max_concurrent_rpcs=1024),
+    "planner": GrpcLimits(
+        max_receive_bytes=4 * MIB, max_send_bytes=4 * MIB, max_streams_per_connection=256, max_concurrent_rpcs=1024
+    ),
 }
 
 

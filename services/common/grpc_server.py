@@ -1,6 +1,7 @@
 """gRPC bootstrap shared by every service: message limits, keepalive and reconnect timing, TLS when configured
 (services/common/tls.py) with per-method authorization under mTLS, health and (asked for) reflection services,
 client channels, and a serve-until-signal loop that drains before it exits."""
+
 import asyncio
 import logging
 import signal
@@ -69,8 +70,9 @@ class GrpcServer:
     """One aio server with the standard health service (open to all), reflection when asked for, and under mutual
     TLS the per-method authorization interceptor, its refusals counted into `registry`."""
 
-    def __init__(self, address: str, service_names: list[str], registry: CollectorRegistry | None = None,
-                 limits: str = ""):
+    def __init__(
+        self, address: str, service_names: list[str], registry: CollectorRegistry | None = None, limits: str = ""
+    ):
         # `limits`: the service whose grpc_limits apply (message sizes, calls at once); "": the shared options only
         tls = process_tls()
         tls.check_bind(address)
@@ -78,16 +80,23 @@ class GrpcServer:
         if self.authz is not None and registry is not None:
             registry.register(self.authz.denied)
         options = server_options(SERVER_OPTIONS, limits) if limits else SERVER_OPTIONS
-        self.server = grpc.aio.server(options=options, interceptors=[self.authz] if self.authz else None,
-                                      maximum_concurrent_rpcs=max_concurrent_rpcs(limits))
+        self.server = grpc.aio.server(
+            options=options,
+            interceptors=[self.authz] if self.authz else None,
+            maximum_concurrent_rpcs=max_concurrent_rpcs(limits),
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if tls.reflection:
-            reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"],
-                                                self.server)
+            reflection.enable_server_reflection(
+                [*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], self.server
+            )
         self.service_names = service_names
-        self.port = (self.server.add_secure_port(address, tls.server_credentials()) if tls.is_enabled
-                     else self.server.add_insecure_port(address))
+        self.port = (
+            self.server.add_secure_port(address, tls.server_credentials())
+            if tls.is_enabled
+            else self.server.add_insecure_port(address)
+        )
         if self.port == 0:
             raise OSError(f"cannot listen on {address}")
 

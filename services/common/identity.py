@@ -1,6 +1,7 @@
 """Service identities: the SPIFFE-style SAN URI `spiffe://tandem/<role>/<id>` a certificate carries, and reading the
 verified peer's identity from a gRPC call's auth context. Pure apart from parsing certificates; it decides nothing
 about who may call what (services/common/authz.py does)."""
+
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -56,7 +57,7 @@ def parse_uri(uri: str) -> Identity | None:
     prefix = f"spiffe://{TRUST_DOMAIN}/"
     if not uri.startswith(prefix):
         return None
-    parts = uri[len(prefix):].split("/")
+    parts = uri[len(prefix) :].split("/")
     if len(parts) != 2:
         return None
     try:
@@ -75,7 +76,8 @@ def _identity_of_cert(pem: bytes) -> Identity | None:
     try:
         cert = x509.load_pem_x509_certificate(pem)
         uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.UniformResourceIdentifier)
+            x509.UniformResourceIdentifier
+        )
     except (ValueError, x509.ExtensionNotFound):
         return None
     found = {ident for ident in map(parse_uri, uris) if ident is not None}

@@ -1,6 +1,7 @@
 """The KvConnector of each transport (engines/transfer/connector.py) over the workers' gRPC: PullKv as KvExport bytes,
 PullKv through shared-memory staging regions, a NIXL READ by the decode engine, TensorRT-LLM's transceiver. Built
 once per worker by `make_connector`; the servicers call `export` / `receive` and never branch on the transport."""
+
 import asyncio
 import functools
 import logging
@@ -45,8 +46,11 @@ class BytesConnector:
         for first in range(0, kv.num_blocks, blocks_per_chunk):
             n = min(blocks_per_chunk, kv.num_blocks - first)
             yield worker_pb2.KvChunk(
-                layout=layout, token_ids=kv.token_ids if first == 0 else (), first_block=first,
-                num_blocks=n, total_blocks=kv.num_blocks,
+                layout=layout,
+                token_ids=kv.token_ids if first == 0 else (),
+                first_block=first,
+                num_blocks=n,
+                total_blocks=kv.num_blocks,
                 data=block_slice(kv.data, kv.num_blocks, first, n, kv.layout.num_layers),
             )
         self.kv_moved("export", len(kv.data), time.monotonic() - start, transports.BYTES)
@@ -103,8 +107,13 @@ class StagingConnector(BytesConnector):
             per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))
             for first in range(0, num_blocks, per_chunk):
                 n = min(per_chunk, num_blocks - first)
-                yield worker_pb2.KvChunk(layout=layout_to_pb(layout), first_block=first, num_blocks=n,
-                                         total_blocks=num_blocks, data=await self.staging.read_chunk(view, first, n))
+                yield worker_pb2.KvChunk(
+                    layout=layout_to_pb(layout),
+                    first_block=first,
+                    num_blocks=n,
+                    total_blocks=num_blocks,
+                    data=await self.staging.read_chunk(view, first, n),
+                )
         finally:
             self.staging.release(offset)
         self.kv_moved("export", view.nbytes, time.monotonic() - start, transports.STAGING)
@@ -115,8 +124,14 @@ class StagingConnector(BytesConnector):
         locally when the pull fails or the budget has no room in time."""
         begin, layout = time.monotonic(), layout_from_pb(handle.layout)
         try:
-            with span("kv.transfer", **{"tandem.kv.source": handle.worker_id, "tandem.kv.blocks": handle.num_blocks,
-                                        "tandem.kv.transport": transports.STAGING}):
+            with span(
+                "kv.transfer",
+                **{
+                    "tandem.kv.source": handle.worker_id,
+                    "tandem.kv.blocks": handle.num_blocks,
+                    "tandem.kv.transport": transports.STAGING,
+                },
+            ):
                 offset = await self.staging.acquire(layout, handle.num_blocks, self.puller.timeout_s)
                 try:
                     kv_params = await self.puller.pull_staged(handle, token_ids, self.staging, offset)
@@ -161,9 +176,15 @@ class NixlConnector(StagingConnector):
         num_bytes = staging_nbytes(layout_from_pb(handle.layout), handle.num_blocks)
         self.kv_moved("import", num_bytes, seconds, transports.NIXL)
         end = time.monotonic()
-        timed_span("kv.transfer", *map(wall_clock(), (end - seconds, end)),
-                   **{"tandem.kv.source": handle.worker_id, "tandem.kv.blocks": handle.num_blocks,
-                      "tandem.kv.transport": transports.NIXL})
+        timed_span(
+            "kv.transfer",
+            *map(wall_clock(), (end - seconds, end)),
+            **{
+                "tandem.kv.source": handle.worker_id,
+                "tandem.kv.blocks": handle.num_blocks,
+                "tandem.kv.transport": transports.NIXL,
+            },
+        )
 
 
 def make_connector(engine: Engine, kv_moved: KvMoved, staging_bytes: int, staging_prefix: str, puller=None):
@@ -184,6 +205,7 @@ def _once(fn: Callable[[float], None]) -> Callable[[float], None]:
         if not fired:
             fired.append(True)
             fn(seconds)
+
     return call
 
 
@@ -194,5 +216,6 @@ def block_slice(data: bytes, num_blocks: int, first: int, n: int, num_layers: in
     block_bytes = len(data) // (num_layers * 2 * num_blocks)
     row = num_blocks * block_bytes  # one (layer, k|v) plane
     view = memoryview(data)
-    return b"".join(view[p * row + first * block_bytes : p * row + (first + n) * block_bytes]
-                    for p in range(num_layers * 2))
+    return b"".join(
+        view[p * row + first * block_bytes : p * row + (first + n) * block_bytes] for p in range(num_layers * 2)
+    )

@@ -1,6 +1,7 @@
 """A worker's KV events as a stream of KvEventBatch protos: the replay (or a snapshot when the engine's ring
 no longer reaches back), then each new batch as the engine records it; and its load each time it changes.
 No decision logic, no gRPC context."""
+
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
@@ -9,8 +10,9 @@ from services.common.convert import kv_events_to_pb, kv_snapshot_to_pb
 from services.common.protos import common_pb2, worker_pb2
 
 
-async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
-                           stopped: asyncio.Event) -> AsyncIterator[worker_pb2.KvEventBatch]:
+async def kv_event_batches(
+    engine: Engine, worker_id: str, after_seq: int, stopped: asyncio.Event
+) -> AsyncIterator[worker_pb2.KvEventBatch]:
     """Batches of events after `after_seq` until `stopped` is set (the worker is shutting down)."""
     while not stopped.is_set():
         events = await engine.kv_events_since(after_seq)
@@ -24,8 +26,9 @@ async def kv_event_batches(engine: Engine, worker_id: str, after_seq: int,
         await _first_of(engine.wait_kv_events(after_seq), stopped.wait())
 
 
-async def load_changes(sample: Callable[[], tuple[common_pb2.WorkerLoad, int]], interval_s: float,
-                       stopped: asyncio.Event) -> AsyncIterator[common_pb2.WorkerLoad]:
+async def load_changes(
+    sample: Callable[[], tuple[common_pb2.WorkerLoad, int]], interval_s: float, stopped: asyncio.Event
+) -> AsyncIterator[common_pb2.WorkerLoad]:
     """The load now, then each time its queue, batch or held requests differ from the last one sent, or the engine
     admitted work since (`sample` gives the load and a running count of what was admitted): a request that arrived
     and finished between two samples leaves the queue as it was, yet the router must learn that its route landed."""

@@ -1,6 +1,7 @@
 """Signed KV handles: a prefill worker seals each KvHandle it hands out (HMAC-SHA256 with the deployment's shared
 key over everything the handle names); a decode worker checks the seal, the lease and the prompt, and claims the
 handle once. Pure: no I/O and no clock of its own (callers pass `now`); the router check is the decode shell's."""
+
 import hashlib
 import hmac
 import sys
@@ -45,8 +46,10 @@ def parse_key(text: str) -> bytes:
     except ValueError:
         raise ValueError("the KV signing key file must hold hex digits only") from None
     if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"the KV signing key must be at least {MIN_KEY_BYTES} bytes ({2 * MIN_KEY_BYTES} hex "
-                         f"digits), got {len(key)}")
+        raise ValueError(
+            f"the KV signing key must be at least {MIN_KEY_BYTES} bytes ({2 * MIN_KEY_BYTES} hex "
+            f"digits), got {len(key)}"
+        )
     return key
 
 
@@ -62,8 +65,20 @@ def signed_bytes(h: common_pb2.KvHandle) -> bytes:
     """The canonical bytes a signature covers: every field of the handle but the signature itself. The engine's
     params (a NIXL descriptor: agent, block ids, pool geometry) enter by their SHA-256."""
     layout = (h.layout.num_layers, h.layout.num_kv_heads, h.layout.head_dim, h.layout.dtype, h.layout.block_size)
-    return msgpack.packb((VERSION, h.worker_id, h.address, h.req_id, layout, h.num_tokens, h.num_blocks,
-                          float(h.lease_expires_unix_s), hashlib.sha256(h.engine_params).digest(), h.prompt_hash))
+    return msgpack.packb(
+        (
+            VERSION,
+            h.worker_id,
+            h.address,
+            h.req_id,
+            layout,
+            h.num_tokens,
+            h.num_blocks,
+            float(h.lease_expires_unix_s),
+            hashlib.sha256(h.engine_params).digest(),
+            h.prompt_hash,
+        )
+    )
 
 
 class KvSigner:
@@ -122,16 +137,17 @@ class KvVerifier:
                 raise HandleNotTrusted("the KV handle is not signed", "unsigned")
             expected = hmac.new(self.key, signed_bytes(h), hashlib.sha256).digest()
             if not hmac.compare_digest(expected, h.signature):
-                raise HandleNotTrusted("the KV handle's signature does not verify with this deployment's key",
-                                       "bad_signature")
+                raise HandleNotTrusted(
+                    "the KV handle's signature does not verify with this deployment's key", "bad_signature"
+                )
         if now > h.lease_expires_unix_s:
             raise HandleInvalid(f"the KV handle's lease ended {now - h.lease_expires_unix_s:.1f}s ago", "expired")
         if not 0 < h.num_tokens <= len(token_ids) or h.layout.block_size < 1:
-            raise HandleInvalid(f"the KV handle covers {h.num_tokens} tokens of a {len(token_ids)}-token request",
-                                "wrong_prompt")
+            raise HandleInvalid(
+                f"the KV handle covers {h.num_tokens} tokens of a {len(token_ids)}-token request", "wrong_prompt"
+            )
         if h.num_blocks != num_blocks_for(h.num_tokens, h.layout.block_size):
-            raise HandleInvalid(f"the KV handle names {h.num_blocks} blocks for {h.num_tokens} tokens",
-                                "wrong_prompt")
+            raise HandleInvalid(f"the KV handle names {h.num_blocks} blocks for {h.num_tokens} tokens", "wrong_prompt")
         if not hmac.compare_digest(prompt_hash(token_ids[: h.num_tokens]), h.prompt_hash):
             raise HandleInvalid("the KV handle was issued for other prompt tokens", "wrong_prompt")
 

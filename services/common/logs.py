@@ -4,6 +4,7 @@ and the trace and span ids of the current span, so Loki lines and Tempo spans fi
 `TANDEM_LOG_FORMAT=text` gives plain lines for a terminal; `TANDEM_LOG_LEVEL` sets the level.
 Prompt and completion text never go into info-level records.
 """
+
 import contextvars
 import json
 import logging

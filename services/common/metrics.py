@@ -1,6 +1,7 @@
 """Prometheus plumbing shared by the gRPC services: latency buckets, the /metrics HTTP endpoint, and the
 worker's metrics (engine gauges read at scrape time, RPC and KV-transfer counters updated as they happen).
 Names and meanings are documented in observability/README.md."""
+
 import logging
 from collections.abc import Callable
 
@@ -13,8 +14,32 @@ from engines.base import EngineStats
 log = logging.getLogger(__name__)
 
 # 1 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5,
-                   5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 # a routing decision: microseconds to a (pathological) second
 FAST_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -40,8 +65,7 @@ class MetricsEndpoint:
 class EngineCollector(Collector):
     """The engine's own counters and gauges, read when Prometheus scrapes (never stale, no polling)."""
 
-    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str,
-                 model_name: str = ""):
+    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str, model_name: str = ""):
         self._stats, self._worker_id, self._role, self._model_name = stats, worker_id, role, model_name
 
     def collect(self):
@@ -64,27 +88,46 @@ class EngineCollector(Collector):
         yield gauge("tandem_worker_requests_held", "Finished prefills whose KV waits to be pulled", s.num_held)
         yield gauge("tandem_worker_kv_blocks_used", "KV cache blocks in use", s.num_blocks_used)
         yield gauge("tandem_worker_kv_blocks_total", "KV cache blocks in the pool", s.num_blocks_total)
-        yield gauge("tandem_worker_kv_blocks_cached_free", "Free blocks still holding a reusable prefix",
-                    s.num_blocks_cached_free)
-        yield counter("tandem_worker_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                      s.prefix_queries)
+        yield gauge(
+            "tandem_worker_kv_blocks_cached_free",
+            "Free blocks still holding a reusable prefix",
+            s.num_blocks_cached_free,
+        )
+        yield counter(
+            "tandem_worker_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", s.prefix_queries
+        )
         yield counter("tandem_worker_prefix_cache_hits", "Prompt tokens served from the prefix cache", s.prefix_hits)
         yield counter("tandem_worker_prompt_tokens", "Prompt tokens computed", s.num_prompt_tokens_computed)
         yield counter("tandem_worker_generated_tokens", "Tokens generated", s.num_generated_tokens)
         yield counter("tandem_worker_preemptions", "Sequences preempted for lack of KV blocks", s.num_preemptions)
-        yield counter("tandem_worker_grammar_masks", "Sampling rows masked by a grammar (one per constrained token)",
-                      s.num_grammar_masks)
-        yield counter("tandem_worker_grammar_mask_seconds", "Time on grammar masks: building matchers (grammar thread), "
-                      "feeding them and filling masks (step thread)",
-                      s.grammar_mask_seconds)
-        yield counter("tandem_worker_grammar_wait_seconds", "Step-thread time on grammar masks: starting them, and "
-                      "filling them after the forward pass", s.grammar_wait_seconds)
-        yield counter("tandem_worker_spec_proposed_tokens", "Speculative decoding: tokens proposed and verified",
-                      s.num_spec_proposed)
-        yield counter("tandem_worker_spec_accepted_tokens", "Speculative decoding: proposed tokens accepted",
-                      s.num_spec_accepted)
-        yield counter("tandem_worker_spec_verify_steps", "Speculative decoding: sequence-steps that verified proposals",
-                      s.num_spec_verify_steps)
+        yield counter(
+            "tandem_worker_grammar_masks",
+            "Sampling rows masked by a grammar (one per constrained token)",
+            s.num_grammar_masks,
+        )
+        yield counter(
+            "tandem_worker_grammar_mask_seconds",
+            "Time on grammar masks: building matchers (grammar thread), feeding them and filling masks (step thread)",
+            s.grammar_mask_seconds,
+        )
+        yield counter(
+            "tandem_worker_grammar_wait_seconds",
+            "Step-thread time on grammar masks: starting them, and filling them after the forward pass",
+            s.grammar_wait_seconds,
+        )
+        yield counter(
+            "tandem_worker_spec_proposed_tokens",
+            "Speculative decoding: tokens proposed and verified",
+            s.num_spec_proposed,
+        )
+        yield counter(
+            "tandem_worker_spec_accepted_tokens", "Speculative decoding: proposed tokens accepted", s.num_spec_accepted
+        )
+        yield counter(
+            "tandem_worker_spec_verify_steps",
+            "Speculative decoding: sequence-steps that verified proposals",
+            s.num_spec_verify_steps,
+        )
         if s.num_host_blocks_total:
             yield from tier_metrics(s, labels, values)
         yield from model_server_metrics(s, self._model_name)
@@ -108,23 +151,53 @@ def model_server_metrics(s: EngineStats, model_name: str):
 def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
     """The host and disk KV tiers (only when the worker has them): one series per tier."""
     per_tier = {
-        "host": (s.num_host_blocks_used, s.num_host_blocks_total, s.num_blocks_offloaded_host,
-                 s.num_blocks_onboarded_host, s.prefix_hits_host),
-        "disk": (s.num_disk_blocks_used, s.num_disk_blocks_total, s.num_blocks_offloaded_disk,
-                 s.num_blocks_onboarded_disk, s.prefix_hits_disk),
+        "host": (
+            s.num_host_blocks_used,
+            s.num_host_blocks_total,
+            s.num_blocks_offloaded_host,
+            s.num_blocks_onboarded_host,
+            s.prefix_hits_host,
+        ),
+        "disk": (
+            s.num_disk_blocks_used,
+            s.num_disk_blocks_total,
+            s.num_blocks_offloaded_disk,
+            s.num_blocks_onboarded_disk,
+            s.prefix_hits_disk,
+        ),
     }
     families = [
         (GaugeMetricFamily, "tandem_worker_kv_tier_blocks_used", "KV blocks held in the tier", 0, 1),
         (GaugeMetricFamily, "tandem_worker_kv_tier_blocks_total", "KV blocks the tier can hold", 1, 1),
         (CounterMetricFamily, "tandem_worker_kv_tier_offloaded_blocks", "KV blocks written into the tier", 2, 1),
-        (CounterMetricFamily, "tandem_worker_kv_tier_offloaded_bytes", "KV bytes written into the tier", 2,
-         s.kv_block_bytes),
-        (CounterMetricFamily, "tandem_worker_kv_tier_onboarded_blocks", "KV blocks loaded from the tier to the "
-         "device", 3, 1),
-        (CounterMetricFamily, "tandem_worker_kv_tier_onboarded_bytes", "KV bytes loaded from the tier to the device",
-         3, s.kv_block_bytes),
-        (CounterMetricFamily, "tandem_worker_kv_tier_prefix_hits", "Prompt tokens served from the tier (of "
-         "tandem_worker_prefix_cache_queries)", 4, 1),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_tier_offloaded_bytes",
+            "KV bytes written into the tier",
+            2,
+            s.kv_block_bytes,
+        ),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_tier_onboarded_blocks",
+            "KV blocks loaded from the tier to the device",
+            3,
+            1,
+        ),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_tier_onboarded_bytes",
+            "KV bytes loaded from the tier to the device",
+            3,
+            s.kv_block_bytes,
+        ),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_tier_prefix_hits",
+            "Prompt tokens served from the tier (of tandem_worker_prefix_cache_queries)",
+            4,
+            1,
+        ),
     ]
     for family, name, doc, index, scale in families:
         metric = family(name, doc, labels=[*labels, "tier"])
@@ -132,38 +205,71 @@ def tier_metrics(s: EngineStats, labels: list[str], values: list[str]):
             metric.add_metric([*values, tier], row[index] * scale)
         yield metric
     for family, name, doc, value in (
-            (CounterMetricFamily, "tandem_worker_kv_onboards", "Onboarding loads that ended well", s.num_onboards),
-            (CounterMetricFamily, "tandem_worker_kv_onboard_seconds", "Summed latency of those loads",
-             s.onboard_seconds),
-            (CounterMetricFamily, "tandem_worker_kv_disk_write_errors", "Failed writes to the disk tier",
-             s.num_disk_write_errors),
-            (CounterMetricFamily, "tandem_worker_kv_disk_blocks_refused", "Disk tier files refused and removed: "
-             "planted, another worker's, tampered or corrupt", s.num_disk_blocks_refused),
-            (GaugeMetricFamily, "tandem_worker_kv_prefill_tokens_per_second", "Measured prefill rate (the cost "
-             "check's yardstick)", s.prefill_tokens_per_s)):
+        (CounterMetricFamily, "tandem_worker_kv_onboards", "Onboarding loads that ended well", s.num_onboards),
+        (CounterMetricFamily, "tandem_worker_kv_onboard_seconds", "Summed latency of those loads", s.onboard_seconds),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_disk_write_errors",
+            "Failed writes to the disk tier",
+            s.num_disk_write_errors,
+        ),
+        (
+            CounterMetricFamily,
+            "tandem_worker_kv_disk_blocks_refused",
+            "Disk tier files refused and removed: planted, another worker's, tampered or corrupt",
+            s.num_disk_blocks_refused,
+        ),
+        (
+            GaugeMetricFamily,
+            "tandem_worker_kv_prefill_tokens_per_second",
+            "Measured prefill rate (the cost check's yardstick)",
+            s.prefill_tokens_per_s,
+        ),
+    ):
         metric = family(name, doc, labels=labels)
         metric.add_metric(values, value)
         yield metric
 
 
 class WorkerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats], worker_id: Callable[[], str], role: str,
-                 registry: CollectorRegistry | None = None, model_name: str = ""):
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        worker_id: Callable[[], str],
+        role: str,
+        registry: CollectorRegistry | None = None,
+        model_name: str = "",
+    ):
         self.registry = registry or CollectorRegistry()
         self.role = role
         self._worker_id = worker_id
         self.registry.register(EngineCollector(stats, worker_id, role, model_name))
         labels = ["worker_id", "role"]
-        self.rpcs = Counter("tandem_worker_rpcs", "Requests served by RPC and gRPC status",
-                            [*labels, "rpc", "code"], registry=self.registry)
-        self.kv_bytes = Counter("tandem_worker_kv_transfer_bytes", "KV cache bytes sent to / received from "
-                                "another worker", [*labels, "direction", "transport"], registry=self.registry)
-        self.kv_seconds = Histogram("tandem_worker_kv_transfer_seconds", "Time of one request's KV transfer",
-                                    [*labels, "direction", "transport"], buckets=LATENCY_BUCKETS,
-                                    registry=self.registry)
-        self.kv_handles_refused = Counter("tandem_worker_kv_handles_refused", "KV handles a decode worker refused "
-                                          "before any pull or READ, by reason", [*labels, "reason"],
-                                          registry=self.registry)
+        self.rpcs = Counter(
+            "tandem_worker_rpcs",
+            "Requests served by RPC and gRPC status",
+            [*labels, "rpc", "code"],
+            registry=self.registry,
+        )
+        self.kv_bytes = Counter(
+            "tandem_worker_kv_transfer_bytes",
+            "KV cache bytes sent to / received from another worker",
+            [*labels, "direction", "transport"],
+            registry=self.registry,
+        )
+        self.kv_seconds = Histogram(
+            "tandem_worker_kv_transfer_seconds",
+            "Time of one request's KV transfer",
+            [*labels, "direction", "transport"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.kv_handles_refused = Counter(
+            "tandem_worker_kv_handles_refused",
+            "KV handles a decode worker refused before any pull or READ, by reason",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
 
     def kv_handle_refused(self, reason: str) -> None:
         """A decode worker refused a KV handle (kv_signing.py names the reasons)."""

@@ -1,6 +1,7 @@
 """Process lifecycle that every launcher shares: when a child that keeps exiting may be started again (a pure
 policy over exit times), and how a child follows its parent's death. It starts, watches and kills nothing itself.
 """
+
 import ctypes
 import os
 import signal

@@ -3,6 +3,7 @@
 
     python -m services.common.protogen [--force]
 """
+
 import importlib
 import sys
 from pathlib import Path
@@ -32,8 +33,14 @@ def generate(out_root: Path = ROOT, force: bool = False) -> bool:
         return False
     from grpc_tools import protoc  # NOTE: a build dependency; the services never need it
 
-    args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={out_root}", f"--pyi_out={out_root}",
-            f"--grpc_python_out={out_root}", *map(str, _sources())]
+    args = [
+        "protoc",
+        f"-I{PROTO_DIR}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        *map(str, _sources()),
+    ]
     if protoc.main(args) != 0:
         raise ProtocError(f"protoc failed on {PROTO_DIR}")
     importlib.invalidate_caches()

@@ -2,6 +2,7 @@
 re-register when the lease was lost, retry with backoff while the router is away, deregister on stop. It runs on its
 own thread with a blocking gRPC channel, so that heartbeats keep their timing however busy the worker's event loop
 is (streams, KV transfers)."""
+
 import asyncio
 import logging
 import threading
@@ -21,8 +22,7 @@ RPC_TIMEOUT_S = 5.0
 
 
 class Registrar:
-    def __init__(self, router_address: str, info: router_pb2.WorkerInfo,
-                 load: Callable[[], common_pb2.WorkerLoad]):
+    def __init__(self, router_address: str, info: router_pb2.WorkerInfo, load: Callable[[], common_pb2.WorkerLoad]):
         self.info, self.load = info, load  # NOTE: `load` is called on the registrar's thread
         self.channel = make_sync_channel(router_address)
         self.stub = router_pb2_grpc.RouterStub(self.channel)
@@ -69,8 +69,9 @@ class Registrar:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _register(self) -> None:
-        reply = self.stub.Register(router_pb2.RegisterRequest(worker=self.info, load=self.load()),
-                                   timeout=RPC_TIMEOUT_S)
+        reply = self.stub.Register(
+            router_pb2.RegisterRequest(worker=self.info, load=self.load()), timeout=RPC_TIMEOUT_S
+        )
         self.interval_s = reply.heartbeat_interval_s or 1.0
         self.registered.set()
         log.info("registered %s with the router (lease %.1fs)", self.info.worker_id, reply.lease_ttl_s)

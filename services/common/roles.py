@@ -1,4 +1,5 @@
 """The one spelling of a worker's role in Python; services/common/convert.py is where it meets the proto enum."""
+
 from enum import Enum
 
 

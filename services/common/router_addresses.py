@@ -1,6 +1,7 @@
 """Where the router replicas are: a comma list of host:port, where an entry `dns:NAME:PORT` stands for every A/AAAA
 record of NAME (a Kubernetes headless Service lists one per replica). Resolution only: no channels, no retries.
 """
+
 import socket
 
 

@@ -1,4 +1,5 @@
 """Reading settings from TANDEM_* environment variables, with clear errors for bad values."""
+
 import os
 from collections.abc import Callable
 from pathlib import Path

@@ -1,6 +1,7 @@
 """The one settings loader every service uses: from a frozen settings dataclass it derives each field's TANDEM_*
 variable and CLI flag, reads them (flag over variable over default) and builds the object, whose own checks run.
 It holds no service's rules: names that break the pattern are declared by the service's Source."""
+
 import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
@@ -15,6 +16,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 @dataclass(frozen=True, slots=True)
 class Setting:
     """How one field is read: its variable, its flags, the cast of a raw string, its default and its help."""
+
     name: str
     env: str
     flags: tuple[str, ...]
@@ -27,6 +29,7 @@ class Setting:
 @dataclass(frozen=True, slots=True)
 class Source:
     """A service's settings class and the few names that do not follow `prefix + FIELD` / `--field`."""
+
     cls: type
     prefix: str
     env: Mapping[str, str] = field(default_factory=dict)  # field -> variable
@@ -42,11 +45,18 @@ class Source:
     def _setting(self, f: dataclasses.Field) -> Setting:
         default = f.default if f.default is not dataclasses.MISSING else ""
         dashed = f.name.replace("_", "-")
-        flags = self.flags.get(f.name) or ((f"--no-{dashed.removeprefix('enable-')}",) if f.name in self.negated
-                                           else (f"--{dashed}",))
-        return Setting(f.name, self.env.get(f.name, self.prefix + f.name.upper()), flags,
-                       self.casts.get(f.name) or _cast_of(default), default, self.help.get(f.name, ""),
-                       f.name in self.negated)
+        flags = self.flags.get(f.name) or (
+            (f"--no-{dashed.removeprefix('enable-')}",) if f.name in self.negated else (f"--{dashed}",)
+        )
+        return Setting(
+            f.name,
+            self.env.get(f.name, self.prefix + f.name.upper()),
+            flags,
+            self.casts.get(f.name) or _cast_of(default),
+            default,
+            self.help.get(f.name, ""),
+            f.name in self.negated,
+        )
 
     def setting(self, name: str) -> Setting:
         """One field's variable, flags and default: what a helper beside the service (tandem/) names."""

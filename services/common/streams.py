@@ -1,6 +1,7 @@
 """Coalescing an engine's output stream: while the consumer (a gRPC send, an SSE write) is busy,
 the engine runs ahead, and the next message carries every delta that is ready. Per-message cost,
 not per-token cost, is what a Python relay pays (bench/RESULTS.md, control-plane overhead)."""
+
 import asyncio
 from collections.abc import AsyncIterator
 

@@ -2,6 +2,7 @@
 that a server without mTLS stays on loopback unless TANDEM_GRPC_INSECURE=1. One process, one certificate: it serves
 with it and, under mTLS, presents it as a client too. Reads files and builds grpc credentials; opens no connection.
 """
+
 import functools
 import ipaddress
 from dataclasses import dataclass
@@ -49,21 +50,25 @@ class GrpcTls:
         """Refuse to serve unauthenticated callers beyond this host unless the operator said so."""
         if self.is_mutual or self.insecure or is_loopback(address):
             return
-        raise SettingsError(f"refusing to serve gRPC on {address} without mutual TLS: set {ENV_PREFIX}CERT, "
-                            f"{ENV_PREFIX}KEY and {ENV_PREFIX}CA (`tandem certs init`), bind 127.0.0.1, or set "
-                            f"TANDEM_GRPC_INSECURE=1 to accept any caller")
+        raise SettingsError(
+            f"refusing to serve gRPC on {address} without mutual TLS: set {ENV_PREFIX}CERT, "
+            f"{ENV_PREFIX}KEY and {ENV_PREFIX}CA (`tandem certs init`), bind 127.0.0.1, or set "
+            f"TANDEM_GRPC_INSECURE=1 to accept any caller"
+        )
 
     def server_credentials(self) -> grpc.ServerCredentials:
         if not self.cert:
             raise SettingsError(f"serving gRPC over TLS needs {ENV_PREFIX}CERT and {ENV_PREFIX}KEY")
-        return grpc.ssl_server_credentials([(_read(self.key), _read(self.cert))],
-                                           root_certificates=_read(self.ca), require_client_auth=self.client_auth)
+        return grpc.ssl_server_credentials(
+            [(_read(self.key), _read(self.cert))],
+            root_certificates=_read(self.ca),
+            require_client_auth=self.client_auth,
+        )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         # NOTE: a client offers its certificate whenever it has one; only a client_auth server insists on it
         key, chain = (_read(self.key), _read(self.cert)) if self.cert else (None, None)
-        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca), private_key=key,
-                                            certificate_chain=chain)
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca), private_key=key, certificate_chain=chain)
 
     def channel_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
@@ -86,10 +91,15 @@ def is_loopback(address: str) -> bool:
 def from_env() -> GrpcTls:
     cert = env(ENV_PREFIX + "CERT", "")
     # NOTE: a process with a certificate demands one from its clients unless told otherwise
-    return GrpcTls(cert=cert, key=env(ENV_PREFIX + "KEY", ""), ca=env(ENV_PREFIX + "CA", ""),
-                   client_auth=env(ENV_PREFIX + "CLIENT_AUTH", bool(cert)),
-                   server_name=env(ENV_PREFIX + "SERVER_NAME", ""), insecure=env("TANDEM_GRPC_INSECURE", False),
-                   reflection=env("TANDEM_GRPC_REFLECTION", False))
+    return GrpcTls(
+        cert=cert,
+        key=env(ENV_PREFIX + "KEY", ""),
+        ca=env(ENV_PREFIX + "CA", ""),
+        client_auth=env(ENV_PREFIX + "CLIENT_AUTH", bool(cert)),
+        server_name=env(ENV_PREFIX + "SERVER_NAME", ""),
+        insecure=env("TANDEM_GRPC_INSECURE", False),
+        reflection=env("TANDEM_GRPC_REFLECTION", False),
+    )
 
 
 @functools.cache

@@ -6,6 +6,7 @@ default, or `http/protobuf`) in batches, and the gRPC client and server instrume
 trace context in call metadata, so one request is one trace across gateway, router and workers.
 Off, the OpenTelemetry API hands out non-recording spans: `span()` below costs next to nothing.
 """
+
 import logging
 import os
 from collections.abc import Iterator
@@ -58,16 +59,24 @@ def shutdown_tracing() -> None:
 
 
 def _exporter():
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip().lower()
+    protocol = (
+        (
+            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "grpc"
+        )
+        .strip()
+        .lower()
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     elif protocol == "http/protobuf":
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
-            raise RuntimeError("OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf needs "
-                               "`pip install opentelemetry-exporter-otlp-proto-http`") from exc
+            raise RuntimeError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf needs `pip install opentelemetry-exporter-otlp-proto-http`"
+            ) from exc
     else:
         raise RuntimeError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: tandem exports grpc or http/protobuf")
     return OTLPSpanExporter()  # endpoint, headers, timeout, compression: from the OTEL_* variables

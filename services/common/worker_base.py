@@ -1,6 +1,7 @@
 """What every worker serves (the WorkerControl service: abort, stats, KV events, prefix-cache reset) and the serve
 loop (engine process, gRPC server, router registration, health, drain on SIGTERM). Prefill and decode workers add
 their own service; a worker whose engine died reports NOT_SERVING and leaves the router."""
+
 import asyncio
 import contextlib
 import functools
@@ -36,7 +37,10 @@ SETTLE_S = 1.0  # after deregistering: longer than a route's way to the worker (
 HAND_BACK_GRACE_S = 2.0  # for the streams handed back to say so before the server closes
 LOAD_STREAM_INTERVAL_S = 0.01  # StreamLoad: how often the load is compared with the last one sent
 # per role: the observed RPCs and the KV transfer direction whose series exist (at 0) from start-up
-_ZERO_SERIES = {WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)), WorkerRole.DECODE: (("Generate",), ("import",))}
+_ZERO_SERIES = {
+    WorkerRole.PREFILL: (("Prefill", "PullKv"), ("export",)),
+    WorkerRole.DECODE: (("Generate",), ("import",)),
+}
 
 
 def _transport_label(role: WorkerRole, engine) -> str:
@@ -63,8 +67,12 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
         self.stopping = asyncio.Event()  # set at shutdown: ends the endless KV event streams
         self.drain = Drain()  # the token streams running now, handed back if SIGTERM's drain runs out
         # NOTE: model_name is the directory's name, as the gateway serves it unless told another name
-        self.metrics = WorkerMetrics(lambda: self.engine.stats(), lambda: self.worker_id, self.role.value,
-                                     model_name=Path(settings.model).name if settings is not None else "")
+        self.metrics = WorkerMetrics(
+            lambda: self.engine.stats(),
+            lambda: self.worker_id,
+            self.role.value,
+            model_name=Path(settings.model).name if settings is not None else "",
+        )
 
     def hash_root(self, params: SamplingParams) -> int:
         """The first KV block's parent hash for a request: its tenant's salt keyed with the deployment secret."""
@@ -103,11 +111,18 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
     async def GetStats(self, request, context):
         s = self.engine.stats()
         return worker_pb2.WorkerStats(
-            worker_id=self.worker_id, role=role_to_pb(self.role), load=self.load(),
-            prefix_queries=s.prefix_queries, prefix_hits=s.prefix_hits, num_preemptions=s.num_preemptions,
-            num_prompt_tokens_computed=s.num_prompt_tokens_computed, num_generated_tokens=s.num_generated_tokens,
-            kv_bytes_exported=self.kv_bytes_exported, kv_bytes_imported=self.kv_bytes_imported,
-            block_size=s.block_size, max_model_len=s.max_model_len,
+            worker_id=self.worker_id,
+            role=role_to_pb(self.role),
+            load=self.load(),
+            prefix_queries=s.prefix_queries,
+            prefix_hits=s.prefix_hits,
+            num_preemptions=s.num_preemptions,
+            num_prompt_tokens_computed=s.num_prompt_tokens_computed,
+            num_generated_tokens=s.num_generated_tokens,
+            kv_bytes_exported=self.kv_bytes_exported,
+            kv_bytes_imported=self.kv_bytes_imported,
+            block_size=s.block_size,
+            max_model_len=s.max_model_len,
         )
 
     async def StreamKvEvents(self, request, context):
@@ -130,8 +145,12 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
 
     def info(self, address: str) -> router_pb2.WorkerInfo:
         return router_pb2.WorkerInfo(
-            worker_id=self.worker_id, role=role_to_pb(self.role), address=address, model=self.settings.model,
-            layout=layout_to_pb(self.engine.kv_layout), max_num_seqs=self.settings.max_num_seqs,
+            worker_id=self.worker_id,
+            role=role_to_pb(self.role),
+            address=address,
+            model=self.settings.model,
+            layout=layout_to_pb(self.engine.kv_layout),
+            max_num_seqs=self.settings.max_num_seqs,
             max_model_len=self.engine.max_model_len,
         )
 
@@ -152,14 +171,19 @@ def observed(rpc: str):
             finally:
                 code = _status_name(context, exc)
                 self.metrics.rpc_done(rpc, code)
-                log.info("%s %s", rpc, code, extra={"rpc": rpc, "code": code,
-                                                    "duration_s": round(time.monotonic() - start, 6)})
+                log.info(
+                    "%s %s",
+                    rpc,
+                    code,
+                    extra={"rpc": rpc, "code": code, "duration_s": round(time.monotonic() - start, 6)},
+                )
                 try:
                     request_id.reset(token)
                 except ValueError:  # NOTE: a cancelled stream is closed from another task, whose context it is not
                     pass
 
         if inspect.isasyncgenfunction(method):
+
             @functools.wraps(method)
             async def stream(self, request, context):
                 with observing(self, request, context):
@@ -199,8 +223,12 @@ def wall_clock():
 async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService]) -> None:
     engine = make_engine(settings)
     service = service_cls(settings, engine)
-    server = GrpcServer(f"{settings.host}:{settings.port}", [CONTROL_SERVICE, service_cls.service_name],
-                        service.metrics.registry, limits=settings.role.value)
+    server = GrpcServer(
+        f"{settings.host}:{settings.port}",
+        [CONTROL_SERVICE, service_cls.service_name],
+        service.metrics.registry,
+        limits=settings.role.value,
+    )
     worker_pb2_grpc.add_WorkerControlServicer_to_server(service, server.server)
     service_cls.add_to(service, server.server)
     service.worker_id = settings.resolved_worker_id(server.port)
@@ -226,8 +254,13 @@ async def serve_worker(settings: WorkerSettings, service_cls: type[WorkerService
         await server.start()
         registrar.start()
         watcher = asyncio.create_task(on_engine_failure(), name="engine-watcher")
-        log.info("%s worker %s ready on %s", settings.role.value, service.worker_id, service.address,
-                 extra={"metrics_port": endpoint.port})
+        log.info(
+            "%s worker %s ready on %s",
+            settings.role.value,
+            service.worker_id,
+            service.address,
+            extra={"metrics_port": endpoint.port},
+        )
 
     async def stop() -> None:
         if watcher is not None:
@@ -261,6 +294,7 @@ async def warm_up(engine: Engine, num_prompt_tokens: int = 32) -> None:
 async def wait_idle(engine: Engine, timeout_s: float, poll_s: float = 0.05, drain: Drain | None = None) -> bool:
     """Until the engine holds no request (waiting, running, or prefilled KV not yet pulled) and no token stream
     runs; False on timeout."""
+
     def is_engine_idle() -> bool:
         s = engine.stats()
         return s.num_waiting + s.num_running + s.num_held == 0

@@ -1,16 +1,17 @@
 """WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags."""
+
 import argparse
 import ipaddress
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.roles import WorkerRole
-from engines.core.speculative import SpecConfig, parse_speculative
 from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig, check_tier_sizes
+from engines.core.speculative import SpecConfig, parse_speculative
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
 from services.common.kv_signing import parse_key
+from services.common.roles import WorkerRole
 from services.common.settings import SettingsError, env
 from services.common.settings_loader import Source
 
@@ -103,8 +104,10 @@ class WorkerSettings:
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         if self.engine == "trtllm" and (self.kv_host_gb or self.kv_disk_gb):
-            raise SettingsError("engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
-                                "--trtllm-options instead of --kv-host-gb / --kv-disk-gb")
+            raise SettingsError(
+                "engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
+                "--trtllm-options instead of --kv-host-gb / --kv-disk-gb"
+            )
         self._check_trtllm()
         self._check_kv_key()
         self._check_speculative()
@@ -114,8 +117,10 @@ class WorkerSettings:
         if self.kv_signing_key_file:
             self.kv_signing_key()
         elif not _is_loopback(self.host) and not env(INSECURE_ENV, False):
-            raise SettingsError(f"no KV signing key: set {KEY_ENV} (a file of >= 32 random bytes in hex, e.g. "
-                                f"`tandem certs init`) or, for plaintext development only, {INSECURE_ENV}=1")
+            raise SettingsError(
+                f"no KV signing key: set {KEY_ENV} (a file of >= 32 random bytes in hex, e.g. "
+                f"`tandem certs init`) or, for plaintext development only, {INSECURE_ENV}=1"
+            )
 
     def kv_signing_key(self) -> bytes | None:
         """The deployment's KV signing key; None without one (unsigned handles, plaintext dev mode)."""
@@ -135,21 +140,31 @@ class WorkerSettings:
             raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
     def _check_trtllm(self) -> None:
-        for name, allowed in (("trtllm_backend", TRTLLM_BACKENDS), ("trtllm_quant", TRTLLM_QUANT),
-                              ("trtllm_kv_cache_dtype", TRTLLM_KV_DTYPES),
-                              ("trtllm_cache_transceiver", TRTLLM_TRANSCEIVERS)):
+        for name, allowed in (
+            ("trtllm_backend", TRTLLM_BACKENDS),
+            ("trtllm_quant", TRTLLM_QUANT),
+            ("trtllm_kv_cache_dtype", TRTLLM_KV_DTYPES),
+            ("trtllm_cache_transceiver", TRTLLM_TRANSCEIVERS),
+        ):
             if getattr(self, name) not in allowed:
                 raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.trtllm_tensor_parallel_size < 1:
             raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
 
     def batch_config(self) -> BatchConfig:
-        return BatchConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
-                           self.enable_prefix_caching)
+        return BatchConfig(
+            self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.enable_prefix_caching
+        )
 
     def cache_config(self) -> CacheConfig:
-        return CacheConfig(self.block_size, self.num_blocks, self.gpu_memory_utilization, self.kv_host_gb,
-                           self.kv_disk_dir, self.kv_disk_gb)
+        return CacheConfig(
+            self.block_size,
+            self.num_blocks,
+            self.gpu_memory_utilization,
+            self.kv_host_gb,
+            self.kv_disk_dir,
+            self.kv_disk_gb,
+        )
 
     def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
         """The transport as asked ("auto" resolved by the engine factory); blocks held a grace past the lease."""
@@ -191,10 +206,14 @@ def _own_address() -> str:
 _HELP = {
     "model": "local checkpoint directory",
     "host": "the address the gRPC server binds (0.0.0.0 to serve other hosts)",
-    "router_address": "where to register", "dtype": "float32, bfloat16 or float16", "device": "cpu, or cuda",
-    "block_size": "tokens per KV block", "max_num_seqs": "running requests per step",
+    "router_address": "where to register",
+    "dtype": "float32, bfloat16 or float16",
+    "device": "cpu, or cuda",
+    "block_size": "tokens per KV block",
+    "max_num_seqs": "running requests per step",
     "max_num_batched_tokens": "per-step token budget (chunked prefill)",
-    "enable_prefix_caching": "the prefix cache", "trtllm_tensor_parallel_size": "engine trtllm: GPUs per worker",
+    "enable_prefix_caching": "the prefix cache",
+    "trtllm_tensor_parallel_size": "engine trtllm: GPUs per worker",
     "engine": f"one of {ENGINES}",
     "overlap": f"one of {OVERLAP}: send step N-1's outputs while step N runs (auto: on for CUDA)",
     "gpu_memory_utilization": "GPU engines: share of the card's memory this worker may use, weights included",
@@ -212,11 +231,21 @@ _HELP = {
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
     "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
     "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
-                   "the target's tokenizer); '' (default): off",
+    "the target's tokenizer); '' (default): off",
 }
-SOURCE = Source(WorkerSettings, "TANDEM_WORKER_", env={
-    "model": "TANDEM_MODEL", "kv_transport": "TANDEM_KV_TRANSPORT", "kv_signing_key_file": KEY_ENV,
-    "kv_hash_secret": "TANDEM_KV_HASH_SECRET"}, help=_HELP, fixed=("role",), negated=("enable_prefix_caching",))
+SOURCE = Source(
+    WorkerSettings,
+    "TANDEM_WORKER_",
+    env={
+        "model": "TANDEM_MODEL",
+        "kv_transport": "TANDEM_KV_TRANSPORT",
+        "kv_signing_key_file": KEY_ENV,
+        "kv_hash_secret": "TANDEM_KV_HASH_SECRET",
+    },
+    help=_HELP,
+    fixed=("role",),
+    negated=("enable_prefix_caching",),
+)
 
 
 def parse_worker_settings(role: WorkerRole, argv: list[str] | None) -> WorkerSettings:

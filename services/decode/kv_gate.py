@@ -2,6 +2,7 @@
 source — a prefill worker the router has registered at that address — before any pull or READ. The router's pool
 is cached and asked again only when it is stale or a verified handle names a worker the cache has not seen (a
 forged handle never gets that far, so strangers cannot make it call the router)."""
+
 import asyncio
 import logging
 import time
@@ -45,13 +46,17 @@ class PrefillPool:
             self._fetched_at = self._clock()
             for address in self._addresses:  # the first replica that answers
                 try:
-                    reply = await self._stub(address).ListWorkers(router_pb2.ListWorkersRequest(),
-                                                                  timeout=LIST_TIMEOUT_S)
+                    reply = await self._stub(address).ListWorkers(
+                        router_pb2.ListWorkersRequest(), timeout=LIST_TIMEOUT_S
+                    )
                 except grpc.aio.AioRpcError as exc:
                     log.warning("KV gate: router %s did not list its workers (%s)", address, exc.code().name)
                     continue
-                self._known = frozenset((s.worker.worker_id, s.worker.address) for s in reply.workers
-                                        if s.worker.role == common_pb2.WORKER_ROLE_PREFILL)
+                self._known = frozenset(
+                    (s.worker.worker_id, s.worker.address)
+                    for s in reply.workers
+                    if s.worker.role == common_pb2.WORKER_ROLE_PREFILL
+                )
                 return
 
     def _stub(self, address: str) -> router_pb2_grpc.RouterStub:
@@ -74,5 +79,8 @@ class KvGate:
         self.verifier.check(handle, token_ids, now)
         self.verifier.claim(handle, now)  # NOTE: before the await, so two copies in flight cannot both pass
         if self.pool is not None and not await self.pool.is_registered(handle.worker_id, handle.address):
-            raise HandleNotTrusted(f"the KV handle names {handle.worker_id!r} at {handle.address}, which is not a "
-                                   "registered prefill worker", "unregistered_source")
+            raise HandleNotTrusted(
+                f"the KV handle names {handle.worker_id!r} at {handle.address}, which is not a "
+                "registered prefill worker",
+                "unregistered_source",
+            )

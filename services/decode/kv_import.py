@@ -3,6 +3,7 @@ that take bytes) or, for engines that load KV themselves, received into a region
 staging buffer (bounded; copies on a thread) that the engine then reads — never through an event loop or the
 engine's pipe. Also tells a prefill worker to release blocks its engine's NIXL READ has taken. A pull never takes more
 than the handle's blocks, nor a handle more blocks than the request's tokens fill."""
+
 import logging
 
 import grpc
@@ -31,43 +32,48 @@ class KvPuller:
         """The handle's KV as one export; ValueError for a handle past `num_tokens` (the request's) or a stream
         sending more bytes than the handle's blocks hold (stopped at once: never buffered)."""
         max_bytes = handle_nbytes(handle, num_tokens)
-        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
-                                                 timeout=self.timeout_s)
+        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
         chunks, received = [], 0
         async for chunk in call:
             received += len(chunk.data)
             if received > max_bytes:
                 call.cancel()
-                raise ValueError(f"PullKv sent over {max_bytes} bytes, what the handle's {handle.num_blocks} blocks hold")
+                raise ValueError(
+                    f"PullKv sent over {max_bytes} bytes, what the handle's {handle.num_blocks} blocks hold"
+                )
             chunks.append(chunk)
         return assemble(chunks)
 
-    async def pull_staged(self, handle: common_pb2.KvHandle, token_ids: tuple[int, ...], staging: StagingBudget,
-                          offset: int) -> bytes:
+    async def pull_staged(
+        self, handle: common_pb2.KvHandle, token_ids: tuple[int, ...], staging: StagingBudget, offset: int
+    ) -> bytes:
         """Receive the handle's blocks into the staging region at `offset`; the kv_params naming it.
         ValueError when the stream does not fit the handle."""
         handle_nbytes(handle, len(token_ids))
         layout = layout_from_pb(handle.layout)
         view = staging.view(layout, offset, handle.num_blocks)
-        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id),
-                                                 timeout=self.timeout_s)
+        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
         received = 0
         async for c in call:
             if c.total_blocks != handle.num_blocks or not 0 <= c.first_block <= handle.num_blocks - c.num_blocks:
-                raise ValueError(f"PullKv sent blocks {c.first_block}+{c.num_blocks} of {c.total_blocks}, "
-                                 f"the handle names {handle.num_blocks}")
+                raise ValueError(
+                    f"PullKv sent blocks {c.first_block}+{c.num_blocks} of {c.total_blocks}, "
+                    f"the handle names {handle.num_blocks}"
+                )
             await staging.write_chunk(view, c.first_block, c.num_blocks, c.data)
             received += c.num_blocks
         if received != handle.num_blocks:
             raise ValueError(f"PullKv returned {received} of {handle.num_blocks} blocks")
-        return descriptor.encode(KvDescriptor(STAGING, layout, token_ids[: handle.num_tokens], base=offset,
-                                              path=staging.path))
+        return descriptor.encode(
+            KvDescriptor(STAGING, layout, token_ids[: handle.num_tokens], base=offset, path=staging.path)
+        )
 
     async def release(self, handle: common_pb2.KvHandle) -> None:
         """Tell the prefill worker its blocks were read (best effort: its lease frees them otherwise)."""
         try:
-            await self._stub(handle.address).ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=handle.req_id),
-                                                       timeout=RELEASE_TIMEOUT_S)
+            await self._stub(handle.address).ReleaseKv(
+                worker_pb2.ReleaseKvRequest(req_id=handle.req_id), timeout=RELEASE_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as exc:
             log.info("release of %s's KV on %s failed: %s", handle.req_id, handle.address, exc.code().name)
 
@@ -88,8 +94,10 @@ def handle_nbytes(handle: common_pb2.KvHandle, num_tokens: int) -> int:
     if layout.block_size < 1 or layout.dtype not in DTYPE_BYTES:
         raise ValueError(f"KV handle has an unusable layout (block size {layout.block_size}, dtype {layout.dtype})")
     if not 0 < handle.num_tokens < num_tokens or handle.num_blocks != -(-handle.num_tokens // layout.block_size):
-        raise ValueError(f"KV handle names {handle.num_blocks} blocks / {handle.num_tokens} tokens for a request of "
-                         f"{num_tokens} tokens")
+        raise ValueError(
+            f"KV handle names {handle.num_blocks} blocks / {handle.num_tokens} tokens for a request of "
+            f"{num_tokens} tokens"
+        )
     per_block = layout.num_layers * 2 * layout.block_size * layout.num_kv_heads * layout.head_dim
     return handle.num_blocks * per_block * DTYPE_BYTES[layout.dtype]
 

@@ -1,9 +1,8 @@
 """Decode worker servicer: Generate — verify the KV handle, take its KV through the worker's KvConnector (a local
 prefill if the transfer fails), continue after the tokens generated elsewhere in the continuous batch, stream token deltas."""
+
 import logging
 import time
-
-import grpc
 
 from engines.base import EngineRequest, FinishReason
 from engines.base.errors import EngineError
@@ -32,8 +31,9 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         super().__init__(settings, engine)
         key = settings.kv_signing_key() if settings is not None else None
         self.gate = KvGate(KvVerifier(key), PrefillPool(settings.router_address) if settings is not None else None)
-        self.connector = make_connector(engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0,
-                                        "tandem-kv-import", KvPuller())
+        self.connector = make_connector(
+            engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0, "tandem-kv-import", KvPuller()
+        )
 
     def close(self) -> None:
         self.connector.close()
@@ -50,9 +50,15 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
         if await self._verified(request, context):
             incoming = await self.connector.receive(request.kv, _all_tokens(request))
         params = params_from_pb(request.params)
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params, kv=incoming.kv,
-                            output_token_ids=tuple(request.output_token_ids), kv_params=incoming.kv_params,
-                            hash_root=self.hash_root(params))
+        req = EngineRequest(
+            request.req_id,
+            tuple(request.token_ids),
+            params,
+            kv=incoming.kv,
+            output_token_ids=tuple(request.output_token_ids),
+            kv_params=incoming.kv_params,
+            hash_root=self.hash_root(params),
+        )
         try:
             stream = self.engine.add_request(req)
         except Exception as exc:
@@ -69,10 +75,12 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
                     incoming.landed(first_at - start)  # NOTE: the engine's first output: its load is over
                 num_tokens += len(out.new_token_ids)
                 yield worker_pb2.GenerateResponse(
-                    token_ids=out.new_token_ids, logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
+                    token_ids=out.new_token_ids,
+                    logprobs=[logprob_to_pb(lp) for lp in out.logprobs],
                     finish_reason=finish_to_pb(out.finish_reason),
                     num_prompt_tokens=out.num_prompt_tokens,
-                    num_cached_tokens=out.num_cached_tokens, kv_imported=first_at == 0 and incoming.kv is not None,
+                    num_cached_tokens=out.num_cached_tokens,
+                    kv_imported=first_at == 0 and incoming.kv is not None,
                 )
         finally:
             if not first_at:

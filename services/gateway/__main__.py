@@ -1,4 +1,5 @@
 """`python -m services.gateway [flags]`: the same as `tandem serve gateway`."""
+
 import sys
 
 from services.gateway.server import main

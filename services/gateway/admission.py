@@ -4,6 +4,7 @@ slot per choice (`n`).
 
 Raises typed errors only; errors.py turns them into 401/413/429.
 """
+
 import hmac
 from collections.abc import Callable
 from typing import Protocol
@@ -67,8 +68,15 @@ class SharedInflight:
 
 
 class Admission:
-    def __init__(self, *, max_inflight: int, api_keys: tuple[str, ...] = (), inflight: Inflight | None = None,
-                 limits: KeyLimits | None = None, secret: str = ""):
+    def __init__(
+        self,
+        *,
+        max_inflight: int,
+        api_keys: tuple[str, ...] = (),
+        inflight: Inflight | None = None,
+        limits: KeyLimits | None = None,
+        secret: str = "",
+    ):
         self.max_inflight = max_inflight
         self.inflight = inflight or LocalInflight(max_inflight)
         self.limits = limits or KeyLimits()
@@ -108,8 +116,9 @@ class Admission:
         return Slot([lambda: self.inflight.release(num_seqs), lambda: self.limits.release(tenant, num_seqs)])
 
     def _full(self, num_seqs: int) -> RateLimitError:
-        return RateLimitError(f"This gateway is serving its limit of {self.max_inflight} sequences (n={num_seqs} "
-                              "asked); retry shortly.")
+        return RateLimitError(
+            f"This gateway is serving its limit of {self.max_inflight} sequences (n={num_seqs} asked); retry shortly."
+        )
 
 
 class Slot:

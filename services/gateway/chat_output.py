@@ -1,6 +1,7 @@
 """A chat choice's generated text split as OpenAI returns it: reasoning (between <think> tags) into
 `reasoning_content`, then tool calls (by the request's tool parser) into `tool_calls`, the rest into `content`;
 streamed as deltas, holding back only text that may still turn out to be a tag or a call. Pure string work."""
+
 import uuid
 from dataclasses import dataclass, field
 
@@ -69,19 +70,19 @@ class ChoiceSplitter:
         if not self.in_reasoning and not self.seen_text:
             stripped = self.pending.lstrip()
             if stripped.startswith(THINK_OPEN):
-                self.in_reasoning, self.pending = True, stripped[len(THINK_OPEN):]
+                self.in_reasoning, self.pending = True, stripped[len(THINK_OPEN) :]
             elif THINK_OPEN.startswith(stripped):
                 return True
         if self.in_reasoning:
             end = self.pending.find(THINK_CLOSE)
             if end >= 0:
                 part.reasoning += self.pending[:end]
-                self.pending, self.in_reasoning = self.pending[end + len(THINK_CLOSE):], False
+                self.pending, self.in_reasoning = self.pending[end + len(THINK_CLOSE) :], False
                 self.has_reasoned = True
             else:
                 keep = _held(self.pending, THINK_CLOSE)
-                part.reasoning += self.pending[:len(self.pending) - keep]
-                self.pending = self.pending[len(self.pending) - keep:]
+                part.reasoning += self.pending[: len(self.pending) - keep]
+                self.pending = self.pending[len(self.pending) - keep :]
         if self.has_reasoned and not self.seen_text:  # NOTE: the blank between </think> and the answer, in any chunk
             self.pending = self.pending.lstrip()
         return False
@@ -99,14 +100,20 @@ class ChoiceSplitter:
             part.content, self.pending, self.in_calls = text[:at], text[at:], True
         else:
             keep = 0 if marker == "{" else _held(text, marker)
-            part.content, self.pending = text[:len(text) - keep], text[len(text) - keep:]
+            part.content, self.pending = text[: len(text) - keep], text[len(text) - keep :]
         self.seen_text = self.seen_text or bool(part.content.strip())
 
     def _add_call(self, part: MessagePart, call: ParsedCall) -> None:
         index, self.num_calls = self.num_calls, self.num_calls + 1
         part.calls.append(call)
-        part.tool_calls.append({"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                "function": {"name": call.name, "arguments": ""}})
+        part.tool_calls.append(
+            {
+                "index": index,
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+        )
         part.tool_calls.append({"index": index, "function": {"arguments": call.arguments}})
 
 
@@ -114,8 +121,10 @@ def whole_calls(parts: list[MessagePart]) -> list[dict]:
     """The complete calls of a whole response, in OpenAI's message shape."""
     headers = [tc for p in parts for tc in p.tool_calls if "id" in tc]
     calls = [c for p in parts for c in p.calls]
-    return [{"id": h["id"], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for h, c in zip(headers, calls)]
+    return [
+        {"id": h["id"], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for h, c in zip(headers, calls)
+    ]
 
 
 def split_delta(part: MessagePart, is_first: bool) -> dict:

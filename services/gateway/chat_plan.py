@@ -1,6 +1,7 @@
 """What a chat request's tools, response format and reasoning make of it before and after the engine: the
 messages and tools the template renders, the grammar the output follows (checked here, so a bad one is a 400), and
 the splitting of each choice's text into content, reasoning and tool calls. No I/O."""
+
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -9,8 +10,7 @@ from engines.base.structured import StructuredSpec
 from services.gateway.chat_output import THINK_OPEN, ChoiceSplitter, MessagePart
 from services.gateway.choices import ChoiceDelta
 from services.gateway.errors import InvalidRequestError
-from services.gateway.tool_calls import (check_tools, forced_spec, render_history, template_renders_tools,
-                                         wants_calls)
+from services.gateway.tool_calls import check_tools, forced_spec, render_history, template_renders_tools, wants_calls
 from services.gateway.tool_parsers import ToolParser
 
 # NOTE: what the tools and the reasoning allow of a grammar: it applies after </think>. The reasoning is a lazy
@@ -40,14 +40,16 @@ def plan_chat(req, chat_template: str | None, parser: ToolParser, reasoning: boo
     check_tools(req.tools, req.tool_choice)
     has_tools = wants_calls(req.tools, req.tool_choice)
     native = template_renders_tools(chat_template)
-    messages = render_history([m.template_dict() for m in req.messages], req.tools if has_tools else None, parser,
-                              native)
+    messages = render_history(
+        [m.template_dict() for m in req.messages], req.tools if has_tools else None, parser, native
+    )
     spec = req.format_spec()
     if has_tools:
         forced = forced_spec(req.tools, req.tool_choice, req.parallel_tool_calls is not False, parser)
         if forced is not None and spec is not None:
-            raise InvalidRequestError("a forced tool call and a response format cannot both constrain the output",
-                                      param="tool_choice")
+            raise InvalidRequestError(
+                "a forced tool call and a response format cannot both constrain the output", param="tool_choice"
+            )
         spec = forced or spec
     if spec is not None:
         grammar_text(spec)  # NOTE: compiles it once here: a grammar that does not compile is the client's 400
@@ -98,8 +100,9 @@ class PartDelta:
         return self.part.content
 
 
-async def split_deltas(deltas: AsyncIterator[ChoiceDelta], plan: ChatPlan, prompt_text: str
-                       ) -> AsyncIterator[PartDelta]:
+async def split_deltas(
+    deltas: AsyncIterator[ChoiceDelta], plan: ChatPlan, prompt_text: str
+) -> AsyncIterator[PartDelta]:
     splitters: dict[int, ChoiceSplitter] = {}
     async for d in deltas:
         splitter = splitters.setdefault(d.index, plan.splitter(prompt_text))

@@ -3,6 +3,7 @@ text deltas (detokenized, special tokens skipped, stop strings cut). n choices r
 
 Knows text and tokens, not HTTP or OpenAI's JSON shapes (responses.py).
 """
+
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
@@ -56,15 +57,17 @@ class ChoiceDelta:
 OnTokens = Callable[[int, int], None]  # (choice index, number of new tokens)
 
 
-def run_job(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job,
-            on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
+def run_job(
+    pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job, on_tokens: OnTokens
+) -> AsyncIterator[ChoiceDelta]:
     """Every choice's deltas, interleaved as they come; each choice ends with a finish_reason."""
     streams = [run_choice(pipeline, tokenizer, job, i, on_tokens) for i in range(job.num_choices)]
     return streams[0] if len(streams) == 1 else merge(streams)
 
 
-async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job, index: int,
-                     on_tokens: OnTokens) -> AsyncIterator[ChoiceDelta]:
+async def run_choice(
+    pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job: Job, index: int, on_tokens: OnTokens
+) -> AsyncIterator[ChoiceDelta]:
     prompt = job.prompts[index // job.n]
     detokenizer = IncrementalDetokenizer(tokenizer, prompt)
     stop = StopMatcher(job.stop)
@@ -85,14 +88,24 @@ async def run_choice(pipeline: Pipeline, tokenizer: PreTrainedTokenizerBase, job
                     text += stop.flush()
                 finish = "stop" if stop.is_stopped else _FINISH.get(delta.finish_reason)
                 busy_s += time.perf_counter() - began
-                yield ChoiceDelta(index, text, len(delta.token_ids), delta.logprobs, finish,
-                                  delta.num_cached_tokens if is_first else None)
+                yield ChoiceDelta(
+                    index,
+                    text,
+                    len(delta.token_ids),
+                    delta.logprobs,
+                    finish,
+                    delta.num_cached_tokens if is_first else None,
+                )
                 if finish is not None:
                     return
     finally:
         if first_ns:
-            timed_span("detokenize", first_ns, time.time_ns(), **{"tandem.choice": index, "tandem.tokens": num_tokens,
-                                                                  "tandem.busy_s": busy_s})
+            timed_span(
+                "detokenize",
+                first_ns,
+                time.time_ns(),
+                **{"tandem.choice": index, "tandem.tokens": num_tokens, "tandem.busy_s": busy_s},
+            )
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

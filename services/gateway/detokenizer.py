@@ -1,6 +1,7 @@
 """Incremental detokenization: text deltas that never split a UTF-8 character, O(1) per token, special tokens
 skipped, decoded once in the tokenizers library (its DecodeStream). Also each token's raw bytes, which logprobs
 report. No I/O, no request state."""
+
 import re
 from collections.abc import Sequence
 
@@ -44,7 +45,7 @@ class IncrementalDetokenizer:
         prefix = self._decode(self._emitted)
         text = self._decode(self._emitted + self._pending)
         self._pending = []
-        return text[len(prefix):] if len(text) > len(prefix) and text.startswith(prefix) else ""
+        return text[len(prefix) :] if len(text) > len(prefix) and text.startswith(prefix) else ""
 
     def _decode(self, ids: list[int]) -> str:
         return self._backend.decode(ids, skip_special_tokens=True) if ids else ""

@@ -1,6 +1,7 @@
 """The one place failures become OpenAI-style HTTP errors: the HTTP-only errors, the table for the one error
 hierarchy (engines/base/errors.py), the gRPC status mapping, and the FastAPI exception handlers. No other module
 builds an error body or picks a status."""
+
 import asyncio
 import json
 import logging
@@ -103,8 +104,15 @@ def as_gateway_error(exc: BaseException) -> GatewayError | None:
             err.status, err.type = status, error_type
             return err
     return None
-_UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
+
+
+_UNAVAILABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+)
 
 
 def from_rpc_error(err: grpc.aio.AioRpcError, what: str) -> GatewayError:

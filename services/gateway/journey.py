@@ -5,6 +5,7 @@ token's index, so it samples what the first one would have).
 
 Pure: no I/O; the pipeline asks and does.
 """
+
 from dataclasses import dataclass, field
 
 MAX_ROUTE_ATTEMPTS = 3  # workers tried for one request when they fail before its first token

@@ -4,6 +4,7 @@ latency, prompt/completion tokens, requests in flight. One registry per app, so 
 Under several gateway processes (PROMETHEUS_MULTIPROC_DIR set by the supervisor before prometheus-client is
 imported) every process writes its values to that directory and /metrics, in any process, merges them all.
 """
+
 import logging
 import os
 import time
@@ -13,13 +14,54 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 # 5 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,
-                   10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 # the routes and statuses every request series starts with, at zero, so dashboards have data from start-up
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 KNOWN_STATUSES = ("200", "400", "429", "499", "500", "503")
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
-               5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 log = logging.getLogger(__name__)
@@ -30,26 +72,63 @@ class GatewayMetrics:
         self.registry = registry or CollectorRegistry()
         self.slo_ttft_s, self.slo_itl_s = slo_ttft_s, slo_itl_s
         r = self.registry
-        self.requests = Counter("tandem_gateway_requests", "HTTP requests by final status (499: client left)",
-                                ["route", "model", "status"], registry=r)
-        self.ttft = Histogram("tandem_gateway_time_to_first_token_seconds", "Request arrival to first token",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("tandem_gateway_inter_token_latency_seconds", "Time between tokens of one choice",
-                             ["model"], buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("tandem_gateway_request_duration_seconds", "Request arrival to its last byte",
-                             ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("tandem_gateway_prompt_tokens", "Prompt tokens of served requests",
-                                     ["model"], registry=r)
-        self.completion_tokens = Counter("tandem_gateway_completion_tokens", "Generated tokens", ["model"],
-                                         registry=r)
-        self.inflight = Gauge("tandem_gateway_requests_in_flight", "Requests being served", ["model"], registry=r,
-                              multiprocess_mode="livesum")
-        self.goodput = Counter("tandem_gateway_goodput_requests", "Successful requests that met the TTFT and "
-                               "mean inter-token latency SLOs", ["model"], registry=r)
-        self.migrations = Counter("tandem_gateway_migrations", "Requests moved to another worker after theirs "
-                                  "failed mid-stream (prompt + tokens so far)", ["model"], registry=r)
-        slo = Gauge("tandem_gateway_slo_seconds", "The SLOs goodput is judged against", ["slo"], registry=r,
-                    multiprocess_mode="max")
+        self.requests = Counter(
+            "tandem_gateway_requests",
+            "HTTP requests by final status (499: client left)",
+            ["route", "model", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tandem_gateway_time_to_first_token_seconds",
+            "Request arrival to first token",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tandem_gateway_inter_token_latency_seconds",
+            "Time between tokens of one choice",
+            ["model"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tandem_gateway_request_duration_seconds",
+            "Request arrival to its last byte",
+            ["route", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tandem_gateway_prompt_tokens", "Prompt tokens of served requests", ["model"], registry=r
+        )
+        self.completion_tokens = Counter("tandem_gateway_completion_tokens", "Generated tokens", ["model"], registry=r)
+        self.inflight = Gauge(
+            "tandem_gateway_requests_in_flight",
+            "Requests being served",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.goodput = Counter(
+            "tandem_gateway_goodput_requests",
+            "Successful requests that met the TTFT and mean inter-token latency SLOs",
+            ["model"],
+            registry=r,
+        )
+        self.migrations = Counter(
+            "tandem_gateway_migrations",
+            "Requests moved to another worker after theirs failed mid-stream (prompt + tokens so far)",
+            ["model"],
+            registry=r,
+        )
+        slo = Gauge(
+            "tandem_gateway_slo_seconds",
+            "The SLOs goodput is judged against",
+            ["slo"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         slo.labels("ttft").set(slo_ttft_s)
         slo.labels("itl").set(slo_itl_s)
         self._multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -60,8 +139,15 @@ class GatewayMetrics:
             for status in KNOWN_STATUSES:
                 self.requests.labels(route, model, status)
             self.e2e.labels(route, model)
-        for family in (self.ttft, self.itl, self.prompt_tokens, self.completion_tokens, self.inflight, self.goodput,
-                       self.migrations):
+        for family in (
+            self.ttft,
+            self.itl,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.inflight,
+            self.goodput,
+            self.migrations,
+        ):
             family.labels(model)
 
     def migrated(self, model: str) -> None:
@@ -126,10 +212,19 @@ class RequestTimer:
         itl = self.mean_itl_s()
         if status == 200 and ttft is not None and ttft <= m.slo_ttft_s and (itl is None or itl <= m.slo_itl_s):
             m.goodput.labels(model).inc()
-        log.info("%s %d", self._route, status, extra={
-            "req_id": self.request_id, "status": status, "prompt_tokens": self.num_prompt_tokens,
-            "completion_tokens": self.num_completion_tokens, "duration_s": round(time.perf_counter() - self._start, 6),
-            "ttft_s": round(ttft, 6) if ttft is not None else None})
+        log.info(
+            "%s %d",
+            self._route,
+            status,
+            extra={
+                "req_id": self.request_id,
+                "status": status,
+                "prompt_tokens": self.num_prompt_tokens,
+                "completion_tokens": self.num_completion_tokens,
+                "duration_s": round(time.perf_counter() - self._start, 6),
+                "ttft_s": round(ttft, 6) if ttft is not None else None,
+            },
+        )
 
     def mean_itl_s(self) -> float | None:
         """Mean time per token after the first, over every choice (None with one token or none)."""

@@ -1,5 +1,6 @@
 """OpenAI request shapes and their validation. Unknown fields, and known fields this server does not
 implement, are rejected by name with a 400; nothing is silently ignored. Responses live in responses.py."""
+
 import json
 from typing import Any, Literal, TypeVar
 
@@ -7,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engines.base.structured import StructuredSpec
 from engines.base.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
+from services.gateway.errors import InvalidRequestError, from_validation_errors
 from services.gateway.tenancy import MAX_CACHE_SALT_CHARS
 from services.gateway.tool_calls import Tool, ToolCall, ToolChoice
-from services.gateway.errors import InvalidRequestError, from_validation_errors
 
 MAX_N = 16
 MAX_CHOICES = 64  # prompts x n of one completions request, each choice one admission slot
@@ -130,21 +131,31 @@ class _Common(_Strict):
         _check_min_tokens(self.min_tokens, max_tokens)
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
-        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              top_k=max(self.top_k or 0, 0), seed=self.seed, ignore_eos=self.ignore_eos,
-                              min_tokens=self.min_tokens, logprobs=self.num_top_logprobs() is not None,
-                              top_logprobs=self.num_top_logprobs() or 0, presence_penalty=self.presence_penalty or 0.0,
-                              frequency_penalty=self.frequency_penalty or 0.0,
-                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                              min_p=self.min_p or 0.0, logit_bias=self.logit_bias_pairs())
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=max(self.top_k or 0, 0),
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            logprobs=self.num_top_logprobs() is not None,
+            top_logprobs=self.num_top_logprobs() or 0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias=self.logit_bias_pairs(),
+        )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token_id, bias) pairs, ids ascending; a 400 naming logit_bias for a bad entry."""
         pairs = []
         for key, bias in (self.logit_bias or {}).items():
             if not key.strip().isdigit() or not -100.0 <= bias <= 100.0:
-                raise InvalidRequestError(f"logit_bias maps token ids to biases in [-100, 100], got {key!r}: {bias}",
-                                          param="logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias maps token ids to biases in [-100, 100], got {key!r}: {bias}", param="logit_bias"
+                )
             pairs.append((int(key), float(bias)))
         if len(pairs) > MAX_LOGIT_BIAS:
             raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
@@ -154,8 +165,9 @@ class _Common(_Strict):
         """The grammar response_format or structured_outputs asks for (one of them at most)."""
         specs = [s for s in (_format_spec(self.response_format), _outputs_spec(self.structured_outputs)) if s]
         if len(specs) > 1:
-            raise InvalidRequestError("response_format and structured_outputs cannot both be set",
-                                      param="structured_outputs")
+            raise InvalidRequestError(
+                "response_format and structured_outputs cannot both be set", param="structured_outputs"
+            )
         return specs[0] if specs else None
 
     def include_continuous_usage(self) -> bool:
@@ -199,7 +211,6 @@ class ChatCompletionRequest(_Common):
         return [m.template_dict() for m in self.messages]
 
 
-
 def _format_spec(fmt: ResponseFormat | None) -> StructuredSpec | None:
     if fmt is None or fmt.type == "text":
         return None
@@ -213,11 +224,15 @@ def _format_spec(fmt: ResponseFormat | None) -> StructuredSpec | None:
 def _outputs_spec(so: StructuredOutputs | None) -> StructuredSpec | None:
     if so is None:
         return None
-    given = [(k, v) for k, v in (("json_schema", so.json_), ("regex", so.regex), ("choice", so.choice),
-                                 ("grammar", so.grammar)) if v is not None]
+    given = [
+        (k, v)
+        for k, v in (("json_schema", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar))
+        if v is not None
+    ]
     if len(given) != 1:
-        raise InvalidRequestError("structured_outputs takes exactly one of json, regex, choice, grammar",
-                                  param="structured_outputs")
+        raise InvalidRequestError(
+            "structured_outputs takes exactly one of json, regex, choice, grammar", param="structured_outputs"
+        )
     kind, value = given[0]
     text = value if isinstance(value, str) else json.dumps(value)
     return StructuredSpec(kind, text, "structured_outputs")
@@ -241,8 +256,11 @@ class CompletionRequest(_Common):
         if not prompt or any(isinstance(p, list) and not p for p in batch):
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if len(batch) * self.n > MAX_CHOICES:
-            raise InvalidRequestError(f"{len(batch)} prompts with n={self.n} ask for {len(batch) * self.n} choices; "
-                                      f"at most {MAX_CHOICES} per request", param="prompt")
+            raise InvalidRequestError(
+                f"{len(batch)} prompts with n={self.n} ask for {len(batch) * self.n} choices; "
+                f"at most {MAX_CHOICES} per request",
+                param="prompt",
+            )
         return batch
 
 
@@ -291,8 +309,9 @@ def _check_supported(req: _Common) -> None:
 
 def _check_min_tokens(min_tokens: int, max_tokens: int | None) -> None:
     if max_tokens is not None and min_tokens > max_tokens:
-        raise InvalidRequestError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
-                                  f"{min_tokens}", param="min_tokens")
+        raise InvalidRequestError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}", param="min_tokens"
+        )
 
 
 def _check_consistent(req: _Common) -> None:
@@ -301,8 +320,10 @@ def _check_consistent(req: _Common) -> None:
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
         raise InvalidRequestError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings", param="stop")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise InvalidRequestError(f"each stop string takes at most {MAX_STOP_CHARS} characters, got "
-                                  f"{max(len(s) for s in stops)}", param="stop")
+        raise InvalidRequestError(
+            f"each stop string takes at most {MAX_STOP_CHARS} characters, got {max(len(s) for s in stops)}",
+            param="stop",
+        )
     if req.stream_options is not None and not req.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:

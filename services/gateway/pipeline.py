@@ -1,19 +1,21 @@
 """The request path over gRPC: Route, then Prefill on a prefill worker and Generate with its KV handle on the
 decode worker, or Generate alone; a worker failing mid-stream hands the request to another (journey.py). Yields
 token deltas; a cancelled or closed stream aborts the work it started. Knows nothing of HTTP, text or OpenAI."""
+
 import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
+
 import grpc
 
 from engines.base.block_hash import chain_block_hashes, chain_root
 from engines.base.types import FinishReason, SamplingParams
 from services.common import convert
 from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta
-from services.common.grpc_server import make_channel
 from services.common.errors import detail_of
+from services.common.grpc_server import make_channel
 from services.common.protos import router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
 from services.common.tracing import span
@@ -29,12 +31,22 @@ WORKER_LIST_TTL_S = 5.0  # how long the router's worker list (the engines' conte
 
 
 class Pipeline:
-    def __init__(self, router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool, *, model: str,
-                 request_timeout_s: float,
-                 route_timeout_s: float, max_migrations: int = 3, on_migration: Callable[[], None] = lambda: None,
-                 kv_hash_secret: str = ""):
-        self._routers = router_channel if isinstance(router_channel, RouterPool) else RouterPool(
-            router_channel if isinstance(router_channel, list) else [router_channel])
+    def __init__(
+        self,
+        router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool,
+        *,
+        model: str,
+        request_timeout_s: float,
+        route_timeout_s: float,
+        max_migrations: int = 3,
+        on_migration: Callable[[], None] = lambda: None,
+        kv_hash_secret: str = "",
+    ):
+        self._routers = (
+            router_channel
+            if isinstance(router_channel, RouterPool)
+            else RouterPool(router_channel if isinstance(router_channel, list) else [router_channel])
+        )
         self._model = model
         self._max_migrations, self._on_migration = max_migrations, on_migration
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
@@ -67,16 +79,18 @@ class Pipeline:
         finally:
             self._spawn(self._complete(req_id))
 
-    def _attempt(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams,
-                 journey: Journey) -> AsyncIterator[TokenDelta]:
+    def _attempt(
+        self, route: Route, req_id: str, prompt: list[int], params: SamplingParams, journey: Journey
+    ) -> AsyncIterator[TokenDelta]:
         if journey.is_started:  # NOTE: a migration: the decode worker prefills prompt + output itself
             return self._resume(route.decode.address, req_id, prompt, params, journey.output_token_ids)
         if route.prefill is not None:
             return self._disaggregated(route, req_id, prompt, params)
         return self._generate(route.decode.address, req_id, prompt, params)
 
-    async def _resume(self, address: str, req_id: str, prompt: list[int], params: SamplingParams,
-                      output_token_ids: list[int]) -> AsyncIterator[TokenDelta]:
+    async def _resume(
+        self, address: str, req_id: str, prompt: list[int], params: SamplingParams, output_token_ids: list[int]
+    ) -> AsyncIterator[TokenDelta]:
         if len(output_token_ids) >= params.max_tokens:  # it broke after its last token, before saying so
             yield TokenDelta((), finish_reason=FinishReason.LENGTH)
             return
@@ -88,8 +102,15 @@ class Pipeline:
     def _log_failover(self, req_id: str, worker_id: str, journey: Journey, exc: Exception) -> None:
         if journey.is_started:
             self._on_migration()
-            log.warning("worker %s failed %s after %d tokens (%s); migrating it (%d of %d)", worker_id, req_id,
-                        len(journey.output_token_ids), exc, journey.num_migrations, self._max_migrations)
+            log.warning(
+                "worker %s failed %s after %d tokens (%s); migrating it (%d of %d)",
+                worker_id,
+                req_id,
+                len(journey.output_token_ids),
+                exc,
+                journey.num_migrations,
+                self._max_migrations,
+            )
         else:
             log.warning("worker %s failed %s before its first token (%s); routing again", worker_id, req_id, exc)
 
@@ -115,13 +136,15 @@ class Pipeline:
         return self._max_model_len
 
     async def _list_workers(self) -> list[ListedWorker]:
-        listing = convert.listed_workers_from_pb(await self._routers.any(
-            lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)))
+        listing = convert.listed_workers_from_pb(
+            await self._routers.any(
+                lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
+            )
+        )
         lengths = [w.max_model_len for w in listing if w.model == self._model and w.is_live and w.max_model_len]
         if lengths:  # NOTE: none listed says nothing new: the last known context stands
             self._max_model_len = min(lengths)
-        sizes = {w.block_size for w in listing if w.model == self._model and w.role is WorkerRole.DECODE
-                 and w.is_live}
+        sizes = {w.block_size for w in listing if w.model == self._model and w.role is WorkerRole.DECODE and w.is_live}
         if sizes:
             self._block_size = sizes.pop() if len(sizes) == 1 else 0
         self._listed_at = time.monotonic()
@@ -149,8 +172,9 @@ class Pipeline:
                 current.set_attribute("tandem.prefill_worker", route.prefill.worker_id)
             return route
 
-    async def _disaggregated(self, route: Route, req_id: str, prompt: list[int],
-                             params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    async def _disaggregated(
+        self, route: Route, req_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta]:
         first = await self._prefill(route, req_id, prompt, params)
         if first is None:
             stream = self._generate(route.decode.address, req_id, prompt, params)
@@ -160,8 +184,9 @@ class Pipeline:
             async for delta in stream:
                 yield delta
 
-    async def _continue(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams,
-                        first: Prefilled) -> AsyncIterator[TokenDelta]:
+    async def _continue(
+        self, route: Route, req_id: str, prompt: list[int], params: SamplingParams, first: Prefilled
+    ) -> AsyncIterator[TokenDelta]:
         """Stream the prefill worker's first token at once, while the decode worker pulls the KV and goes on after
         it: the user's prompt and params, the first token as output already generated."""
         finish = first.finish_reason
@@ -170,8 +195,9 @@ class Pipeline:
         logprobs = (first.logprob,) if first.logprob is not None else ()
         call = None
         if finish is None:  # NOTE: started before the first token goes out, so the KV pull overlaps it
-            call = self._start_generate(route.decode.address, req_id, prompt, params, kv=first.kv,
-                                        output_token_ids=[first.first_token_id])
+            call = self._start_generate(
+                route.decode.address, req_id, prompt, params, kv=first.kv, output_token_ids=[first.first_token_id]
+            )
         is_handed_over = False
         try:
             yield TokenDelta((first.first_token_id,), logprobs, finish, first.num_cached_tokens)
@@ -186,8 +212,7 @@ class Pipeline:
                 async for delta in stream:
                     yield delta
 
-    async def _prefill(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams
-                       ) -> Prefilled | None:
+    async def _prefill(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams) -> Prefilled | None:
         address = route.prefill.address
         stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
         request = convert.prefill_request_to_pb(req_id, prompt, params)
@@ -199,19 +224,28 @@ class Pipeline:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in NO_FALLBACK_CODES:  # the request is wrong: another worker would refuse it too
                 raise errors.from_rpc_error(exc, "prefill worker") from None
-            log.warning("prefill of %s on %s failed (%s); decoding with local prefill", req_id, address,
-                        exc.code().name)
+            log.warning(
+                "prefill of %s on %s failed (%s); decoding with local prefill", req_id, address, exc.code().name
+            )
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self._spawn(self._report(route.prefill.worker_id, req_id, f"prefill: {exc.code().name}"))
             return None
 
-    def _generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams
-                  ) -> AsyncIterator[TokenDelta]:
+    def _generate(
+        self, address: str, req_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta]:
         call = self._start_generate(address, req_id, prompt, params)
         return self._stream(address, req_id, call)
 
-    def _start_generate(self, address: str, req_id: str, prompt: list[int], params: SamplingParams,
-                        kv: object | None = None, output_token_ids: list[int] = ()) -> grpc.aio.UnaryStreamCall:
+    def _start_generate(
+        self,
+        address: str,
+        req_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        kv: object | None = None,
+        output_token_ids: list[int] = (),
+    ) -> grpc.aio.UnaryStreamCall:
         request = convert.generate_request_to_pb(req_id, prompt, params, kv, output_token_ids)
         return self._decode_stub(address).Generate(request, timeout=self._request_timeout_s)
 
@@ -263,19 +297,24 @@ class Pipeline:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, address: str, req_id: str) -> None:
-        await self._quietly(self._control(address).Abort(worker_pb2.AbortRequest(req_id=req_id),
-                                                        timeout=CLEANUP_TIMEOUT_S), "abort", req_id)
+        await self._quietly(
+            self._control(address).Abort(worker_pb2.AbortRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S),
+            "abort",
+            req_id,
+        )
 
     async def _release(self, address: str, req_id: str) -> None:
         stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
-        await self._quietly(stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S),
-                            "release kv", req_id)
+        await self._quietly(
+            stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S), "release kv", req_id
+        )
 
     async def _report(self, worker_id: str, req_id: str, reason: str) -> None:
         """Tell the router at once, so that it stops routing there before the worker's lease runs out."""
         request = router_pb2.ReportFailureRequest(worker_id=worker_id, req_id=req_id, reason=reason)
-        await self._quietly(self._routers.of(req_id).ReportFailure(request, timeout=self._route_timeout_s), "report",
-                            req_id)
+        await self._quietly(
+            self._routers.of(req_id).ReportFailure(request, timeout=self._route_timeout_s), "report", req_id
+        )
 
     async def _complete(self, req_id: str) -> None:
         self._routers.complete(req_id)  # NOTE: on the next Route, or batched: services/gateway/router_pool.py

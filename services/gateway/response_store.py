@@ -2,6 +2,7 @@
 backends chosen at start-up — SQLite in a file (the embedded default; gateway processes on one host share the file)
 and Redis (gateways on several hosts or pods). Store I/O never runs on the event loop: SQLite calls go to one
 thread of their own, Redis is asyncio-native. Knows nothing of HTTP or of what a record holds beyond its owner."""
+
 import asyncio
 import json
 import logging
@@ -62,8 +63,10 @@ class SqliteStore:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self._path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, expires_at REAL NOT NULL, "
-                         "body TEXT NOT NULL)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, expires_at REAL NOT NULL, "
+                "body TEXT NOT NULL)"
+            )
             conn.execute("CREATE INDEX IF NOT EXISTS responses_expiry ON responses (expires_at)")
             self._conn = conn
         return self._conn
@@ -82,8 +85,11 @@ class SqliteStore:
         return None if body is None else StoredResponse.from_json(response_id, body)
 
     def _get(self, response_id: str) -> str | None:
-        row = self._db().execute("SELECT body FROM responses WHERE id = ? AND expires_at >= ?",
-                                 (response_id, time.time())).fetchone()
+        row = (
+            self._db()
+            .execute("SELECT body FROM responses WHERE id = ? AND expires_at >= ?", (response_id, time.time()))
+            .fetchone()
+        )
         return None if row is None else row[0]
 
     async def delete(self, response_id: str) -> bool:
@@ -106,9 +112,12 @@ class RedisStore:
         import redis.asyncio as redis  # NOTE: imported only when Redis is the configured store
 
         # NOTE: a password given apart wins over one in the URL (which `docker inspect` would show)
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S,
-                                           socket_timeout=REDIS_TIMEOUT_S, **({"password": password} if password
-                                                                              else {}))
+        self._redis = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
+            socket_timeout=REDIS_TIMEOUT_S,
+            **({"password": password} if password else {}),
+        )
         self._ttl_ms = int(ttl_s * 1000)
 
     async def put(self, stored: StoredResponse) -> None:

@@ -2,6 +2,7 @@
 
 Pure functions of choice deltas; what the JSON looks like and nothing else.
 """
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -38,9 +39,12 @@ def _finite(logprob: float) -> float:
 
 
 def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": num_cached_tokens}}
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": num_prompt_tokens + num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
+    }
 
 
 _SLOTS = ("\x00index", "\x00text", "\x00finish")  # placeholders: JSON-encoded, they appear as "\u0000index"...
@@ -80,17 +84,28 @@ class _Format:
         return template % (delta.index, json.dumps(delta.text), json.dumps(delta.finish_reason))
 
     def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:
-        return self._envelope(self.chunk_object_name, [],
-                              usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens))
+        return self._envelope(
+            self.chunk_object_name, [], usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens)
+        )
 
-    def whole(self, choices: list[ChoiceTotal], num_prompt_tokens: int, num_completion_tokens: int,
-              num_cached_tokens: int = 0) -> dict:
-        return self._envelope(self.object_name, [self.whole_choice(c) for c in choices],
-                              usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens))
+    def whole(
+        self, choices: list[ChoiceTotal], num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0
+    ) -> dict:
+        return self._envelope(
+            self.object_name,
+            [self.whole_choice(c) for c in choices],
+            usage=usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens),
+        )
 
     def _envelope(self, obj: str, choices: list[dict], **extra) -> dict:
-        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, **extra}
+        return {
+            "id": self.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     def chunk_choice(self, delta: ChoiceDelta, is_first: bool) -> dict:
         raise NotImplementedError
@@ -106,14 +121,23 @@ class ChatFormat(_Format):
         message = {"role": "assistant", "content": delta.text} if is_first else {"content": delta.text}
         if hasattr(delta, "part"):
             message = split_delta(delta.part, is_first)
-        return {"index": delta.index, "delta": message, "logprobs": self._logprobs(delta.logprobs),
-                "finish_reason": delta.finish_reason}
+        return {
+            "index": delta.index,
+            "delta": message,
+            "logprobs": self._logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
 
     def whole_choice(self, choice: ChoiceTotal) -> dict:
-        message = split_message(choice.parts, choice.text) if choice.parts else {"role": "assistant",
-                                                                                  "content": choice.text}
-        return {"index": choice.index, "message": message,
-                "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason}
+        message = (
+            split_message(choice.parts, choice.text) if choice.parts else {"role": "assistant", "content": choice.text}
+        )
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": self._logprobs(choice.logprobs),
+            "finish_reason": choice.finish_reason,
+        }
 
     def _logprobs(self, logprobs) -> dict | None:
         if not self._wants_logprobs:
@@ -125,8 +149,7 @@ class ChatFormat(_Format):
         return {**self._item(lp.token_id, lp.logprob), "top_logprobs": top}
 
     def _item(self, token_id: int, logprob: float) -> dict:
-        return {"token": self._bytes.label(token_id), "logprob": _finite(logprob),
-                "bytes": list(self._bytes(token_id))}
+        return {"token": self._bytes.label(token_id), "logprob": _finite(logprob), "bytes": list(self._bytes(token_id))}
 
 
 class CompletionFormat(_Format):
@@ -137,12 +160,20 @@ class CompletionFormat(_Format):
         self._offsets: dict[int, int] = {}  # choice index -> text offset of its next token (streaming)
 
     def chunk_choice(self, delta: ChoiceDelta, is_first: bool) -> dict:
-        return {"index": delta.index, "text": delta.text, "logprobs": self._logprobs(delta.index, delta.logprobs),
-                "finish_reason": delta.finish_reason}
+        return {
+            "index": delta.index,
+            "text": delta.text,
+            "logprobs": self._logprobs(delta.index, delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
 
     def whole_choice(self, choice: ChoiceTotal) -> dict:
-        return {"index": choice.index, "text": choice.text,
-                "logprobs": self._logprobs(choice.index, choice.logprobs), "finish_reason": choice.finish_reason}
+        return {
+            "index": choice.index,
+            "text": choice.text,
+            "logprobs": self._logprobs(choice.index, choice.logprobs),
+            "finish_reason": choice.finish_reason,
+        }
 
     def _logprobs(self, index: int, logprobs) -> dict | None:
         if not self._wants_logprobs:
@@ -153,6 +184,9 @@ class CompletionFormat(_Format):
             offsets.append(offset)
             offset += len(self._bytes(lp.token_id).decode("utf-8", errors="ignore"))
         self._offsets[index] = offset
-        return {"tokens": labels, "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
-                "top_logprobs": [{self._bytes.label(t): _finite(v) for t, v in lp.top} for lp in logprobs],
-                "text_offset": offsets}
+        return {
+            "tokens": labels,
+            "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
+            "top_logprobs": [{self._bytes.label(t): _finite(v) for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }

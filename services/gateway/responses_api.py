@@ -2,6 +2,7 @@
 completion through the gateway's own chat path (Serving.handle: admission, templates, tool calling, structured
 output, metrics), so it honours exactly what chat does; this module maps to and from it and keeps the store. It
 decides nothing about generation and builds no error body itself."""
+
 import asyncio
 import hashlib
 import json
@@ -65,8 +66,11 @@ class ResponsesApi:
             response = output.whole(start, json.loads(chat.body))
             await self._maybe_store(req, owner, record | {"response": response})
             return JSONResponse(response)
-        return _relay(chat, output.EventStream(start),
-                      lambda response: self._maybe_store(req, owner, record | {"response": response}))
+        return _relay(
+            chat,
+            output.EventStream(start),
+            lambda response: self._maybe_store(req, owner, record | {"response": response}),
+        )
 
     async def retrieve(self, request: Request, response_id: str) -> dict:
         return (await self._load(response_id, self._owner(request))).record["response"]
@@ -130,9 +134,16 @@ class ResponsesApi:
 
 def make_api(serving: Serving) -> ResponsesApi:
     settings = serving.settings
-    return ResponsesApi(serving, make_store(settings.response_store, path=settings.response_store_file,
-                                            redis_url=settings.redis_url, ttl_s=settings.response_ttl_s,
-                                            redis_password=settings.redis_password))
+    return ResponsesApi(
+        serving,
+        make_store(
+            settings.response_store,
+            path=settings.response_store_file,
+            redis_url=settings.redis_url,
+            ttl_s=settings.response_ttl_s,
+            redis_password=settings.redis_password,
+        ),
+    )
 
 
 def add_routes(app: FastAPI, api: ResponsesApi) -> None:

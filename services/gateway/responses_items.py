@@ -1,10 +1,16 @@
 """Responses API items to and from chat messages: input items (and a stored conversation's output) become the chat
 messages the gateway templates; a chat completion's message becomes output items. Pure: no I/O."""
+
 import uuid
 
 from services.gateway.errors import InvalidRequestError
-from services.gateway.responses_protocol import (FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem,
-                                                 parse_item)
+from services.gateway.responses_protocol import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+    parse_item,
+)
 
 
 def new_id(prefix: str) -> str:
@@ -19,8 +25,11 @@ def chat_messages(items: list[InputItem]) -> list[dict]:
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": item.text()})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments}}
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -62,9 +71,14 @@ def page(records: list[dict], order: str = "desc", limit: int = 20, after: str |
         if after not in ids:
             raise InvalidRequestError(f"no item `{after}` in this list", param="after")
         start = ids.index(after) + 1
-    data = ordered[start:start + limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": start + limit < len(ordered)}
+    data = ordered[start : start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(ordered),
+    }
 
 
 def page_query(query: dict[str, str]) -> dict:
@@ -82,13 +96,23 @@ def page_query(query: dict[str, str]) -> dict:
 
 
 def message_item(text: str, status: str, item_id: str | None = None) -> dict:
-    return {"id": item_id or new_id("msg"), "type": "message", "status": status, "role": "assistant",
-            "content": [text_part(text)]}
+    return {
+        "id": item_id or new_id("msg"),
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [text_part(text)],
+    }
 
 
 def reasoning_item(text: str, status: str = "in_progress") -> dict:
-    return {"id": new_id("rs"), "type": "reasoning", "status": status, "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}
+    return {
+        "id": new_id("rs"),
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
 
 
 def text_part(text: str) -> dict:
@@ -96,8 +120,14 @@ def text_part(text: str) -> dict:
 
 
 def call_item(call_id: str, name: str, arguments: str, status: str, item_id: str | None = None) -> dict:
-    return {"id": item_id or new_id("fc"), "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": arguments}
+    return {
+        "id": item_id or new_id("fc"),
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def output_items(message: dict, status: str) -> list[dict]:
@@ -111,8 +141,7 @@ def output_items(message: dict, status: str) -> list[dict]:
         items.append(message_item(message["content"], status))
     for call in message.get("tool_calls") or ():
         function = call["function"]
-        items.append(call_item(call.get("id") or new_id("call"), function["name"], function["arguments"],
-                               "completed"))
+        items.append(call_item(call.get("id") or new_id("call"), function["name"], function["arguments"], "completed"))
     return items
 
 
@@ -120,10 +149,13 @@ def usage(chat_usage: dict | None) -> dict | None:
     if chat_usage is None:
         return None
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"input_tokens": chat_usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": chat_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": chat_usage["total_tokens"]}
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage["total_tokens"],
+    }
 
 
 def outcome(finish_reason: str | None) -> tuple[str, dict | None]:

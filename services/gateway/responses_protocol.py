@@ -1,6 +1,7 @@
 """The Responses API's request (`POST /v1/responses`) and its mapping onto a chat completion request: input items
 become chat messages, function tools chat `tools`, `text.format` a `response_format`. Pure: no I/O, no HTTP.
 Unknown fields, and known ones this server does not implement, are refused by name with a 400."""
+
 import json
 from typing import Any, Literal
 
@@ -72,9 +73,15 @@ class ReasoningItem(_Strict):
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
-_ITEM_KINDS: dict[str, TypeAdapter] = {kind: TypeAdapter(model) for kind, model in (
-    ("message", MessageItem), ("function_call", FunctionCallItem), ("function_call_output", FunctionCallOutputItem),
-    ("reasoning", ReasoningItem))}
+_ITEM_KINDS: dict[str, TypeAdapter] = {
+    kind: TypeAdapter(model)
+    for kind, model in (
+        ("message", MessageItem),
+        ("function_call", FunctionCallItem),
+        ("function_call_output", FunctionCallOutputItem),
+        ("reasoning", ReasoningItem),
+    )
+}
 
 
 class FunctionTool(_Strict):
@@ -113,7 +120,8 @@ class TextFormat(_Strict):
         if not self.name or self.schema_ is None:
             raise InvalidRequestError("text.format of type json_schema needs a name and a schema", param="text")
         spec = {"name": self.name, "schema": self.schema_} | {
-            k: v for k, v in (("description", self.description), ("strict", self.strict)) if v is not None}
+            k: v for k, v in (("description", self.description), ("strict", self.strict)) if v is not None
+        }
         return {"type": "json_schema", "json_schema": spec}
 
 
@@ -161,9 +169,14 @@ class ResponsesRequest(_Strict):
     def chat_body(self, messages: list[dict]) -> bytes:
         """The chat completion request this response runs as (streaming with usage when this one streams)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages}
-        optional = {"max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
-                    "top_p": self.top_p, "user": self.user, "cache_salt": self.cache_salt,
-                    "response_format": self.text.format.response_format()}
+        optional = {
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "user": self.user,
+            "cache_salt": self.cache_salt,
+            "response_format": self.text.format.response_format(),
+        }
         body.update({k: v for k, v in optional.items() if v is not None})
         if self.tools:
             body["tools"] = [t.chat_tool() for t in self.tools]
@@ -178,8 +191,9 @@ class ResponsesRequest(_Strict):
     def chat_tool_choice(self) -> str | dict:
         if isinstance(self.tool_choice, NamedFunction):
             if self.tool_choice.name not in {t.name for t in self.tools}:
-                raise InvalidRequestError(f"tool_choice names `{self.tool_choice.name}`, which is not among the "
-                                          "tools", param="tool_choice")
+                raise InvalidRequestError(
+                    f"tool_choice names `{self.tool_choice.name}`, which is not among the tools", param="tool_choice"
+                )
             return {"type": "function", "function": {"name": self.tool_choice.name}}
         return self.tool_choice
 
@@ -188,8 +202,10 @@ def parse_item(index: int, raw: dict) -> InputItem:
     kind = raw.get("type", "message")
     adapter = _ITEM_KINDS.get(kind) if isinstance(kind, str) else None
     if adapter is None:
-        raise InvalidRequestError(f"input[{index}]: item type `{kind}` is not supported; this server takes "
-                                  f"{', '.join(_ITEM_KINDS)}", param="input")
+        raise InvalidRequestError(
+            f"input[{index}]: item type `{kind}` is not supported; this server takes {', '.join(_ITEM_KINDS)}",
+            param="input",
+        )
     try:
         return adapter.validate_python(raw)
     except ValidationError as exc:

@@ -4,6 +4,7 @@ there): finished requests ride on the next Route to that replica, or go as one b
 follows within `complete_delay_s` (a unary call is what mutual TLS makes dear). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
 when one fails (a replaced pod has a new address). No decisions: routers make them.
 """
+
 import asyncio
 import itertools
 import logging
@@ -18,8 +19,9 @@ from services.common.router_addresses import RouterAddressError, router_addresse
 log = logging.getLogger(__name__)
 
 # NOTE: the router's own refusals (bad request, unknown model, busy) are answers: the next replica would agree
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                            grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
+FAILOVER_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
+)
 # NOTE: how stale the router's in-flight count may get when no Route follows a finished request (an idle gateway);
 # under load the next Route carries it at once
 COMPLETE_DELAY_S = 0.05
@@ -30,9 +32,15 @@ class RouterPool:
     """`resolve` (optional) gives the replicas' current addresses and `connect` a channel to one: after a transport
     error the pool looks them up again (at most once per `min_resolve_interval_s`) and swaps in what changed."""
 
-    def __init__(self, channels: list[grpc.aio.Channel], resolve: Callable[[], list[str]] | None = None,
-                 connect: Callable[[str], grpc.aio.Channel] | None = None, addresses: list[str] | None = None,
-                 min_resolve_interval_s: float = 1.0, complete_delay_s: float = COMPLETE_DELAY_S):
+    def __init__(
+        self,
+        channels: list[grpc.aio.Channel],
+        resolve: Callable[[], list[str]] | None = None,
+        connect: Callable[[str], grpc.aio.Channel] | None = None,
+        addresses: list[str] | None = None,
+        min_resolve_interval_s: float = 1.0,
+        complete_delay_s: float = COMPLETE_DELAY_S,
+    ):
         if not channels:
             raise ValueError("need at least one router channel")
         self.channels = dict(zip(addresses or range(len(channels)), channels))  # address -> channel
@@ -84,8 +92,9 @@ class RouterPool:
         self._routed_by[request.req_id] = order[0]
         return reply
 
-    async def _route_on(self, stub: router_pb2_grpc.RouterStub, request: router_pb2.RouteRequest,
-                        **call) -> router_pb2.RouteResponse:
+    async def _route_on(
+        self, stub: router_pb2_grpc.RouterStub, request: router_pb2.RouteRequest, **call
+    ) -> router_pb2.RouteResponse:
         """One Route call carrying the replica's finished requests; they are kept for a resend when it fails (a
         Complete is idempotent, so one the router took before failing does no harm when sent again)."""
         finished = self._finished.pop(stub, [])
@@ -160,8 +169,9 @@ class RouterPool:
     async def close(self) -> None:
         for task in self._flushes.values():  # NOTE: all still sleeping: what they hold goes now, below
             task.cancel()
-        await asyncio.gather(*(self._flush(stub) for stub in list(self._finished)), *self._sending,
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(self._flush(stub) for stub in list(self._finished)), *self._sending, return_exceptions=True
+        )
         if self._refreshing is not None:
             await asyncio.gather(self._refreshing, return_exceptions=True)
         for channel in self.channels.values():

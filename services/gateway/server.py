@@ -1,5 +1,6 @@
 """The gateway's FastAPI app (routes only; the work is in serving.py) and `main`, which runs it under
 uvicorn — what `tandem serve gateway` calls."""
+
 import logging
 import sys
 import time
@@ -12,9 +13,9 @@ from fastapi.responses import JSONResponse, Response
 
 from services.common.grpc_server import make_channel
 from services.common.logs import setup_logging
-from services.common.tracing import setup_tracing, shutdown_tracing
 from services.common.settings import SettingsError
 from services.common.tls import process_tls
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.gateway import errors
 from services.gateway.admission import Admission, Inflight
 from services.gateway.metrics import GatewayMetrics
@@ -33,28 +34,41 @@ log = logging.getLogger(__name__)
 OPENAPI_VERSION = "1.0.0"  # of the HTTP API this document describes
 
 
-def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | None = None,
-               inflight: Inflight | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings,
+    *,
+    router_channel: grpc.aio.Channel | list[grpc.aio.Channel] | None = None,
+    inflight: Inflight | None = None,
+) -> FastAPI:
     """The app; it dials `settings.router_address` at start-up unless a channel is handed in (tests). `inflight`
     is the count the in-flight limit applies to (the supervisor's shared one under several processes)."""
     model = load_model_info(settings.model_dir, settings.model_name, int(time.time()))
     if not settings.kv_hash_secret:
-        log.warning("TANDEM_KV_HASH_SECRET is unset: KV block hashes and tenant ids are not keyed "
-                    "(docs/security-tenants.md)")
-    admission = Admission(max_inflight=settings.max_inflight, api_keys=settings.api_keys, inflight=inflight,
-                          limits=KeyLimits(settings.max_inflight_per_key, settings.tokens_per_minute_per_key),
-                          secret=settings.kv_hash_secret)
+        log.warning(
+            "TANDEM_KV_HASH_SECRET is unset: KV block hashes and tenant ids are not keyed (docs/security-tenants.md)"
+        )
+    admission = Admission(
+        max_inflight=settings.max_inflight,
+        api_keys=settings.api_keys,
+        inflight=inflight,
+        limits=KeyLimits(settings.max_inflight_per_key, settings.tokens_per_minute_per_key),
+        secret=settings.kv_hash_secret,
+    )
     metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s)
     metrics.start_at_zero(model.name)
     serving = Serving(settings, model, admission, metrics)
     responses = make_responses_api(serving)
 
     def attach(channel: grpc.aio.Channel | list[grpc.aio.Channel] | RouterPool) -> Pipeline:
-        serving.pipeline = Pipeline(channel, model=settings.router_model,
-                                    request_timeout_s=settings.request_timeout_s,
-                                    route_timeout_s=settings.route_timeout_s, max_migrations=settings.max_migrations,
-                                    on_migration=lambda: metrics.migrated(model.name),
-                                    kv_hash_secret=settings.kv_hash_secret)
+        serving.pipeline = Pipeline(
+            channel,
+            model=settings.router_model,
+            request_timeout_s=settings.request_timeout_s,
+            route_timeout_s=settings.route_timeout_s,
+            max_migrations=settings.max_migrations,
+            on_migration=lambda: metrics.migrated(model.name),
+            kv_hash_secret=settings.kv_hash_secret,
+        )
         return serving.pipeline
 
     if router_channel is not None:
@@ -74,8 +88,7 @@ def create_app(settings: GatewaySettings, *, router_channel: grpc.aio.Channel | 
         if owned is not None:
             await owned.close()
 
-    app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json")
+    app = FastAPI(title="tandem gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     schema = build_schema(app.title, OPENAPI_VERSION)  # written out: the routes take raw Requests, so FastAPI
     app.openapi = lambda: schema  # could infer neither their bodies nor their error answers
     app.state.serving = serving
@@ -119,8 +132,9 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         if serving.pipeline is None:
             return JSONResponse({"status": "unavailable", "reason": "not started"}, status_code=503)
         is_ready, reason = await serving.pipeline.is_ready()
-        return JSONResponse({"status": "ready" if is_ready else "unavailable", "reason": reason},
-                            status_code=200 if is_ready else 503)
+        return JSONResponse(
+            {"status": "ready" if is_ready else "unavailable", "reason": reason}, status_code=200 if is_ready else 503
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -183,10 +197,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_supervisor(settings, create_app)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                    timeout_graceful_shutdown=settings.drain_timeout_s,
-                    log_config=None,  # NOTE: keep our JSON log handler
-                    access_log=False)  # RequestTimer.finish logs one line per request already
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            timeout_graceful_shutdown=settings.drain_timeout_s,
+            log_config=None,  # NOTE: keep our JSON log handler
+            access_log=False,
+        )  # RequestTimer.finish logs one line per request already
     finally:
         shutdown_tracing()
     return 0

@@ -1,5 +1,6 @@
 """One completion request from body to response: admit, validate, template and tokenize, run the choices,
 answer whole or as SSE. Every exit path records metrics once, frees the in-flight slot and stops the work."""
+
 import asyncio
 import dataclasses
 import json
@@ -29,9 +30,9 @@ from services.gateway.openai_protocol import ChatCompletionRequest, CompletionRe
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses import ChatFormat, ChoiceTotal, CompletionFormat
 from services.gateway.settings import GatewaySettings
+from services.gateway.sse import SseResponse
 from services.gateway.tenancy import cache_salt
 from services.gateway.tool_parsers import parser_for
-from services.gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
@@ -62,11 +63,17 @@ class Serving:
 
     def check_model(self, name: str) -> None:
         if name != self.model.name:
-            raise errors.ModelNotFoundError(f"The model `{name}` does not exist; this server serves "
-                                            f"`{self.model.name}`.", param="model")
+            raise errors.ModelNotFoundError(
+                f"The model `{name}` does not exist; this server serves `{self.model.name}`.", param="model"
+            )
 
-    async def handle(self, request: Request, route: str, kind: type[ChatCompletionRequest | CompletionRequest],
-                     response_id: str | None = None) -> Response:
+    async def handle(
+        self,
+        request: Request,
+        route: str,
+        kind: type[ChatCompletionRequest | CompletionRequest],
+        response_id: str | None = None,
+    ) -> Response:
         """`response_id`: the id of what the client gets (the Responses API's resp_...), for the logs and the
         workers' request ids; by default the completion's own."""
         timer = self.metrics.start(route, self.model.name)
@@ -82,12 +89,14 @@ class Serving:
             timer.request_id = response_id
             current_request_id.set(response_id)  # NOTE: this request's task only; tags its log records
             # NOTE: two clients may send one x-request-id: the workers' ids get a random part so they never collide
-            job, plan = await self._job(req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}",
-                                        tenant)
+            job, plan = await self._job(
+                req, response_id if is_unique else f"{response_id}-{uuid.uuid4().hex[:8]}", tenant
+            )
             timer.num_prompt_tokens = job.num_prompt_tokens
             self._charge(slot, tenant, job, timer)
             fmt = (ChatFormat if kind is ChatCompletionRequest else CompletionFormat)(
-                response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None)
+                response_id, self.model.name, self.token_bytes, req.num_top_logprobs() is not None
+            )
             if req.stream:
                 usage = _UsageIn(req.include_usage(), req.include_continuous_usage(), job.num_prompt_tokens)
                 return await self._stream(request, job, fmt, timer, slot, usage, plan)
@@ -110,36 +119,48 @@ class Serving:
         limits.charge(tenant, job.num_prompt_tokens * job.n)
         slot.on_release = lambda: limits.charge(tenant, timer.num_completion_tokens)
 
-    async def _job(self, req: ChatCompletionRequest | CompletionRequest, request_id: str, tenant: str = ""
-                   ) -> tuple[Job, ChatPlan | None]:
+    async def _job(
+        self, req: ChatCompletionRequest | CompletionRequest, request_id: str, tenant: str = ""
+    ) -> tuple[Job, ChatPlan | None]:
         plan, max_chars = None, self.settings.max_prompt_chars
         with span("tokenize") as current:
             if isinstance(req, ChatCompletionRequest):
                 param = "messages"
-                plan = plan_chat(req, self.model.tokenizer.chat_template, self.tool_parser,
-                                 self.settings.reasoning_parser == "think")
+                plan = plan_chat(
+                    req, self.model.tokenizer.chat_template, self.tool_parser, self.settings.reasoning_parser == "think"
+                )
                 prompts = [await self._off_loop(self.model.chat_prompt, plan.messages, plan.tools, max_chars)]
             else:
                 param = "prompt"
-                prompts = [p if isinstance(p, list) else await self._off_loop(self.model.text_prompt, p, max_chars)
-                           for p in req.prompts()]
+                prompts = [
+                    p if isinstance(p, list) else await self._off_loop(self.model.text_prompt, p, max_chars)
+                    for p in req.prompts()
+                ]
             current.set_attribute("tandem.prompt_tokens", sum(map(len, prompts)))
         limit = await self.max_model_len()
         for prompt in prompts:
             self.model.check_prompt(prompt, param, limit)
         # NOTE: a batch shares its sampling parameters: the longest prompt bounds max_tokens for all
-        max_tokens = self.model.max_new_tokens(max(map(len, prompts)), req.requested_max_tokens(), limit,
-                                               req.max_tokens_param())
-        params = dataclasses.replace(req.sampling_params(max_tokens), cache_salt=cache_salt(
-            tenant, req.cache_salt, self.settings.cache_sharing))
+        max_tokens = self.model.max_new_tokens(
+            max(map(len, prompts)), req.requested_max_tokens(), limit, req.max_tokens_param()
+        )
+        params = dataclasses.replace(
+            req.sampling_params(max_tokens), cache_salt=cache_salt(tenant, req.cache_salt, self.settings.cache_sharing)
+        )
         self.model.check_logit_bias(params.logit_bias)
         spec = plan.spec if plan is not None else req.format_spec()
         if spec is not None:
             if plan is None:
                 grammar_text(spec)  # NOTE: compiles it once here: a grammar that does not compile is the client's 400
             params = dataclasses.replace(params, structured=spec)
-        log.debug("%s: %d prompts, %d prompt tokens, n=%d, user=%s", request_id, len(prompts),
-                  sum(map(len, prompts)), req.n, req.user)
+        log.debug(
+            "%s: %d prompts, %d prompt tokens, n=%d, user=%s",
+            request_id,
+            len(prompts),
+            sum(map(len, prompts)),
+            req.n,
+            req.user,
+        )
         return Job(request_id, tuple(prompts), params, req.n, req.stop_strings()), plan
 
     async def _off_loop(self, fn: Callable[..., list[int]], *args) -> list[int]:
@@ -154,8 +175,9 @@ class Serving:
             return deltas
         return split_deltas(deltas, plan, self.model.tokenizer.decode(job.prompt[-8:]))
 
-    async def _whole(self, request: Request, job: Job, fmt, timer: RequestTimer, plan: ChatPlan | None = None
-                     ) -> Response:
+    async def _whole(
+        self, request: Request, job: Job, fmt, timer: RequestTimer, plan: ChatPlan | None = None
+    ) -> Response:
         totals = [ChoiceTotal(i) for i in range(job.num_choices)]
 
         async def collect() -> None:
@@ -165,10 +187,20 @@ class Serving:
                     timer.on_cached_tokens(delta.num_cached_tokens)
 
         await until_disconnected(request, collect())
-        return JSONResponse(fmt.whole(totals, job.num_prompt_tokens, timer.num_completion_tokens, timer.num_cached_tokens))
+        return JSONResponse(
+            fmt.whole(totals, job.num_prompt_tokens, timer.num_completion_tokens, timer.num_cached_tokens)
+        )
 
-    async def _stream(self, request: Request, job: Job, fmt, timer: RequestTimer, slot: Slot,
-                      usage: "_UsageIn", plan: ChatPlan | None = None) -> Response:
+    async def _stream(
+        self,
+        request: Request,
+        job: Job,
+        fmt,
+        timer: RequestTimer,
+        slot: Slot,
+        usage: "_UsageIn",
+        plan: ChatPlan | None = None,
+    ) -> Response:
         """Wait for the first token before answering, so failures up to there keep their HTTP status."""
         deltas = self._deltas(job, timer, plan)
         try:
@@ -207,13 +239,15 @@ def _response_id(req: ChatCompletionRequest | CompletionRequest, header: str | N
     if header is None:
         return f"{prefix}-{uuid.uuid4().hex}"
     if not REQUEST_ID.fullmatch(header):
-        raise errors.InvalidRequestError(f"the {REQUEST_ID_HEADER} header takes 1-128 characters of "
-                                         "[A-Za-z0-9._:-]", param=REQUEST_ID_HEADER)
+        raise errors.InvalidRequestError(
+            f"the {REQUEST_ID_HEADER} header takes 1-128 characters of [A-Za-z0-9._:-]", param=REQUEST_ID_HEADER
+        )
     return f"{prefix}-{header}"
 
 
-async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, timer: RequestTimer, slot: Slot,
-                  usage: _UsageIn) -> AsyncIterator[bytes]:
+async def _events(
+    first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, timer: RequestTimer, slot: Slot, usage: _UsageIn
+) -> AsyncIterator[bytes]:
     """SSE `data:` payloads; a failure after the first byte becomes one error event, then the end."""
     status, started = 200, set()
     try:
@@ -226,8 +260,9 @@ async def _events(first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta], fmt, t
                 if data is not None:
                     yield data
         if usage.at_end:
-            yield json.dumps(fmt.usage_chunk(usage.num_prompt_tokens, timer.num_completion_tokens,
-                                             timer.num_cached_tokens)).encode()
+            yield json.dumps(
+                fmt.usage_chunk(usage.num_prompt_tokens, timer.num_completion_tokens, timer.num_cached_tokens)
+            ).encode()
         yield b"[DONE]"
     except (errors.GatewayError, errors.EngineError) as exc:
         status = errors.status_of(exc)

@@ -2,6 +2,7 @@
 
 A bad value raises SettingsError at start-up; nothing changes the settings afterwards.
 """
+
 import argparse
 import os
 from dataclasses import dataclass, field
@@ -57,8 +58,15 @@ class GatewaySettings:
             raise SettingsError("the model is required: --model PATH or TANDEM_MODEL")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_body_bytes", "max_inflight", "request_timeout_s", "route_timeout_s", "slo_ttft_s",
-                     "slo_itl_s", "drain_timeout_s"):
+        for name in (
+            "max_body_bytes",
+            "max_inflight",
+            "request_timeout_s",
+            "route_timeout_s",
+            "slo_ttft_s",
+            "slo_itl_s",
+            "drain_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_migrations < 0:
@@ -95,8 +103,10 @@ def _check_store(s: GatewaySettings) -> None:
     if s.response_store not in RESPONSE_STORES:
         raise SettingsError(f"response_store must be one of {', '.join(RESPONSE_STORES)}, got {s.response_store!r}")
     if s.response_store == "redis" and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
-        raise SettingsError("the redis response store needs --redis-url (TANDEM_REDIS_URL) as redis://host:port/db, "
-                            f"rediss://... or unix://...; got {s.redis_url!r}")
+        raise SettingsError(
+            "the redis response store needs --redis-url (TANDEM_REDIS_URL) as redis://host:port/db, "
+            f"rediss://... or unix://...; got {s.redis_url!r}"
+        )
     if s.response_ttl_s <= 0:
         raise SettingsError(f"response_ttl_s must be > 0, got {s.response_ttl_s}")
 
@@ -105,8 +115,10 @@ def _check_tenancy(s: GatewaySettings) -> None:
     if s.cache_sharing not in SHARING_MODES:
         raise SettingsError(f"cache_sharing must be one of {', '.join(SHARING_MODES)}, got {s.cache_sharing!r}")
     if s.max_inflight_per_key < 0 or s.tokens_per_minute_per_key < 0:
-        raise SettingsError(f"max_inflight_per_key and tokens_per_minute_per_key must be >= 0 (0: off), got "
-                            f"{s.max_inflight_per_key} and {s.tokens_per_minute_per_key}")
+        raise SettingsError(
+            f"max_inflight_per_key and tokens_per_minute_per_key must be >= 0 (0: off), got "
+            f"{s.max_inflight_per_key} and {s.tokens_per_minute_per_key}"
+        )
     if s.max_prompt_chars < 1:
         raise SettingsError(f"max_prompt_chars must be >= 1, got {s.max_prompt_chars}")
 
@@ -129,25 +141,44 @@ def _keys_from_file(path: str, inline: tuple[str, ...]) -> tuple[str, ...]:
 
 
 # the gateway's variables grew before the loader: most are TANDEM_GATEWAY_<FIELD>, these are spelled otherwise
-SOURCE = Source(GatewaySettings, "TANDEM_GATEWAY_", env={
-    "model_dir": "TANDEM_MODEL", "served_model_name": "TANDEM_SERVED_MODEL_NAME",
-    "router_address": "TANDEM_ROUTER_ADDRESS", "api_keys": "TANDEM_API_KEYS", "api_keys_file": "TANDEM_API_KEYS_FILE",
-    "log_level": "TANDEM_LOG_LEVEL", "slo_ttft_s": "TANDEM_SLO_TTFT_S", "slo_itl_s": "TANDEM_SLO_ITL_S",
-    "num_workers": "TANDEM_GATEWAY_WORKERS", "tool_parser": "TANDEM_TOOL_PARSER",
-    "reasoning_parser": "TANDEM_REASONING_PARSER", "response_store": "TANDEM_RESPONSE_STORE",
-    "response_store_path": "TANDEM_RESPONSE_STORE_PATH", "redis_url": "TANDEM_REDIS_URL",
-    "redis_password": "TANDEM_REDIS_PASSWORD", "response_ttl_s": "TANDEM_RESPONSE_TTL_S",
-    "cache_sharing": "TANDEM_CACHE_SHARING", "kv_hash_secret": "TANDEM_KV_HASH_SECRET",
-}, flags={"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")},
-    casts={"api_keys": _keys}, help={
-    "model_dir": "model directory: tokenizer, chat template, context length",
-    "host": "the address the HTTP server binds", "port": "HTTP port",
-    "router_address": "the router's gRPC address",
-    "api_keys": "comma-separated keys; when set, `Authorization: Bearer <key>` is required (401 otherwise)",
-    "max_body_bytes": "larger bodies get 413", "max_inflight": "requests in flight before 429 with Retry-After",
-    "request_timeout_s": "a request that takes longer gets 504 timeout_error",
-    "route_timeout_s": "how long a request waits for the router's answer before 503",
-    "log_level": "a logging level name (debug, info, warning, error)"})
+SOURCE = Source(
+    GatewaySettings,
+    "TANDEM_GATEWAY_",
+    env={
+        "model_dir": "TANDEM_MODEL",
+        "served_model_name": "TANDEM_SERVED_MODEL_NAME",
+        "router_address": "TANDEM_ROUTER_ADDRESS",
+        "api_keys": "TANDEM_API_KEYS",
+        "api_keys_file": "TANDEM_API_KEYS_FILE",
+        "log_level": "TANDEM_LOG_LEVEL",
+        "slo_ttft_s": "TANDEM_SLO_TTFT_S",
+        "slo_itl_s": "TANDEM_SLO_ITL_S",
+        "num_workers": "TANDEM_GATEWAY_WORKERS",
+        "tool_parser": "TANDEM_TOOL_PARSER",
+        "reasoning_parser": "TANDEM_REASONING_PARSER",
+        "response_store": "TANDEM_RESPONSE_STORE",
+        "response_store_path": "TANDEM_RESPONSE_STORE_PATH",
+        "redis_url": "TANDEM_REDIS_URL",
+        "redis_password": "TANDEM_REDIS_PASSWORD",
+        "response_ttl_s": "TANDEM_RESPONSE_TTL_S",
+        "cache_sharing": "TANDEM_CACHE_SHARING",
+        "kv_hash_secret": "TANDEM_KV_HASH_SECRET",
+    },
+    flags={"model_dir": ("--model", "--model-dir"), "num_workers": ("--workers", "--num-workers")},
+    casts={"api_keys": _keys},
+    help={
+        "model_dir": "model directory: tokenizer, chat template, context length",
+        "host": "the address the HTTP server binds",
+        "port": "HTTP port",
+        "router_address": "the router's gRPC address",
+        "api_keys": "comma-separated keys; when set, `Authorization: Bearer <key>` is required (401 otherwise)",
+        "max_body_bytes": "larger bodies get 413",
+        "max_inflight": "requests in flight before 429 with Retry-After",
+        "request_timeout_s": "a request that takes longer gets 504 timeout_error",
+        "route_timeout_s": "how long a request waits for the router's answer before 503",
+        "log_level": "a logging level name (debug, info, warning, error)",
+    },
+)
 
 
 def from_env(**overrides) -> GatewaySettings:
@@ -159,8 +190,9 @@ def from_env(**overrides) -> GatewaySettings:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem serve gateway",
-                                     description="OpenAI-compatible HTTP gateway (flags override TANDEM_* env)")
+    parser = argparse.ArgumentParser(
+        prog="tandem serve gateway", description="OpenAI-compatible HTTP gateway (flags override TANDEM_* env)"
+    )
     SOURCE.add_arguments(parser)
     return parser
 

@@ -5,13 +5,17 @@ watcher ends every stream at SIGTERM, where a draining gateway must let them fin
 
 Knows the SSE wire format and ASGI, nothing of OpenAI or of what the payloads mean.
 """
+
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
 
-HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
-           (b"x-accel-buffering", b"no")]  # NOTE: a proxy that buffers would hold every event back
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]  # NOTE: a proxy that buffers would hold every event back
 
 
 def event(data: bytes) -> bytes:

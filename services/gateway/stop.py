@@ -1,5 +1,6 @@
 """Stop strings over streamed text: a stop string is never emitted, so text that could be the start of one
 is held back until the next delta decides. Pure string logic; aborting the worker is the caller's job."""
+
 from collections.abc import Sequence
 
 
@@ -22,8 +23,8 @@ class StopMatcher:
         if cut is not None and len(buffer) - keep >= cut:  # NOTE: no longer stop could still begin before it
             self.is_stopped, self._held = True, ""
             return buffer[:cut]
-        self._held = buffer[len(buffer) - keep:] if keep else ""
-        return buffer[:len(buffer) - keep]
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep]
 
     def flush(self) -> str:
         """At a finish that was not (yet) a stop string: the held text is decided with nothing more to come."""

@@ -3,6 +3,7 @@ spreads new connections over them), starts the processes, restarts one that dies
 drain. It owns what the processes share: the in-flight count (shared memory) and a fresh directory for
 prometheus-client's multiprocess files, removed at exit. It serves no request itself.
 """
+
 import logging
 import multiprocessing
 import os
@@ -36,7 +37,7 @@ def remove_orphaned_metrics_dirs(root: str | None = None) -> list[str]:
     """Metrics directories of supervisors that are gone without cleaning up (killed outright)."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(METRICS_DIR_PREFIX + "*"):
-        pid = path.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
+        pid = path.name[len(METRICS_DIR_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
@@ -89,8 +90,11 @@ class Supervisor:
     def _start(self, index: int) -> _Child:
         sock = reuse_port_socket(self.settings.host, self.port)
         self.port = sock.getsockname()[1]  # port 0: the first socket's port, for every other one
-        process = self._ctx.Process(target=serve_child, name=f"gateway-{index}",
-                                    args=(self._child_settings(), index, sock, self.slots, os.getpid(), self._make_app))
+        process = self._ctx.Process(
+            target=serve_child,
+            name=f"gateway-{index}",
+            args=(self._child_settings(), index, sock, self.slots, os.getpid(), self._make_app),
+        )
         process.start()
         sock.close()  # NOTE: only the child may hold it, or connections hashed to it would wait for nobody
         return _Child(index, process)
@@ -105,8 +109,11 @@ class Supervisor:
                 if self._is_stopping:
                     break
                 if not self._may_restart():
-                    log.error("gateway process %d exited with %s; too many deaths, stopping", child.index,
-                              child.process.exitcode)
+                    log.error(
+                        "gateway process %d exited with %s; too many deaths, stopping",
+                        child.index,
+                        child.process.exitcode,
+                    )
                     return 1
                 log.warning("gateway process %d exited with %s; restarting it", child.index, child.process.exitcode)
                 self._forget(child)
@@ -143,8 +150,9 @@ class Supervisor:
                 process.join()
 
 
-def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slots, supervisor_pid: int,
-                make_app: Callable) -> None:
+def serve_child(
+    settings: GatewaySettings, index: int, sock: socket.socket, slots, supervisor_pid: int, make_app: Callable
+) -> None:
     """One gateway process: its own uvicorn server on the supervisor's socket, counting in-flight requests in
     its slot. Out of the terminal's process group, so a Ctrl-C reaches only the supervisor, which drains it."""
     os.setpgrp()
@@ -158,8 +166,13 @@ def serve_child(settings: GatewaySettings, index: int, sock: socket.socket, slot
     setup_logging("gateway", settings.log_level)
     _tag_records(index)
     app = make_app(settings, inflight=SharedInflight(slots, index, settings.max_inflight))
-    config = uvicorn.Config(app, log_level=settings.log_level.lower(), log_config=None, access_log=False,
-                            timeout_graceful_shutdown=settings.drain_timeout_s)
+    config = uvicorn.Config(
+        app,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

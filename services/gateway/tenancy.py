@@ -3,6 +3,7 @@ are hashed under, and each key's concurrency and token-rate limits. Pure: no I/O
 
 It must never log, store or send an API key: only `tenant_id`s leave this module.
 """
+
 import hashlib
 import math
 import time
@@ -59,9 +60,11 @@ class KeyLimits:
         self._check_rate(tenant)
         held = self._inflight.get(tenant, 0)
         if self.max_inflight and held + num_seqs > self.max_inflight:
-            raise RateLimitError(f"This API key has {held} sequences in flight; its limit is {self.max_inflight} "
-                                 f"(a request takes one per choice, n={num_seqs}). Retry shortly.",
-                                 code="key_concurrency_exceeded")
+            raise RateLimitError(
+                f"This API key has {held} sequences in flight; its limit is {self.max_inflight} "
+                f"(a request takes one per choice, n={num_seqs}). Retry shortly.",
+                code="key_concurrency_exceeded",
+            )
         self._inflight[tenant] = held + num_seqs
 
     def release(self, tenant: str, num_seqs: int = 1) -> None:
@@ -84,8 +87,10 @@ class KeyLimits:
             return
         bucket = self._refilled(tenant)
         if bucket.level <= 0:
-            exc = RateLimitError(f"This API key is over its limit of {self.tokens_per_minute} tokens per minute.",
-                                 code="key_token_rate_exceeded")
+            exc = RateLimitError(
+                f"This API key is over its limit of {self.tokens_per_minute} tokens per minute.",
+                code="key_token_rate_exceeded",
+            )
             exc.retry_after_s = max(1, math.ceil((1 - bucket.level) / self._rate_per_s))
             raise exc
 

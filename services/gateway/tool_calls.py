@@ -1,6 +1,7 @@
 """Tool calling at the gateway: the request's tools and tool_choice as OpenAI sends them, the prompt they make (the
 template's own tool rendering, or a Hermes-style system prompt for templates that have none), and the grammar that
 forces a call. No I/O; the engine only ever sees a prompt and a StructuredSpec."""
+
 import json
 from typing import Literal
 
@@ -11,10 +12,12 @@ from services.gateway.errors import InvalidRequestError
 from services.gateway.tool_parsers import ToolParser
 
 NAME_PATTERN = r"^[a-zA-Z0-9_.-]{1,64}$"
-DEFAULT_SYSTEM = ("You are a function calling AI model. You may call one or more functions to assist with the user "
-                  "query. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call, return "
-                  "a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
-                  "<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+DEFAULT_SYSTEM = (
+    "You are a function calling AI model. You may call one or more functions to assist with the user "
+    "query. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call, return "
+    "a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
 
 
 class _Open(BaseModel):
@@ -63,8 +66,9 @@ def check_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> None:
     if choice in ("required",) and not names:
         raise InvalidRequestError("tool_choice `required` needs tools", param="tool_choice")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-        raise InvalidRequestError(f"tool_choice names {choice.function.name!r}, which is not in tools",
-                                  param="tool_choice")
+        raise InvalidRequestError(
+            f"tool_choice names {choice.function.name!r}, which is not in tools", param="tool_choice"
+        )
 
 
 def wants_calls(tools: list[Tool] | None, choice: ToolChoice | None) -> bool:
@@ -72,8 +76,9 @@ def wants_calls(tools: list[Tool] | None, choice: ToolChoice | None) -> bool:
     return bool(tools) and choice != "none"
 
 
-def forced_spec(tools: list[Tool], choice: ToolChoice | None, parallel: bool, parser: ToolParser
-                ) -> StructuredSpec | None:
+def forced_spec(
+    tools: list[Tool], choice: ToolChoice | None, parallel: bool, parser: ToolParser
+) -> StructuredSpec | None:
     """The grammar of `required` (any tool) or a named function (that one); None when the model may choose."""
     if choice == "required":
         chosen = tools
@@ -108,8 +113,10 @@ def render_history(messages: list[dict], tools: list[Tool] | None, parser: ToolP
 
 def _native(m: dict) -> dict:
     if m.get("tool_calls"):
-        calls = [{**c, "function": {**c["function"], "arguments": _loads(c["function"]["arguments"])}}
-                 for c in m["tool_calls"]]
+        calls = [
+            {**c, "function": {**c["function"], "arguments": _loads(c["function"]["arguments"])}}
+            for c in m["tool_calls"]
+        ]
         return {**m, "tool_calls": calls, "content": m.get("content") or ""}
     return m
 
@@ -118,8 +125,9 @@ def _as_text(m: dict, parser: ToolParser) -> dict:
     if m["role"] == "tool":
         return {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
     if m.get("tool_calls"):
-        calls = "\n".join(parser.render_call(c["function"]["name"], c["function"]["arguments"])
-                          for c in m["tool_calls"])
+        calls = "\n".join(
+            parser.render_call(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]
+        )
         return {"role": "assistant", "content": ((m.get("content") or "") + "\n" + calls).strip()}
     return {k: v for k, v in m.items() if k in ("role", "content", "name")}
 

@@ -1,6 +1,7 @@
 """Tool-call formats, one class per model family: how a call is written in the prompt's history, the grammar that
 forces calls (tool_choice required or a named function), and how calls are read back from generated text. Pure
 string work: no tokenizer, no I/O. Chosen by name (--tool-parser) or from the chat template."""
+
 import json
 from dataclasses import dataclass
 
@@ -34,8 +35,12 @@ class ToolParser:
         """A forced call's JSON. NOTE: arguments stay within the declared properties unless the schema says
         otherwise (as OpenAI's strict mode requires): a small model would otherwise invent keys without end."""
         args = {"type": "object", "additionalProperties": False} | (parameters or {})
-        return {"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
-                "properties": {"name": {"const": name}, self.args_key: args}}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", self.args_key],
+            "properties": {"name": {"const": name}, self.args_key: args},
+        }
 
 
 def _json_body(schemas: list[str]) -> str:
@@ -58,6 +63,7 @@ class HermesParser(ToolParser):
     """Hermes / Qwen 2.5+: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one block per call."""
 
     name, marker = "hermes", "<tool_call>"
+
     def render_call(self, name: str, arguments: str) -> str:
         return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n</tool_call>'
 
@@ -128,7 +134,7 @@ class MistralParser(ToolParser):
         if start < 0:
             return text, []
         try:
-            objects = json.loads(text[start + len(self.marker):].strip())
+            objects = json.loads(text[start + len(self.marker) :].strip())
         except json.JSONDecodeError:
             return text, []
         calls = _calls_from(objects if isinstance(objects, list) else [objects])

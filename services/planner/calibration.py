@@ -2,6 +2,7 @@
 stepping over the seconds the model predicts for the same work. A model 30% wrong is then sized as the truth.
 Pure: observations in, two scales out; it never sees the engines' profile, only the workers' own counters.
 """
+
 from dataclasses import dataclass, field
 
 from services.planner.perf_model import PerfModel
@@ -55,8 +56,12 @@ class SpeedCalibration:
             sums.predicted_s += sum(self.model.prefill_s(o.num_new_prompt_tokens) for o in obs.finished)
 
     def _add_decode(self, prev: WorkerSample, sample: WorkerSample, busy: float) -> None:
-        if (sample.num_steps is None or prev.num_steps is None or sample.num_generated_tokens is None
-                or prev.num_generated_tokens is None):
+        if (
+            sample.num_steps is None
+            or prev.num_steps is None
+            or sample.num_generated_tokens is None
+            or prev.num_generated_tokens is None
+        ):
             return
         num_steps = sample.num_steps - prev.num_steps
         num_tokens = sample.num_generated_tokens - prev.num_generated_tokens

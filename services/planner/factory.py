@@ -1,4 +1,5 @@
 """Builds the planner's connector and observation source from its settings. Wiring only."""
+
 from services.planner.connectors.compose import ComposeConnector, ComposeProject, scaler_client
 from services.planner.connectors.local import LocalConnector
 from services.planner.settings import PlannerSettings
@@ -17,8 +18,13 @@ def make_connector(s: PlannerSettings):
     from services.planner.connectors.kubernetes import KubernetesConnector, KubernetesTarget, load_apis, own_namespace
 
     names = {WorkerRole.PREFILL: s.k8s_prefill_deployment, WorkerRole.DECODE: s.k8s_decode_deployment}
-    target = KubernetesTarget(own_namespace(s.k8s_namespace), {r: names[r] for r in roles}, s.k8s_gpus_per_replica,
-                              s.k8s_gpu_budget, s.k8s_manual_hold_s)
+    target = KubernetesTarget(
+        own_namespace(s.k8s_namespace),
+        {r: names[r] for r in roles},
+        s.k8s_gpus_per_replica,
+        s.k8s_gpu_budget,
+        s.k8s_manual_hold_s,
+    )
     return KubernetesConnector(target, *load_apis(s.k8s_kubeconfig))
 
 

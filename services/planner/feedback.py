@@ -3,6 +3,7 @@ says the load keeps busy. It grows after an adjustment interval in which more of
 SLO than the attainment target allows, and shrinks slowly while few missed and one worker fewer would have stayed
 calm. Pure: per-tick counts in, factors out; no clock, no I/O.
 """
+
 from dataclasses import dataclass, field
 
 from services.router.types import WorkerRole
@@ -29,11 +30,9 @@ class FeedbackConfig:
         if self.up_gain < 0 or not 0 < self.down_factor <= 1 or not 0 < self.min_calm_share <= 1:
             raise FeedbackError("need up_gain >= 0, down_factor in (0, 1] and min_calm_share in (0, 1]")
         if not 0 < self.budget < 1 or self.min_judged < 1:
-            raise FeedbackError(f"need budget in (0, 1) and min_judged >= 1, got {self.budget} and "
-                                f"{self.min_judged}")
+            raise FeedbackError(f"need budget in (0, 1) and min_judged >= 1, got {self.budget} and {self.min_judged}")
         if not 0 < self.min_factor <= 1 <= self.max_factor:
-            raise FeedbackError(f"need 0 < min_factor <= 1 <= max_factor, got {self.min_factor} and "
-                                f"{self.max_factor}")
+            raise FeedbackError(f"need 0 < min_factor <= 1 <= max_factor, got {self.min_factor} and {self.max_factor}")
 
 
 @dataclass(slots=True)

@@ -1,5 +1,6 @@
 """Cumulative Prometheus histogram buckets read as Prometheus does: a quantile by linear interpolation inside
 its bucket (histogram_quantile), and the share of observations at or under a bound. Pure."""
+
 import math
 
 

@@ -1,6 +1,7 @@
 """Prometheus metrics of the planner: predicted and observed load, desired and actual replicas per role, SLO
 budgets and attainment, decisions, connector failures, ticks without metrics, counts held after a hand edit.
 Documented in observability/README.md."""
+
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -16,28 +17,50 @@ class PlannerMetrics:
     def __init__(self, connector: str, slo: dict[str, float], registry: CollectorRegistry | None = None):
         self.registry = r = registry or CollectorRegistry()
         self.connector = connector
-        self.predicted = Gauge("tandem_planner_predicted_load", "The next interval's predicted load: request_rate "
-                               "(req/s), isl and osl (tokens)", ["quantity"], registry=r)
-        self.observed = Gauge("tandem_planner_observed_load", "The last tick's observed load (same quantities)",
-                              ["quantity"], registry=r)
+        self.predicted = Gauge(
+            "tandem_planner_predicted_load",
+            "The next interval's predicted load: request_rate (req/s), isl and osl (tokens)",
+            ["quantity"],
+            registry=r,
+        )
+        self.observed = Gauge(
+            "tandem_planner_observed_load", "The last tick's observed load (same quantities)", ["quantity"], registry=r
+        )
         self.desired = Gauge("tandem_planner_replicas_desired", "Replicas the planner wants", ["role"], registry=r)
-        self.replicas = Gauge("tandem_planner_replicas", "Replicas the connector reports, by state",
-                              ["role", "state"], registry=r)
-        self.budget = Gauge("tandem_planner_slo_budget_ratio", "The busiest worker's estimated latency over its SLO "
-                            "(TTFT for prefill, ITL for decode)", ["role"], registry=r)
-        self.latency = Gauge("tandem_planner_observed_latency_seconds", "Observed TTFT and ITL at the SLO quantile",
-                             ["slo"], registry=r)
-        self.attainment = Gauge("tandem_planner_slo_attainment_ratio", "Share of requests (TTFT) or tokens (ITL) "
-                                "within the SLO over the last window", ["slo"], registry=r)
+        self.replicas = Gauge(
+            "tandem_planner_replicas", "Replicas the connector reports, by state", ["role", "state"], registry=r
+        )
+        self.budget = Gauge(
+            "tandem_planner_slo_budget_ratio",
+            "The busiest worker's estimated latency over its SLO (TTFT for prefill, ITL for decode)",
+            ["role"],
+            registry=r,
+        )
+        self.latency = Gauge(
+            "tandem_planner_observed_latency_seconds", "Observed TTFT and ITL at the SLO quantile", ["slo"], registry=r
+        )
+        self.attainment = Gauge(
+            "tandem_planner_slo_attainment_ratio",
+            "Share of requests (TTFT) or tokens (ITL) within the SLO over the last window",
+            ["slo"],
+            registry=r,
+        )
         self.slo = Gauge("tandem_planner_slo_seconds", "The SLOs the planner sizes for", ["slo"], registry=r)
-        self.decisions = Counter("tandem_planner_decisions", "Replica changes asked of the connector",
-                                 ["role", "direction"], registry=r)
-        self.failures = Counter("tandem_planner_connector_failures", "Connector calls that failed (each attempt)",
-                                ["connector", "operation"], registry=r)
-        self.missing = Counter("tandem_planner_missing_observations", "Ticks without metrics: every count held",
-                               registry=r)
-        self.held = Gauge("tandem_planner_manual_hold", "1 while a hand-edited replica count is left alone",
-                          ["role"], registry=r)
+        self.decisions = Counter(
+            "tandem_planner_decisions", "Replica changes asked of the connector", ["role", "direction"], registry=r
+        )
+        self.failures = Counter(
+            "tandem_planner_connector_failures",
+            "Connector calls that failed (each attempt)",
+            ["connector", "operation"],
+            registry=r,
+        )
+        self.missing = Counter(
+            "tandem_planner_missing_observations", "Ticks without metrics: every count held", registry=r
+        )
+        self.held = Gauge(
+            "tandem_planner_manual_hold", "1 while a hand-edited replica count is left alone", ["role"], registry=r
+        )
         self._zero(slo)
 
     def _zero(self, slo: dict[str, float]) -> None:

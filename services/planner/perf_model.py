@@ -1,6 +1,7 @@
 """Replicas from a timing profile (the one the sim engine runs): prefill tokens/s per worker at an ISL, and
 decode tokens/s per worker at the largest batch whose step stays within the ITL target at a context length.
 Pure: no I/O; the profile is handed in."""
+
 import math
 from dataclasses import dataclass
 
@@ -24,8 +25,14 @@ class Sizing:
 
 
 class PerfModel:
-    def __init__(self, profile: TimingProfile, slo: Slo, sizing: Sizing = Sizing(), prefill_scale: float = 1.0,
-                 decode_scale: float = 1.0):
+    def __init__(
+        self,
+        profile: TimingProfile,
+        slo: Slo,
+        sizing: Sizing = Sizing(),
+        prefill_scale: float = 1.0,
+        decode_scale: float = 1.0,
+    ):
         self.profile, self.slo, self.sizing = profile, slo, sizing
         # NOTE: what observed step times say the profile's times must be multiplied by (1: trusted as is)
         self.prefill_scale, self.decode_scale = prefill_scale, decode_scale
@@ -73,8 +80,7 @@ class PerfModel:
         decode_busy = load.request_rate * load.osl / self.decode_tokens_per_s(load.isl + load.osl / 2)
         if not has_prefill:
             return {WorkerRole.DECODE: prefill_busy + decode_busy}
-        return {WorkerRole.PREFILL: prefill_busy / self.sizing.prefill_max_utilization,
-                WorkerRole.DECODE: decode_busy}
+        return {WorkerRole.PREFILL: prefill_busy / self.sizing.prefill_max_utilization, WorkerRole.DECODE: decode_busy}
 
     def covers(self, isl: float) -> bool:
         """False when `isl` lies past the profile's longest measured prompt (the model extrapolates)."""

@@ -1,5 +1,6 @@
 """Next-interval load predictors, one series each (request rate, ISL or OSL): constant, moving average, and
 Holt-Winters exponential smoothing from statsmodels. Pure: values in, a forecast out."""
+
 import warnings
 from collections import deque
 from typing import Protocol
@@ -65,10 +66,14 @@ class HoltWintersPredictor:
         from statsmodels.tsa.holtwinters import ExponentialSmoothing  # NOTE: heavy; only this predictor pays it
 
         seasonal = self.season_length > 1 and len(self.values) >= 2 * self.season_length
-        model = ExponentialSmoothing(list(self.values), trend="add", damped_trend=True,
-                                     seasonal="add" if seasonal else None,
-                                     seasonal_periods=self.season_length if seasonal else None,
-                                     initialization_method="estimated")
+        model = ExponentialSmoothing(
+            list(self.values),
+            trend="add",
+            damped_trend=True,
+            seasonal="add" if seasonal else None,
+            seasonal_periods=self.season_length if seasonal else None,
+            initialization_method="estimated",
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence chatter on short series
             forecast = float(model.fit().forecast(1)[0])

@@ -1,6 +1,7 @@
 """The planner's service shell: every tick it reads replicas from the connector and load from the source, hands
 both to the core, applies the core's decisions (retrying a failing connector), and reports: the Planner gRPC
 service (GetPlan), Prometheus metrics and log lines. No decision logic here."""
+
 import argparse
 import asyncio
 import logging
@@ -19,7 +20,7 @@ from services.planner.perf_model import PerfModel
 from services.planner.plan import plan_to_pb
 from services.planner.settings import PlannerSettings, add_arguments, settings_from
 from services.planner.state_machine import PlannerCore
-from services.planner.types import ConnectorError, Decision, Observation, TickResult
+from services.planner.types import ConnectorError, Decision, TickResult
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
@@ -56,9 +57,15 @@ class PlannerService:
         self._endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self.server.start()
         self._task = asyncio.create_task(self._run(), name="planner-ticks")
-        log.info("planner serving on %s:%d (connector %s, source %s, tick %.0f s, adjustment %.0f s)",
-                 self.settings.host, self.port, self.connector.name, self.settings.source, self.settings.tick_s,
-                 self.settings.adjustment_interval_s)
+        log.info(
+            "planner serving on %s:%d (connector %s, source %s, tick %.0f s, adjustment %.0f s)",
+            self.settings.host,
+            self.port,
+            self.connector.name,
+            self.settings.source,
+            self.settings.tick_s,
+            self.settings.adjustment_interval_s,
+        )
 
     async def stop(self, grace_s: float = 2.0) -> None:
         if self._task is not None:
@@ -106,17 +113,30 @@ class PlannerService:
                 await asyncio.to_thread(self.connector.scale, d.role, d.target)
             except ConnectorError as exc:
                 self.metrics.failed("scale")
-                log.warning("scaling %s to %d failed (attempt %d of %d): %s", d.role.value, d.target, attempt,
-                            s.connector_retries, exc)
+                log.warning(
+                    "scaling %s to %d failed (attempt %d of %d): %s",
+                    d.role.value,
+                    d.target,
+                    attempt,
+                    s.connector_retries,
+                    exc,
+                )
                 if attempt < s.connector_retries:
                     await asyncio.sleep(s.connector_backoff_s * 2 ** (attempt - 1))
                 continue
             self.metrics.scaled(d.role, d.current, d.target)
-            log.info("scaling %s from %d to %d: %s", d.role.value, d.current, d.target, d.reason,
-                     extra={"role": d.role.value, "current": d.current, "target": d.target, "reason": d.reason})
+            log.info(
+                "scaling %s from %d to %d: %s",
+                d.role.value,
+                d.current,
+                d.target,
+                d.reason,
+                extra={"role": d.role.value, "current": d.current, "target": d.target, "reason": d.reason},
+            )
             return
-        log.error("scaling %s to %d failed %d times; the next tick tries again", d.role.value, d.target,
-                  s.connector_retries)
+        log.error(
+            "scaling %s to %d failed %d times; the next tick tries again", d.role.value, d.target, s.connector_retries
+        )
 
     def _log_warnings(self, warnings: tuple[str, ...]) -> None:
         for line in warnings:

@@ -2,6 +2,7 @@
 
 A bad value raises SettingsError at start-up, naming the setting.
 """
+
 import argparse
 from dataclasses import dataclass
 
@@ -74,12 +75,21 @@ class PlannerSettings:
             raise SettingsError("connector virtual is the simulator's: use `tandem sim --planner sla`")
         _one_of("connector", self.connector, LIVE_CONNECTORS)
         if self.connector == "compose" and not (self.scaler_url and self.scaler_token_file and self.compose_project):
-            raise SettingsError("connector compose needs the scaler: TANDEM_PLANNER_SCALER_URL, "
-                                "TANDEM_PLANNER_SCALER_TOKEN_FILE and TANDEM_PLANNER_COMPOSE_PROJECT")
+            raise SettingsError(
+                "connector compose needs the scaler: TANDEM_PLANNER_SCALER_URL, "
+                "TANDEM_PLANNER_SCALER_TOKEN_FILE and TANDEM_PLANNER_COMPOSE_PROJECT"
+            )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("slo_ttft_s", "slo_itl_s", "adjustment_interval_s", "tick_s", "connector_backoff_s",
-                     "prometheus_range_s", "k8s_manual_hold_s"):
+        for name in (
+            "slo_ttft_s",
+            "slo_itl_s",
+            "adjustment_interval_s",
+            "tick_s",
+            "connector_backoff_s",
+            "prometheus_range_s",
+            "k8s_manual_hold_s",
+        ):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("slo_quantile", "itl_headroom", "prefill_max_utilization"):
@@ -88,10 +98,18 @@ class PlannerSettings:
         if not 1 <= self.min_decode <= self.max_decode:
             raise SettingsError(f"need 1 <= min_decode <= max_decode, got {self.min_decode} and {self.max_decode}")
         if self.max_prefill and not 1 <= self.min_prefill <= self.max_prefill:
-            raise SettingsError(f"need 1 <= min_prefill <= max_prefill (or max_prefill 0), got "
-                                f"{self.min_prefill} and {self.max_prefill}")
-        for name in ("up_ticks", "down_ticks", "down_stabilization", "predictor_window", "connector_retries",
-                     "k8s_gpus_per_replica"):
+            raise SettingsError(
+                f"need 1 <= min_prefill <= max_prefill (or max_prefill 0), got "
+                f"{self.min_prefill} and {self.max_prefill}"
+            )
+        for name in (
+            "up_ticks",
+            "down_ticks",
+            "down_stabilization",
+            "predictor_window",
+            "connector_retries",
+            "k8s_gpus_per_replica",
+        ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_correction < 0 or self.season_length < 0 or self.k8s_gpu_budget < 0:
@@ -115,18 +133,25 @@ class PlannerSettings:
 
     @property
     def feedback(self) -> FeedbackConfig:
-        return FeedbackConfig(up_gain=self.feedback_up_gain, down_factor=self.feedback_down_factor,
-                              max_factor=self.feedback_max_factor)
+        return FeedbackConfig(
+            up_gain=self.feedback_up_gain, down_factor=self.feedback_down_factor, max_factor=self.feedback_max_factor
+        )
 
     @property
     def planner_config(self) -> PlannerConfig:
         return PlannerConfig(
             adjustment_interval_s=self.adjustment_interval_s,
             prefill=RoleBounds(self.min_prefill if self.max_prefill else 0, self.max_prefill),
-            decode=RoleBounds(self.min_decode, self.max_decode), up_ticks=self.up_ticks, down_ticks=self.down_ticks,
-            max_correction=self.max_correction, down_stabilization=self.down_stabilization,
-            predictor=self.predictor, predictor_window=self.predictor_window, season_length=self.season_length,
-            feedback=self.feedback)
+            decode=RoleBounds(self.min_decode, self.max_decode),
+            up_ticks=self.up_ticks,
+            down_ticks=self.down_ticks,
+            max_correction=self.max_correction,
+            down_stabilization=self.down_stabilization,
+            predictor=self.predictor,
+            predictor_window=self.predictor_window,
+            season_length=self.season_length,
+            feedback=self.feedback,
+        )
 
     @classmethod
     def from_env(cls) -> "PlannerSettings":
@@ -138,27 +163,39 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-SOURCE = Source(PlannerSettings, ENV_PREFIX, help={
-    "host": "the address the gRPC server binds", "prometheus_url": "source prometheus: where it is",
-    "connector": "local (`tandem up`'s processes), compose (through the scaler) or kubernetes (the worker "
-                 "Deployments' scale subresource)",
-    "slo_ttft_s": "the TTFT SLO the fleet is sized for", "slo_itl_s": "the ITL SLO the fleet is sized for",
-    "adjustment_interval_s": "the prediction loop", "predictor_window": "predictor moving_average: its window",
-    "season_length": "predictor holt_winters: intervals per season (0: none)",
-    "min_prefill": "bounds per role", "min_decode": "bounds per role", "max_decode": "bounds per role",
-    "up_ticks": "hysteresis of the fast loop", "down_ticks": "hysteresis of the fast loop",
-    "down_stabilization": "hysteresis of shrinking", "max_correction": "replicas the fast loop may add at once",
-    "itl_headroom": "how close to the ITL SLO the perf model sizes decode",
-    "prefill_max_utilization": "how busy the perf model lets prefill workers be",
-    "feedback_down_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
-    "feedback_max_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
-    "connector_backoff_s": "the first retry's backoff (doubling)",
-    "compose_project": "connector compose: the project the scaler scales",
-    "compose_prefill_service": "connector compose: the prefill service",
-    "compose_decode_service": "connector compose: the decode service",
-    "k8s_prefill_deployment": "connector kubernetes: the prefill Deployment",
-    "k8s_decode_deployment": "connector kubernetes: the decode Deployment",
-    "k8s_gpus_per_replica": "connector kubernetes: GPUs each worker replica holds"})
+SOURCE = Source(
+    PlannerSettings,
+    ENV_PREFIX,
+    help={
+        "host": "the address the gRPC server binds",
+        "prometheus_url": "source prometheus: where it is",
+        "connector": "local (`tandem up`'s processes), compose (through the scaler) or kubernetes (the worker "
+        "Deployments' scale subresource)",
+        "slo_ttft_s": "the TTFT SLO the fleet is sized for",
+        "slo_itl_s": "the ITL SLO the fleet is sized for",
+        "adjustment_interval_s": "the prediction loop",
+        "predictor_window": "predictor moving_average: its window",
+        "season_length": "predictor holt_winters: intervals per season (0: none)",
+        "min_prefill": "bounds per role",
+        "min_decode": "bounds per role",
+        "max_decode": "bounds per role",
+        "up_ticks": "hysteresis of the fast loop",
+        "down_ticks": "hysteresis of the fast loop",
+        "down_stabilization": "hysteresis of shrinking",
+        "max_correction": "replicas the fast loop may add at once",
+        "itl_headroom": "how close to the ITL SLO the perf model sizes decode",
+        "prefill_max_utilization": "how busy the perf model lets prefill workers be",
+        "feedback_down_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
+        "feedback_max_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
+        "connector_backoff_s": "the first retry's backoff (doubling)",
+        "compose_project": "connector compose: the project the scaler scales",
+        "compose_prefill_service": "connector compose: the prefill service",
+        "compose_decode_service": "connector compose: the decode service",
+        "k8s_prefill_deployment": "connector kubernetes: the prefill Deployment",
+        "k8s_decode_deployment": "connector kubernetes: the decode Deployment",
+        "k8s_gpus_per_replica": "connector kubernetes: GPUs each worker replica holds",
+    },
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

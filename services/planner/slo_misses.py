@@ -3,6 +3,7 @@ budget the attainment target leaves (5% at 95%). A request whose own prompt cann
 even on an idle worker is left out: no replica count serves it in time, so it must not drive scaling (it still
 counts in the reported attainment, which is the simulator's). Pure: outcomes and a model in, counts out.
 """
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -33,9 +34,13 @@ def judge(outcomes: tuple[RequestOutcome, ...], model: PerfModel, quantile: floa
     feasible = [o for o in outcomes if is_feasible(o, model)]
     ttfts = [o.ttft_s for o in feasible]
     itls = [o.itl_s for o in feasible if o.itl_s is not None]
-    return Misses(len(feasible), sum(t > slo.ttft_s for t in ttfts), sum(t > slo.itl_s for t in itls),
-                  float(np.quantile(ttfts, quantile)) if ttfts else None,
-                  float(np.quantile(itls, quantile)) if itls else None)
+    return Misses(
+        len(feasible),
+        sum(t > slo.ttft_s for t in ttfts),
+        sum(t > slo.itl_s for t in itls),
+        float(np.quantile(ttfts, quantile)) if ttfts else None,
+        float(np.quantile(itls, quantile)) if itls else None,
+    )
 
 
 class MissWindow:

@@ -4,6 +4,7 @@ Two loops: every adjustment interval the predicted load goes through the perf mo
 fast correction adds or removes one replica, with hysteresis, when observed SLOs are violated or every worker is
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
+
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -97,8 +98,10 @@ class PlannerCore:
         self._miss_windows = {role: MissWindow(config.miss_window_ticks) for role in ROLES}
         self.roles = tuple(r for r in ROLES if config.bounds(r).max_replicas > 0)
         self.state = {role: _RoleState() for role in self.roles}
-        self.predictors = {k: make_predictor(config.predictor, config.predictor_window, config.season_length)
-                           for k in ("rate", "isl", "osl")}
+        self.predictors = {
+            k: make_predictor(config.predictor, config.predictor_window, config.season_length)
+            for k in ("rate", "isl", "osl")
+        }
         self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
         self.last_predicted = Load(0.0, 1.0, 1.0)
@@ -187,12 +190,12 @@ class PlannerCore:
             if s is not None and count > s.base:
                 s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
                 s.base, s.reason = count, "load climbing"
-                s.history = [*s.history, count][-cfg.down_stabilization:]
+                s.history = [*s.history, count][-cfg.down_stabilization :]
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
         now covers is given back."""
-        s.history = [*s.history, count][-self.config.down_stabilization:]
+        s.history = [*s.history, count][-self.config.down_stabilization :]
         base = max(s.history)
         if base > s.base and s.correction > 0:
             s.correction -= min(s.correction, base - s.base)
@@ -212,8 +215,10 @@ class PlannerCore:
         is_new, self._uncovered = uncovered and not self._uncovered, uncovered
         if not is_new:
             return []
-        return [f"predicted ISL {isl:.0f} is past the profile's longest measured prompt "
-                f"({self.model.profile.max_measured_isl:.0f} tokens): extrapolating its prefill time"]
+        return [
+            f"predicted ISL {isl:.0f} is past the profile's longest measured prompt "
+            f"({self.model.profile.max_measured_isl:.0f} tokens): extrapolating its prefill time"
+        ]
 
     # -- the fast correction loop ------------------------------------------------------------
     def _budgets(self, obs: Observation) -> dict[WorkerRole, float]:
@@ -241,8 +246,9 @@ class PlannerCore:
                 continue
             s.num_over = s.num_over + 1 if over[role] else 0
             s.num_under = s.num_under + 1 if under[role] else 0
-            room = min(self.config.max_correction - s.correction,
-                       self.config.bounds(role).max_replicas - s.base - s.correction)
+            room = min(
+                self.config.max_correction - s.correction, self.config.bounds(role).max_replicas - s.base - s.correction
+            )
             if s.num_over >= self.config.up_ticks and room > 0:
                 step = min(self._up_step(role, obs, budgets), room)
                 s.correction, s.num_over, s.reason = s.correction + step, 0, "SLO violated"
@@ -271,8 +277,10 @@ class PlannerCore:
         slo = self.model.slo
         ttft = obs.ttft_s > slo.ttft_s if obs.ttft_s is not None else budgets.get(WorkerRole.PREFILL, 0.0) > 1
         itl = obs.itl_s > slo.itl_s if obs.itl_s is not None else budgets.get(WorkerRole.DECODE, 0.0) > 1
-        return {WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
-                WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs))}
+        return {
+            WorkerRole.PREFILL: ttft and not self._blames_decode(obs),
+            WorkerRole.DECODE: itl or (ttft and self._blames_decode(obs)),
+        }
 
     def _over_share(self, judged: dict[WorkerRole, tuple[int, int]]) -> dict[WorkerRole, bool]:
         """Per role: did more of the window's feasible requests miss an SLO blamed on it than the target allows?"""
@@ -285,8 +293,10 @@ class PlannerCore:
     def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
         """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""
         ttft_on_decode = misses.num_ttft_missed if self._blames_decode(obs) else 0
-        return {WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
-                WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode)}
+        return {
+            WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
+            WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode),
+        }
 
     def _blames_decode(self, obs: Observation) -> bool:
         """A slow first token is the prefill pool's doing when the load of this very window needs more prefill

@@ -1,5 +1,6 @@
 """The planner's domain types: what it observes each tick, the load it predicts, the replica changes it decides.
 Frozen dataclasses with no transport, so the simulator, the service and the tests build them directly."""
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 

@@ -1,5 +1,6 @@
 """Lease bookkeeping for KV held by a prefill worker: when each expires, in wall-clock terms
 for the KvHandle. The engine frees the blocks itself when its own timer runs out."""
+
 import time
 from dataclasses import dataclass, field
 

@@ -1,5 +1,6 @@
 """Prefill worker servicer: Prefill (prefill only: the user's request, one token, KV held), PullKv (stream the
 held blocks, then free them), ReleaseKv. Abort, stats and KV events are the shared WorkerControl service."""
+
 import time
 
 import grpc
@@ -26,8 +27,9 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         self.leases = Leases(settings.kv_lease_s)
         self.signer = KvSigner(settings.kv_signing_key() if settings is not None else None)
         # NOTE: an engine that loads KV exports it through shared memory, never through its pipe
-        self.connector = make_connector(engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0,
-                                        "tandem-kv-export")
+        self.connector = make_connector(
+            engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0, "tandem-kv-export"
+        )
         self._num_blocks: dict[str, int] = {}  # held req_id -> its blocks, for the staging region
 
     @classmethod
@@ -37,16 +39,18 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
     @observed("Prefill")
     async def Prefill(self, request, context):
         params = params_from_pb(request.params)
-        req = EngineRequest(request.req_id, tuple(request.token_ids), params, hold_kv=True,
-                            hash_root=self.hash_root(params))
+        req = EngineRequest(
+            request.req_id, tuple(request.token_ids), params, hold_kv=True, hash_root=self.hash_root(params)
+        )
         start = time.monotonic()
         try:
             outputs = [out async for out in self.engine.add_request(req)]
         except Exception as exc:
             await abort_with(context, exc)
         last = outputs[-1]
-        _engine_spans("prefill", start, time.monotonic(), outputs[0].queue_s, len(request.token_ids),
-                      last.num_cached_tokens)
+        _engine_spans(
+            "prefill", start, time.monotonic(), outputs[0].queue_s, len(request.token_ids), last.num_cached_tokens
+        )
         if last.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             if last.error:
                 await abort_with(context, EngineError(last.error))
@@ -92,16 +96,22 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         layout, num_tokens = self.engine.kv_layout, len(token_ids)
         self._num_blocks[req_id] = -(-num_tokens // layout.block_size)
         handle = common_pb2.KvHandle(
-            worker_id=self.worker_id, address=self.address, req_id=req_id, layout=layout_to_pb(layout),
-            num_tokens=num_tokens, num_blocks=-(-num_tokens // layout.block_size),
-            lease_expires_unix_s=self.leases.grant(req_id), engine_params=engine_params,
+            worker_id=self.worker_id,
+            address=self.address,
+            req_id=req_id,
+            layout=layout_to_pb(layout),
+            num_tokens=num_tokens,
+            num_blocks=-(-num_tokens // layout.block_size),
+            lease_expires_unix_s=self.leases.grant(req_id),
+            engine_params=engine_params,
         )
         self.signer.seal(handle, token_ids)
         return handle
 
 
-def _engine_spans(stage: str, start: float, end: float, queue_s: float | None, num_prompt_tokens: int,
-                  num_cached_tokens: int) -> None:
+def _engine_spans(
+    stage: str, start: float, end: float, queue_s: float | None, num_prompt_tokens: int, num_cached_tokens: int
+) -> None:
     """<stage>.queue (waiting for the engine's first step) and <stage>.compute (first step to first token);
     one <stage>.engine span when the engine does not say how long it queued."""
     attrs = {"tandem.prompt_tokens": num_prompt_tokens, "tandem.cached_tokens": num_cached_tokens}

@@ -4,6 +4,7 @@ reads the prompt's prefix depths from the `SlotIndex`'s mask table and runs the 
 The same cost, tie-break and choice as `KvAwarePolicy` (whose per-view path it inherits for the cases it declines).
 Pure: no I/O, no transport.
 """
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,8 +30,14 @@ class ArrayKvPolicy(KvAwarePolicy):
 
     predicted: RecentRoutes
 
-    def __init__(self, index: SlotIndex, clock: Clock, rng: Rng | None = None,
-                 config: KvPolicyConfig = KvPolicyConfig(), tier_weights: dict[KvTier, float] | None = None):
+    def __init__(
+        self,
+        index: SlotIndex,
+        clock: Clock,
+        rng: Rng | None = None,
+        config: KvPolicyConfig = KvPolicyConfig(),
+        tier_weights: dict[KvTier, float] | None = None,
+    ):
         super().__init__(index, clock, rng, config, tier_weights)
         self.index: SlotIndex = index
         self.predicted = RecentRoutes(clock, config.predict_ttl_s)
@@ -38,8 +45,9 @@ class ArrayKvPolicy(KvAwarePolicy):
         self._depths = np.zeros(index.capacity + 1, np.int64)  # the compiled call's scratch, reused
         compile_kernels()
 
-    def choose_arrays(self, request: RouteInput, group: GroupArrays, busy_load: float = 0.0,
-                      busy_kv: float = 0.0) -> tuple[str, int] | None:
+    def choose_arrays(
+        self, request: RouteInput, group: GroupArrays, busy_load: float = 0.0, busy_kv: float = 0.0
+    ) -> tuple[str, int] | None:
         """(the chosen worker_id, its cached prompt tokens); None: declined, or every live worker is past a busy
         threshold (`BusyThresholds`' meaning; 0 turns a check off)."""
         block_size = group.block_size or self.config.block_size
@@ -53,9 +61,20 @@ class ArrayKvPolicy(KvAwarePolicy):
         keys = prompt_keys if self.config.use_events else _NO_KEYS
         self.recent_overlap_into(prompt_keys, group)
         row, overlap, deepest = decide_row(
-            *self.index.kernel_args(), keys, self._depths, group.index_slots, group.predicted, group.state,
-            float(busy_load), float(busy_kv), float(self._clock()), num_blocks_for(len(request.token_ids), block_size),
-            block_size, float(self.config.overlap_weight), float(self.config.inflight_weight))
+            *self.index.kernel_args(),
+            keys,
+            self._depths,
+            group.index_slots,
+            group.predicted,
+            group.state,
+            float(busy_load),
+            float(busy_kv),
+            float(self._clock()),
+            num_blocks_for(len(request.token_ids), block_size),
+            block_size,
+            float(self.config.overlap_weight),
+            float(self.config.inflight_weight),
+        )
         if row < 0 or not self.index.touch_later(hashes, deepest):
             return None
         worker_id = group.worker_ids[row]

@@ -2,6 +2,7 @@
 table, the busy check and the kv cost of every row, and the pick, with the same float operations, in the same
 order, and the same tie-break as `KvAwarePolicy` (so the picks are identical). Pure: no I/O, no Python objects.
 """
+
 import functools
 
 import numba
@@ -22,8 +23,23 @@ ALL_LAPSED, ALL_BUSY = -1, -2  # what `decide_row` returns as its row when it pi
 
 
 @numba.njit(cache=True)
-def decide_row(table, mult, shift, keys, depths, slots, predicted, state, busy_load, busy_kv, now, num_prompt,
-               block_size, overlap_weight, inflight_weight):
+def decide_row(
+    table,
+    mult,
+    shift,
+    keys,
+    depths,
+    slots,
+    predicted,
+    state,
+    busy_load,
+    busy_kv,
+    now,
+    num_prompt,
+    block_size,
+    overlap_weight,
+    inflight_weight,
+):
     """(the cheapest live row or ALL_LAPSED / ALL_BUSY, its cached blocks, the deepest prefix any slot holds).
 
     `depths` is scratch, one entry per slot and a final one for workers holding nothing; on return depths[s] is
@@ -41,8 +57,9 @@ def decide_row(table, mult, shift, keys, depths, slots, predicted, state, busy_l
         if state[EXPIRES_AT, row] <= now:
             continue
         num_live += 1
-        if ((busy_load > 0 and busy_load <= state[NUM_SEQS, row] / state[MAX_NUM_SEQS, row])
-                or (busy_kv > 0 and busy_kv <= state[KV_USED, row])):
+        if (busy_load > 0 and busy_load <= state[NUM_SEQS, row] / state[MAX_NUM_SEQS, row]) or (
+            busy_kv > 0 and busy_kv <= state[KV_USED, row]
+        ):
             num_busy += 1
         overlap = max(depths[slots[row]], predicted[row])
         inflight = state[INFLIGHT, row]
@@ -58,6 +75,20 @@ def decide_row(table, mult, shift, keys, depths, slots, predicted, state, busy_l
 @functools.cache
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) `decide_row` now, so no live decision waits for it."""
-    decide_row(np.zeros((4, 2), np.uint64), np.uint64(1), np.uint64(62), np.zeros(1, np.uint64),
-               np.zeros(65, np.int64), np.zeros(1, np.intp), np.zeros(1, np.int64), np.zeros((NUM_FIELDS, 1)), 0.0,
-               0.0, 0.0, 1, 1, 1.0, 1.0)
+    decide_row(
+        np.zeros((4, 2), np.uint64),
+        np.uint64(1),
+        np.uint64(62),
+        np.zeros(1, np.uint64),
+        np.zeros(65, np.int64),
+        np.zeros(1, np.intp),
+        np.zeros(1, np.int64),
+        np.zeros((NUM_FIELDS, 1)),
+        0.0,
+        0.0,
+        0.0,
+        1,
+        1,
+        1.0,
+        1.0,
+    )

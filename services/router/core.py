@@ -2,13 +2,22 @@
 decode worker from the policy, a prefill worker from the disaggregation policy, in-flight load recorded; when
 every decode candidate is past the busy threshold, load is shed instead. The array-scored kv policy decides without
 a view per worker where it can, and leaves its bookkeeping for after the reply. Pure: no I/O, no transport."""
+
 from dataclasses import dataclass
 
 from services.router.array_policy import ArrayKvPolicy
 from services.router.policy import DisaggregationPolicy, RoutingPolicy, load_of
 from services.router.registry import Registry
-from services.router.types import (Choice, NoWorkerAvailableError, RouteDecision, RouteInput, UnknownModelError,
-                                   WorkerRole, WorkersBusyError, WorkerView)
+from services.router.types import (
+    Choice,
+    NoWorkerAvailableError,
+    RouteDecision,
+    RouteInput,
+    UnknownModelError,
+    WorkerRole,
+    WorkersBusyError,
+    WorkerView,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +34,13 @@ class BusyThresholds:
 
 
 class RouterCore:
-    def __init__(self, registry: Registry, policy: RoutingPolicy, disagg: DisaggregationPolicy,
-                 busy: BusyThresholds = BusyThresholds()):
+    def __init__(
+        self,
+        registry: Registry,
+        policy: RoutingPolicy,
+        disagg: DisaggregationPolicy,
+        busy: BusyThresholds = BusyThresholds(),
+    ):
         self.registry = registry
         self.policy = policy
         self.disagg = disagg
@@ -46,8 +60,7 @@ class RouterCore:
     def _choose_arrays(self, request: RouteInput) -> Choice | None:
         """The array-scored kv path, where nothing needs a per-worker look: no exclusions, no quarantine, and not
         every worker busy. None: the per-view path decides (and raises what it must)."""
-        if (not isinstance(self.policy, ArrayKvPolicy) or request.exclude_worker_ids
-                or self.registry.has_quarantine()):
+        if not isinstance(self.policy, ArrayKvPolicy) or request.exclude_worker_ids or self.registry.has_quarantine():
             return None
         group = self.registry.arrays(request.model, WorkerRole.DECODE)
         if not group.worker_ids:  # none: the per-view path says so

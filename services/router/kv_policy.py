@@ -5,6 +5,7 @@ heartbeat stale.
 
 Pure: no I/O, no transport; time and randomness are injected. Hashes come from engines/base/block_hash.py.
 """
+
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -157,8 +158,14 @@ class KvAwarePolicy:
 
     name = "kv"
 
-    def __init__(self, index: PrefixIndex, clock: Clock, rng: Rng | None = None,
-                 config: KvPolicyConfig = KvPolicyConfig(), tier_weights: dict[KvTier, float] | None = None):
+    def __init__(
+        self,
+        index: PrefixIndex,
+        clock: Clock,
+        rng: Rng | None = None,
+        config: KvPolicyConfig = KvPolicyConfig(),
+        tier_weights: dict[KvTier, float] | None = None,
+    ):
         if config.temperature > 0 and rng is None:
             raise ValueError("temperature > 0 needs an rng")
         self.index = index
@@ -182,7 +189,9 @@ class KvAwarePolicy:
         """Every candidate's cost, sorted best first (by `KvScore.key`)."""
         return self._scores(request, candidates)[0]
 
-    def _scores(self, request: RouteInput, candidates: list[WorkerView]) -> tuple[list[KvScore], dict[int, Sequence[int]]]:
+    def _scores(
+        self, request: RouteInput, candidates: list[WorkerView]
+    ) -> tuple[list[KvScore], dict[int, Sequence[int]]]:
         """The sorted scores, and the prompt's block hashes per block size (what `choose` records)."""
         matches: dict[int, tuple[Sequence[int], dict, dict]] = {}  # block_size -> hashes, event tiers, predicted
         num_tokens = len(request.token_ids)
@@ -220,8 +229,10 @@ class KvAwarePolicy:
 
     def _tier_weights(self, load: WorkerLoad) -> tuple[float, float]:
         host, disk = self.config.host_weight, self.config.disk_weight
-        return (host if host is not None else tier_credit(load, KvTier.HOST, self.tier_weights[KvTier.HOST]),
-                disk if disk is not None else tier_credit(load, KvTier.DISK, self.tier_weights[KvTier.DISK]))
+        return (
+            host if host is not None else tier_credit(load, KvTier.HOST, self.tier_weights[KvTier.HOST]),
+            disk if disk is not None else tier_credit(load, KvTier.DISK, self.tier_weights[KvTier.DISK]),
+        )
 
     def _match(self, request: RouteInput, block_size: int) -> tuple[Sequence[int], dict, dict]:
         # NOTE: the gateway's hashes when it sent them for this block size (it tokenized the prompt already)

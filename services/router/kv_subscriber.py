@@ -3,6 +3,7 @@ prefix index, resuming after the last applied seq and resyncing from a snapshot 
 
 I/O only: the index decides what an event means; workers without KV events are left to the approximate index.
 """
+
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
@@ -23,8 +24,9 @@ ASK_SNAPSHOT = 2**64 - 1  # NOTE: an after_seq from the future always gets the w
 class KvSubscriber(WorkerStreams):
     task_name = "kv-events"
 
-    def __init__(self, policy: KvAwarePolicy, retry_s: float = 1.0,
-                 connect: Callable[[str], grpc.aio.Channel] = make_channel):
+    def __init__(
+        self, policy: KvAwarePolicy, retry_s: float = 1.0, connect: Callable[[str], grpc.aio.Channel] = make_channel
+    ):
         super().__init__(retry_s, connect)
         self.policy = policy
         self.index = policy.index
@@ -64,8 +66,9 @@ class KvSubscriber(WorkerStreams):
                 if isinstance(batch, KvSnapshot):
                     self.index.resync(worker_id, batch)
                 elif not self.index.apply(worker_id, batch):
-                    log.info("gap in KV events of %s after seq %d; resyncing", worker_id,
-                             self.index.last_seq(worker_id))
+                    log.info(
+                        "gap in KV events of %s after seq %d; resyncing", worker_id, self.index.last_seq(worker_id)
+                    )
                     return True
             return False
         finally:

@@ -3,6 +3,7 @@ prompt tokens in flight, uncached tokens likely still queued, what the busy chec
 policy reads instead of a `WorkerView` per worker. Pure: no I/O; the registry owns it and marks rows dirty as they
 change.
 """
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,11 +38,30 @@ class GroupArrays:
         n = len(worker_ids)
         state = np.zeros((NUM_FIELDS, n))
         expires_at, inflight_tokens, queued_tokens, num_seqs, max_num_seqs, kv_used = state
-        return cls(worker_ids, block_size, state, expires_at, inflight_tokens, queued_tokens, num_seqs, max_num_seqs,
-                   kv_used, {w: i for i, w in enumerate(worker_ids)}, predicted=np.zeros(n, np.int64))
+        return cls(
+            worker_ids,
+            block_size,
+            state,
+            expires_at,
+            inflight_tokens,
+            queued_tokens,
+            num_seqs,
+            max_num_seqs,
+            kv_used,
+            {w: i for i, w in enumerate(worker_ids)},
+            predicted=np.zeros(n, np.int64),
+        )
 
-    def set_row(self, row: int, expires_at: float, inflight_tokens: int, queued_tokens: int, num_seqs: int,
-                max_num_seqs: int, kv_used: float) -> None:
+    def set_row(
+        self,
+        row: int,
+        expires_at: float,
+        inflight_tokens: int,
+        queued_tokens: int,
+        num_seqs: int,
+        max_num_seqs: int,
+        kv_used: float,
+    ) -> None:
         # NOTE: one store per field: a column assignment from a tuple costs twice as much
         self.expires_at[row] = expires_at
         self.inflight_tokens[row] = inflight_tokens

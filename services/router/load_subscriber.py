@@ -2,6 +2,7 @@
 disaggregation check reads the worker's real queue as it changes instead of guessing from routes since its last
 heartbeat. I/O only: the registry records, the disaggregation policy decides.
 """
+
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
@@ -20,8 +21,13 @@ log = logging.getLogger(__name__)
 class LoadSubscriber(WorkerStreams):
     task_name = "load"
 
-    def __init__(self, registry: Registry, interval_s: float, retry_s: float = 1.0,
-                 connect: Callable[[str], grpc.aio.Channel] = make_channel):
+    def __init__(
+        self,
+        registry: Registry,
+        interval_s: float,
+        retry_s: float = 1.0,
+        connect: Callable[[str], grpc.aio.Channel] = make_channel,
+    ):
         super().__init__(retry_s, connect)
         self.registry = registry
         self.interval_s = interval_s

@@ -2,6 +2,7 @@
 so a prompt's prefix depth on every slot is one call with no Python work per block. Pure: no I/O; it knows nothing
 of workers or events (`SlotIndex` maps workers to slots and keeps the table in step with its holders).
 """
+
 import functools
 import secrets
 from collections.abc import Collection, Iterator, Sequence

@@ -2,6 +2,7 @@
 
 Pure objects with no I/O and no transport: the same ones run in the router service and the simulator.
 """
+
 import random
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from services.router.types import Choice, DisaggDecision, RouteInput, WorkerView
 
 class RoutingPolicy(Protocol):
     name: str
+
     # the prefix index this policy wants fed with the workers' KV events; None: it reads none (declared, so the
     # router's shell never has to find out by looking at the policy's type)
     @property
@@ -72,8 +74,13 @@ POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
 }
 
 
-def make_policy(name: str, kv: KvPolicyConfig = KvPolicyConfig(), clock: Clock = time.monotonic,
-                rng: Rng | None = None, index_max_entries: int = 1_000_000) -> RoutingPolicy:
+def make_policy(
+    name: str,
+    kv: KvPolicyConfig = KvPolicyConfig(),
+    clock: Clock = time.monotonic,
+    rng: Rng | None = None,
+    index_max_entries: int = 1_000_000,
+) -> RoutingPolicy:
     """The policy called `name`; only "kv" uses the rest (its prefix index, clock and RNG)."""
     if name == KvAwarePolicy.name:  # NOTE: the array-scored kind: the same decisions, at a fraction of the cost
         return ArrayKvPolicy(SlotIndex(index_max_entries), clock, rng or random.Random(), kv)
@@ -100,7 +107,13 @@ class DisaggregationPolicy:
         best = min(prefill, key=_load_key)
         num_waiting = best.load.num_waiting + best.num_unreflected  # routes it has not reported yet queue too
         if num_waiting >= self.max_waiting:
-            return DisaggDecision(None, f"aggregated: prefill pool saturated ({best.worker_id} has "
-                                        f"{num_waiting} waiting >= {self.max_waiting})")
-        return DisaggDecision(best, f"disaggregated: {num_uncached} uncached tokens >= {self.min_tokens}; "
-                                    f"{best.worker_id} has {num_waiting} waiting")
+            return DisaggDecision(
+                None,
+                f"aggregated: prefill pool saturated ({best.worker_id} has "
+                f"{num_waiting} waiting >= {self.max_waiting})",
+            )
+        return DisaggDecision(
+            best,
+            f"disaggregated: {num_uncached} uncached tokens >= {self.min_tokens}; "
+            f"{best.worker_id} has {num_waiting} waiting",
+        )

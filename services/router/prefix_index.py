@@ -3,6 +3,7 @@ KV events with gap detection, queried for the longest cached prefix per worker.
 
 Pure: no I/O, no transport. Block hashes come only from engines/base/block_hash.py.
 """
+
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
@@ -19,8 +20,11 @@ def best_tier(mask: int) -> KvTier:
     return _TIER_OF_BIT[mask & -mask]
 
 
-def walk(entries: Mapping[int, Mapping[str, object]], block_hashes: Sequence[int],
-         on_block: Callable[[int, Mapping, set[str]], None] | None = None) -> tuple[dict[str, int], int]:
+def walk(
+    entries: Mapping[int, Mapping[str, object]],
+    block_hashes: Sequence[int],
+    on_block: Callable[[int, Mapping, set[str]], None] | None = None,
+) -> tuple[dict[str, int], int]:
     """The walk along a prompt's chained hashes: per worker holding its first block, how many leading blocks it
     holds, and how deep the walk went. `on_block(hash, holders, active)` sees each block while someone holds it.
 

@@ -3,6 +3,7 @@
 
 I/O only (the health calls); what a lease is and how often it may be extended is the registry's.
 """
+
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable

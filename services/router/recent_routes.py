@@ -6,6 +6,7 @@ reply): any read makes pending records first, so no answer differs.
 
 Pure: no I/O, no transport; time is injected.
 """
+
 from collections.abc import Callable, Sequence
 from itertools import repeat
 
@@ -133,8 +134,12 @@ class RecentRoutes:
             self._next_slot += 1
             self.slot_epoch += 1
         if self._table.full_after(len(block_hashes)):
-            self._table.rebuild([(self._slot_of[w], _keys(d), np.fromiter(d.values(), np.float64, len(d)))
-                                 for w, d in self._until.items()])
+            self._table.rebuild(
+                [
+                    (self._slot_of[w], _keys(d), np.fromiter(d.values(), np.float64, len(d)))
+                    for w, d in self._until.items()
+                ]
+            )
             return
         self._table.put(_keys(block_hashes), slot, np.full(len(block_hashes), until))
 

@@ -2,6 +2,7 @@
 arrays whose probes numba compiles, so a prompt's recent-route overlap on every row of a group is one call with no
 Python work per worker. Pure: no I/O; a mirror only (`RecentRoutes`' dicts stay the truth and keep it in step).
 """
+
 import functools
 import secrets
 

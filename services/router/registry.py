@@ -5,6 +5,7 @@ requests back.
 
 Pure: no I/O, no logging, no transport; time comes from an injected clock.
 """
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -187,8 +188,7 @@ class Registry:
 
     # ---- in-flight requests ----
 
-    def add_inflight(self, req_id: str, worker_ids: Iterable[str], num_tokens: int = 0,
-                     num_uncached: int = 0) -> None:
+    def add_inflight(self, req_id: str, worker_ids: Iterable[str], num_tokens: int = 0, num_uncached: int = 0) -> None:
         """Count `req_id` (a prompt of `num_tokens`, `num_uncached` of them to prefill) against each worker until
         `complete`; a re-route replaces the old entry."""
         if req_id in self._inflight:
@@ -234,9 +234,13 @@ class Registry:
         now = self._clock()
         if model is not None and role is not None:  # NOTE: the per-Route case: only that group, pre-sorted
             return [self._view(rec, now) for rec in self._group(model, role) if rec.expires_at > now]
-        return [self._view(rec, now) for _, rec in sorted(self._workers.items())
-                if rec.expires_at > now and (model is None or rec.info.model == model)
-                and (role is None or rec.info.role == role)]
+        return [
+            self._view(rec, now)
+            for _, rec in sorted(self._workers.items())
+            if rec.expires_at > now
+            and (model is None or rec.info.model == model)
+            and (role is None or rec.info.role == role)
+        ]
 
     def _group(self, model: str, role: WorkerRole) -> list[_Worker]:
         if self._groups is None:
@@ -255,7 +259,8 @@ class Registry:
             recs = self._group(model, role)
             group = self._arrays[key] = GroupArrays.empty(
                 [rec.info.worker_id for rec in recs],
-                common_block_size([rec.info.layout.block_size if rec.info.layout else 0 for rec in recs]))
+                common_block_size([rec.info.layout.block_size if rec.info.layout else 0 for rec in recs]),
+            )
             for row, rec in enumerate(recs):
                 self._fill(group, row, rec)
         for worker_id in self._dirty:
@@ -279,9 +284,15 @@ class Registry:
         unreflected, queued = rec.queued_prefill()
         load = rec.load
         kv_used = load.num_blocks_used / load.num_blocks_total if load.num_blocks_total else 0.0
-        group.set_row(row, rec.expires_at, rec.num_inflight_tokens, queued,
-                      load.num_running + load.num_waiting + unreflected,
-                      rec.info.max_num_seqs or load.max_num_seqs or 1, kv_used)
+        group.set_row(
+            row,
+            rec.expires_at,
+            rec.num_inflight_tokens,
+            queued,
+            load.num_running + load.num_waiting + unreflected,
+            rec.info.max_num_seqs or load.max_num_seqs or 1,
+            kv_used,
+        )
 
     def now(self) -> float:
         """The registry's clock (what `GroupArrays.expires_at` is compared with)."""
@@ -293,8 +304,9 @@ class Registry:
 
     def _view(self, rec: _Worker, now: float) -> WorkerView:
         unreflected, queued = rec.queued_prefill()
-        return WorkerView(rec.info, rec.load, len(rec.inflight), unreflected, rec.expires_at - now,
-                          rec.num_inflight_tokens, queued)
+        return WorkerView(
+            rec.info, rec.load, len(rec.inflight), unreflected, rec.expires_at - now, rec.num_inflight_tokens, queued
+        )
 
     def _live(self, worker_id: str) -> _Worker | None:
         rec = self._workers.get(worker_id)

@@ -2,6 +2,7 @@
 
 No decision logic here: each method reads the proto, calls the core, writes the proto.
 """
+
 import argparse
 import asyncio
 import functools
@@ -68,8 +69,14 @@ def make_subscriber(core: RouterCore) -> KvSubscriber | None:
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, core: RouterCore, settings: RouterSettings, kv: KvSubscriber | None = None,
-                 metrics: RouterMetrics | None = None, loads: LoadSubscriber | None = None):
+    def __init__(
+        self,
+        core: RouterCore,
+        settings: RouterSettings,
+        kv: KvSubscriber | None = None,
+        metrics: RouterMetrics | None = None,
+        loads: LoadSubscriber | None = None,
+    ):
         self.traffic = router_pb2.Traffic()  # cumulative; GetTraffic stamps uptime_s
         self._started = time.monotonic()
         self.core = core
@@ -84,14 +91,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         info = worker_info_from_pb(request.worker)
         await require_worker(context, info.worker_id, info.role.value)
         is_new = self.registry.register(info, load_from_pb(request.load))
-        log.info("%s %s worker %s at %s (model %s)", "registered" if is_new else "re-registered",
-                 info.role.value, info.worker_id, info.address, info.model)
+        log.info(
+            "%s %s worker %s at %s (model %s)",
+            "registered" if is_new else "re-registered",
+            info.role.value,
+            info.worker_id,
+            info.address,
+            info.model,
+        )
         if self.kv is not None and info.role is WorkerRole.DECODE:
             self.kv.follow(info.worker_id, info.address)
         if self.loads is not None and info.role is WorkerRole.PREFILL:
             self.loads.follow(info.worker_id, info.address)
-        return router_pb2.RegisterResponse(lease_ttl_s=self.settings.lease_ttl_s,
-                                           heartbeat_interval_s=self.settings.heartbeat_interval_s)
+        return router_pb2.RegisterResponse(
+            lease_ttl_s=self.settings.lease_ttl_s, heartbeat_interval_s=self.settings.heartbeat_interval_s
+        )
 
     async def Heartbeat(self, request, context):
         await require_worker(context, request.worker_id)
@@ -127,10 +141,17 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             asyncio.get_running_loop().call_soon(self.core.flush_deferred)  # NOTE: after this reply, not inside it
             self.traffic.num_routed += 1
             self.traffic.num_prompt_tokens += len(request.token_ids)
-            log.info("routed to %s%s", decision.decode.worker_id,
-                     f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
-                     extra={"num_tokens": len(request.token_ids), "policy": decision.policy,
-                            "num_cached_tokens": decision.num_cached_tokens, "reason": decision.reason})
+            log.info(
+                "routed to %s%s",
+                decision.decode.worker_id,
+                f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
+                extra={
+                    "num_tokens": len(request.token_ids),
+                    "policy": decision.policy,
+                    "num_cached_tokens": decision.num_cached_tokens,
+                    "reason": decision.reason,
+                },
+            )
             return decision_to_pb(decision)
         finally:
             request_id.reset(token)
@@ -171,8 +192,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if not self.registry.quarantine(request.worker_id, duration_s):
             return router_pb2.ReportFailureResponse(quarantine_s=0.0)
         self.metrics.worker_failed(request.worker_id)
-        log.warning("worker %s failed %s (%s): quarantined for %.1f s", request.worker_id, request.req_id,
-                    request.reason, duration_s)
+        log.warning(
+            "worker %s failed %s (%s): quarantined for %.1f s",
+            request.worker_id,
+            request.req_id,
+            request.reason,
+            duration_s,
+        )
         return router_pb2.ReportFailureResponse(quarantine_s=duration_s)
 
 
@@ -187,12 +213,14 @@ class RouterService:
         interval_s = settings.load_stream_interval_s
         self.loads = LoadSubscriber(self.registry, interval_s) if interval_s > 0 else None
         index = self.core.policy.event_index
-        self.metrics = RouterMetrics(self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None)
+        self.metrics = RouterMetrics(
+            self.registry.views, index_blocks=index.blocks_per_worker if index is not None else None
+        )
         self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry, limits="router")
-        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(self.core, settings, self.kv, self.metrics,
-                                                                    self.loads),
-                                                     self.server.server)
+        router_pb2_grpc.add_RouterServicer_to_server(
+            RouterServicer(self.core, settings, self.kv, self.metrics, self.loads), self.server.server
+        )
         self.prober = LeaseProber(self.registry, settings.probe_timeout_s, settings.max_lease_extensions)
         self._sweeper: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -209,8 +237,13 @@ class RouterService:
         self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self.server.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="router-sweeper")
-        log.info("router serving on %s:%d (policy %s)", self.settings.host, self.port, self.settings.policy,
-                 extra={"metrics_port": self.metrics_port})
+        log.info(
+            "router serving on %s:%d (policy %s)",
+            self.settings.host,
+            self.port,
+            self.settings.policy,
+            extra={"metrics_port": self.metrics_port},
+        )
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._sweeper is not None:
@@ -234,8 +267,9 @@ class RouterService:
             self.loads.forget(expired)
         stale = self.registry.expire_inflight()
         if stale:
-            log.info("dropped %d in-flight requests never completed within %.0f s", len(stale),
-                     self.settings.inflight_ttl_s)
+            log.info(
+                "dropped %d in-flight requests never completed within %.0f s", len(stale), self.settings.inflight_ttl_s
+            )
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -2,6 +2,7 @@
 
 A bad value raises SettingsError at start-up, naming the setting.
 """
+
 import argparse
 import dataclasses
 from dataclasses import dataclass
@@ -57,38 +58,58 @@ class RouterSettings:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.heartbeat_interval_s >= self.lease_ttl_s:
-            raise SettingsError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
-                                f"lease_ttl_s ({self.lease_ttl_s}), or every lease lapses between heartbeats")
+            raise SettingsError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
+                f"lease_ttl_s ({self.lease_ttl_s}), or every lease lapses between heartbeats"
+            )
         if self.disagg_min_tokens < 0 or self.prefill_max_waiting < 1:
-            raise SettingsError(f"need disagg_min_tokens >= 0 and prefill_max_waiting >= 1, got "
-                                f"{self.disagg_min_tokens} and {self.prefill_max_waiting}")
+            raise SettingsError(
+                f"need disagg_min_tokens >= 0 and prefill_max_waiting >= 1, got "
+                f"{self.disagg_min_tokens} and {self.prefill_max_waiting}"
+            )
 
         if self.kv_overlap_weight < 0 or self.kv_inflight_weight < 0 or self.kv_temperature < 0:
-            raise SettingsError(f"need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0, got "
-                                f"{self.kv_overlap_weight}, {self.kv_inflight_weight} and {self.kv_temperature}")
+            raise SettingsError(
+                f"need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0, got "
+                f"{self.kv_overlap_weight}, {self.kv_inflight_weight} and {self.kv_temperature}"
+            )
         if self.kv_host_weight > 1 or self.kv_disk_weight > 1:
-            raise SettingsError(f"kv_host_weight and kv_disk_weight must be <= 1 (< 0: derived), got "
-                                f"{self.kv_host_weight} and {self.kv_disk_weight}")
+            raise SettingsError(
+                f"kv_host_weight and kv_disk_weight must be <= 1 (< 0: derived), got "
+                f"{self.kv_host_weight} and {self.kv_disk_weight}"
+            )
         if self.quarantine_s < 0 or not self.probe_timeout_s > 0 or self.max_lease_extensions < 0:
-            raise SettingsError(f"need quarantine_s >= 0, probe_timeout_s > 0 and max_lease_extensions >= 0, got "
-                                f"{self.quarantine_s}, {self.probe_timeout_s} and {self.max_lease_extensions}")
+            raise SettingsError(
+                f"need quarantine_s >= 0, probe_timeout_s > 0 and max_lease_extensions >= 0, got "
+                f"{self.quarantine_s}, {self.probe_timeout_s} and {self.max_lease_extensions}"
+            )
         if self.startup_grace_s < 0 or self.load_stream_interval_s < 0:
-            raise SettingsError(f"startup_grace_s and load_stream_interval_s must be >= 0, got "
-                                f"{self.startup_grace_s} and {self.load_stream_interval_s}")
+            raise SettingsError(
+                f"startup_grace_s and load_stream_interval_s must be >= 0, got "
+                f"{self.startup_grace_s} and {self.load_stream_interval_s}"
+            )
         if self.busy_load_threshold < 0 or not 0 <= self.busy_kv_threshold <= 1:
-            raise SettingsError(f"need busy_load_threshold >= 0 and busy_kv_threshold in [0, 1], got "
-                                f"{self.busy_load_threshold} and {self.busy_kv_threshold}")
+            raise SettingsError(
+                f"need busy_load_threshold >= 0 and busy_kv_threshold in [0, 1], got "
+                f"{self.busy_load_threshold} and {self.busy_kv_threshold}"
+            )
         if not self.kv_predict_ttl_s > 0 or self.kv_index_max_entries < 1:
-            raise SettingsError(f"need kv_predict_ttl_s > 0 and kv_index_max_entries >= 1, got "
-                                f"{self.kv_predict_ttl_s} and {self.kv_index_max_entries}")
+            raise SettingsError(
+                f"need kv_predict_ttl_s > 0 and kv_index_max_entries >= 1, got "
+                f"{self.kv_predict_ttl_s} and {self.kv_index_max_entries}"
+            )
 
     @property
     def kv_config(self) -> KvPolicyConfig:
-        return KvPolicyConfig(overlap_weight=self.kv_overlap_weight, inflight_weight=self.kv_inflight_weight,
-                              temperature=self.kv_temperature,
-                              use_events=self.kv_use_events, predict_ttl_s=self.kv_predict_ttl_s,
-                              host_weight=self.kv_host_weight if self.kv_host_weight >= 0 else None,
-                              disk_weight=self.kv_disk_weight if self.kv_disk_weight >= 0 else None)
+        return KvPolicyConfig(
+            overlap_weight=self.kv_overlap_weight,
+            inflight_weight=self.kv_inflight_weight,
+            temperature=self.kv_temperature,
+            use_events=self.kv_use_events,
+            predict_ttl_s=self.kv_predict_ttl_s,
+            host_weight=self.kv_host_weight if self.kv_host_weight >= 0 else None,
+            disk_weight=self.kv_disk_weight if self.kv_disk_weight >= 0 else None,
+        )
 
     @property
     def busy(self) -> BusyThresholds:
@@ -103,10 +124,17 @@ class RouterSettings:
         return SOURCE.load()
 
 
-SOURCE = Source(RouterSettings, ENV_PREFIX, env={"kv_hash_secret": "TANDEM_KV_HASH_SECRET"}, help={
-    "host": "the address the gRPC server binds", "port": "gRPC port (0: any free port)",
-    "policy": f"one of {', '.join(sorted(POLICIES))} (kv: KV-aware)",
-    "kv_disk_weight": "policy kv: what a block in a worker's disk tier counts for, as kv_host_weight"})
+SOURCE = Source(
+    RouterSettings,
+    ENV_PREFIX,
+    env={"kv_hash_secret": "TANDEM_KV_HASH_SECRET"},
+    help={
+        "host": "the address the gRPC server binds",
+        "port": "gRPC port (0: any free port)",
+        "policy": f"one of {', '.join(sorted(POLICIES))} (kv: KV-aware)",
+        "kv_disk_weight": "policy kv: what a block in a worker's disk tier counts for, as kv_host_weight",
+    },
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

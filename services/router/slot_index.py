@@ -2,6 +2,7 @@
 prompt's longest cached prefix on every worker at once is one call with no Python work per block or per worker.
 Pure: no I/O, no transport; hashes come only from engines/base/block_hash.py.
 """
+
 from collections.abc import Iterable, Sequence
 
 import numpy as np

@@ -2,14 +2,19 @@
 
 Plain frozen dataclasses with no transport, so the simulator can build them directly.
 """
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engines.base.errors import (EngineError, InvalidRequestError, NoWorkerAvailableError,  # noqa: F401
-                                 UnknownModelError, WorkersBusyError)
+from engines.base.errors import (  # noqa: F401
+    EngineError,
+    InvalidRequestError,
+    NoWorkerAvailableError,
+    UnknownModelError,
+    WorkersBusyError,
+)
 from engines.base.types import KvLayout
 from services.common.roles import WorkerRole
-
 
 # NOTE: the router's errors are the one hierarchy's (engines/base/errors.py); these names are its vocabulary
 RouterError = EngineError
@@ -90,10 +95,13 @@ class RouteInput:
             raise InvalidArgumentError("req_id is required")
         if not self.model:
             raise InvalidArgumentError("model is required")
-        if self.block_hashes and (self.hash_block_size < 1
-                                  or len(self.block_hashes) != len(self.token_ids) // self.hash_block_size):
-            raise InvalidArgumentError(f"{len(self.block_hashes)} block hashes do not fit {len(self.token_ids)} "
-                                       f"tokens in blocks of {self.hash_block_size}")
+        if self.block_hashes and (
+            self.hash_block_size < 1 or len(self.block_hashes) != len(self.token_ids) // self.hash_block_size
+        ):
+            raise InvalidArgumentError(
+                f"{len(self.block_hashes)} block hashes do not fit {len(self.token_ids)} "
+                f"tokens in blocks of {self.hash_block_size}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,5 +133,9 @@ class RouteDecision:
 
 def tier_load(stats) -> dict[str, float]:
     """The WorkerLoad fields an engine's stats (EngineStats) give about its KV tiers."""
-    return {"prefill_tokens_per_s": stats.prefill_tokens_per_s, "kv_bytes_per_token": stats.kv_bytes_per_token,
-            "kv_host_bytes_per_s": stats.kv_host_bytes_per_s, "kv_disk_bytes_per_s": stats.kv_disk_bytes_per_s}
+    return {
+        "prefill_tokens_per_s": stats.prefill_tokens_per_s,
+        "kv_bytes_per_token": stats.kv_bytes_per_token,
+        "kv_host_bytes_per_s": stats.kv_host_bytes_per_s,
+        "kv_disk_bytes_per_s": stats.kv_disk_bytes_per_s,
+    }

@@ -1,6 +1,7 @@
 """One asyncio task per worker following one of its server streams (KV events, load). This module owns only the
 tasks' lifecycle (start, restart on a new address, cancel, close); a subclass says how one stream is followed.
 """
+
 import asyncio
 from collections.abc import Callable
 

@@ -1,5 +1,6 @@
 """`docker compose` for the scaler: the two commands it may run (scale one service, list services' containers)
 and how their output is read. Builds argv and parses text; a runner executes them, so tests need no engine."""
+
 import json
 import shlex
 import subprocess
@@ -35,8 +36,7 @@ class ComposeProject:
 
     def scale_argv(self, service: str, target: int) -> list[str]:
         """Only that service, never its dependencies, and running containers are left as they are."""
-        return [*self.base(), "up", "--detach", "--no-deps", "--no-recreate", "--scale", f"{service}={target}",
-                service]
+        return [*self.base(), "up", "--detach", "--no-deps", "--no-recreate", "--scale", f"{service}={target}", service]
 
     def ps_argv(self, services: Iterable[str]) -> list[str]:
         return [*self.base(), "ps", "--all", "--format", "json", *services]

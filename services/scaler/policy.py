@@ -1,5 +1,6 @@
 """What the scaler allows: the project it serves, the services it may scale and each one's bounds. Pure: no I/O,
 no transport; the server asks it before running anything."""
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ class Bounds:
 
 
 def parse_allow_list(spec: str) -> dict[str, Bounds]:
-    """"prefill=0:4,decode=1:8" -> {service: Bounds}; ValueError says what is wrong."""
+    """ "prefill=0:4,decode=1:8" -> {service: Bounds}; ValueError says what is wrong."""
     allowed: dict[str, Bounds] = {}
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -51,5 +52,7 @@ class ScalePolicy:
         if bounds is None:
             raise ScaleRefused(f"service {service!r} is not in the scaler's allow-list")
         if not bounds.min_replicas <= replicas <= bounds.max_replicas:
-            raise ScaleRefused(f"{service}: replicas must be in [{bounds.min_replicas}, {bounds.max_replicas}], "
-                               f"got {replicas}", status=422)
+            raise ScaleRefused(
+                f"{service}: replicas must be in [{bounds.min_replicas}, {bounds.max_replicas}], got {replicas}",
+                status=422,
+            )

@@ -1,5 +1,6 @@
 """The scaler's HTTP shell: a bearer token, then the policy, then `docker compose`. The only tandem service that
 mounts the Docker socket; it runs no command but the two in compose_cli, for the services its policy allows."""
+
 import asyncio
 import hmac
 import logging
@@ -115,8 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     project = ComposeProject(settings.compose_command, settings.compose_file, settings.project)
     app = create_app(settings.policy, project, token)
-    log.info("scaler for project %s on %s:%d, allowing %s", settings.project, settings.host, settings.port,
-             settings.services)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), log_config=None,
-                access_log=False)
+    log.info(
+        "scaler for project %s on %s:%d, allowing %s", settings.project, settings.host, settings.port, settings.services
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        access_log=False,
+    )
     return 0

@@ -1,5 +1,6 @@
 """The scaler's one frozen settings object, from TANDEM_SCALER_* variables overridden by CLI flags; a bad value
 raises SettingsError at start-up."""
+
 import argparse
 from dataclasses import dataclass
 
@@ -38,15 +39,24 @@ class ScalerSettings:
         return ScalePolicy(self.project, parse_allow_list(self.services))
 
 
-SOURCE = Source(ScalerSettings, ENV_PREFIX, help={
-    "host": "the address the HTTP server binds", "port": "HTTP port",
-    "compose_command": "the command it scales with", "compose_file": "the project's compose file",
-    "log_level": "a logging level name (debug, info, warning, error)"})
+SOURCE = Source(
+    ScalerSettings,
+    ENV_PREFIX,
+    help={
+        "host": "the address the HTTP server binds",
+        "port": "HTTP port",
+        "compose_command": "the command it scales with",
+        "compose_file": "the project's compose file",
+        "log_level": "a logging level name (debug, info, warning, error)",
+    },
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem serve scaler", description="scales allow-listed compose services "
-                                     "for the planner (flags override TANDEM_SCALER_* env)")
+    parser = argparse.ArgumentParser(
+        prog="tandem serve scaler",
+        description="scales allow-listed compose services for the planner (flags override TANDEM_SCALER_* env)",
+    )
     SOURCE.add_arguments(parser)
     return parser
 

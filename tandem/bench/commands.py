@@ -1,5 +1,6 @@
 """`tandem bench` and its subcommands: argument parsing only. Each benchmark module is imported when its
 command runs, so `tandem` starts without loading torch."""
+
 import argparse
 
 from tandem.bench.engine_args import add_engine_arguments

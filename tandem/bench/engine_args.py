@@ -1,5 +1,6 @@
 """`tandem bench engine`'s arguments (shared by its speculative and profile variants) and the model they name. A leaf:
 it imports no benchmark, so the `tandem` command parses without loading torch."""
+
 import argparse
 import os
 from pathlib import Path
@@ -10,20 +11,29 @@ ENGINE_NAMES = ("native", "transformers")
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: SmolLM2)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--threads", type=int, default=all_cores(),
-                        help="torch threads for both engines (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=all_cores(), help="torch threads for both engines (default: all cores)"
+    )
     parser.add_argument("--num-requests", type=int, default=32, help="concurrent requests")
     parser.add_argument("--isl", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--osl", type=int, default=128, help="output tokens per request")
-    parser.add_argument("--engines", default=",".join(ENGINE_NAMES),
-                        help="comma-separated subset of " + ",".join(ENGINE_NAMES))
+    parser.add_argument(
+        "--engines", default=",".join(ENGINE_NAMES), help="comma-separated subset of " + ",".join(ENGINE_NAMES)
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--speculative", default=None, metavar="ngram|draft:DIR",
-                        help="instead: speculative decoding against the same engine without it (copy-heavy and "
-                             "chat workloads, batch 1 and 32 concurrent; transformers' prompt lookup at batch 1)")
+    parser.add_argument(
+        "--speculative",
+        default=None,
+        metavar="ngram|draft:DIR",
+        help="instead: speculative decoding against the same engine without it (copy-heavy and "
+        "chat workloads, batch 1 and 32 concurrent; transformers' prompt lookup at batch 1)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="--speculative: alternated pairs of runs (medians)")
-    parser.add_argument("--spec-workloads", default="copy,chat,chat32,sampled,sampled32",
-                        help="--speculative: which workloads (copy, chat, chat32, sampled, sampled32)")
+    parser.add_argument(
+        "--spec-workloads",
+        default="copy,chat,chat32,sampled,sampled32",
+        help="--speculative: which workloads (copy, chat, chat32, sampled, sampled32)",
+    )
 
 
 def all_cores() -> int:

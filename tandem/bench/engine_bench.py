@@ -1,11 +1,12 @@
 """`tandem bench engine`: the native engine against transformers on one model, one machine, one run.
 Orchestrates the workloads and the roofline measurement; the runners do the timing, report.py the output."""
+
 import argparse
 import asyncio
 import concurrent.futures
-import multiprocessing
 import json
 import logging
+import multiprocessing
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,10 @@ class BenchConfig:
     engines: tuple[str, ...] = ENGINES
 
     def workloads(self) -> list[Workload]:
-        return [Workload("concurrent", self.num_requests, self.isl, self.osl, seed=0),
-                Workload("batch1", 1, self.isl, self.osl, seed=1)]
+        return [
+            Workload("concurrent", self.num_requests, self.isl, self.osl, seed=0),
+            Workload("batch1", 1, self.isl, self.osl, seed=1),
+        ]
 
     def warm_up(self) -> Workload:
         # NOTE: its own seed, so the timed prompts never hit the native prefix cache
@@ -55,8 +58,9 @@ def run_bench(cfg: BenchConfig) -> dict:
     # NOTE: measured before and after the engines, fastest kept: on a shared machine a neighbour's
     # burst during one measurement would otherwise lower the roofline and inflate every fraction.
     gemms_after = _measure_gemms(shapes, workloads, cfg.dtype)
-    results = [WorkloadResult(w, fastest([gemms_before[w.name], gemms_after[w.name]]), summaries[w.name])
-               for w in workloads]
+    results = [
+        WorkloadResult(w, fastest([gemms_before[w.name], gemms_after[w.name]]), summaries[w.name]) for w in workloads
+    ]
     return build_report(_header(cfg, mode), results, hf_baseline.count_parameters(cfg.model_dir))
 
 
@@ -92,8 +96,9 @@ def _measure_gemms(shapes: list[GemmShape], workloads: list[Workload], dtype: st
 
 
 async def _run_native(cfg: BenchConfig, workloads: list[Workload], prompts: dict) -> dict[str, RunSummary]:
-    engine = native_runner.make_engine(cfg.model_dir, cfg.dtype, cfg.threads, max_num_seqs=cfg.num_requests,
-                                       max_len=cfg.isl + cfg.osl)
+    engine = native_runner.make_engine(
+        cfg.model_dir, cfg.dtype, cfg.threads, max_num_seqs=cfg.num_requests, max_len=cfg.isl + cfg.osl
+    )
     await engine.start()
     try:
         log.info("native: warm-up")
@@ -122,9 +127,15 @@ def _run_transformers(cfg: BenchConfig, workloads: list[Workload], prompts: dict
 def _header(cfg: BenchConfig, mode: str) -> dict:
     import transformers
 
-    return {"model": str(cfg.model_dir), "dtype": cfg.dtype, "threads": cfg.threads, "greedy": True,
-            "transformers_mode": mode, "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__}
+    return {
+        "model": str(cfg.model_dir),
+        "dtype": cfg.dtype,
+        "threads": cfg.threads,
+        "greedy": True,
+        "transformers_mode": mode,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+    }
 
 
 # -- CLI (the argument parser is in tandem/bench/engine_args.py, which the `tandem` command loads) ---------
@@ -132,8 +143,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if not engines or set(engines) - set(ENGINES):
         raise SystemExit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
-    cfg = BenchConfig(resolve_model(args.model), args.dtype, args.threads, args.num_requests,
-                      args.isl, args.osl, engines)
+    cfg = BenchConfig(
+        resolve_model(args.model), args.dtype, args.threads, args.num_requests, args.isl, args.osl, engines
+    )
     report = run_bench(cfg)
     print(format_report(report))
     if args.json is not None:

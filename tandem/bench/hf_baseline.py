@@ -1,5 +1,6 @@
 """The Hugging Face transformers baseline: one batched greedy `model.generate` over all prompts,
 timed per step by a stopping criterion. Takes token ids; never tokenizes, never touches the native engine."""
+
 import time
 
 import torch
@@ -32,8 +33,10 @@ class HfRunner:
     @property
     def mode(self) -> str:
         attn = getattr(self.model.config, "_attn_implementation", "default")
-        return (f"model.generate: all requests in one static batch, left padding, greedy, "
-                f"DynamicCache, attn_implementation={attn}")
+        return (
+            f"model.generate: all requests in one static batch, left padding, greedy, "
+            f"DynamicCache, attn_implementation={attn}"
+        )
 
     def warm_up(self, prompts: list[list[int]]) -> None:
         self.run(prompts, osl=2)
@@ -45,8 +48,12 @@ class HfRunner:
         submit_s = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
-                max_new_tokens=osl, min_new_tokens=osl, stopping_criteria=StoppingCriteriaList([clock]),
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=False,
+                max_new_tokens=osl,
+                min_new_tokens=osl,
+                stopping_criteria=StoppingCriteriaList([clock]),
             )
         num_new = out.shape[1] - input_ids.shape[1]
         if num_new != osl or len(clock.times_s) != osl:
@@ -60,8 +67,8 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.full((len(prompts), width), _PAD_ID, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
     return ids, mask
 
 

@@ -1,5 +1,6 @@
 """The benchmark's HTTP side: one shared httpx.AsyncClient (keep-alive pool) streaming /v1/completions
 with token-id prompts, each SSE line stamped on arrival. Turns HTTP into RequestRecords; no statistics."""
+
 import json
 import logging
 import time
@@ -41,15 +42,26 @@ class StreamingClient:
     A chunk stamps a token arrival when it carries text or a finish reason (chunks without either, such as
     a chat stream's role-only first chunk, do not count); ITLs are gaps between such chunks."""
 
-    def __init__(self, endpoint: Endpoint, prompts: PromptMaker, max_connections: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        prompts: PromptMaker,
+        max_connections: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self.endpoint, self.prompts, self.clock = endpoint, prompts, clock
         logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: it logs every request at INFO
         self.model = endpoint.model
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.http = httpx.AsyncClient(base_url=endpoint.base_url.rstrip("/"), headers=headers, limits=limits,
-                                      timeout=httpx.Timeout(endpoint.timeout_s, connect=10.0), transport=transport)
+        self.http = httpx.AsyncClient(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=headers,
+            limits=limits,
+            timeout=httpx.Timeout(endpoint.timeout_s, connect=10.0),
+            transport=transport,
+        )
 
     async def __aenter__(self) -> "StreamingClient":
         return self
@@ -72,17 +84,24 @@ class StreamingClient:
         return ModelCard(card["id"], card.get("max_model_len"))
 
     def body(self, spec: RequestSpec) -> bytes:
-        payload = {"model": self.model, "prompt": self.prompts.prompt(spec), "max_tokens": spec.osl,
-                   "temperature": self.endpoint.temperature, "stream": True,
-                   "stream_options": {"include_usage": True}, **self.endpoint.extra_body}
+        payload = {
+            "model": self.model,
+            "prompt": self.prompts.prompt(spec),
+            "max_tokens": spec.osl,
+            "temperature": self.endpoint.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.endpoint.extra_body,
+        }
         return json.dumps(payload).encode()
 
     async def send(self, spec: RequestSpec) -> RequestRecord:
         content = self.body(spec)  # NOTE: built before the clock starts, as the in-process run does
         record = RequestRecord(submit_s=self.clock(), num_prompt_tokens=spec.isl)
         try:
-            async with self.http.stream("POST", COMPLETIONS_PATH, content=content,
-                                        headers={"Content-Type": "application/json"}) as reply:
+            async with self.http.stream(
+                "POST", COMPLETIONS_PATH, content=content, headers={"Content-Type": "application/json"}
+            ) as reply:
                 if reply.status_code != 200:
                     text = (await reply.aread()).decode(errors="replace")
                     record.error = f"HTTP {reply.status_code}: {text[:300]}"

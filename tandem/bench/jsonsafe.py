@@ -1,4 +1,5 @@
 """JSON documents that stay valid: NaN and infinities become null. No heavy imports (the CLI loads this)."""
+
 import math
 
 

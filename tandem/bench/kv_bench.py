@@ -6,6 +6,7 @@ fallback (PullKv streamed into a shared-memory staging region by the decode work
 the worker signs each handle and this side verifies it as a decode worker does before moving anything (`--signing
 off,on` measures both in one run). Prints a table and writes JSON; the anchor is the target (>= 2 GB/s for NIXL
 on CPU), and unsigned transfers when both are measured."""
+
 import argparse
 import asyncio
 import json
@@ -37,8 +38,12 @@ def add_kv_command(sub) -> None:
     p.add_argument("--num-requests", type=int, default=8)
     p.add_argument("--cache-mb", type=int, default=1024, help="each side's paged cache")
     p.add_argument("--transports", default="nixl,grpc")
-    p.add_argument("--signing", default="on", help="on (as deployed), off, or a list such as off,on,off,on to "
-                   "compare: signed and verified handles against unsigned ones")
+    p.add_argument(
+        "--signing",
+        default="on",
+        help="on (as deployed), off, or a list such as off,on,off,on to "
+        "compare: signed and verified handles against unsigned ones",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=run_kv_bench)
 
@@ -51,10 +56,17 @@ def run_kv_bench(args: argparse.Namespace) -> int:
     if ratios:
         print("signed / unsigned GB/s: " + ", ".join(f"{t} {r:.3f}" for t, r in ratios.items()))
     if args.json is not None:
-        args.json.write_text(json.dumps({"target_gb_per_s": TARGET_GB_S, "results": [asdict(r) for r in results],
-                                         "signed_over_unsigned": ratios,
-                                         "args": {k: str(v) for k, v in vars(args).items() if k != "func"}},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target_gb_per_s": TARGET_GB_S,
+                    "results": [asdict(r) for r in results],
+                    "signed_over_unsigned": ratios,
+                    "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
@@ -79,15 +91,34 @@ def start_prefill_worker(args, transport: str, tmp: Path, key: bytes | None = No
 
     model = init_model(tmp / "model", "llama", tiny=True, config_only=True)
     port = free_port()
-    env = {**os.environ, "TANDEM_KV_TRANSPORT": transport, "TANDEM_WORKER_SIM_KV_CACHE_MB": str(args.cache_mb),
-           "TANDEM_WORKER_SIM_KV_BYTES_PER_TOKEN": str(args.kv_bytes_per_token),
-           "TANDEM_WORKER_KV_STAGING_MB": str(args.cache_mb)}
+    env = {
+        **os.environ,
+        "TANDEM_KV_TRANSPORT": transport,
+        "TANDEM_WORKER_SIM_KV_CACHE_MB": str(args.cache_mb),
+        "TANDEM_WORKER_SIM_KV_BYTES_PER_TOKEN": str(args.kv_bytes_per_token),
+        "TANDEM_WORKER_KV_STAGING_MB": str(args.cache_mb),
+    }
     env.pop("TANDEM_KV_SIGNING_KEY_FILE", None)
     if key is not None:
         (tmp / "kv-signing.key").write_text(key.hex())
         env["TANDEM_KV_SIGNING_KEY_FILE"] = str(tmp / "kv-signing.key")
-    cmd = [sys.executable, "-m", "tandem.cli", "serve", "prefill", "--engine", "sim", "--model", str(model),
-           "--port", str(port), "--router-address", f"127.0.0.1:{free_port()}", "--sim-time-factor", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "serve",
+        "prefill",
+        "--engine",
+        "sim",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--router-address",
+        f"127.0.0.1:{free_port()}",
+        "--sim-time-factor",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"127.0.0.1:{port}"
 
@@ -106,8 +137,12 @@ async def transfer_all(args, transport: str, address: str, key: bytes | None = N
     try:
         for i in range(args.num_requests):
             tokens = [(i * 7919 + j * 31) % 500 + 10 for j in range(args.tokens)]
-            reply = await stub.Prefill(worker_pb2.PrefillRequest(
-                req_id=f"kv{i}", token_ids=tokens, params=common_pb2.SamplingParams(max_tokens=2)), timeout=120)
+            reply = await stub.Prefill(
+                worker_pb2.PrefillRequest(
+                    req_id=f"kv{i}", token_ids=tokens, params=common_pb2.SamplingParams(max_tokens=2)
+                ),
+                timeout=120,
+            )
             # NOTE: a decode worker's request holds the prompt and the first token the prefill worker sampled
             took, n = await side.move(reply.kv, tuple(tokens), (*tokens, reply.first_token_id))
             seconds.append(took)
@@ -119,8 +154,14 @@ async def transfer_all(args, transport: str, address: str, key: bytes | None = N
         side.close()
         await channel.close()
     seconds.sort()
-    return KvResult(transport, key is not None, len(seconds), num_bytes // len(seconds), seconds[len(seconds) // 2],
-                    num_bytes / sum(seconds) / 1e9)
+    return KvResult(
+        transport,
+        key is not None,
+        len(seconds),
+        num_bytes // len(seconds),
+        seconds[len(seconds) // 2],
+        num_bytes / sum(seconds) / 1e9,
+    )
 
 
 class DecodeSide:
@@ -128,11 +169,10 @@ class DecodeSide:
 
     def __init__(self, args, transport: str, key: bytes | None = None):
         from engines.sim.kv_payload import SimKvCache, payload_layout
-        from services.common.kv_signing import KvVerifier
-        from services.decode.kv_gate import KvGate
-
         from engines.transfer.budget import StagingBudget
         from engines.transfer.mover import KvMover
+        from services.common.kv_signing import KvVerifier
+        from services.decode.kv_gate import KvGate
         from services.decode.kv_import import KvPuller
 
         self.transport = transport
@@ -189,9 +229,13 @@ def signed_ratios(results: list[KvResult]) -> dict[str, float]:
 
 
 def table(results: list[KvResult]) -> str:
-    lines = [f"{'transport':<10}{'signed':>7}{'requests':>9}{'MB/request':>12}{'p50 s':>9}{'GB/s':>8}  target >= {TARGET_GB_S} GB/s (NIXL)"]
+    lines = [
+        f"{'transport':<10}{'signed':>7}{'requests':>9}{'MB/request':>12}{'p50 s':>9}{'GB/s':>8}  target >= {TARGET_GB_S} GB/s (NIXL)"
+    ]
     for r in results:
         verdict = ("meets" if r.gb_per_s >= TARGET_GB_S else "below") if r.transport == "nixl" else ""
-        lines.append(f"{r.transport:<10}{'yes' if r.is_signed else 'no':>7}{r.num_requests:>9}{r.bytes_per_request / 1e6:>12.1f}{r.seconds_p50:>9.3f}"
-                     f"{r.gb_per_s:>8.2f}  {verdict}")
+        lines.append(
+            f"{r.transport:<10}{'yes' if r.is_signed else 'no':>7}{r.num_requests:>9}{r.bytes_per_request / 1e6:>12.1f}{r.seconds_p50:>9.3f}"
+            f"{r.gb_per_s:>8.2f}  {verdict}"
+        )
     return "\n".join(lines)

@@ -3,6 +3,7 @@ and the driver that sends them closed-loop (N in flight) or open-loop (at arriva
 
 Knows no transport: a `Send` callable turns a spec into a RequestRecord (HTTP, or an engine in-process).
 """
+
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
@@ -31,8 +32,9 @@ class RequestSpec:
 Send = Callable[[RequestSpec], Awaitable[RequestRecord]]
 
 
-def synthetic_specs(num_requests: int, isl: int, osl: int, request_rate: float | None = None,
-                    seed: int = 0) -> list[RequestSpec]:
+def synthetic_specs(
+    num_requests: int, isl: int, osl: int, request_rate: float | None = None, seed: int = 0
+) -> list[RequestSpec]:
     """`num_requests` specs of fixed lengths; with a rate, Poisson arrivals (exponential gaps), else closed loop."""
     if min(num_requests, isl, osl) < 1:
         raise ValueError(f"num_requests, isl and osl must be >= 1, got {num_requests}, {isl}, {osl}")
@@ -83,7 +85,7 @@ class PromptMaker:
     def prompt(self, spec: RequestSpec) -> list[int]:
         if spec.hash_ids:
             blocks = [self._pick([self.seed, 1, h], self.block_size) for h in spec.hash_ids]
-            ids = np.concatenate(blocks)[:spec.isl]
+            ids = np.concatenate(blocks)[: spec.isl]
             if ids.size == spec.isl:
                 return ids.tolist()
         return self._pick([self.seed, 0, spec.index], spec.isl).tolist()
@@ -93,8 +95,12 @@ class PromptMaker:
         return self.allowed[rng.integers(0, self.allowed.size, n)]
 
 
-async def run_schedule(specs: list[RequestSpec], send: Send, max_concurrency: int | None = None,
-                       clock: Callable[[], float] = time.perf_counter) -> list[RequestRecord]:
+async def run_schedule(
+    specs: list[RequestSpec],
+    send: Send,
+    max_concurrency: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[RequestRecord]:
     """Send every spec; records come back in spec order.
 
     Specs without arrival times run closed-loop with `max_concurrency` in flight; with arrival times they
@@ -117,8 +123,9 @@ async def run_schedule(specs: list[RequestSpec], send: Send, max_concurrency: in
     return records  # type: ignore[return-value]  (every slot filled by _send_one)
 
 
-async def _send_one(spec: RequestSpec, send: Send, records: list, pos: int, slots: asyncio.Semaphore | None,
-                    clock: Callable[[], float]) -> None:
+async def _send_one(
+    spec: RequestSpec, send: Send, records: list, pos: int, slots: asyncio.Semaphore | None, clock: Callable[[], float]
+) -> None:
     try:
         records[pos] = await send(spec)
     except Exception as exc:  # NOTE: a sender bug must cost one record, never the whole run

@@ -5,6 +5,7 @@ two runs can be checked for identical greedy outputs).
 
 Knows no transport: a `Send` turns a spec into a RequestRecord; the prompt for a spec comes from `prompt(spec)`.
 """
+
 import asyncio
 import hashlib
 from collections.abc import Callable
@@ -32,15 +33,19 @@ class Multiturn:
 
     def __post_init__(self) -> None:
         if min(self.users, self.rounds, self.user_tokens, self.answer_tokens) < 1 or self.system_tokens < 0:
-            raise ValueError("--users, --rounds, --user-tokens and --answer-tokens must be >= 1 and "
-                             "--system-tokens >= 0")
+            raise ValueError(
+                "--users, --rounds, --user-tokens and --answer-tokens must be >= 1 and --system-tokens >= 0"
+            )
         if self.qps is not None and self.qps <= 0:
             raise ValueError(f"--qps must be > 0, got {self.qps}")
 
     def describe(self) -> str:
-        return (f"multiturn: {self.users} users x {self.rounds} rounds, system {self.system_tokens} + user "
-                f"{self.user_tokens} tokens, answers {self.answer_tokens}, questions {QUESTION_TOKENS}"
-                + (f", {self.qps:g} req/s" if self.qps else "") + (", round barrier" if self.round_barrier else ""))
+        return (
+            f"multiturn: {self.users} users x {self.rounds} rounds, system {self.system_tokens} + user "
+            f"{self.user_tokens} tokens, answers {self.answer_tokens}, questions {QUESTION_TOKENS}"
+            + (f", {self.qps:g} req/s" if self.qps else "")
+            + (", round barrier" if self.round_barrier else "")
+        )
 
 
 class Conversations:
@@ -48,8 +53,9 @@ class Conversations:
     `answer(spec, text)` appends the model's answer and the next question. Deterministic given the seed, the
     allowed ids and the answers."""
 
-    def __init__(self, mt: Multiturn, allowed_ids: np.ndarray, seed: int = 0,
-                 tokenize: Callable[[str], list[int]] | None = None):
+    def __init__(
+        self, mt: Multiturn, allowed_ids: np.ndarray, seed: int = 0, tokenize: Callable[[str], list[int]] | None = None
+    ):
         self.mt, self.allowed, self.seed, self.tokenize = mt, allowed_ids, seed, tokenize
         system = self._pick([2], mt.system_tokens)
         self.history = [system + self._pick([3, u], mt.user_tokens) for u in range(mt.users)]
@@ -68,8 +74,11 @@ class Conversations:
     def answer(self, spec: RequestSpec, text: str) -> None:
         user, rnd = self.where(spec)
         self.answers[user].append(text)
-        ids = self.tokenize(text) if self.tokenize is not None and text else self._pick([5, user, rnd],
-                                                                                        self.mt.answer_tokens)
+        ids = (
+            self.tokenize(text)
+            if self.tokenize is not None and text
+            else self._pick([5, user, rnd], self.mt.answer_tokens)
+        )
         self.history[user] += ids + self._pick([4, user, rnd], QUESTION_TOKENS)
 
     def _pick(self, key: list[int], n: int) -> list[int]:
@@ -101,6 +110,7 @@ async def run_conversations(conv: Conversations, send: Send) -> list[tuple[int, 
         for rnd in range(mt.rounds):
             await asyncio.gather(*(one(u, rnd) for u in range(mt.users)))
     else:
+
         async def user_chain(user: int) -> None:
             for rnd in range(mt.rounds):
                 await one(user, rnd)
@@ -133,8 +143,14 @@ def rounds_summary(pairs: list[tuple[int, RequestRecord]], num_rounds: int) -> l
     for rnd in range(1, num_rounds + 1):
         records = [r for k, r in pairs if k == rnd]
         ttfts = [r.ttft_s for r in records if r.is_ok]
-        rows.append({"round": rnd, "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
-                     "ttft_p50_s": percentile(ttfts, 50), "num_requests": len(records)})
+        rows.append(
+            {
+                "round": rnd,
+                "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+                "ttft_p50_s": percentile(ttfts, 50),
+                "num_requests": len(records),
+            }
+        )
     return rows
 
 

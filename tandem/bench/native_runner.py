@@ -1,5 +1,6 @@
 """The native engine under load: submit every request at once through the async Engine API and
 stamp each delta as the client receives it. Knows the engine only through that API."""
+
 import asyncio
 import time
 from collections.abc import Callable
@@ -14,14 +15,17 @@ BLOCK_SIZE = 16
 def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len: int, speculative: str = ""):
     """A native engine (its loop on a thread) sized for the run: a KV cache of just enough blocks, not a share
     of all memory."""
+    from engines.base.engine_configs import BatchConfig
     from engines.core.client import EngineClient
     from engines.native import native_spec
-    from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
 
     blocks_per_seq = num_blocks_for(max_len, BLOCK_SIZE) + 1
     config = EngineConfig(
-        model=str(model_dir), dtype=dtype, num_threads=threads, block_size=BLOCK_SIZE,
+        model=str(model_dir),
+        dtype=dtype,
+        num_threads=threads,
+        block_size=BLOCK_SIZE,
         batch=BatchConfig(max_num_seqs, 4096),
         num_blocks=2 * max_num_seqs * blocks_per_seq,  # twice: finished warm-up blocks may linger as cache
         speculative=speculative,

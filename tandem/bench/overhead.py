@@ -2,6 +2,7 @@
 zero engine in this process (its loop on a thread) and (b) through zero-engine stacks (gateway -> router -> worker, HTTP and gRPC)
 that this command starts and stops, with 1 and then N gateway processes; tokens being free, the difference is
 the services' cost. Every phase records the load average and each process's CPU time."""
+
 import argparse
 import asyncio
 import logging
@@ -15,8 +16,14 @@ from pathlib import Path
 from engines.base.errors import EngineError
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.http_client import Endpoint, StreamingClient
-from tandem.bench.loadgen import (PromptMaker, RequestSpec, allowed_token_ids, run_schedule, synthetic_specs,
-                                  warm_up_specs)
+from tandem.bench.loadgen import (
+    PromptMaker,
+    RequestSpec,
+    allowed_token_ids,
+    run_schedule,
+    synthetic_specs,
+    warm_up_specs,
+)
 from tandem.bench.overhead_report import Phase, build_report, format_overhead
 from tandem.bench.raw_client import RawStreamingClient
 from tandem.bench.serve_report import write_json
@@ -59,8 +66,9 @@ class InProcessSender:
         self.engine, self.prompts, self.clock = engine, prompts, clock
 
     async def send(self, spec: RequestSpec) -> RequestRecord:
-        request = EngineRequest(f"inproc-{spec.index}", tuple(self.prompts.prompt(spec)),
-                                SamplingParams(max_tokens=spec.osl))
+        request = EngineRequest(
+            f"inproc-{spec.index}", tuple(self.prompts.prompt(spec)), SamplingParams(max_tokens=spec.osl)
+        )
         record = RequestRecord(submit_s=self.clock(), num_prompt_tokens=spec.isl)
         try:
             async for out in self.engine.add_request(request):
@@ -83,12 +91,20 @@ def run_overhead(cfg: OverheadConfig, log_dir: Path | None = None) -> dict:
         for workers in cfg.gateway_workers:
             phases += _run_through_stack(model, cfg, prompts, workers, (log_dir or Path(tmp) / "logs") / f"gw{workers}")
         if cfg.compare_plaintext:
-            phases += _run_through_stack(model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / "gw1-plaintext",
-                                         is_plaintext=True)
+            phases += _run_through_stack(
+                model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / "gw1-plaintext", is_plaintext=True
+            )
         for r, is_plaintext in security_order(cfg.security_rounds):
             name = f"gw1-round{r}-{'plaintext' if is_plaintext else 'secure'}"
-            for phase in _run_through_stack(model, cfg, prompts, 1, (log_dir or Path(tmp) / "logs") / name,
-                                            is_plaintext=is_plaintext, is_signed=not is_plaintext):
+            for phase in _run_through_stack(
+                model,
+                cfg,
+                prompts,
+                1,
+                (log_dir or Path(tmp) / "logs") / name,
+                is_plaintext=is_plaintext,
+                is_signed=not is_plaintext,
+            ):
                 phase.security_round = r
                 phases.append(phase)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
@@ -98,8 +114,11 @@ def run_overhead(cfg: OverheadConfig, log_dir: Path | None = None) -> dict:
 def security_order(num_rounds: int) -> list[tuple[int, bool]]:
     """(round, is_plaintext) in run order: secure first in even rounds, plaintext first in odd ones, so a load that
     drifts during the run favours neither side."""
-    return [(r, is_plaintext) for r in range(num_rounds)
-            for is_plaintext in ((False, True) if r % 2 == 0 else (True, False))]
+    return [
+        (r, is_plaintext)
+        for r in range(num_rounds)
+        for is_plaintext in ((False, True) if r % 2 == 0 else (True, False))
+    ]
 
 
 def _tiny_model(out: Path) -> Path:
@@ -127,23 +146,46 @@ async def _run_in_process(model: Path, cfg: OverheadConfig, prompts: PromptMaker
         await engine.shutdown()
 
 
-def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, workers: int,
-                       log_dir: Path, is_plaintext: bool = False, is_signed: bool = True) -> list[Phase]:
+def _run_through_stack(
+    model: Path,
+    cfg: OverheadConfig,
+    prompts: PromptMaker,
+    workers: int,
+    log_dir: Path,
+    is_plaintext: bool = False,
+    is_signed: bool = True,
+) -> list[Phase]:
     from tandem.launcher import Stack, StackConfig, free_port
     from tandem.stack_certs import KV_KEY_ENV
 
-    env = {**(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}),
-           **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {}), **({} if is_signed else {KV_KEY_ENV: ""})}
-    stack = Stack(StackConfig(model=str(model), engine="zero", num_prefill=cfg.num_prefill, num_decode=1,
-                              port=free_port(), num_threads=1, log_dir=log_dir, ready_timeout_s=120,
-                              env=env, num_gateway_workers=workers))
+    env = {
+        **(_ALWAYS_DISAGGREGATE if cfg.num_prefill else {}),
+        **({"TANDEM_GRPC_INSECURE": "1"} if is_plaintext else {}),
+        **({} if is_signed else {KV_KEY_ENV: ""}),
+    }
+    stack = Stack(
+        StackConfig(
+            model=str(model),
+            engine="zero",
+            num_prefill=cfg.num_prefill,
+            num_decode=1,
+            port=free_port(),
+            num_threads=1,
+            log_dir=log_dir,
+            ready_timeout_s=120,
+            env=env,
+            num_gateway_workers=workers,
+        )
+    )
     try:
         stack.start()
         stack.wait_ready()
         pids = service_pids(stack)
         ports = {**stack.router_ports, **stack.worker_ports}  # gRPC: where a new connection is a TLS handshake
-        phases = [asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids, ports))
-                  for c in cfg.concurrencies_for(workers)]
+        phases = [
+            asyncio.run(_run_http(stack.url, cfg, prompts, c, workers, pids, ports))
+            for c in cfg.concurrencies_for(workers)
+        ]
         for phase in phases:
             phase.is_plaintext = is_plaintext
         return phases
@@ -151,8 +193,15 @@ def _run_through_stack(model: Path, cfg: OverheadConfig, prompts: PromptMaker, w
         stack.stop()
 
 
-async def _run_http(url: str, cfg: OverheadConfig, prompts: PromptMaker, concurrency: int, workers: int,
-                    pids: dict[str, list[int]], ports: dict[str, int]) -> Phase:
+async def _run_http(
+    url: str,
+    cfg: OverheadConfig,
+    prompts: PromptMaker,
+    concurrency: int,
+    workers: int,
+    pids: dict[str, list[int]],
+    ports: dict[str, int],
+) -> Phase:
     client_cls = RawStreamingClient if cfg.client == "raw" else StreamingClient
     async with client_cls(Endpoint(url), prompts, max_connections=concurrency) as client:
         await client.model_card()
@@ -161,8 +210,14 @@ async def _run_http(url: str, cfg: OverheadConfig, prompts: PromptMaker, concurr
         return await _measure(client.send, _specs(cfg, concurrency), concurrency, workers, pids, ports)
 
 
-async def _measure(send, specs: list[RequestSpec], concurrency: int, workers: int,
-                   pids: dict[str, list[int]], ports: dict[str, int] | None = None) -> Phase:
+async def _measure(
+    send,
+    specs: list[RequestSpec],
+    concurrency: int,
+    workers: int,
+    pids: dict[str, list[int]],
+    ports: dict[str, int] | None = None,
+) -> Phase:
     load, cpu, connections = os.getloadavg()[0], cpu_seconds(pids), snapshot()
     summary = summarize_serve(await run_schedule(specs, send, concurrency))
     spent = {name: s - cpu[name] for name, s in cpu_seconds(pids).items()} if pids else {}
@@ -202,25 +257,44 @@ def _ticks(pid: int) -> int:
 
 # -- CLI ---------------------------------------------------------------------------------------
 def add_overhead_command(bench_commands) -> None:
-    p = bench_commands.add_parser("overhead", help="control-plane overhead: zero engine in-process vs through "
-                                                   "gateway/router/worker, 1 and N gateway processes")
+    p = bench_commands.add_parser(
+        "overhead",
+        help="control-plane overhead: zero engine in-process vs through "
+        "gateway/router/worker, 1 and N gateway processes",
+    )
     p.add_argument("--num-requests", type=int, default=256, help="at the highest concurrency (a quarter at 1)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--gateway-workers", type=int, nargs="+", default=[1, 2],
-                   help="gateway processes of each stack; more than 1 runs the highest concurrency only")
+    p.add_argument(
+        "--gateway-workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="gateway processes of each stack; more than 1 runs the highest concurrency only",
+    )
     p.add_argument("--isl", type=int, default=128)
     p.add_argument("--osl", type=int, default=128)
     p.add_argument("--prefill", action="store_true", help="add one prefill worker (disaggregated path)")
     p.add_argument("--warmup", type=int, default=16, help="untimed requests before each phase")
     p.add_argument("--model", type=Path, default=None, help="model dir for tokenizer/config (default: tiny)")
     p.add_argument("--log-dir", type=Path, default=None, help="keep the stacks' logs here")
-    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
-                   help="load generator: raw asyncio sockets (lean), or httpx as `bench serve` uses")
-    p.add_argument("--plaintext-too", action="store_true",
-                   help="also run a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs")
-    p.add_argument("--security-rounds", type=int, default=0,
-                   help="rounds of a secure (mTLS, signed KV handles) and a baseline (plaintext, unsigned) 1-gateway "
-                        "stack, order alternating; the mTLS targets are judged on the rounds' medians")
+    p.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="load generator: raw asyncio sockets (lean), or httpx as `bench serve` uses",
+    )
+    p.add_argument(
+        "--plaintext-too",
+        action="store_true",
+        help="also run a 1-gateway stack without mTLS (TANDEM_GRPC_INSECURE=1): what mTLS costs",
+    )
+    p.add_argument(
+        "--security-rounds",
+        type=int,
+        default=0,
+        help="rounds of a secure (mTLS, signed KV handles) and a baseline (plaintext, unsigned) 1-gateway "
+        "stack, order alternating; the mTLS targets are judged on the rounds' medians",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_overhead)
 
@@ -228,9 +302,19 @@ def add_overhead_command(bench_commands) -> None:
 def cmd_bench_overhead(args: argparse.Namespace) -> int:
     if 1 not in args.gateway_workers:
         raise SystemExit("tandem bench overhead: --gateway-workers must include 1 (the reference)")
-    cfg = OverheadConfig(args.num_requests, tuple(args.concurrency), tuple(args.gateway_workers), args.isl,
-                         args.osl, int(args.prefill), args.warmup, args.model, client=args.client,
-                         compare_plaintext=args.plaintext_too, security_rounds=args.security_rounds)
+    cfg = OverheadConfig(
+        args.num_requests,
+        tuple(args.concurrency),
+        tuple(args.gateway_workers),
+        args.isl,
+        args.osl,
+        int(args.prefill),
+        args.warmup,
+        args.model,
+        client=args.client,
+        compare_plaintext=args.plaintext_too,
+        security_rounds=args.security_rounds,
+    )
     report = run_overhead(cfg, args.log_dir)
     print(format_overhead(report))
     if args.json is not None:

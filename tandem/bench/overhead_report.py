@@ -1,5 +1,6 @@
 """`tandem bench overhead`'s report: the targets checked against one run's phases, the table, the host it ran on.
 Arithmetic and formatting only; overhead.py runs the phases."""
+
 import os
 import re
 import statistics
@@ -48,8 +49,17 @@ def host_info() -> dict:
 
 
 def _find(phases: list[Phase], concurrency: int, workers: int, is_plaintext: bool = False) -> Phase | None:
-    return next((p for p in phases if p.concurrency == concurrency and p.gateway_workers == workers
-                 and p.is_plaintext == is_plaintext and p.security_round < 0), None)
+    return next(
+        (
+            p
+            for p in phases
+            if p.concurrency == concurrency
+            and p.gateway_workers == workers
+            and p.is_plaintext == is_plaintext
+            and p.security_round < 0
+        ),
+        None,
+    )
 
 
 def check_targets(phases: list[Phase]) -> list[dict]:
@@ -64,13 +74,27 @@ def check_targets(phases: list[Phase]) -> list[dict]:
     one = _find(phases, top, 1)
     if one is not None:
         relay = one.summary.output_tokens_per_s
-        results.append(_result(f"relay, concurrency {top}, 1 gateway", relay, MIN_RELAY_TOKENS_PER_S,
-                               relay >= MIN_RELAY_TOKENS_PER_S, "tokens/s"))
+        results.append(
+            _result(
+                f"relay, concurrency {top}, 1 gateway",
+                relay,
+                MIN_RELAY_TOKENS_PER_S,
+                relay >= MIN_RELAY_TOKENS_PER_S,
+                "tokens/s",
+            )
+        )
     for p in phases:
         if one is not None and p.concurrency == top and p.gateway_workers > 1:
             ratio = p.summary.output_tokens_per_s / max(one.summary.output_tokens_per_s, 1e-9)
-            results.append(_result(f"relay {p.gateway_workers} gateways / 1, concurrency {top}", ratio,
-                                   MIN_SCALE_OUT, ratio >= MIN_SCALE_OUT, "x"))
+            results.append(
+                _result(
+                    f"relay {p.gateway_workers} gateways / 1, concurrency {top}",
+                    ratio,
+                    MIN_SCALE_OUT,
+                    ratio >= MIN_SCALE_OUT,
+                    "x",
+                )
+            )
     return results + _mtls_targets(phases, top)
 
 
@@ -80,17 +104,31 @@ def _rounds_targets(rounds: list[Phase]) -> list[dict]:
     low, top = min(p.concurrency for p in rounds), max(p.concurrency for p in rounds)
 
     def median(concurrency: int, is_plaintext: bool, value) -> float:
-        return statistics.median(value(p) for p in rounds if p.concurrency == concurrency
-                                 and p.is_plaintext == is_plaintext)
+        return statistics.median(
+            value(p) for p in rounds if p.concurrency == concurrency and p.is_plaintext == is_plaintext
+        )
 
-    added = (median(low, False, lambda p: p.summary.ttft_s.p50) - median(low, True, lambda p: p.summary.ttft_s.p50))
-    ratio = (median(top, False, lambda p: p.summary.output_tokens_per_s)
-             / max(median(top, True, lambda p: p.summary.output_tokens_per_s), 1e-9))
+    added = median(low, False, lambda p: p.summary.ttft_s.p50) - median(low, True, lambda p: p.summary.ttft_s.p50)
+    ratio = median(top, False, lambda p: p.summary.output_tokens_per_s) / max(
+        median(top, True, lambda p: p.summary.output_tokens_per_s), 1e-9
+    )
     num = len({p.security_round for p in rounds})
-    return [_result(f"mTLS + signed handles added TTFT p50, concurrency {low}, median of {num} rounds", added,
-                    MAX_MTLS_TTFT_S, added <= MAX_MTLS_TTFT_S, "s"),
-            _result(f"mTLS + signed handles relay / baseline, concurrency {top}, median of {num} rounds", ratio,
-                    MIN_MTLS_RELAY_RATIO, ratio >= MIN_MTLS_RELAY_RATIO, "x")]
+    return [
+        _result(
+            f"mTLS + signed handles added TTFT p50, concurrency {low}, median of {num} rounds",
+            added,
+            MAX_MTLS_TTFT_S,
+            added <= MAX_MTLS_TTFT_S,
+            "s",
+        ),
+        _result(
+            f"mTLS + signed handles relay / baseline, concurrency {top}, median of {num} rounds",
+            ratio,
+            MIN_MTLS_RELAY_RATIO,
+            ratio >= MIN_MTLS_RELAY_RATIO,
+            "x",
+        ),
+    ]
 
 
 def _mtls_targets(phases: list[Phase], top: int) -> list[dict]:
@@ -106,13 +144,21 @@ def _mtls_targets(phases: list[Phase], top: int) -> list[dict]:
     a, b = _find(phases, low, 1, True), _find(phases, low, 1)
     if a and b:
         added = b.summary.ttft_s.p50 - a.summary.ttft_s.p50
-        results.append(_result(f"mTLS added TTFT p50, concurrency {low}", added, MAX_MTLS_TTFT_S,
-                               added <= MAX_MTLS_TTFT_S, "s"))
+        results.append(
+            _result(f"mTLS added TTFT p50, concurrency {low}", added, MAX_MTLS_TTFT_S, added <= MAX_MTLS_TTFT_S, "s")
+        )
     a, b = _find(phases, top, 1, True), _find(phases, top, 1)
     if a and b:
         ratio = b.summary.output_tokens_per_s / max(a.summary.output_tokens_per_s, 1e-9)
-        results.append(_result(f"mTLS relay / plaintext, concurrency {top}", ratio, MIN_MTLS_RELAY_RATIO,
-                               ratio >= MIN_MTLS_RELAY_RATIO, "x"))
+        results.append(
+            _result(
+                f"mTLS relay / plaintext, concurrency {top}",
+                ratio,
+                MIN_MTLS_RELAY_RATIO,
+                ratio >= MIN_MTLS_RELAY_RATIO,
+                "x",
+            )
+        )
     return results
 
 
@@ -130,12 +176,19 @@ def paired_rounds(phases: list[Phase]) -> list[dict]:
         slow, fast = side.get((r, low, False)), side.get((r, low, True))
         if not (secure and plain and slow and fast):
             continue
-        pairs.append({"round": r, "added_ttft_p50_s": slow.summary.ttft_s.p50 - fast.summary.ttft_s.p50,
-                      "relay_ratio": secure.summary.output_tokens_per_s / max(plain.summary.output_tokens_per_s, 1e-9),
-                      "stack_cpu_us_per_token": [_stack_cpu_us(secure), _stack_cpu_us(plain)],
-                      "duration_s": [secure.summary.duration_s, plain.summary.duration_s],
-                      "grpc_connections_opened": [sum(secure.grpc_connections_opened.values()),
-                                                  sum(plain.grpc_connections_opened.values())]})
+        pairs.append(
+            {
+                "round": r,
+                "added_ttft_p50_s": slow.summary.ttft_s.p50 - fast.summary.ttft_s.p50,
+                "relay_ratio": secure.summary.output_tokens_per_s / max(plain.summary.output_tokens_per_s, 1e-9),
+                "stack_cpu_us_per_token": [_stack_cpu_us(secure), _stack_cpu_us(plain)],
+                "duration_s": [secure.summary.duration_s, plain.summary.duration_s],
+                "grpc_connections_opened": [
+                    sum(secure.grpc_connections_opened.values()),
+                    sum(plain.grpc_connections_opened.values()),
+                ],
+            }
+        )
     return pairs
 
 
@@ -149,18 +202,34 @@ def _result(name: str, value: float, target: float, is_met: bool, unit: str) -> 
 
 
 def build_report(config: dict, phases: list[Phase], host: dict | None = None) -> dict:
-    report = {"benchmark": "overhead", "config": config, "host": host or host_info(),
-              "phases": [p.as_dict() for p in phases], "targets": check_targets(phases)}
+    report = {
+        "benchmark": "overhead",
+        "config": config,
+        "host": host or host_info(),
+        "phases": [p.as_dict() for p in phases],
+        "targets": check_targets(phases),
+    }
     pairs = paired_rounds(phases)
     return {**report, "rounds": pairs} if pairs else report
 
 
 def format_overhead(report: dict) -> str:
     cfg, host = report["config"], report["host"]
-    head = (f"isl {cfg['isl']}, osl {cfg['osl']}, closed loop; {cfg['num_prefill']} prefill + 1 decode zero-engine "
-            f"worker; host {host['cores']} cores ({', '.join(host['flags']) or 'no AVX2'}), {host['cpu']}")
-    return "\n\n".join(t for t in [head, _phase_table(report["phases"]), _target_table(report["targets"]),
-                                     _rounds_table(report.get("rounds", [])), _cpu_table(report["phases"])] if t)
+    head = (
+        f"isl {cfg['isl']}, osl {cfg['osl']}, closed loop; {cfg['num_prefill']} prefill + 1 decode zero-engine "
+        f"worker; host {host['cores']} cores ({', '.join(host['flags']) or 'no AVX2'}), {host['cpu']}"
+    )
+    return "\n\n".join(
+        t
+        for t in [
+            head,
+            _phase_table(report["phases"]),
+            _target_table(report["targets"]),
+            _rounds_table(report.get("rounds", [])),
+            _cpu_table(report["phases"]),
+        ]
+        if t
+    )
 
 
 def _phase_table(phases: list[dict]) -> str:
@@ -168,11 +237,35 @@ def _phase_table(phases: list[dict]) -> str:
     for p in phases:
         s = p["summary"]
         where = "in-process" if p["gateway_workers"] == 0 else f"stack, {p['gateway_workers']} gateway" + _side(p)
-        rows.append((where, str(p["concurrency"]), str(s["num_requests"]), ms(s["ttft_s"]["p50"]),
-                     ms(s["ttft_s"]["p99"]), ms(s["itl_s"]["p50"]), rate(s["output_tokens_per_s"]),
-                     rate(s["requests_per_s"]), str(s["num_errors"]), "{:.1f}-{:.1f}".format(*p["load_avg"])))
-    return format_rows(("phase", "conc", "reqs", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "tokens/s", "req/s",
-                        "errors", "load avg"), rows)
+        rows.append(
+            (
+                where,
+                str(p["concurrency"]),
+                str(s["num_requests"]),
+                ms(s["ttft_s"]["p50"]),
+                ms(s["ttft_s"]["p99"]),
+                ms(s["itl_s"]["p50"]),
+                rate(s["output_tokens_per_s"]),
+                rate(s["requests_per_s"]),
+                str(s["num_errors"]),
+                "{:.1f}-{:.1f}".format(*p["load_avg"]),
+            )
+        )
+    return format_rows(
+        (
+            "phase",
+            "conc",
+            "reqs",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "ITL p50 ms",
+            "tokens/s",
+            "req/s",
+            "errors",
+            "load avg",
+        ),
+        rows,
+    )
 
 
 def _side(p: dict) -> str:
@@ -198,20 +291,40 @@ def _cpu_table(phases: list[dict]) -> str:
     rows = []
     for p in through:
         tokens = max(1, p["summary"]["num_output_tokens"])
-        rows.append((f"c{p['concurrency']}, {p['gateway_workers']} gateway" + _side(p),
-                     *(f"{1e6 * p['cpu_s'].get(n, 0.0) / tokens:.1f}" for n in names)))
+        rows.append(
+            (
+                f"c{p['concurrency']}, {p['gateway_workers']} gateway" + _side(p),
+                *(f"{1e6 * p['cpu_s'].get(n, 0.0) / tokens:.1f}" for n in names),
+            )
+        )
     return "CPU µs per streamed token, by process\n" + format_rows(("phase", *names), rows) if rows else ""
 
 
 def _rounds_table(pairs: list[dict]) -> str:
     if not pairs:
         return ""
-    rows = [(str(q["round"]), ms(q["added_ttft_p50_s"]), f"{q['relay_ratio']:.3f}x",
-             "{:.0f} / {:.0f}".format(*q["stack_cpu_us_per_token"]), "{:.1f} / {:.1f}".format(*q["duration_s"]),
-             "{} / {}".format(*q.get("grpc_connections_opened", ("?", "?"))))
-            for q in pairs]
+    rows = [
+        (
+            str(q["round"]),
+            ms(q["added_ttft_p50_s"]),
+            f"{q['relay_ratio']:.3f}x",
+            "{:.0f} / {:.0f}".format(*q["stack_cpu_us_per_token"]),
+            "{:.1f} / {:.1f}".format(*q["duration_s"]),
+            "{} / {}".format(*q.get("grpc_connections_opened", ("?", "?"))),
+        )
+        for q in pairs
+    ]
     ratios = [q["relay_ratio"] for q in pairs]
-    rows.append(("median", ms(statistics.median(q["added_ttft_p50_s"] for q in pairs)),
-                 f"{statistics.median(ratios):.3f}x (spread {min(ratios):.3f}-{max(ratios):.3f})", "", "", ""))
+    rows.append(
+        (
+            "median",
+            ms(statistics.median(q["added_ttft_p50_s"] for q in pairs)),
+            f"{statistics.median(ratios):.3f}x (spread {min(ratios):.3f}-{max(ratios):.3f})",
+            "",
+            "",
+            "",
+        )
+    )
     return "secure against the baseline next to it, round by round\n" + format_rows(
-        ("round", "added TTFT p50 ms", "relay ratio", "stack CPU µs/token", "phase s", "gRPC conns opened"), rows)
+        ("round", "added TTFT p50 ms", "relay ratio", "stack CPU µs/token", "phase s", "gRPC conns opened"), rows
+    )

@@ -2,6 +2,7 @@
 prefill ms of one prompt per ISL (first token included, the best of --repeats), and decode step ms per
 (running sequences, context) averaged over --steps steps once every sequence has its first token. Writes the
 JSON shape `tandem sim --profile-from-measured` reads, and prints each point beside what a shipped profile says."""
+
 import argparse
 import datetime
 import json
@@ -25,10 +26,18 @@ def measure(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     need = max(max(args.isls), max(b * (c + args.steps + 2) for b in args.batches for c in args.contexts))
-    config = EngineConfig(model=str(args.model), dtype=args.dtype, device=args.device, num_blocks=need // 16 + max(args.batches) + 8,
-                          batch=BatchConfig(max(args.batches), args.max_num_batched_tokens,
-                                            max(max(args.isls), max(args.contexts)) + args.steps + 8,
-                                            enable_prefix_caching=False))
+    config = EngineConfig(
+        model=str(args.model),
+        dtype=args.dtype,
+        device=args.device,
+        num_blocks=need // 16 + max(args.batches) + 8,
+        batch=BatchConfig(
+            max(args.batches),
+            args.max_num_batched_tokens,
+            max(max(args.isls), max(args.contexts)) + args.steps + 8,
+            enable_prefix_caching=False,
+        ),
+    )
     core = build_core(config)
     vocab, gen = core.info.vocab_size, torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -36,8 +45,11 @@ def measure(args: argparse.Namespace) -> dict:
     def submit(n: int, length: int, max_tokens: int) -> None:
         for i in range(n):
             ids = tuple(torch.randint(0, vocab, (length,), generator=gen).tolist())
-            core.add(EngineRequest(f"p{time.monotonic_ns()}-{i}", ids, SamplingParams(max_tokens=max_tokens,
-                                                                                   ignore_eos=True)))
+            core.add(
+                EngineRequest(
+                    f"p{time.monotonic_ns()}-{i}", ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+                )
+            )
 
     def prefill_ms(isl: int) -> float:
         submit(1, isl, 1)
@@ -50,7 +62,9 @@ def measure(args: argparse.Namespace) -> dict:
 
     def decode_ms(batch: int, context: int) -> float:
         submit(batch, context, args.steps + 2)
-        while core.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running):
+        while core.scheduler.waiting or any(
+            s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running
+        ):
             core.step()  # every prompt prefilled: from here on, pure decode steps
         sync()
         start = time.perf_counter()
@@ -65,12 +79,23 @@ def measure(args: argparse.Namespace) -> dict:
     prefill_ms(min(args.isls))  # warm-up: kernels compile, caches fill
     prefill = {str(isl): min(prefill_ms(isl) for _ in range(args.repeats)) for isl in args.isls}
     decode = [[b, c, round(decode_ms(b, c), 3)] for c in args.contexts for b in args.batches]
-    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor() or "cpu"
-    return {"device": device, "model": f"{args.model.name} {args.dtype}",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv), "prefill_ms": prefill, "decode_step_ms": decode,
-            "engine": {"block_size": config.block_size,
-                       "max_num_batched_tokens": config.batch.max_num_batched_tokens, "threads": torch.get_num_threads(), "device": args.device}}
+    device = (
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor() or "cpu"
+    )
+    return {
+        "device": device,
+        "model": f"{args.model.name} {args.dtype}",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "prefill_ms": prefill,
+        "decode_step_ms": decode,
+        "engine": {
+            "block_size": config.block_size,
+            "max_num_batched_tokens": config.batch.max_num_batched_tokens,
+            "threads": torch.get_num_threads(),
+            "device": args.device,
+        },
+    }
 
 
 def format_table(doc: dict, anchor_name: str) -> str:
@@ -96,8 +121,11 @@ def run_bench_profile(args: argparse.Namespace) -> int:
 
 
 def add_profile_command(sub) -> None:
-    p = sub.add_parser("profile", help="step times for the planner and the sim engine: prefill ms by ISL, "
-                                       "decode step ms by batch and context, on the native engine")
+    p = sub.add_parser(
+        "profile",
+        help="step times for the planner and the sim engine: prefill ms by ISL, "
+        "decode step ms by batch and context, on the native engine",
+    )
     p.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: SmolLM2)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")

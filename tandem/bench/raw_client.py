@@ -4,6 +4,7 @@ than the gateway (its pool checks every connection per request), on the same 2 c
 up as the services' TTFT (bench/RESULTS.md). Same requests and records as StreamingClient; no TLS, no proxies,
 no redirects: a benchmark of our own loopback stack, nothing else.
 """
+
 import asyncio
 from urllib.parse import urlsplit
 
@@ -21,8 +22,10 @@ class RawStreamingClient(StreamingClient):
         self._host, self._port = url.hostname or "127.0.0.1", url.port or 80
         self._idle: list[_Connection] = []
         auth = f"Authorization: Bearer {self.endpoint.api_key}\r\n" if self.endpoint.api_key else ""
-        self._head = (f"POST {COMPLETIONS_PATH} HTTP/1.1\r\nHost: {url.netloc}\r\n{auth}"
-                      "Content-Type: application/json\r\nAccept: text/event-stream\r\n")
+        self._head = (
+            f"POST {COMPLETIONS_PATH} HTTP/1.1\r\nHost: {url.netloc}\r\n{auth}"
+            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        )
 
     async def __aexit__(self, *exc) -> None:
         for conn in self._idle:
@@ -112,7 +115,7 @@ class _Connection(asyncio.Protocol):
         if end < 0:
             return False
         lines = self._buf[:end].decode("latin-1").split("\r\n")
-        self._buf = self._buf[end + 4:]
+        self._buf = self._buf[end + 4 :]
         self._status = int(lines[0].split(" ", 2)[1])
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
         self.is_reusable = headers.get("connection", "").lower() != "close"
@@ -125,8 +128,8 @@ class _Connection(asyncio.Protocol):
     def _body(self) -> bool:
         if len(self._buf) < self._remaining:
             return False
-        text = self._buf[:self._remaining].decode(errors="replace")
-        self._buf = self._buf[self._remaining:]
+        text = self._buf[: self._remaining].decode(errors="replace")
+        self._buf = self._buf[self._remaining :]
         self._recorder.record.error = f"HTTP {self._status}: {text[:300]}"
         self._finish(None)
         return False
@@ -138,7 +141,7 @@ class _Connection(asyncio.Protocol):
         size = int(self._buf[:end].split(b";")[0], 16)
         if len(self._buf) < end + 2 + size + 2:
             return False
-        data, self._buf = self._buf[end + 2:end + 2 + size], self._buf[end + 2 + size + 2:]
+        data, self._buf = self._buf[end + 2 : end + 2 + size], self._buf[end + 2 + size + 2 :]
         if size == 0:
             self._finish(None)
             return False

@@ -1,4 +1,5 @@
 """Turns measured results into the benchmark's JSON document and its printed table. Pure formatting."""
+
 import math
 from dataclasses import asdict, dataclass
 
@@ -36,7 +37,9 @@ def workload_entry(result: WorkloadResult, num_parameters: int) -> dict:
     w = result.workload
     engines = {name: engine_entry(s, num_parameters, result.gemm) for name, s in result.summaries.items()}
     return {
-        "num_requests": w.num_requests, "isl": w.isl, "osl": w.osl,
+        "num_requests": w.num_requests,
+        "isl": w.isl,
+        "osl": w.osl,
         "roofline": result.gemm.to_dict(),
         "engines": engines,
         "ratio_native_over_transformers": ratios(engines),
@@ -57,10 +60,12 @@ def build_report(header: dict, results: list[WorkloadResult], num_parameters: in
 
 
 def format_report(report: dict) -> str:
-    lines = [f"model: {report['model']}",
-             f"dtype: {report['dtype']} (both engines)   threads: {report['threads']} (both engines)   "
-             f"parameters: {report['num_parameters'] / 1e6:.1f}M",
-             f"transformers mode: {report['transformers_mode']}"]
+    lines = [
+        f"model: {report['model']}",
+        f"dtype: {report['dtype']} (both engines)   threads: {report['threads']} (both engines)   "
+        f"parameters: {report['num_parameters'] / 1e6:.1f}M",
+        f"transformers mode: {report['transformers_mode']}",
+    ]
     for name, entry in report["workloads"].items():
         lines += ["", *_format_workload(name, entry)]
     return "\n".join(lines)
@@ -68,8 +73,10 @@ def format_report(report: dict) -> str:
 
 def _format_workload(name: str, entry: dict) -> list[str]:
     gflops = entry["roofline"]["gemm_flops_per_s"] / 1e9
-    title = (f"{name}: {entry['num_requests']} request(s) x {entry['isl']} in / {entry['osl']} out, greedy; "
-             f"GEMM roofline at M={entry['roofline']['m']}: {gflops:.1f} GFLOP/s")
+    title = (
+        f"{name}: {entry['num_requests']} request(s) x {entry['isl']} in / {entry['osl']} out, greedy; "
+        f"GEMM roofline at M={entry['roofline']['m']}: {gflops:.1f} GFLOP/s"
+    )
     engines, ratio = entry["engines"], entry["ratio_native_over_transformers"]
     lines = [title, f"  {'metric':<26}{NATIVE:>14}{TRANSFORMERS:>14}{'native/hf':>12}"]
     for label, key, scale in _ROWS:

@@ -1,5 +1,6 @@
 """The machine's matmul roofline for one model: time torch GEMMs at the model's linear-layer shapes
 and batch size, weight them by FLOPs. Reads shapes from the checkpoint's config; loads no weights."""
+
 import time
 from dataclasses import dataclass
 
@@ -44,10 +45,24 @@ class GemmRate:
     sessions_flops_per_s: tuple[float, ...] = ()  # each measurement's aggregate, when combined by fastest()
 
     def to_dict(self) -> dict:
-        shapes = [{"name": t.shape.name, "m": t.m, "k": t.shape.k, "n": t.shape.n, "count": t.shape.count,
-                   "flops_per_s": t.flops_per_s} for t in self.timings]
-        return {"m": self.m, "dtype": self.dtype, "gemm_flops_per_s": self.flops_per_s,
-                "sessions_gemm_flops_per_s": list(self.sessions_flops_per_s or (self.flops_per_s,)), "shapes": shapes}
+        shapes = [
+            {
+                "name": t.shape.name,
+                "m": t.m,
+                "k": t.shape.k,
+                "n": t.shape.n,
+                "count": t.shape.count,
+                "flops_per_s": t.flops_per_s,
+            }
+            for t in self.timings
+        ]
+        return {
+            "m": self.m,
+            "dtype": self.dtype,
+            "gemm_flops_per_s": self.flops_per_s,
+            "sessions_gemm_flops_per_s": list(self.sessions_flops_per_s or (self.flops_per_s,)),
+            "shapes": shapes,
+        }
 
 
 def linear_shapes(cfg: ModelConfig) -> list[GemmShape]:
@@ -89,8 +104,7 @@ def fastest(rates: list[GemmRate]) -> GemmRate:
     """Per shape, the fastest of several measurements of the same shapes (e.g. before and after a run)."""
     timings = tuple(min(group, key=lambda t: t.seconds_per_call) for group in zip(*(r.timings for r in rates)))
     first = rates[0]
-    return GemmRate(first.m, first.dtype, aggregate_rate(list(timings)), timings,
-                    tuple(r.flops_per_s for r in rates))
+    return GemmRate(first.m, first.dtype, aggregate_rate(list(timings)), timings, tuple(r.flops_per_s for r in rates))
 
 
 @torch.inference_mode()

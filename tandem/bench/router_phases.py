@@ -5,6 +5,7 @@ against the real path's, and its total against the real path's time, in the same
 Also the compiled kernels' cold start, in fresh processes (the only I/O here: numba's cache directory).
 It reads the router's internals: the point is to time them one by one.
 """
+
 import itertools
 import os
 import subprocess
@@ -51,9 +52,20 @@ def decide_in_phases(core, request: RouteInput, ns: list[int]) -> RouteDecision:
     policy.recent_overlap_into(keys, group)
     t.append(clock())
     row, overlap, deepest = decide_row(
-        *policy.index.kernel_args(), keys, policy._depths, group.index_slots, group.predicted, group.state,
-        float(core.busy.load), float(core.busy.kv), float(policy._clock()), num_blocks_for(len(request.token_ids), block_size),
-        block_size, float(policy.config.overlap_weight), float(policy.config.inflight_weight))
+        *policy.index.kernel_args(),
+        keys,
+        policy._depths,
+        group.index_slots,
+        group.predicted,
+        group.state,
+        float(core.busy.load),
+        float(core.busy.kv),
+        float(policy._clock()),
+        num_blocks_for(len(request.token_ids), block_size),
+        block_size,
+        float(policy.config.overlap_weight),
+        float(policy.config.inflight_weight),
+    )
     t.append(clock())
     worker_id = group.worker_ids[row]
     assert policy.index.touch_later(hashes, deepest)
@@ -91,7 +103,8 @@ def cold_start() -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="tandem-numba-") as cache_dir:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
         for name in ("compile", "cached"):
-            out = subprocess.run([sys.executable, "-c", _LOAD_KERNELS], env=env, check=True, capture_output=True,
-                                 text=True).stdout.split()
+            out = subprocess.run(
+                [sys.executable, "-c", _LOAD_KERNELS], env=env, check=True, capture_output=True, text=True
+            ).stdout.split()
             found[f"import_s_{name}"], found[f"kernels_s_{name}"], found[f"cpu_s_{name}"] = map(float, out)
     return found

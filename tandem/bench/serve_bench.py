@@ -1,5 +1,6 @@
 """`tandem bench serve`: replay synthetic or trace load against an OpenAI-compatible server and report
 TTFT, ITL, end-to-end latency, throughput and goodput. Wires config, load, client and report together."""
+
 import argparse
 import asyncio
 import json
@@ -8,10 +9,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.bench.http_client import Endpoint, ModelCard, ServerError, StreamingClient
-from tandem.bench.multiturn import (Conversations, Multiturn, answers_digest, rounds_summary, run_conversations,
-                                    tokenizer_encode)
-from tandem.bench.loadgen import (FALLBACK_TOKEN_IDS, PromptMaker, RequestSpec, allowed_token_ids, run_schedule,
-                                  synthetic_specs, trace_specs, warm_up_specs)
+from tandem.bench.loadgen import (
+    FALLBACK_TOKEN_IDS,
+    PromptMaker,
+    RequestSpec,
+    allowed_token_ids,
+    run_schedule,
+    synthetic_specs,
+    trace_specs,
+    warm_up_specs,
+)
+from tandem.bench.multiturn import (
+    Conversations,
+    Multiturn,
+    answers_digest,
+    rounds_summary,
+    run_conversations,
+    tokenizer_encode,
+)
 from tandem.bench.overhead import add_overhead_command
 from tandem.bench.serve_report import format_rounds, format_summary, write_json
 from tandem.bench.serve_stats import ServeSummary, Slo, summarize_serve
@@ -65,19 +80,26 @@ class ServeConfig:
 
 def build_specs(cfg: ServeConfig, card: ModelCard) -> tuple[list[RequestSpec], list[str]]:
     """The timed requests and notes on what was changed to fit the server."""
-    notes = [] if cfg.tokenizer else [f"no --tokenizer: prompts use token ids {FALLBACK_TOKEN_IDS[0]}.."
-                                      f"{FALLBACK_TOKEN_IDS[1] - 1}"]
+    notes = (
+        []
+        if cfg.tokenizer
+        else [f"no --tokenizer: prompts use token ids {FALLBACK_TOKEN_IDS[0]}..{FALLBACK_TOKEN_IDS[1] - 1}"]
+    )
     if cfg.trace is None:
         if card.max_model_len and cfg.isl + cfg.osl > card.max_model_len:
-            notes.append(f"isl + osl = {cfg.isl + cfg.osl} exceeds the context ({card.max_model_len}): "
-                         "the server caps max_tokens")
+            notes.append(
+                f"isl + osl = {cfg.isl + cfg.osl} exceeds the context ({card.max_model_len}): "
+                "the server caps max_tokens"
+            )
         return synthetic_specs(cfg.num_requests, cfg.isl, cfg.osl, cfg.request_rate, cfg.seed), notes
     rows = load_trace(cfg.trace, cfg.max_requests, cfg.time_scale)
     if card.max_model_len:
         rows, num_clipped = clip_all(rows, card.max_model_len)
         if num_clipped:
-            notes.append(f"{num_clipped} of {len(rows)} trace rows scaled down in proportion to fit the "
-                         f"context of {card.max_model_len} tokens")
+            notes.append(
+                f"{num_clipped} of {len(rows)} trace rows scaled down in proportion to fit the "
+                f"context of {card.max_model_len} tokens"
+            )
     return trace_specs(rows), notes
 
 
@@ -95,9 +117,16 @@ async def run_serve(cfg: ServeConfig) -> tuple[ServeSummary, dict]:
         log.info("bench serve: %d requests, %s", len(specs), cfg.describe_load())
         records = await run_schedule(specs, client.send, cfg.concurrency)
     summary = summarize_serve(records, cfg.slo)
-    report = {"benchmark": "serve", "url": cfg.endpoint.base_url, "model": client.model,
-              "max_model_len": card.max_model_len, "load": cfg.describe_load(), "config": _config_dict(cfg),
-              "notes": notes, "summary": summary.as_dict()}
+    report = {
+        "benchmark": "serve",
+        "url": cfg.endpoint.base_url,
+        "model": client.model,
+        "max_model_len": card.max_model_len,
+        "load": cfg.describe_load(),
+        "config": _config_dict(cfg),
+        "notes": notes,
+        "summary": summary.as_dict(),
+    }
     return summary, report
 
 
@@ -111,10 +140,19 @@ async def run_multiturn(cfg: ServeConfig, mt: Multiturn) -> tuple[ServeSummary, 
         log.info("bench serve: %s", mt.describe())
         pairs = await run_conversations(conv, client.send)
     summary = summarize_serve([r for _, r in pairs], cfg.slo)
-    report = {"benchmark": "serve", "url": cfg.endpoint.base_url, "model": client.model,
-              "max_model_len": card.max_model_len, "load": cfg.describe_load(), "config": _config_dict(cfg),
-              "notes": notes, "summary": summary.as_dict(), "rounds": rounds_summary(pairs, mt.rounds),
-              "answers_sha256": answers_digest(conv), "answers": conv.answers}
+    report = {
+        "benchmark": "serve",
+        "url": cfg.endpoint.base_url,
+        "model": client.model,
+        "max_model_len": card.max_model_len,
+        "load": cfg.describe_load(),
+        "config": _config_dict(cfg),
+        "notes": notes,
+        "summary": summary.as_dict(),
+        "rounds": rounds_summary(pairs, mt.rounds),
+        "answers_sha256": answers_digest(conv),
+        "answers": conv.answers,
+    }
     return summary, report
 
 
@@ -136,8 +174,9 @@ def add_serving_commands(bench_commands) -> None:
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default="", help="model name to send (default: the first in /v1/models)")
-    p.add_argument("--tokenizer", type=Path, default=None,
-                   help="model directory whose vocabulary the prompt token ids come from")
+    p.add_argument(
+        "--tokenizer", type=Path, default=None, help="model directory whose vocabulary the prompt token ids come from"
+    )
     p.add_argument("--concurrency", type=int, default=None, help="closed loop: requests in flight")
     p.add_argument("--request-rate", type=float, default=None, help="open loop: Poisson arrivals, req/s (inf ok)")
     p.add_argument("--num-requests", type=int, default=100)
@@ -151,8 +190,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=0, help="untimed requests sent first")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--extra-body", type=json.loads, default={},
-                   help='JSON merged into every request, e.g. \'{"ignore_eos": true}\' for vLLM')
+    p.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default={},
+        help="JSON merged into every request, e.g. '{\"ignore_eos\": true}' for vLLM",
+    )
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -161,16 +204,33 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_structured_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--structured", action="store_true",
-                   help="grammar cost: the same closed-loop load without and with a json_schema, at each "
-                        "--structured-concurrency, in one run (ITL p50 ratio; mask time per token with --metrics-url)")
-    p.add_argument("--structured-concurrency", type=_ints, default=(1, 16), metavar="N,N",
-                   help="--structured: the concurrencies to run at (default 1,16)")
-    p.add_argument("--structured-rounds", type=_positive, default=1, metavar="N",
-                   help="--structured: rounds of (plain, json_schema) per concurrency, alternating which runs first "
-                        "(default 1); the ratio is of the rounds' median ITL p50s")
-    p.add_argument("--metrics-url", action="append", default=[],
-                   help="--structured: a worker's /metrics URL to read the grammar mask counters from (repeatable)")
+    p.add_argument(
+        "--structured",
+        action="store_true",
+        help="grammar cost: the same closed-loop load without and with a json_schema, at each "
+        "--structured-concurrency, in one run (ITL p50 ratio; mask time per token with --metrics-url)",
+    )
+    p.add_argument(
+        "--structured-concurrency",
+        type=_ints,
+        default=(1, 16),
+        metavar="N,N",
+        help="--structured: the concurrencies to run at (default 1,16)",
+    )
+    p.add_argument(
+        "--structured-rounds",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="--structured: rounds of (plain, json_schema) per concurrency, alternating which runs first "
+        "(default 1); the ratio is of the rounds' median ITL p50s",
+    )
+    p.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        help="--structured: a worker's /metrics URL to read the grammar mask counters from (repeatable)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -188,16 +248,23 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_multiturn_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=("requests", "multiturn"), default="requests",
-                   help="multiturn: conversations that resend their history each round (TTFT by round)")
+    p.add_argument(
+        "--workload",
+        choices=("requests", "multiturn"),
+        default="requests",
+        help="multiturn: conversations that resend their history each round (TTFT by round)",
+    )
     p.add_argument("--users", type=int, default=8, help="multiturn: conversations at once")
     p.add_argument("--rounds", type=int, default=4, help="multiturn: requests per conversation")
     p.add_argument("--system-tokens", type=int, default=1000, help="multiturn: the system part every user shares")
     p.add_argument("--user-tokens", type=int, default=1000, help="multiturn: each user's own first message")
     p.add_argument("--answer-tokens", type=int, default=32, help="multiturn: max_tokens per answer")
     p.add_argument("--qps", type=float, default=None, help="multiturn: requests started per second at most")
-    p.add_argument("--round-barrier", action="store_true",
-                   help="multiturn: round r+1 starts when every user's round r has finished")
+    p.add_argument(
+        "--round-barrier",
+        action="store_true",
+        help="multiturn: round r+1 starts when every user's round r has finished",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -205,10 +272,31 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     slo = Slo(_seconds(args.slo_ttft), _seconds(args.slo_itl))
     mt = None
     if args.workload == "multiturn":
-        mt = Multiturn(args.users, args.rounds, args.system_tokens, args.user_tokens, args.answer_tokens, args.qps,
-                       args.round_barrier)
-    return ServeConfig(endpoint, args.tokenizer, args.concurrency, args.request_rate, args.num_requests, args.isl,
-                       args.osl, args.trace, args.time_scale, args.max_requests, slo, args.warmup, args.seed, mt)
+        mt = Multiturn(
+            args.users,
+            args.rounds,
+            args.system_tokens,
+            args.user_tokens,
+            args.answer_tokens,
+            args.qps,
+            args.round_barrier,
+        )
+    return ServeConfig(
+        endpoint,
+        args.tokenizer,
+        args.concurrency,
+        args.request_rate,
+        args.num_requests,
+        args.isl,
+        args.osl,
+        args.trace,
+        args.time_scale,
+        args.max_requests,
+        slo,
+        args.warmup,
+        args.seed,
+        mt,
+    )
 
 
 def _seconds(ms: float | None) -> float | None:
@@ -242,19 +330,24 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
     from tandem.bench.structured_bench import format_structured, run_structured_sync
 
     if args.workload != "requests" or args.trace is not None or args.request_rate is not None:
-        raise SystemExit("tandem bench serve: error: --structured runs closed-loop synthetic requests; drop "
-                         "--workload multiturn / --trace / --request-rate")
+        raise SystemExit(
+            "tandem bench serve: error: --structured runs closed-loop synthetic requests; drop "
+            "--workload multiturn / --trace / --request-rate"
+        )
     args.concurrency = args.structured_concurrency[0]
     try:
         cfg = config_from_args(args)
-        report = run_structured_sync(cfg, args.structured_concurrency, tuple(args.metrics_url), run_serve,
-                                     args.structured_rounds)
+        report = run_structured_sync(
+            cfg, args.structured_concurrency, tuple(args.metrics_url), run_serve, args.structured_rounds
+        )
     except ValueError as exc:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
     except (ServerError, OSError) as exc:
         raise SystemExit(f"tandem bench serve: error: {exc}") from None
-    print(f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per "
-          "row (at least the concurrency)")
+    print(
+        f"{cfg.endpoint.base_url} · grammar cost · isl {cfg.isl}, osl {cfg.osl}, {cfg.num_requests} requests per "
+        "row (at least the concurrency)"
+    )
     print(format_structured(report))
     if args.json is not None:
         write_json(args.json, report | {"config": _config_dict(cfg)})

@@ -1,5 +1,6 @@
 """Plain-text tables for the serving benchmarks (`bench serve`, `bench overhead`) and their JSON writer.
 Formatting only: the numbers come from serve_stats."""
+
 import json
 import math
 from pathlib import Path
@@ -7,8 +8,12 @@ from pathlib import Path
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.serve_stats import Distribution, ServeSummary, Slo
 
-_LATENCIES = (("TTFT", "ttft_s"), ("ITL (chunk gaps)", "itl_s"), ("mean ITL per request", "mean_itl_s"),
-              ("end-to-end", "e2e_s"))
+_LATENCIES = (
+    ("TTFT", "ttft_s"),
+    ("ITL (chunk gaps)", "itl_s"),
+    ("mean ITL per request", "mean_itl_s"),
+    ("end-to-end", "e2e_s"),
+)
 
 
 def ms(seconds: float) -> str:
@@ -25,8 +30,7 @@ def format_summary(s: ServeSummary, slo: Slo) -> str:
         f"in {s.duration_s:.2f} s",
         f"throughput   {rate(s.requests_per_s)} req/s, {rate(s.output_tokens_per_s)} output tokens/s "
         f"({s.num_output_tokens} tokens)",
-        f"goodput      {rate(s.goodput_requests_per_s)} req/s ({s.num_good} of {s.num_requests} "
-        f"{describe_slo(slo)})",
+        f"goodput      {rate(s.goodput_requests_per_s)} req/s ({s.num_good} of {s.num_requests} {describe_slo(slo)})",
         "",
         f"{'latency (ms)':<22}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]
@@ -39,14 +43,16 @@ def format_summary(s: ServeSummary, slo: Slo) -> str:
 
 def format_rounds(rounds: list[dict]) -> str:
     """TTFT by round of a multi-turn run."""
-    return format_rows(("round", "requests", "TTFT mean (ms)", "TTFT p50 (ms)"),
-                       [(str(r["round"]), str(r["num_requests"]), ms(r["ttft_mean_s"]), ms(r["ttft_p50_s"]))
-                        for r in rounds])
+    return format_rows(
+        ("round", "requests", "TTFT mean (ms)", "TTFT p50 (ms)"),
+        [(str(r["round"]), str(r["num_requests"]), ms(r["ttft_mean_s"]), ms(r["ttft_p50_s"])) for r in rounds],
+    )
 
 
 def describe_slo(slo: Slo) -> str:
-    parts = ([f"TTFT <= {slo.ttft_s * 1e3:g} ms"] if slo.ttft_s is not None else []) + \
-            ([f"mean ITL <= {slo.itl_s * 1e3:g} ms"] if slo.itl_s is not None else [])
+    parts = ([f"TTFT <= {slo.ttft_s * 1e3:g} ms"] if slo.ttft_s is not None else []) + (
+        [f"mean ITL <= {slo.itl_s * 1e3:g} ms"] if slo.itl_s is not None else []
+    )
     return "met " + " and ".join(parts) if parts else "completed; no --slo-ttft/--slo-itl given"
 
 

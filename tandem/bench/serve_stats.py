@@ -1,5 +1,6 @@
 """What a serving benchmark measured per request, and its summary: TTFT, ITL, end-to-end latency
 percentiles, throughput and goodput under SLOs. Pure arithmetic on timestamps; no clocks, no I/O."""
+
 from dataclasses import asdict, dataclass, field
 
 from tandem.bench.stats import percentile
@@ -53,8 +54,11 @@ class Slo:
     itl_s: float | None = None  # on a request's mean ITL
 
     def is_met(self, r: RequestRecord) -> bool:
-        return (r.is_ok and (self.ttft_s is None or r.ttft_s <= self.ttft_s)
-                and (self.itl_s is None or r.mean_itl_s <= self.itl_s))
+        return (
+            r.is_ok
+            and (self.ttft_s is None or r.ttft_s <= self.ttft_s)
+            and (self.itl_s is None or r.mean_itl_s <= self.itl_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +102,20 @@ def summarize_serve(records: list[RequestRecord], slo: Slo = Slo(), max_errors_k
     num_tokens = sum(r.num_output_tokens for r in ok)
     num_good = sum(1 for r in ok if slo.is_met(r))
     return ServeSummary(
-        num_requests=len(records), num_completed=len(ok), num_errors=len(errors), duration_s=duration,
-        num_output_tokens=num_tokens, requests_per_s=_rate(len(ok), duration),
-        output_tokens_per_s=_rate(num_tokens, duration), goodput_requests_per_s=_rate(num_good, duration),
-        num_good=num_good, ttft_s=Distribution.of([r.ttft_s for r in ok]),
+        num_requests=len(records),
+        num_completed=len(ok),
+        num_errors=len(errors),
+        duration_s=duration,
+        num_output_tokens=num_tokens,
+        requests_per_s=_rate(len(ok), duration),
+        output_tokens_per_s=_rate(num_tokens, duration),
+        goodput_requests_per_s=_rate(num_good, duration),
+        num_good=num_good,
+        ttft_s=Distribution.of([r.ttft_s for r in ok]),
         itl_s=Distribution.of([gap for r in ok for gap in r.itls_s]),
         mean_itl_s=Distribution.of([r.mean_itl_s for r in ok if r.num_output_tokens > 1]),
-        e2e_s=Distribution.of([r.e2e_s for r in ok]), first_errors=tuple(errors[:max_errors_kept]),
+        e2e_s=Distribution.of([r.e2e_s for r in ok]),
+        first_errors=tuple(errors[:max_errors_kept]),
     )
 
 

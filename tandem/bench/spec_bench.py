@@ -1,6 +1,7 @@
 """`tandem bench engine --speculative ngram|draft:DIR`: the native engine with speculative decoding against the same
 engine without it, alternated in one run, on a copy-heavy workload (edit a given text) and chat (greedy, and sampled so
 that nothing copies); plus transformers' prompt lookup or assisted generation at batch 1. Greedy outputs must match."""
+
 import asyncio
 import logging
 import time
@@ -11,8 +12,24 @@ from tandem.bench.spec_report import Run, SpecWorkload, format_table, row
 
 log = logging.getLogger(__name__)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-TOPICS = ("the sea", "autumn", "a lighthouse", "bread", "a city at night", "snow", "a library", "the moon",
-          "a train journey", "gardens", "rain", "mountains", "a market", "bees", "the desert", "a river")
+TOPICS = (
+    "the sea",
+    "autumn",
+    "a lighthouse",
+    "bread",
+    "a city at night",
+    "snow",
+    "a library",
+    "the moon",
+    "a train journey",
+    "gardens",
+    "rain",
+    "mountains",
+    "a market",
+    "bees",
+    "the desert",
+    "a river",
+)
 ASKS = ("Write a short poem about {}.", "Tell me a story about {}.")
 
 
@@ -35,13 +52,17 @@ def chat_ids(tokenizer, text: str) -> list[int]:
 
 
 def copy_prompts(tokenizer, num: int) -> list[list[int]]:
-    return [chat_ids(tokenizer, "Rewrite the following text, keeping its words but fixing any spelling "
-                                f"mistakes:\n\n{p}") for p in passages(num)]
+    return [
+        chat_ids(tokenizer, f"Rewrite the following text, keeping its words but fixing any spelling mistakes:\n\n{p}")
+        for p in passages(num)
+    ]
 
 
 def chat_prompts(tokenizer, num: int) -> list[list[int]]:
-    return [chat_ids(tokenizer, ASKS[i % 2].format(TOPICS[i % len(TOPICS)] + ("" if i < 16 else " in winter")))
-            for i in range(num)]
+    return [
+        chat_ids(tokenizer, ASKS[i % 2].format(TOPICS[i % len(TOPICS)] + ("" if i < 16 else " in winter")))
+        for i in range(num)
+    ]
 
 
 def params_for(w: SpecWorkload, i: int) -> SamplingParams:
@@ -51,13 +72,18 @@ def params_for(w: SpecWorkload, i: int) -> SamplingParams:
     return SamplingParams(max_tokens=w.osl, temperature=w.temperature, top_p=0.95, seed=i, ignore_eos=True)
 
 
-async def run_native(model_dir: Path, prompts: list[list[int]], w: SpecWorkload, speculative: str,
-                     threads: int) -> Run:
+async def run_native(model_dir: Path, prompts: list[list[int]], w: SpecWorkload, speculative: str, threads: int) -> Run:
     """All prompts through a fresh engine (batch 1: one after another); a short warm-up first."""
     from tandem.bench.native_runner import make_engine
 
-    engine = make_engine(model_dir, "float32", threads, max_num_seqs=w.concurrency,
-                         max_len=max(map(len, prompts)) + w.osl, speculative=speculative)
+    engine = make_engine(
+        model_dir,
+        "float32",
+        threads,
+        max_num_seqs=w.concurrency,
+        max_len=max(map(len, prompts)) + w.osl,
+        speculative=speculative,
+    )
     await engine.start()
     try:
         await _generate(engine, prompts[:1], [SamplingParams(max_tokens=4)], "warm")
@@ -71,9 +97,13 @@ async def run_native(model_dir: Path, prompts: list[list[int]], w: SpecWorkload,
         after = engine.stats()
     finally:
         await engine.shutdown()
-    return Run(outputs, seconds, after.num_spec_proposed - before.num_spec_proposed,
-               after.num_spec_accepted - before.num_spec_accepted,
-               after.num_spec_verify_steps - before.num_spec_verify_steps)
+    return Run(
+        outputs,
+        seconds,
+        after.num_spec_proposed - before.num_spec_proposed,
+        after.num_spec_accepted - before.num_spec_accepted,
+        after.num_spec_verify_steps - before.num_spec_verify_steps,
+    )
 
 
 async def _generate(engine, prompts: list[list[int]], params: list[SamplingParams], prefix: str) -> list[list[int]]:
@@ -109,10 +139,15 @@ def run_transformers(model_dir: Path, prompts: list[list[int]], osl: int, specul
         model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, **extra)  # warm-up
         for prompt in prompts:
             start = time.perf_counter()
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=osl, do_sample=False,
-                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **extra)
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=osl,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                **extra,
+            )
             seconds += time.perf_counter() - start
-            outputs.append(out[0, len(prompt):].tolist())
+            outputs.append(out[0, len(prompt) :].tolist())
     return Run(outputs, seconds)
 
 
@@ -127,8 +162,15 @@ WORKLOADS = {
 }
 
 
-def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_transformers: bool,
-            names: list[str], on_row=lambda report: None) -> dict:
+def compare(
+    model_dir: Path,
+    speculative: str,
+    threads: int,
+    repeats: int,
+    with_transformers: bool,
+    names: list[str],
+    on_row=lambda report: None,
+) -> dict:
     """Each named workload on the plain and the speculating engine, alternated `repeats` times (a neighbour's burst
     hits one pair, not one side), each run in a fresh process; transformers at batch 1, greedy. `on_row` sees the
     report after each workload (a long run on a loaded host keeps what it measured)."""
@@ -138,8 +180,13 @@ def compare(model_dir: Path, speculative: str, threads: int, repeats: int, with_
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     rows: list[dict] = []
-    report = {"model": str(model_dir), "speculative": speculative, "threads": threads, "repeats": repeats,
-              "workloads": rows}
+    report = {
+        "model": str(model_dir),
+        "speculative": speculative,
+        "threads": threads,
+        "repeats": repeats,
+        "workloads": rows,
+    }
     for name in names:
         w = WORKLOADS[name]
         prompts = (copy_prompts if w.kind == "copy" else chat_prompts)(tokenizer, w.num_requests)
@@ -183,8 +230,15 @@ def cmd_bench_spec(args) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
-    report = compare(resolve_model(args.model), args.speculative, args.threads, args.repeats,
-                     "transformers" in args.engines, names, on_row=write)
+    report = compare(
+        resolve_model(args.model),
+        args.speculative,
+        args.threads,
+        args.repeats,
+        "transformers" in args.engines,
+        names,
+        on_row=write,
+    )
     print(format_table(report))
     if args.json is not None:
         print(f"\nwrote {args.json}")

@@ -2,6 +2,7 @@
 
 Pure parsing: no sockets, no clocks. The caller stamps the time each event arrives.
 """
+
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -55,8 +56,12 @@ def parse_chunk(payload: dict) -> SseEvent:
     if not choices:
         return SseEvent(EventKind.USAGE, num_completion_tokens=tokens) if tokens is not None else _OTHER
     choice = choices[0]
-    return SseEvent(EventKind.CONTENT, text=_choice_text(choice), finish_reason=choice.get("finish_reason"),
-                    num_completion_tokens=tokens)
+    return SseEvent(
+        EventKind.CONTENT,
+        text=_choice_text(choice),
+        finish_reason=choice.get("finish_reason"),
+        num_completion_tokens=tokens,
+    )
 
 
 def _choice_text(choice: dict) -> str:

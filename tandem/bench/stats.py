@@ -1,4 +1,5 @@
 """Per-request token timing and its summary (throughput, TTFT, ITL percentiles). No torch, no I/O."""
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,15 +72,22 @@ def summarize(traces: list[RequestTrace]) -> RunSummary:
     ttfts = [t.ttft_s for t in traces]
     itls = [gap for t in traces for gap in t.itls_s]
     return RunSummary(
-        num_requests=len(traces), num_output_tokens=num_tokens, wall_s=end - start,
+        num_requests=len(traces),
+        num_output_tokens=num_tokens,
+        wall_s=end - start,
         output_tokens_per_s=num_tokens / (end - start) if end > start else float("nan"),
-        ttft_s_p50=percentile(ttfts, 50), ttft_s_p90=percentile(ttfts, 90),
-        itl_s_p50=percentile(itls, 50), itl_s_p90=percentile(itls, 90),
+        ttft_s_p50=percentile(ttfts, 50),
+        ttft_s_p90=percentile(ttfts, 90),
+        itl_s_p50=percentile(itls, 50),
+        itl_s_p90=percentile(itls, 90),
         decode_tokens_per_s=_mean_decode_rate(traces),
     )
 
 
 def _mean_decode_rate(traces: list[RequestTrace]) -> float:
-    rates = [(t.num_tokens - 1) / span for t in traces
-             if t.num_tokens > 1 and (span := t.token_times_s[-1] - t.token_times_s[0]) > 0]
+    rates = [
+        (t.num_tokens - 1) / span
+        for t in traces
+        if t.num_tokens > 1 and (span := t.token_times_s[-1] - t.token_times_s[0]) > 0
+    ]
     return sum(rates) / len(rates) if rates else float("nan")

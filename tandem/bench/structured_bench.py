@@ -2,6 +2,7 @@
 `json_schema`, in rounds that alternate which goes first (plain, schema; schema, plain; ...) at each concurrency, so
 drift on a shared host cannot favour a side, in one invocation; each round's rows, the ITL p50 ratio of the rounds'
 medians, and the workers' mask time per token read from their /metrics. Wires the serve benchmark; no statistics."""
+
 import asyncio
 import dataclasses
 import logging
@@ -16,15 +17,22 @@ from tandem.bench.serve_stats import ServeSummary
 
 log = logging.getLogger(__name__)
 TARGET_RATIO = 1.10  # issue 25: ITL p50 with a json_schema within 1.10x of the same run without
-GRAMMAR_COUNTERS = ("tandem_worker_grammar_masks", "tandem_worker_grammar_mask_seconds",
-                    "tandem_worker_grammar_wait_seconds")
+GRAMMAR_COUNTERS = (
+    "tandem_worker_grammar_masks",
+    "tandem_worker_grammar_mask_seconds",
+    "tandem_worker_grammar_wait_seconds",
+)
 
 
 def story_schema(osl: int) -> dict:
     """One string the grammar will not let end within `osl` tokens (no token is 16 characters long), so a
     constrained answer is text all the way, as long as the unconstrained one: each token makes one chunk in both."""
-    return {"type": "object", "additionalProperties": False, "required": ["story"],
-            "properties": {"story": {"type": "string", "minLength": 16 * osl}}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["story"],
+        "properties": {"story": {"type": "string", "minLength": 16 * osl}},
+    }
 
 
 def with_schema(cfg, schema: dict | None, concurrency: int):
@@ -34,8 +42,14 @@ def with_schema(cfg, schema: dict | None, concurrency: int):
     if schema is not None:
         extra["structured_outputs"] = {"json": schema}
     endpoint = dataclasses.replace(cfg.endpoint, extra_body=extra)
-    return dataclasses.replace(cfg, endpoint=endpoint, concurrency=concurrency, request_rate=None, trace=None,
-                               num_requests=max(cfg.num_requests, concurrency))
+    return dataclasses.replace(
+        cfg,
+        endpoint=endpoint,
+        concurrency=concurrency,
+        request_rate=None,
+        trace=None,
+        num_requests=max(cfg.num_requests, concurrency),
+    )
 
 
 def round_order(index: int) -> tuple[bool, bool]:
@@ -70,8 +84,9 @@ def mask_costs(before: dict[str, float], after: dict[str, float]) -> dict:
     return {"num_masks": int(masks), "mask_s_per_token": per(fill), "wait_s_per_token": per(wait)}
 
 
-async def run_structured(cfg, concurrencies: tuple[int, ...], metrics_urls: tuple[str, ...], run_serve,
-                         num_rounds: int = 1) -> dict:
+async def run_structured(
+    cfg, concurrencies: tuple[int, ...], metrics_urls: tuple[str, ...], run_serve, num_rounds: int = 1
+) -> dict:
     """Each concurrency: `num_rounds` rounds of a plain and a json_schema run, alternating which goes first;
     `run_serve` is serve_bench.run_serve."""
     schema, rows = story_schema(cfg.osl), []
@@ -84,18 +99,39 @@ async def run_structured(cfg, concurrencies: tuple[int, ...], metrics_urls: tupl
                 if before is not None:
                     row |= mask_costs(before, await read_counters(metrics_urls))
                 rows.append(row)
-                log.info("bench serve --structured: concurrency %d, round %d, json_schema %s: ITL p50 %.2f ms",
-                         concurrency, index, constrained, 1e3 * summary.itl_s.p50)
-    return {"benchmark": "serve-structured", "schema": schema, "num_rounds": num_rounds, "rows": rows,
-            "ratios": ratios(rows), "round_ratios": round_ratios(rows), "target_ratio": TARGET_RATIO}
+                log.info(
+                    "bench serve --structured: concurrency %d, round %d, json_schema %s: ITL p50 %.2f ms",
+                    concurrency,
+                    index,
+                    constrained,
+                    1e3 * summary.itl_s.p50,
+                )
+    return {
+        "benchmark": "serve-structured",
+        "schema": schema,
+        "num_rounds": num_rounds,
+        "rows": rows,
+        "ratios": ratios(rows),
+        "round_ratios": round_ratios(rows),
+        "target_ratio": TARGET_RATIO,
+    }
 
 
 def summary_row(s: ServeSummary, concurrency: int, constrained: bool, index: int = 0) -> dict:
-    return {"concurrency": concurrency, "round": index, "json_schema": constrained, "num_completed": s.num_completed,
-            "num_errors": s.num_errors, "num_output_tokens": s.num_output_tokens,
-            "itl_p50_s": s.itl_s.p50, "itl_p90_s": s.itl_s.p90, "mean_itl_p50_s": s.mean_itl_s.p50,
-            "ttft_p50_s": s.ttft_s.p50, "output_tokens_per_s": s.output_tokens_per_s,
-            "first_errors": list(s.first_errors)}
+    return {
+        "concurrency": concurrency,
+        "round": index,
+        "json_schema": constrained,
+        "num_completed": s.num_completed,
+        "num_errors": s.num_errors,
+        "num_output_tokens": s.num_output_tokens,
+        "itl_p50_s": s.itl_s.p50,
+        "itl_p90_s": s.itl_s.p90,
+        "mean_itl_p50_s": s.mean_itl_s.p50,
+        "ttft_p50_s": s.ttft_s.p50,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "first_errors": list(s.first_errors),
+    }
 
 
 def median_p50s(rows: list[dict]) -> dict[tuple[int, bool], float]:
@@ -123,15 +159,39 @@ def round_ratios(rows: list[dict]) -> dict[str, list[float]]:
 
 
 def format_structured(report: dict) -> str:
-    header = ("concurrency", "round", "json_schema", "requests", "ITL p50 (ms)", "ITL p90 (ms)", "TPOT p50 (ms)",
-              "tok/s", "mask µs/token", "wait µs/token")
-    rows = [(str(r["concurrency"]), str(r.get("round", 0)), "yes" if r["json_schema"] else "no", str(r["num_completed"]),
-             ms(r["itl_p50_s"]), ms(r["itl_p90_s"]), ms(r["mean_itl_p50_s"]), f"{r['output_tokens_per_s']:.1f}",
-             _us(r, "mask_s_per_token"), _us(r, "wait_s_per_token")) for r in report["rows"]]
+    header = (
+        "concurrency",
+        "round",
+        "json_schema",
+        "requests",
+        "ITL p50 (ms)",
+        "ITL p90 (ms)",
+        "TPOT p50 (ms)",
+        "tok/s",
+        "mask µs/token",
+        "wait µs/token",
+    )
+    rows = [
+        (
+            str(r["concurrency"]),
+            str(r.get("round", 0)),
+            "yes" if r["json_schema"] else "no",
+            str(r["num_completed"]),
+            ms(r["itl_p50_s"]),
+            ms(r["itl_p90_s"]),
+            ms(r["mean_itl_p50_s"]),
+            f"{r['output_tokens_per_s']:.1f}",
+            _us(r, "mask_s_per_token"),
+            _us(r, "wait_s_per_token"),
+        )
+        for r in report["rows"]
+    ]
     each = report.get("round_ratios", {})
-    verdicts = [f"concurrency {c}: ITL p50 ratio {v:.3f} ({'meets' if v <= TARGET_RATIO else 'misses'} "
-                f"<= {TARGET_RATIO})" + (f"; per round {', '.join(f'{x:.3f}' for x in each[c])}" if c in each else "")
-                for c, v in report["ratios"].items()]
+    verdicts = [
+        f"concurrency {c}: ITL p50 ratio {v:.3f} ({'meets' if v <= TARGET_RATIO else 'misses'} "
+        f"<= {TARGET_RATIO})" + (f"; per round {', '.join(f'{x:.3f}' for x in each[c])}" if c in each else "")
+        for c, v in report["ratios"].items()
+    ]
     return "\n".join([format_rows(header, rows), "", *verdicts])
 
 
@@ -140,6 +200,7 @@ def _us(row: dict, key: str) -> str:
     return "-" if value is None or value != value else f"{value * 1e6:.1f}"
 
 
-def run_structured_sync(cfg, concurrencies: tuple[int, ...], metrics_urls: tuple[str, ...], run_serve,
-                        num_rounds: int = 1) -> dict:
+def run_structured_sync(
+    cfg, concurrencies: tuple[int, ...], metrics_urls: tuple[str, ...], run_serve, num_rounds: int = 1
+) -> dict:
     return asyncio.run(run_structured(cfg, concurrencies, metrics_urls, run_serve, num_rounds))

@@ -1,6 +1,7 @@
 """TCP connections to a stack's gRPC ports, read from /proc/net/tcp and tcp6: `bench overhead` counts those a phase
 opens, each one a TLS handshake on a secure stack (a channel made per request would show here). Linux only; reads
 those files and opens no socket."""
+
 from collections import Counter
 from pathlib import Path
 

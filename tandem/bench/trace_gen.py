@@ -1,6 +1,7 @@
 """Synthetic request traces from a seed: a diurnal load with bursts, a constant load, and llm-d's precise-prefix
 benchmark shape (tenants sharing long contexts). Rows in the Mooncake schema (ms timestamps, 512-token hash ids),
 so `tandem sim` reads them like the public traces. Pure: rows out, no I/O (writing is `write_jsonl`'s)."""
+
 import itertools
 import json
 import math
@@ -57,9 +58,17 @@ def poisson_arrivals(rate_at, max_rate: float, seconds: float, rng: random.Rando
             yield t
 
 
-def diurnal_bursty(seed: int, seconds: float = 3600.0, mean_rate: float = 6.0, amplitude: float = 0.6,
-                   period_s: float = 1800.0, bursts_per_hour: float = 6.0, burst_factor: float = 2.5,
-                   burst_s: float = 60.0, lengths: Lengths = Lengths()) -> list[TraceRow]:
+def diurnal_bursty(
+    seed: int,
+    seconds: float = 3600.0,
+    mean_rate: float = 6.0,
+    amplitude: float = 0.6,
+    period_s: float = 1800.0,
+    bursts_per_hour: float = 6.0,
+    burst_factor: float = 2.5,
+    burst_s: float = 60.0,
+    lengths: Lengths = Lengths(),
+) -> list[TraceRow]:
     """A day-shaped load (a sine from its trough, `period_s` long) with bursts of `burst_factor` x the rate
     lasting `burst_s`, at Poisson times; lognormal lengths; every prompt its own blocks."""
     rng = random.Random(seed)
@@ -74,8 +83,9 @@ def diurnal_bursty(seed: int, seconds: float = 3600.0, mean_rate: float = 6.0, a
     return _rows(poisson_arrivals(rate_at, peak, seconds, rng), rng, lengths)
 
 
-def constant_load(seed: int, seconds: float = 1800.0, rate: float = 6.0,
-                  lengths: Lengths = Lengths()) -> list[TraceRow]:
+def constant_load(
+    seed: int, seconds: float = 1800.0, rate: float = 6.0, lengths: Lengths = Lengths()
+) -> list[TraceRow]:
     """Poisson arrivals at one rate: the load never changes, only its noise does."""
     rng = random.Random(seed)
     return _rows(poisson_arrivals(lambda t: rate, rate, seconds, rng), rng, lengths)
@@ -92,9 +102,24 @@ def _rows(arrivals: Iterator[float], rng: random.Random, lengths: Lengths) -> li
 # llm-d's published load (inference-perf's poisson stages, (QPS, seconds)): a warm-up that seats the residents
 # (15 QPS x 50 s = one request per (tenant, user) on average), then the ladder 3 -> 60 QPS
 LLMD_WARMUP = ((15.0, 50.0),)
-LLMD_LADDER = ((3.0, 20.0), (10.0, 20.0), (15.0, 20.0), (20.0, 38.0), (22.0, 34.0), (25.0, 30.0), (30.0, 25.0),
-               (35.0, 21.0), (40.0, 38.0), (43.0, 36.0), (46.0, 33.0), (49.0, 30.0), (52.0, 29.0), (55.0, 27.0),
-               (57.0, 26.0), (60.0, 25.0))
+LLMD_LADDER = (
+    (3.0, 20.0),
+    (10.0, 20.0),
+    (15.0, 20.0),
+    (20.0, 38.0),
+    (22.0, 34.0),
+    (25.0, 30.0),
+    (30.0, 25.0),
+    (35.0, 21.0),
+    (40.0, 38.0),
+    (43.0, 36.0),
+    (46.0, 33.0),
+    (49.0, 30.0),
+    (52.0, 29.0),
+    (55.0, 27.0),
+    (57.0, 26.0),
+    (60.0, 25.0),
+)
 # NOTE: mean output per request, derived: llm-d's precise run kept up with its arrivals (TTFT p90 0.54 s, queue ~0),
 # so its completions track its arrivals and output tok/s / requests/s is the mean output: 8,730 / 35.562 = 245.5
 LLMD_OUTPUT_TOKENS = 245
@@ -154,5 +179,14 @@ def write_jsonl(rows: list[TraceRow], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for r in rows:
-            f.write(json.dumps({"timestamp": round(r.arrival_s * 1000), "input_length": r.isl,
-                                "output_length": r.osl, "hash_ids": list(r.hash_ids)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": round(r.arrival_s * 1000),
+                        "input_length": r.isl,
+                        "output_length": r.osl,
+                        "hash_ids": list(r.hash_ids),
+                    }
+                )
+                + "\n"
+            )

@@ -2,6 +2,7 @@
 
 Parsing, time scaling and clipping to a context length only; no prompts, no I/O beyond reading the file.
 """
+
 import csv
 import json
 import math
@@ -36,7 +37,7 @@ def load_trace(path: Path, max_requests: int | None = None, time_scale: float = 
 
 
 def detect_format(path: Path) -> str:
-    """"mooncake" or "azure": by extension, else by the first line's shape."""
+    """ "mooncake" or "azure": by extension, else by the first line's shape."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         return "mooncake"
@@ -67,8 +68,12 @@ def read_mooncake(path: Path) -> Iterator[TraceRow]:
                 continue
             try:
                 r = json.loads(line)
-                yield TraceRow(r["timestamp"] / 1000.0, int(r["input_length"]), int(r["output_length"]),
-                               tuple(r.get("hash_ids", ())))
+                yield TraceRow(
+                    r["timestamp"] / 1000.0,
+                    int(r["input_length"]),
+                    int(r["output_length"]),
+                    tuple(r.get("hash_ids", ())),
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 raise TraceError(f"{path}:{num}: not a Mooncake row: {exc}") from None
 

@@ -1,5 +1,6 @@
 """`tandem bench traces`: write a synthetic trace (diurnal with bursts, constant, llm-d's precise-prefix shape)
 as Mooncake-schema JSONL from a seed. Argument parsing only; the generators are tandem/bench/trace_gen.py."""
+
 import argparse
 from pathlib import Path
 
@@ -22,8 +23,12 @@ def add_traces_command(sub) -> None:
     p.add_argument("--burst-s", type=float, default=60.0)
     p.add_argument("--isl-median", type=float, default=Lengths().isl_median)
     p.add_argument("--osl-median", type=float, default=Lengths().osl_median)
-    p.add_argument("--qps", default=None, help="precise-prefix: QPS stages (default: llm-d's published warm-up and "
-                   "ladder, 15 then 3 to 60 QPS with their own lengths)")
+    p.add_argument(
+        "--qps",
+        default=None,
+        help="precise-prefix: QPS stages (default: llm-d's published warm-up and "
+        "ladder, 15 then 3 to 60 QPS with their own lengths)",
+    )
     p.add_argument("--stage-s", type=float, default=60.0, help="precise-prefix with --qps: each stage's length")
     p.add_argument("--output-tokens", type=int, default=PrefixShape().output_tokens, help="precise-prefix")
     p.set_defaults(func=run_traces)
@@ -38,14 +43,29 @@ def run_traces(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace):
-    if min(args.seconds, args.rate, args.period_s, args.stage_s, args.burst_s) <= 0 or args.output_tokens < 1 \
-            or not 0 <= args.amplitude < 1 or args.burst_factor < 1 or args.bursts_per_hour < 0:
-        raise SystemExit("tandem bench traces: lengths, rates and periods must be > 0, 0 <= --amplitude < 1, "
-                         "--burst-factor >= 1")
+    if (
+        min(args.seconds, args.rate, args.period_s, args.stage_s, args.burst_s) <= 0
+        or args.output_tokens < 1
+        or not 0 <= args.amplitude < 1
+        or args.burst_factor < 1
+        or args.bursts_per_hour < 0
+    ):
+        raise SystemExit(
+            "tandem bench traces: lengths, rates and periods must be > 0, 0 <= --amplitude < 1, --burst-factor >= 1"
+        )
     lengths = Lengths(isl_median=args.isl_median, osl_median=args.osl_median)
     if args.kind == "diurnal":
-        return diurnal_bursty(args.seed, args.seconds, args.rate, args.amplitude, args.period_s,
-                              args.bursts_per_hour, args.burst_factor, args.burst_s, lengths)
+        return diurnal_bursty(
+            args.seed,
+            args.seconds,
+            args.rate,
+            args.amplitude,
+            args.period_s,
+            args.bursts_per_hour,
+            args.burst_factor,
+            args.burst_s,
+            lengths,
+        )
     if args.kind == "constant":
         return constant_load(args.seed, args.seconds, args.rate, lengths)
     if args.qps is None:

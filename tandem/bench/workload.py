@@ -1,5 +1,6 @@
 """The benchmark's workload: how many requests of what length, and their deterministic random prompts
 (token ids drawn from the tokenizer's ordinary vocabulary, never a special token)."""
+
 import json
 from dataclasses import dataclass
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 Each command prints the directories it wrote, one per line, on stdout.
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -27,8 +28,14 @@ def add_certs_commands(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--routers", type=int, default=1, help="router, router-1, ...")
     init.add_argument("--prefill", type=int, default=1, help="prefill-0, prefill-1, ...")
     init.add_argument("--decode", type=int, default=1, help="decode-0, decode-1, ...")
-    init.add_argument("--role-wide", action="append", default=[], choices=ROLES, metavar="ROLE",
-                      help="also a certificate any replica of ROLE may hold (DIR/ROLE-any; repeatable)")
+    init.add_argument(
+        "--role-wide",
+        action="append",
+        default=[],
+        choices=ROLES,
+        metavar="ROLE",
+        help="also a certificate any replica of ROLE may hold (DIR/ROLE-any; repeatable)",
+    )
     init.add_argument("--ca-days", type=int, default=pki.CA_DAYS)
     init.add_argument("--force", action="store_true", help="replace an existing CA (every old certificate dies)")
     _add_leaf_options(init)
@@ -49,18 +56,26 @@ def add_certs_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_leaf_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--days", type=int, default=pki.LEAF_DAYS, help="certificate lifetime")
-    parser.add_argument("--dns", action="append", default=[], metavar="NAME",
-                        help="another host name clients dial the service by (repeatable)")
+    parser.add_argument(
+        "--dns",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name clients dial the service by (repeatable)",
+    )
 
 
-def default_identities(num_routers: int, num_prefill: int, num_decode: int,
-                       role_wide: list[str] = ()) -> list[Identity]:
+def default_identities(
+    num_routers: int, num_prefill: int, num_decode: int, role_wide: list[str] = ()
+) -> list[Identity]:
     """What `init` issues; the ids are the ones `tandem up` gives its processes."""
     routers = ["router", *(f"router-{i}" for i in range(1, num_routers))]
-    return ([Identity(role, role) for role in SINGLE_ROLES] + [Identity("router", r) for r in routers]
-            + [Identity(role, f"{role}-{i}") for role, n in zip(WORKER_ROLES, (num_prefill, num_decode))
-               for i in range(n)]
-            + [Identity(role, ANY_ID) for role in dict.fromkeys(role_wide)])
+    return (
+        [Identity(role, role) for role in SINGLE_ROLES]
+        + [Identity("router", r) for r in routers]
+        + [Identity(role, f"{role}-{i}") for role, n in zip(WORKER_ROLES, (num_prefill, num_decode)) for i in range(n)]
+        + [Identity(role, ANY_ID) for role in dict.fromkeys(role_wide)]
+    )
 
 
 def _run_init(args) -> int:

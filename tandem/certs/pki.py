@@ -1,6 +1,7 @@
 """A deployment's certificates: one CA, and per identity a directory holding tls.crt, tls.key and ca.crt (the names
 a Kubernetes TLS Secret uses), plus the shared KV signing key. Writes files 0600 in 0700 directories; opens no
 connection and reads no environment (tandem/certs/cli.py and the launcher decide where and what)."""
+
 import datetime
 import ipaddress
 import os
@@ -36,6 +37,7 @@ class Authority:
 @dataclass(frozen=True, slots=True)
 class IdentityFiles:
     """Where one identity's files are: what a service's TANDEM_GRPC_TLS_* point at."""
+
     identity: Identity
     directory: Path
 
@@ -52,38 +54,64 @@ class IdentityFiles:
         return self.directory / CA_CERT
 
     def env(self) -> dict[str, str]:
-        return {"TANDEM_GRPC_TLS_CA": str(self.ca), "TANDEM_GRPC_TLS_CERT": str(self.cert),
-                "TANDEM_GRPC_TLS_KEY": str(self.key), "TANDEM_GRPC_TLS_CLIENT_AUTH": "1"}
+        return {
+            "TANDEM_GRPC_TLS_CA": str(self.ca),
+            "TANDEM_GRPC_TLS_CERT": str(self.cert),
+            "TANDEM_GRPC_TLS_KEY": str(self.key),
+            "TANDEM_GRPC_TLS_CLIENT_AUTH": "1",
+        }
 
 
 def new_authority(name: str = "tandem-ca", days: int = CA_DAYS) -> Authority:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (_builder(subject, subject, key.public_key(), days)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        _builder(subject, subject, key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     return Authority(cert, key)
 
 
-def issue(authority: Authority, identity: Identity, days: int = LEAF_DAYS,
-          dns: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+def issue(
+    authority: Authority, identity: Identity, days: int = LEAF_DAYS, dns: tuple[str, ...] = ()
+) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) for `identity`: its SAN URI, and names a client may dial it by (loopback,
     its role, its id, `tandem`, and `dns`). Usable for serving and as a client."""
     key = ec.generate_private_key(ec.SECP256R1())
-    names = dict.fromkeys(["localhost", COMMON_DNS, identity.role, *dns]
-                          + ([] if identity.is_role_wide else [identity.id]))
-    sans = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri),
-                                        *(x509.DNSName(n) for n in names),
-                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    names = dict.fromkeys(
+        ["localhost", COMMON_DNS, identity.role, *dns] + ([] if identity.is_role_wide else [identity.id])
+    )
+    sans = x509.SubjectAlternativeName(
+        [
+            x509.UniformResourceIdentifier(identity.uri),
+            *(x509.DNSName(n) for n in names),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        ]
+    )
     usage = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity.uri)])
-    cert = (_builder(subject, authority.cert.subject, key.public_key(), days)
-            .add_extension(sans, critical=False).add_extension(usage, critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(authority.key, hashes.SHA256()))
+    cert = (
+        _builder(subject, authority.cert.subject, key.public_key(), days)
+        .add_extension(sans, critical=False)
+        .add_extension(usage, critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(authority.key, hashes.SHA256())
+    )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
@@ -91,14 +119,21 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x5
     if days < 1:
         raise ValueError(f"a certificate must live at least 1 day, got {days}")
     now = datetime.datetime.now(datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
-            .serial_number(x509.random_serial_number()).not_valid_before(now - _CLOCK_SKEW)
-            .not_valid_after(now + datetime.timedelta(days=days)))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -130,8 +165,9 @@ def load_authority(directory: Path) -> Authority:
     return Authority(cert, key)
 
 
-def write_identity(directory: Path, authority: Authority, identity: Identity, days: int = LEAF_DAYS,
-                   dns: tuple[str, ...] = ()) -> IdentityFiles:
+def write_identity(
+    directory: Path, authority: Authority, identity: Identity, days: int = LEAF_DAYS, dns: tuple[str, ...] = ()
+) -> IdentityFiles:
     """Issue `identity` into DIR/<id> (or DIR/<role>-any); a new certificate replaces one of the same identity,
     never another identity's."""
     files = IdentityFiles(identity, directory / identity.file_name)

@@ -4,6 +4,7 @@ attempt (name, what a safe stack answers, what it answered). It judges nothing: 
 
 Usage: python -m tandem.chaos.attacker CONFIG_JSON, then "round N" lines on stdin (EOF ends it).
 """
+
 import asyncio
 import hashlib
 import hmac
@@ -61,15 +62,20 @@ def _code(call) -> str:
 
 
 def _register(worker_id: str) -> router_pb2.RegisterRequest:
-    info = router_pb2.WorkerInfo(worker_id=worker_id, role=common_pb2.WORKER_ROLE_DECODE, address="127.0.0.1:1",
-                                 model="evil", max_num_seqs=1, max_model_len=1)
+    info = router_pb2.WorkerInfo(
+        worker_id=worker_id,
+        role=common_pb2.WORKER_ROLE_DECODE,
+        address="127.0.0.1:1",
+        model="evil",
+        max_num_seqs=1,
+        max_model_len=1,
+    )
     return router_pb2.RegisterRequest(worker=info)
 
 
 def _router_call(target: Target, channel: grpc.Channel, worker_id: str) -> str:
     with channel:
-        return _code(lambda: router_pb2_grpc.RouterStub(channel).Register(_register(worker_id),
-                                                                          timeout=GRPC_TIMEOUT_S))
+        return _code(lambda: router_pb2_grpc.RouterStub(channel).Register(_register(worker_id), timeout=GRPC_TIMEOUT_S))
 
 
 def plane_attacks(target: Target) -> list[tuple[str, str, str]]:
@@ -78,14 +84,26 @@ def plane_attacks(target: Target) -> list[tuple[str, str, str]]:
     ca_only = _tls(target, "ca-only")
     return [
         ("no certificate (plaintext)", REFUSED, _router_call(target, grpc.insecure_channel(router), "evil-0")),
-        ("no certificate (TLS)", REFUSED, _router_call(target, grpc.secure_channel(
-            router, ca_only.channel_credentials()), "evil-0")),
-        ("certificate from another CA", REFUSED, _router_call(target, make_sync_channel(
-            router, _tls(target, "rogue")), "evil-0")),
-        ("gateway certificate calls Register", DENIED, _router_call(target, make_sync_channel(
-            router, _tls(target, "gateway")), "evil-0")),
-        ("worker registers another's id", DENIED, _router_call(target, make_sync_channel(
-            router, _tls(target, "decode-0")), "decode-1")),
+        (
+            "no certificate (TLS)",
+            REFUSED,
+            _router_call(target, grpc.secure_channel(router, ca_only.channel_credentials()), "evil-0"),
+        ),
+        (
+            "certificate from another CA",
+            REFUSED,
+            _router_call(target, make_sync_channel(router, _tls(target, "rogue")), "evil-0"),
+        ),
+        (
+            "gateway certificate calls Register",
+            DENIED,
+            _router_call(target, make_sync_channel(router, _tls(target, "gateway")), "evil-0"),
+        ),
+        (
+            "worker registers another's id",
+            DENIED,
+            _router_call(target, make_sync_channel(router, _tls(target, "decode-0")), "decode-1"),
+        ),
     ]
 
 
@@ -109,15 +127,21 @@ def kv_attacks(target: Target, tag: int) -> list[tuple[str, str, str]]:
     it, each sent straight to the decode worker's Generate with a stolen gateway certificate."""
     prompt, gateway = _prompt(tag, KV_PROMPT_LEN), _tls(target, "gateway")
     with make_sync_channel(target.prefill, gateway) as channel:
-        request = worker_pb2.PrefillRequest(req_id=f"genuine-{tag}", token_ids=prompt,
-                                            params=common_pb2.SamplingParams(max_tokens=4))
+        request = worker_pb2.PrefillRequest(
+            req_id=f"genuine-{tag}", token_ids=prompt, params=common_pb2.SamplingParams(max_tokens=4)
+        )
         reply = worker_pb2_grpc.PrefillWorkerStub(channel).Prefill(request, timeout=GRPC_TIMEOUT_S)
     genuine, first = reply.kv, reply.first_token_id
     key = bytes.fromhex(Path(target.kv_key).read_text().strip())
 
     def generate(req_id: str, handle: common_pb2.KvHandle) -> str:
-        request = worker_pb2.GenerateRequest(req_id=f"{req_id}-{tag}", token_ids=prompt, output_token_ids=[first],
-                                             params=common_pb2.SamplingParams(max_tokens=4), kv=handle)
+        request = worker_pb2.GenerateRequest(
+            req_id=f"{req_id}-{tag}",
+            token_ids=prompt,
+            output_token_ids=[first],
+            params=common_pb2.SamplingParams(max_tokens=4),
+            kv=handle,
+        )
         with make_sync_channel(target.decode, gateway) as channel:
             return _code(lambda: worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=GRPC_TIMEOUT_S))
 
@@ -125,8 +149,11 @@ def kv_attacks(target: Target, tag: int) -> list[tuple[str, str, str]]:
         ("forged KV handle (tampered)", DENIED, generate("forged", _copy(genuine, num_blocks=genuine.num_blocks + 1))),
         ("KV handle from another key", DENIED, generate("foreign", _copy(genuine, os.urandom(32)))),
         ("expired KV handle", INVALID, generate("expired", _copy(genuine, key, lease_expires_unix_s=time.time() - 1))),
-        ("KV handle naming an unregistered address", DENIED,
-         generate("moved", _copy(genuine, key, address="127.0.0.1:9"))),
+        (
+            "KV handle naming an unregistered address",
+            DENIED,
+            generate("moved", _copy(genuine, key, address="127.0.0.1:9")),
+        ),
         ("genuine KV handle (control)", OK, generate("genuine", genuine)),
     ]
     return attempts + [("replayed KV handle", DENIED, generate("replay", genuine))]
@@ -137,8 +164,11 @@ def _auth(key: str) -> dict[str, str]:
 
 
 async def _cached(http: httpx.AsyncClient, target: Target, key: str, prompt: list[int]) -> int:
-    reply = await http.post("/v1/completions", headers=_auth(key), json={
-        "model": target.model, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+    reply = await http.post(
+        "/v1/completions",
+        headers=_auth(key),
+        json={"model": target.model, "prompt": prompt, "max_tokens": 2, "temperature": 0},
+    )
     if reply.status_code != 200:
         return -reply.status_code
     return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -149,17 +179,23 @@ async def probe_attack(http: httpx.AsyncClient, target: Target, tag: int) -> tup
     prompt = _prompt(10_000 + tag, PROBE_LEN)
     owner = [await _cached(http, target, target.keys["owner"], prompt) for _ in range(2)]
     probed = await _cached(http, target, target.keys["prober"], prompt)
-    got = "no hit" if owner[0] == 0 and owner[1] > 0 and probed == 0 else (
-        f"owner cached {owner}, prober cached {probed}")
+    got = (
+        "no hit"
+        if owner[0] == 0 and owner[1] > 0 and probed == 0
+        else (f"owner cached {owner}, prober cached {probed}")
+    )
     return "cross-tenant cache probe", "no hit", got
 
 
 def _oversize(target: Target) -> dict[str, dict]:
-    return {"max_tokens 2^32": {"max_tokens": 2**32}, "max_tokens 2^64": {"max_tokens": 2**64},
-            "stop string of 257 characters": {"stop": ["s" * 257]},
-            "17 stop strings": {"stop": [f"s{i}" for i in range(17)]},
-            "messages past the cap": {"messages": [{"role": "user", "content": "x" * (target.max_prompt_chars + 1)}]},
-            "n = 17": {"n": 17}}
+    return {
+        "max_tokens 2^32": {"max_tokens": 2**32},
+        "max_tokens 2^64": {"max_tokens": 2**64},
+        "stop string of 257 characters": {"stop": ["s" * 257]},
+        "17 stop strings": {"stop": [f"s{i}" for i in range(17)]},
+        "messages past the cap": {"messages": [{"role": "user", "content": "x" * (target.max_prompt_chars + 1)}]},
+        "n = 17": {"n": 17},
+    }
 
 
 async def oversize_attacks(http: httpx.AsyncClient, target: Target) -> list[tuple[str, str, str]]:
@@ -168,8 +204,13 @@ async def oversize_attacks(http: httpx.AsyncClient, target: Target) -> list[tupl
         body = {"model": target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
         reply = await http.post("/v1/chat/completions", headers=_auth(target.keys["owner"]), json=body)
         is_openai = reply.headers.get("content-type", "").startswith("application/json") and "error" in reply.json()
-        out.append((f"oversize: {name}", "400", str(reply.status_code) if is_openai else f"{reply.status_code} "
-                    "without an OpenAI error body"))
+        out.append(
+            (
+                f"oversize: {name}",
+                "400",
+                str(reply.status_code) if is_openai else f"{reply.status_code} without an OpenAI error body",
+            )
+        )
     return out
 
 
@@ -177,8 +218,13 @@ async def flood_attack(http: httpx.AsyncClient, target: Target) -> tuple[str, st
     """One key sends 10x its in-flight limit at once and holds every admitted stream open until all have answered
     (then hangs up, which must stop their work): at least half must be 429 with Retry-After, nothing else."""
     num = 10 * target.max_inflight_per_key
-    body = {"model": target.model, "prompt": _prompt(99, 16), "max_tokens": FLOOD_TOKENS, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": target.model,
+        "prompt": _prompt(99, 16),
+        "max_tokens": FLOOD_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+    }
     answered, everyone = [], asyncio.Event()
 
     def count(status: int, retry_after: str | None) -> None:
@@ -188,8 +234,7 @@ async def flood_attack(http: httpx.AsyncClient, target: Target) -> tuple[str, st
 
     async def one() -> None:
         try:
-            async with http.stream("POST", "/v1/completions", headers=_auth(target.keys["flood"]),
-                                   json=body) as reply:
+            async with http.stream("POST", "/v1/completions", headers=_auth(target.keys["flood"]), json=body) as reply:
                 count(reply.status_code, reply.headers.get("retry-after"))
                 await asyncio.wait_for(everyone.wait(), GRPC_TIMEOUT_S)
         except (httpx.HTTPError, TimeoutError) as exc:
@@ -207,14 +252,20 @@ async def flood_attack(http: httpx.AsyncClient, target: Target) -> tuple[str, st
 async def http_attacks(target: Target, tag: int) -> list[tuple[str, str, str]]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=target.url, timeout=120, limits=limits) as http:
-        return [await probe_attack(http, target, tag), *await oversize_attacks(http, target),
-                await flood_attack(http, target)]
+        return [
+            await probe_attack(http, target, tag),
+            *await oversize_attacks(http, target),
+            await flood_attack(http, target),
+        ]
 
 
 def one_round(target: Target, tag: int) -> list[tuple[str, str, str]]:
     out = []
-    for group in (lambda: plane_attacks(target), lambda: kv_attacks(target, tag),
-                  lambda: asyncio.run(http_attacks(target, tag))):
+    for group in (
+        lambda: plane_attacks(target),
+        lambda: kv_attacks(target, tag),
+        lambda: asyncio.run(http_attacks(target, tag)),
+    ):
         try:
             out += group()
         except Exception as exc:  # noqa: BLE001 - an attack that could not run is reported, and fails the verdict

@@ -3,6 +3,7 @@ per-key limits, mutual TLS); in each attack window an attacker process (attacker
 item 8 round after round. The verdict: every attack refused as a safe stack refuses it, the load lost nothing, and
 its p50 TTFT in attack windows within 20% of the quiet windows'. Driving and judging only; attacks are attacker.py's.
 """
+
 import asyncio
 import json
 import math
@@ -23,13 +24,28 @@ MAX_TTFT_RATIO = 1.20  # the issue's target: attacked p50 TTFT within 20% of the
 TENANTS = ("sk-chaos-a", "sk-chaos-b", "sk-chaos-c", "sk-chaos-d")  # the legitimate load's keys
 ATTACKER_KEYS = {"owner": "sk-chaos-owner", "prober": "sk-chaos-prober", "flood": "sk-chaos-flood"}
 # every attack a round runs (the attacker's names): a round that skipped one fails the verdict
-CATALOGUE = frozenset({
-    "no certificate (plaintext)", "no certificate (TLS)", "certificate from another CA",
-    "gateway certificate calls Register", "worker registers another's id", "forged KV handle (tampered)",
-    "KV handle from another key", "expired KV handle", "KV handle naming an unregistered address",
-    "genuine KV handle (control)", "replayed KV handle", "cross-tenant cache probe", "oversize: max_tokens 2^32",
-    "oversize: max_tokens 2^64", "oversize: stop string of 257 characters", "oversize: 17 stop strings",
-    "oversize: messages past the cap", "oversize: n = 17"})
+CATALOGUE = frozenset(
+    {
+        "no certificate (plaintext)",
+        "no certificate (TLS)",
+        "certificate from another CA",
+        "gateway certificate calls Register",
+        "worker registers another's id",
+        "forged KV handle (tampered)",
+        "KV handle from another key",
+        "expired KV handle",
+        "KV handle naming an unregistered address",
+        "genuine KV handle (control)",
+        "replayed KV handle",
+        "cross-tenant cache probe",
+        "oversize: max_tokens 2^32",
+        "oversize: max_tokens 2^64",
+        "oversize: stop string of 257 characters",
+        "oversize: 17 stop strings",
+        "oversize: messages past the cap",
+        "oversize: n = 17",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +60,9 @@ class Attempt:
         return self.got == self.expected
 
 
-def phase_ttfts(records: Iterable[Record], windows: list[tuple[float, float]], since_s: float = -math.inf
-                ) -> tuple[list[float], list[float]]:
+def phase_ttfts(
+    records: Iterable[Record], windows: list[tuple[float, float]], since_s: float = -math.inf
+) -> tuple[list[float], list[float]]:
     """TTFTs (s) of completed legitimate requests started at `since_s` or later (the load's ramp, every client at
     once, would weigh on the first quiet window alone), split by whether they started inside an attack window."""
     quiet, attacked = [], []
@@ -58,8 +75,9 @@ def phase_ttfts(records: Iterable[Record], windows: list[tuple[float, float]], s
     return quiet, attacked
 
 
-def judge(attempts: list[Attempt], result: ScenarioResult, quiet: list[float], attacked: list[float],
-          enforce_latency: bool) -> list[Check]:
+def judge(
+    attempts: list[Attempt], result: ScenarioResult, quiet: list[float], attacked: list[float], enforce_latency: bool
+) -> list[Check]:
     """Pure: the attacks' outcomes and the load's, in; the checks out. The latency check joins the verdict only at
     full size (a timed assertion has no place in `make test`); the short run reports the ratio in its facts."""
     let_through = [f"{a.name}: {a.got} (expected {a.expected})" for a in attempts if not a.is_refused]
@@ -68,19 +86,36 @@ def judge(attempts: list[Attempt], result: ScenarioResult, quiet: list[float], a
     num_floods = sum(a.name.startswith(FLOOD_PREFIX) for a in attempts)
     done = result.counts[COMPLETED]
     checks = [
-        Check("every attack refused with the right status", bool(attempts) and not let_through,
-              "; ".join(let_through[:6]) or f"{len(attempts)} attempts in {len(rounds)} rounds"),
-        Check("every attack of the catalogue ran", bool(rounds) and not missing and num_floods >= len(rounds),
-              f"missing: {', '.join(missing)}" if missing else f"{len(CATALOGUE) + 1} kinds, {len(rounds)} rounds"),
-        Check("the legitimate load lost nothing (every request completed)", done == result.sent and done > 0,
-              f"{done} of {result.sent}"),
-        Check("requests ran in both phases", bool(quiet) and bool(attacked),
-              f"{len(quiet)} quiet, {len(attacked)} under attack"),
+        Check(
+            "every attack refused with the right status",
+            bool(attempts) and not let_through,
+            "; ".join(let_through[:6]) or f"{len(attempts)} attempts in {len(rounds)} rounds",
+        ),
+        Check(
+            "every attack of the catalogue ran",
+            bool(rounds) and not missing and num_floods >= len(rounds),
+            f"missing: {', '.join(missing)}" if missing else f"{len(CATALOGUE) + 1} kinds, {len(rounds)} rounds",
+        ),
+        Check(
+            "the legitimate load lost nothing (every request completed)",
+            done == result.sent and done > 0,
+            f"{done} of {result.sent}",
+        ),
+        Check(
+            "requests ran in both phases",
+            bool(quiet) and bool(attacked),
+            f"{len(quiet)} quiet, {len(attacked)} under attack",
+        ),
     ]
     if enforce_latency:
         ratio = ttft_ratio(quiet, attacked)
-        checks.append(Check(f"p50 TTFT under attack within {MAX_TTFT_RATIO - 1:.0%} of quiet",
-                            ratio <= MAX_TTFT_RATIO, f"ratio {ratio:.3f}"))
+        checks.append(
+            Check(
+                f"p50 TTFT under attack within {MAX_TTFT_RATIO - 1:.0%} of quiet",
+                ratio <= MAX_TTFT_RATIO,
+                f"ratio {ratio:.3f}",
+            )
+        )
     return checks
 
 
@@ -100,8 +135,13 @@ class AttackerProcess:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tandem.chaos.attacker", json.dumps(self.target),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "tandem.chaos.attacker",
+            json.dumps(self.target),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
 
     async def round(self, tag: int) -> list[Attempt]:
         self.proc.stdin.write(f"round {tag}\n".encode())
@@ -133,15 +173,25 @@ async def target_of(run: Run) -> dict:
     stack_pki = stack.stack.pki
     rogue_dir = stack.log_dir / "rogue-pki"
     rogue = pki.write_identity(rogue_dir, pki.new_authority("rogue"), Identity("gateway", "gateway-rogue"))
-    tls = {"gateway": stack_pki.tls_of(Identity("gateway", "gateway-attacker")),
-           "decode-0": stack_pki.tls_of(Identity("decode", "decode-0"))}
+    tls = {
+        "gateway": stack_pki.tls_of(Identity("gateway", "gateway-attacker")),
+        "decode-0": stack_pki.tls_of(Identity("decode", "decode-0")),
+    }
     files = {name: {"cert": t.cert, "key": t.key, "ca": t.ca, "client_auth": True} for name, t in tls.items()}
     files["rogue"] = {"cert": str(rogue.cert), "key": str(rogue.key), "ca": str(stack_pki.directory / pki.CA_CERT)}
     files["ca-only"] = {"ca": str(stack_pki.directory / pki.CA_CERT)}
-    return {"url": stack.url, "model": served(stack), "router": f"127.0.0.1:{stack.stack.router_port}",
-            "prefill": addresses["prefill-0"], "decode": addresses["decode-0"], "tls": files,
-            "kv_key": str(stack_pki.kv_key), "keys": ATTACKER_KEYS, "max_inflight_per_key": shape.max_inflight_per_key,
-            "max_prompt_chars": shape.max_prompt_chars}
+    return {
+        "url": stack.url,
+        "model": served(stack),
+        "router": f"127.0.0.1:{stack.stack.router_port}",
+        "prefill": addresses["prefill-0"],
+        "decode": addresses["decode-0"],
+        "tls": files,
+        "kv_key": str(stack_pki.kv_key),
+        "keys": ATTACKER_KEYS,
+        "max_inflight_per_key": shape.max_inflight_per_key,
+        "max_prompt_chars": shape.max_prompt_chars,
+    }
 
 
 def served(stack) -> str:
@@ -152,6 +202,7 @@ def served(stack) -> str:
 
 def alternate(window_s: float, num_windows: int):
     """Quiet, attack, quiet, attack, ..., quiet: each attack window runs rounds until it has lasted `window_s`."""
+
     async def fault(run: Run) -> None:
         run.facts["ramp_s"] = window_s / 2  # requests started earlier are in neither phase
         attacker = AttackerProcess(await target_of(run))
@@ -170,6 +221,7 @@ def alternate(window_s: float, num_windows: int):
             await attacker.stop()
         run.facts["attack_windows_s"] = json.dumps([(round(a - run.t0, 3), round(b - run.t0, 3)) for a, b in windows])
         run.facts["attempts"] = json.dumps([asdict(a) for a in attempts])
+
     return fault
 
 
@@ -179,14 +231,19 @@ def judge_attacks(enforce_latency: bool):
         attempts = [Attempt(**a) for a in json.loads(run.facts.get("attempts", "[]"))]
         quiet, attacked = phase_ttfts((r for r, _ in run.load.records), windows, run.t0 + run.facts.get("ramp_s", 0))
         ratio = ttft_ratio(quiet, attacked)
-        run.facts.update(ttft_p50_quiet_ms=_p50_ms(quiet), ttft_p50_attacked_ms=_p50_ms(attacked),
-                         ttft_ratio=round(ratio, 4), num_quiet=len(quiet), num_attacked=len(attacked),
-                         num_attempts=len(attempts))
+        run.facts.update(
+            ttft_p50_quiet_ms=_p50_ms(quiet),
+            ttft_p50_attacked_ms=_p50_ms(attacked),
+            ttft_ratio=round(ratio, 4),
+            num_quiet=len(quiet),
+            num_attacked=len(attacked),
+            num_attempts=len(attempts),
+        )
         result.facts.update(run.facts)
         return judge(attempts, result, quiet, attacked, enforce_latency)
+
     return judge_run
 
 
 def _p50_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 2) if values else math.nan
-

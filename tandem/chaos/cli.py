@@ -1,7 +1,7 @@
 """`tandem chaos`: start a stack (sim engine), run a load, inject the scenarios' faults, and report per scenario
 what was sent, completed, migrated, failed cleanly and lost, with the recovery time; table + JSON; exit code 1 on
 any loss or failed check. Parsing and printing only."""
-import argparse
+
 import asyncio
 import logging
 import sys
@@ -12,16 +12,22 @@ SCENARIO_HELP = "a scenario's name (repeatable), or all"
 
 
 def add_chaos_command(commands) -> None:
-    chaos = commands.add_parser("chaos", help="fault-injection scenarios against a live stack",
-                                description=__doc__)
+    chaos = commands.add_parser("chaos", help="fault-injection scenarios against a live stack", description=__doc__)
     chaos.add_argument("--scenario", action="append", default=None, help=SCENARIO_HELP)
     chaos.add_argument("--short", action="store_true", help="the seconds-long versions (what make test runs)")
-    chaos.add_argument("--model", default="", help="checkpoint directory the gateway tokenizes with "
-                                                   "(default: tandem model fetch's SmolLM2)")
+    chaos.add_argument(
+        "--model",
+        default="",
+        help="checkpoint directory the gateway tokenizes with (default: tandem model fetch's SmolLM2)",
+    )
     chaos.add_argument("--json", type=Path, default=Path("bench/out/chaos.json"))
     chaos.add_argument("--log-dir", type=Path, default=Path(".cache/chaos"))
-    chaos.add_argument("--fuzz-cases", type=int, default=None,
-                       help="schemathesis cases in the fuzz scenario (default 1000; 100 with --short)")
+    chaos.add_argument(
+        "--fuzz-cases",
+        type=int,
+        default=None,
+        help="schemathesis cases in the fuzz scenario (default 1000; 100 with --short)",
+    )
     chaos.add_argument("--list", action="store_true", help="list the scenarios and exit")
     chaos.set_defaults(func=_chaos)
 
@@ -39,8 +45,10 @@ def _chaos(args) -> int:
     wanted = args.scenario or ["all"]
     unknown = sorted(set(wanted) - names - {"all"})
     if unknown:
-        print(f"tandem chaos: unknown scenario {', '.join(unknown)}; choose from {', '.join(sorted(names))} or all",
-              file=sys.stderr)
+        print(
+            f"tandem chaos: unknown scenario {', '.join(unknown)}; choose from {', '.join(sorted(names))} or all",
+            file=sys.stderr,
+        )
         return 2
     chosen = scenarios if "all" in wanted else [s for s in scenarios if s.name in wanted]
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -58,4 +66,3 @@ def _default_model() -> Path:
     from tandem.models.fetch import fetch_model
 
     return fetch_model()
-

@@ -4,6 +4,7 @@ Retry-After, text, finish, usage, an error event or body, and how the exchange e
 
 No retries and no interpretation: outcomes.py judges the records.
 """
+
 import asyncio
 import json
 import math
@@ -49,8 +50,17 @@ class Record:
 class Exchange:
     """One request and its response, read as `behaviour` says."""
 
-    def __init__(self, host: str, port: int, body: bytes, behaviour: Behaviour, record: Record,
-                 clock=time.monotonic, keep_events: bool = False, api_key: str = ""):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        body: bytes,
+        behaviour: Behaviour,
+        record: Record,
+        clock=time.monotonic,
+        keep_events: bool = False,
+        api_key: str = "",
+    ):
         self.host, self.port, self.body, self.behaviour, self.record = host, port, body, behaviour, record
         self.clock, self.keep_events = clock, keep_events
         self.auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
@@ -61,7 +71,7 @@ class Exchange:
         try:
             reader, writer = await asyncio.wait_for(self._connect(), deadline_s)
             await asyncio.wait_for(self._exchange(reader, writer), max(deadline_s - self._elapsed(), 0.001))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.record.timed_out = True
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.record.transport_error = f"{type(exc).__name__}: {exc}"
@@ -83,9 +93,11 @@ class Exchange:
         return await asyncio.open_connection(sock=sock, limit=1 << 20)
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json"
-                f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\n{self.auth}"
-                "Connection: close\r\n\r\n")
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json"
+            f"\r\nAccept: text/event-stream\r\nContent-Length: {len(self.body)}\r\n{self.auth}"
+            "Connection: close\r\n\r\n"
+        )
         writer.write(head.encode() + self.body)
         await writer.drain()
         headers = await self._head(reader)
@@ -164,5 +176,14 @@ class Exchange:
 
 def completion_body(model: str, prompt: list[int], max_tokens: int) -> bytes:
     """A streamed completion of exactly `max_tokens` tokens (ignore_eos) with usage at the end."""
-    return json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    return json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()

@@ -4,6 +4,7 @@ documented body (an OpenAI-style error object for every 4xx), headers (Retry-Aft
 
 Generation and checks only; which stack it runs against is the caller's.
 """
+
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,8 +70,9 @@ def _with_model(case, model: str):
 
 def _fuzz_operation(strategy, n: int, base_url: str, seed: int, result: FuzzResult) -> None:
     @hypothesis.seed(seed)
-    @hypothesis.settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
-                         suppress_health_check=list(HealthCheck))
+    @hypothesis.settings(
+        max_examples=n, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    )
     @given(strategy)
     def one(case) -> None:
         status, failure = _call(case, base_url)
@@ -80,19 +82,32 @@ def _fuzz_operation(strategy, n: int, base_url: str, seed: int, result: FuzzResu
 
 
 def _call(case, base_url: str) -> tuple[int | None, str | None]:
-    from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
-                                     response_schema_conformance, status_code_conformance)
+    from schemathesis.checks import (
+        content_type_conformance,
+        not_a_server_error,
+        response_headers_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
 
     try:
         response = case.call(base_url=base_url, timeout=TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - a transport failure is a finding, not a crash of the fuzzer
         return None, f"{case.method} {case.path}: no answer ({type(exc).__name__}: {exc})"
     try:
-        case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
-                                                 content_type_conformance, response_headers_conformance,
-                                                 response_schema_conformance])
+        case.validate_response(
+            response,
+            checks=[
+                not_a_server_error,
+                status_code_conformance,
+                content_type_conformance,
+                response_headers_conformance,
+                response_schema_conformance,
+            ],
+        )
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - schemathesis' FailureGroup: keep its text
         body = case.body if isinstance(case.body, (dict, list, str)) else type(case.body).__name__
-        return response.status_code, (f"{case.method} {case.path} {str(body)[:300]} -> {response.status_code}: "
-                                      f"{str(exc).strip()[:600]}")
+        return response.status_code, (
+            f"{case.method} {case.path} {str(body)[:300]} -> {response.status_code}: {str(exc).strip()[:600]}"
+        )
     return response.status_code, None

@@ -4,6 +4,7 @@ asks for exactly `osl` tokens of one of a few fixed prompts, so each answer can 
 
 Sends and records; judging is outcomes.py's.
 """
+
 import asyncio
 import itertools
 import time
@@ -46,8 +47,10 @@ class LoadRunner:
         records = await asyncio.gather(*(self.send(i, NORMAL, keep=False) for i in range(len(self.prompts))))
         for i, rec in enumerate(records):
             if not (rec.status == 200 and rec.is_done and rec.num_tokens == self.load.osl):
-                raise RuntimeError(f"the reference request for prompt {i} failed: status {rec.status}, "
-                                   f"{rec.error or rec.transport_error or 'no [DONE]'}")
+                raise RuntimeError(
+                    f"the reference request for prompt {i} failed: status {rec.status}, "
+                    f"{rec.error or rec.transport_error or 'no [DONE]'}"
+                )
         return [rec.text for rec in records]
 
     async def run(self, t0: float) -> None:
@@ -73,8 +76,7 @@ class LoadRunner:
         keys = self.load.api_keys
         return keys[slot % len(keys)] if keys else ""
 
-    async def send(self, prompt_index: int, behaviour: Behaviour, keep: bool = True, key: str | None = None
-                   ) -> Record:
+    async def send(self, prompt_index: int, behaviour: Behaviour, keep: bool = True, key: str | None = None) -> Record:
         rec = Record(next(self._counter), behaviour.kind, time.monotonic())
         body = completion_body(self.model, self.prompts[prompt_index], self.load.osl)
         key = self._key(prompt_index) if key is None else key

@@ -6,6 +6,7 @@ answer no client can act on: a 500, a 503 without Retry-After).
 
 Pure: records in, counts out.
 """
+
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -14,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from tandem.chaos.client import Record
 
 COMPLETED, FAILED_CLEANLY, LEFT, LOST, CORRUPTED, UNCLEAN = (
-    "completed", "failed_cleanly", "left", "lost", "corrupted", "unclean")
+    "completed",
+    "failed_cleanly",
+    "left",
+    "lost",
+    "corrupted",
+    "unclean",
+)
 BAD = (LOST, CORRUPTED, UNCLEAN)
 CLEAN_STATUSES = frozenset({400, 404, 413, 429, 503, 504})  # what a client is told to fix or to retry
 RETRY_STATUSES = frozenset({429, 503})
@@ -42,8 +49,12 @@ def is_clean_error(rec: Record) -> bool:
 
 
 def _status_of(err: dict) -> int:
-    return {"service_unavailable_error": 503, "rate_limit_error": 429, "timeout_error": 504,
-            "invalid_request_error": 400}.get(err.get("type", ""), 500)
+    return {
+        "service_unavailable_error": 503,
+        "rate_limit_error": 429,
+        "timeout_error": 504,
+        "invalid_request_error": 400,
+    }.get(err.get("type", ""), 500)
 
 
 def recovery_s(outcomes: Iterable[tuple[Record, str]], since_s: float) -> float:
@@ -56,8 +67,9 @@ def recovery_s(outcomes: Iterable[tuple[Record, str]], since_s: float) -> float:
 def first_token_after_s(records: Iterable[Record], since_s: float) -> float:
     """From `since_s` to the first token of the earliest-starting request started then or later that completed its
     stream: how long a new client waited to be served. NaN when none was."""
-    firsts = [r.first_token_s for r in records
-              if r.start_s >= since_s and r.status == 200 and r.error is None and r.is_done]
+    firsts = [
+        r.first_token_s for r in records if r.start_s >= since_s and r.status == 200 and r.error is None and r.is_done
+    ]
     return min(firsts) - since_s if firsts else math.nan
 
 
@@ -103,12 +115,20 @@ class ScenarioResult:
         return {**asdict(self), "sent": self.sent, "passed": self.passed}
 
 
-def summarize(name: str, goal: str, outcomes: list[tuple[Record, str]], duration_s: float, migrated: int,
-              since_s: float) -> ScenarioResult:
+def summarize(
+    name: str, goal: str, outcomes: list[tuple[Record, str]], duration_s: float, migrated: int, since_s: float
+) -> ScenarioResult:
     records = [r for r, _ in outcomes]
     counts = Counter(o for _, o in outcomes)
     statuses = Counter(str(r.status) if r.status else "none" for r in records)
-    return ScenarioResult(name, goal, duration_s, {k: counts.get(k, 0) for k in (COMPLETED, FAILED_CLEANLY, LEFT,
-                                                                                  *BAD)},
-                          dict(sorted(statuses.items())), migrated, recovery_s(outcomes, since_s),
-                          first_token_after_s(records, since_s), max_in_flight(records))
+    return ScenarioResult(
+        name,
+        goal,
+        duration_s,
+        {k: counts.get(k, 0) for k in (COMPLETED, FAILED_CLEANLY, LEFT, *BAD)},
+        dict(sorted(statuses.items())),
+        migrated,
+        recovery_s(outcomes, since_s),
+        first_token_after_s(records, since_s),
+        max_in_flight(records),
+    )

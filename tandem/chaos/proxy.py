@@ -4,6 +4,7 @@ while), as a failing link or a dying host would. The harness runs it in a proces
 
 Bytes only: it never parses what it carries.
 """
+
 import asyncio
 import contextlib
 import logging
@@ -92,8 +93,9 @@ class ProxyProcess:
     def __init__(self, target_host: str, target_port: int, port: int = 0):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_main, args=(child, target_host, target_port, port), daemon=True,
-                                 name=f"chaos-proxy-{port}")
+        self._proc = ctx.Process(
+            target=_main, args=(child, target_host, target_port, port), daemon=True, name=f"chaos-proxy-{port}"
+        )
         self._delay_s = 0.0
         self.port = port
 

@@ -3,6 +3,7 @@ a healed, idle stack), the reference answers, the load with the scenario's fault
 
 Orchestration only: faults and checks are scenarios.py's, verdicts outcomes.py's.
 """
+
 import asyncio
 import logging
 import time

@@ -4,6 +4,7 @@ process, the router's view of the workers, the gateway's metrics, the stack's me
 
 Processes and sockets only; what a fault means for a scenario is scenarios.py's.
 """
+
 import asyncio
 import json
 import os
@@ -84,23 +85,53 @@ class LiveStack:
         s = self.shape
         profile = self._profile()
         return StackConfig(
-            model=self.model, num_prefill=s.num_prefill, num_decode=s.num_decode, num_routers=s.num_routers,
-            port=port, engine=s.engine,
-            num_threads=1, log_dir=self.log_dir, ready_timeout_s=180,
-            worker_args=("--sim-profile", str(profile), "--sim-time-factor", str(SIM_TIME_FACTOR),
-                         "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len)),
-            router_args=("--policy", "kv", "--lease-ttl-s", str(s.lease_ttl_s), "--heartbeat-interval-s", "1",
-                         "--busy-load-threshold", str(s.busy_load_threshold),
-                         "--disagg-min-tokens", str(s.disagg_min_tokens)),
+            model=self.model,
+            num_prefill=s.num_prefill,
+            num_decode=s.num_decode,
+            num_routers=s.num_routers,
+            port=port,
+            engine=s.engine,
+            num_threads=1,
+            log_dir=self.log_dir,
+            ready_timeout_s=180,
+            worker_args=(
+                "--sim-profile",
+                str(profile),
+                "--sim-time-factor",
+                str(SIM_TIME_FACTOR),
+                "--max-num-seqs",
+                str(s.max_num_seqs),
+                "--max-model-len",
+                str(s.max_model_len),
+            ),
+            router_args=(
+                "--policy",
+                "kv",
+                "--lease-ttl-s",
+                str(s.lease_ttl_s),
+                "--heartbeat-interval-s",
+                "1",
+                "--busy-load-threshold",
+                str(s.busy_load_threshold),
+                "--disagg-min-tokens",
+                str(s.disagg_min_tokens),
+            ),
             gateway_args=("--max-inflight", str(s.max_inflight), *self._tenancy_args()),
-            env={"TANDEM_WORKER_DRAIN_S": str(s.drain_s), "TANDEM_LOG_LEVEL": "warning"})
+            env={"TANDEM_WORKER_DRAIN_S": str(s.drain_s), "TANDEM_LOG_LEVEL": "warning"},
+        )
 
     def _tenancy_args(self) -> tuple[str, ...]:
         s = self.shape
         if not s.api_keys:
             return ()
-        return ("--api-keys", ",".join(s.api_keys), "--max-inflight-per-key", str(s.max_inflight_per_key),
-                "--max-prompt-chars", str(s.max_prompt_chars))
+        return (
+            "--api-keys",
+            ",".join(s.api_keys),
+            "--max-inflight-per-key",
+            str(s.max_inflight_per_key),
+            "--max-prompt-chars",
+            str(s.max_prompt_chars),
+        )
 
     def _profile(self) -> Path:
         """The shipped H100 profile with this shape's batch limit, so the engine and the router agree on it."""
@@ -113,8 +144,12 @@ class LiveStack:
         return path
 
     def _supervise(self) -> None:
-        supervisor = Supervisor(lambda: [c.name for c in self.stack.children], self.stack.exit_code, self._restart,
-                                lambda name: self.stack.child(name).log_path.read_text()[-2000:])
+        supervisor = Supervisor(
+            lambda: [c.name for c in self.stack.children],
+            self.stack.exit_code,
+            self._restart,
+            lambda name: self.stack.child(name).log_path.read_text()[-2000:],
+        )
         while not self._stopping.wait(0.1):
             try:
                 supervisor.poll()
@@ -166,8 +201,11 @@ class LiveStack:
         except Exception:  # noqa: BLE001 - a restarting router or gateway: not ready yet
             return False
         expected = self.shape.num_prefill + self.shape.num_decode
-        return (len(listed) == expected and in_flight == 0
-                and all(w.quarantine_left_s == 0 and w.num_inflight == 0 and not w.load.num_running for w in listed))
+        return (
+            len(listed) == expected
+            and in_flight == 0
+            and all(w.quarantine_left_s == 0 and w.num_inflight == 0 and not w.load.num_running for w in listed)
+        )
 
     async def wait_ready(self, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -181,8 +219,11 @@ class LiveStack:
         """The sum of a gateway metric's series."""
         async with httpx.AsyncClient(timeout=5) as http:
             text = (await http.get(f"{self.url}/metrics")).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
 
     async def router_metric(self, name: str) -> dict[str, float]:
         """A router metric's value per `worker_id` label."""

@@ -4,6 +4,7 @@ RouterCore, Registry (on the virtual clock), policy and PrefixIndex (fed by the 
 
 No gRPC, no sleeping, no wall clock: the same trace and seed give the same result.
 """
+
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,15 +88,25 @@ class ClusterSim:
         self.profile, self.config = profile, config
         self.now = 0.0
         layout = KvLayout(32, 8, 128, "bfloat16", profile.block_size)  # NOTE: routing reads only block_size
-        self.routers = SimRouters(config.num_routers, policy_name, lambda: self.now, layout, config.seed,
-                                  config.kv_overlap_weight, config.kv_inflight_weight, config.disagg_min_tokens)
+        self.routers = SimRouters(
+            config.num_routers,
+            policy_name,
+            lambda: self.now,
+            layout,
+            config.seed,
+            config.kv_overlap_weight,
+            config.kv_inflight_weight,
+            config.disagg_min_tokens,
+        )
         # the first replica: what one router sees (the planner and the observers read it)
         self.registry, self.index, self.core = self.routers.first
         self.policy = self.core.policy
         self.workers: dict[str, SimNode] = {}
         self._prefill_ids: set[str] = set()
-        for role, count, prefix in ((WorkerRole.DECODE, config.num_workers, "decode"),
-                                    (WorkerRole.PREFILL, config.num_prefill_workers, "prefill")):
+        for role, count, prefix in (
+            (WorkerRole.DECODE, config.num_workers, "decode"),
+            (WorkerRole.PREFILL, config.num_prefill_workers, "prefill"),
+        ):
             for i in range(count):
                 self._add_worker(f"{prefix}-{i:03d}", role, layout)
         self.records: dict[str, RequestRecord] = {}
@@ -135,9 +146,15 @@ class ClusterSim:
         self._hooks.append((interval_s, hook))
 
     def _add_worker(self, worker_id: str, role: WorkerRole, layout: KvLayout) -> None:
-        core = sim_core(self.profile, time_factor=0.0, enable_prefix_caching=self.config.enable_prefix_caching,
-                        clock=lambda: self.now, kv_host_gb=self.config.kv_host_gb, kv_disk_gb=self.config.kv_disk_gb,
-                        load_time_factor=1.0)
+        core = sim_core(
+            self.profile,
+            time_factor=0.0,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            clock=lambda: self.now,
+            kv_host_gb=self.config.kv_host_gb,
+            kv_disk_gb=self.config.kv_disk_gb,
+            load_time_factor=1.0,
+        )
         self.workers[worker_id] = SimNode(core)
         if role is WorkerRole.PREFILL:
             self._prefill_ids.add(worker_id)
@@ -189,8 +206,9 @@ class ClusterSim:
             return
         record.prefill_worker_id = decision.prefill.worker_id
         self.workers[record.prefill_worker_id].prompts[req_id] = tokens
-        self._submit(record.prefill_worker_id, EngineRequest(req_id, request.prompt_token_ids, request.params,
-                                                             hold_kv=True))
+        self._submit(
+            record.prefill_worker_id, EngineRequest(req_id, request.prompt_token_ids, request.params, hold_kv=True)
+        )
 
     def _submit(self, worker_id: str, request: EngineRequest) -> None:
         self.workers[worker_id].core.add(request)
@@ -264,15 +282,22 @@ class ClusterSim:
 
     def _load(self, worker_id: str) -> WorkerLoad:
         stats = self.workers[worker_id].core.stats()
-        return WorkerLoad(num_waiting=stats.num_waiting, num_running=stats.num_running, num_held=stats.num_held,
-                          num_blocks_used=stats.num_blocks_used, num_blocks_total=stats.num_blocks_total,
-                          max_num_seqs=self.profile.max_num_seqs, **tier_load(stats))
+        return WorkerLoad(
+            num_waiting=stats.num_waiting,
+            num_running=stats.num_running,
+            num_held=stats.num_held,
+            num_blocks_used=stats.num_blocks_used,
+            num_blocks_total=stats.num_blocks_total,
+            max_num_seqs=self.profile.max_num_seqs,
+            **tier_load(stats),
+        )
 
     def _report(self, worker_id: str) -> None:
         """With no heartbeat interval, the router sees each worker's load after every change; a prefill worker's
         too with the load stream on (live: `StreamLoad`), so the disaggregation check reads its real queue."""
         if self.config.heartbeat_interval_s <= 0 or (
-                self.config.prefill_load_stream and worker_id in self._prefill_ids):
+            self.config.prefill_load_stream and worker_id in self._prefill_ids
+        ):
             self.routers.heartbeat(worker_id, self._load(worker_id))
 
     def _has_work(self) -> bool:

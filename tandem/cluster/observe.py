@@ -1,6 +1,7 @@
 """What the planner sees of a simulated cluster each tick, as Prometheus would show it for a live one: arrivals
 and their ISL, the OSL of finished requests, TTFT and per-request ITL quantiles, and the router's view of every
 worker's load. Reads the simulator's records; changes nothing."""
+
 import bisect
 import itertools
 
@@ -31,18 +32,31 @@ class SimObserver:
         generated = sum(w.num_generated_tokens for w in self.sim.workers.values())
         num_output, self._generated = generated - self._generated, generated
         return Observation(
-            window_s=window, num_requests=num,
+            window_s=window,
+            num_requests=num,
             mean_isl=float(self._isl_cum[last] - self._isl_cum[first]) / num if num else None,
-            mean_osl=float(np.mean(osls)) if osls else None, num_output_tokens=num_output,
-            ttft_s=self._quantile(ttfts), itl_s=self._quantile(itls), finished=tuple(finished),
-            workers=tuple(self._sample(v) for v in self.sim.registry.views()), replicas=replicas)
+            mean_osl=float(np.mean(osls)) if osls else None,
+            num_output_tokens=num_output,
+            ttft_s=self._quantile(ttfts),
+            itl_s=self._quantile(itls),
+            finished=tuple(finished),
+            workers=tuple(self._sample(v) for v in self.sim.registry.views()),
+            replicas=replicas,
+        )
 
     def _sample(self, view) -> WorkerSample:
         """The router's view of a worker's load, with the worker's own busy-time counters (as its stats report)."""
         node = self.sim.workers.get(view.worker_id)
         counters = (node.busy_s, node.num_steps, node.num_generated_tokens) if node is not None else (None,) * 3
-        return WorkerSample(view.worker_id, view.info.role, view.load.num_waiting, view.load.num_running,
-                            view.load.num_blocks_used, view.load.num_blocks_total, *counters)
+        return WorkerSample(
+            view.worker_id,
+            view.info.role,
+            view.load.num_waiting,
+            view.load.num_running,
+            view.load.num_blocks_used,
+            view.load.num_blocks_total,
+            *counters,
+        )
 
     def _finished_since(self, start: float, now: float) -> tuple[list, list, list, list[RequestOutcome]]:
         """TTFTs of first tokens in (start, now]; per-request ITL, OSL and outcome of requests finished in it."""
@@ -61,8 +75,9 @@ class SimObserver:
             itl = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
             if itl is not None:
                 itls.append(itl)
-            finished.append(RequestOutcome(r.num_prompt_tokens - r.num_cached_tokens, r.first_token_s - r.arrival_s,
-                                           itl))
+            finished.append(
+                RequestOutcome(r.num_prompt_tokens - r.num_cached_tokens, r.first_token_s - r.arrival_s, itl)
+            )
         self._pending = still
         return ttfts, itls, osls, finished
 

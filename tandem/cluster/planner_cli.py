@@ -1,6 +1,7 @@
 """`tandem sim --planner sla`: the trace against a cluster the real planner scales (once per planner model: the
 engine's truth or a perturbed one) and against the cheapest static pair found by search. Argument parsing and
 orchestration only."""
+
 import argparse
 
 from engines.timing.profile import ProfileError, TimingProfile
@@ -18,17 +19,29 @@ from tandem.cluster.planner_sim import PlannerSimConfig, run_all
 def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("planner", "with --planner sla: replay against a cluster the planner scales")
     g.add_argument("--planner", choices=["sla"], default=None, help="scale the simulated cluster with the planner")
-    g.add_argument("--planner-profile", default=None,
-                   help="the planner's timing model (a shipped name or JSON path); default: the engine's --profile")
-    g.add_argument("--planner-profile-scale", default="1",
-                   help="multiply the planner model's step times, one run each: e.g. 0.7,1,1.3 (0.7 = optimistic)")
+    g.add_argument(
+        "--planner-profile",
+        default=None,
+        help="the planner's timing model (a shipped name or JSON path); default: the engine's --profile",
+    )
+    g.add_argument(
+        "--planner-profile-scale",
+        default="1",
+        help="multiply the planner model's step times, one run each: e.g. 0.7,1,1.3 (0.7 = optimistic)",
+    )
     g.add_argument("--slo-ttft-ms", type=float, default=500.0)
     g.add_argument("--slo-itl-ms", type=float, default=50.0, help="per request: mean time between its tokens")
-    g.add_argument("--start-delay-s", type=float, default=30.0, help="a new replica serves this long after it is asked for")
+    g.add_argument(
+        "--start-delay-s", type=float, default=30.0, help="a new replica serves this long after it is asked for"
+    )
     g.add_argument("--adjustment-interval-s", type=float, default=60.0)
     g.add_argument("--tick-s", type=float, default=5.0, help="the fast correction loop's period")
-    g.add_argument("--heartbeat-s", type=float, default=PlannerSimConfig().heartbeat_interval_s,
-                   help="workers report their load to the router this often (0: after every change)")
+    g.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=PlannerSimConfig().heartbeat_interval_s,
+        help="workers report their load to the router this often (0: after every change)",
+    )
     g.add_argument("--predictor", choices=PREDICTORS, default=PlannerConfig().predictor)
     g.add_argument("--min-prefill", type=int, default=1)
     g.add_argument("--max-prefill", type=int, default=32, help="0: no prefill pool (aggregated serving)")
@@ -36,25 +49,49 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-decode", type=int, default=32)
     g.add_argument("--initial-prefill", type=int, default=None, help="start here (default: --min-prefill)")
     g.add_argument("--initial-decode", type=int, default=None, help="start here (default: --min-decode)")
-    g.add_argument("--itl-headroom", type=float, default=Sizing().itl_headroom,
-                   help="size decode steps at this fraction of the ITL SLO")
+    g.add_argument(
+        "--itl-headroom",
+        type=float,
+        default=Sizing().itl_headroom,
+        help="size decode steps at this fraction of the ITL SLO",
+    )
     g.add_argument("--prefill-max-utilization", type=float, default=Sizing().prefill_max_utilization)
-    g.add_argument("--down-stabilization", type=int, default=PlannerConfig().down_stabilization,
-                   help="the model's count is the highest of its last N adjustments")
-    g.add_argument("--feedback-up-gain", type=float, default=FeedbackConfig().up_gain,
-                   help="headroom from the SLO error: factor x (1 + gain x share of an interval's ticks violated); "
-                        "default 0: off")
-    g.add_argument("--feedback-down-factor", type=float, default=FeedbackConfig().down_factor,
-                   help="... and x this after an interval calm with one worker fewer (1 with gain 0: no feedback)")
+    g.add_argument(
+        "--down-stabilization",
+        type=int,
+        default=PlannerConfig().down_stabilization,
+        help="the model's count is the highest of its last N adjustments",
+    )
+    g.add_argument(
+        "--feedback-up-gain",
+        type=float,
+        default=FeedbackConfig().up_gain,
+        help="headroom from the SLO error: factor x (1 + gain x share of an interval's ticks violated); default 0: off",
+    )
+    g.add_argument(
+        "--feedback-down-factor",
+        type=float,
+        default=FeedbackConfig().down_factor,
+        help="... and x this after an interval calm with one worker fewer (1 with gain 0: no feedback)",
+    )
     g.add_argument("--feedback-max-factor", type=float, default=FeedbackConfig().max_factor)
-    g.add_argument("--no-calibration", action="store_true",
-                   help="trust the model's speed (default: corrected from the workers' measured busy time)")
-    g.add_argument("--proportional-up", action="store_true",
-                   help="the fast loop adds in proportion to a violation (default: one replica per violation)")
+    g.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="trust the model's speed (default: corrected from the workers' measured busy time)",
+    )
+    g.add_argument(
+        "--proportional-up",
+        action="store_true",
+        help="the fast loop adds in proportion to a violation (default: one replica per violation)",
+    )
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
     g.add_argument("--jobs", type=int, default=1, help="run the planner runs and the search in this many processes")
-    g.add_argument("--no-baseline", action="store_true",
-                   help="skip the search for the cheapest static pair (e.g. for the oscillation check)")
+    g.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the search for the cheapest static pair (e.g. for the oscillation check)",
+    )
 
 
 def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
@@ -62,35 +99,57 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
     decode = RoleBounds(args.min_decode, args.max_decode)
     _check_bounds(args, prefill, decode)
     try:
-        feedback = FeedbackConfig(up_gain=args.feedback_up_gain, down_factor=args.feedback_down_factor,
-                                  max_factor=args.feedback_max_factor)
+        feedback = FeedbackConfig(
+            up_gain=args.feedback_up_gain, down_factor=args.feedback_down_factor, max_factor=args.feedback_max_factor
+        )
     except FeedbackError as exc:
         raise SystemExit(f"tandem sim: --feedback-*: {exc}") from None
-    planner = PlannerConfig(adjustment_interval_s=args.adjustment_interval_s, prefill=prefill, decode=decode,
-                            predictor=args.predictor, down_stabilization=args.down_stabilization,
-                            feedback=feedback, is_proportional_up=args.proportional_up,
-                            calibration=CalibrationConfig(is_enabled=not args.no_calibration))
+    planner = PlannerConfig(
+        adjustment_interval_s=args.adjustment_interval_s,
+        prefill=prefill,
+        decode=decode,
+        predictor=args.predictor,
+        down_stabilization=args.down_stabilization,
+        feedback=feedback,
+        is_proportional_up=args.proportional_up,
+        calibration=CalibrationConfig(is_enabled=not args.no_calibration),
+    )
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
-        initial = (prefill.min_replicas if args.initial_prefill is None else args.initial_prefill,
-                   decode.min_replicas if args.initial_decode is None else args.initial_decode)
+        initial = (
+            prefill.min_replicas if args.initial_prefill is None else args.initial_prefill,
+            decode.min_replicas if args.initial_decode is None else args.initial_decode,
+        )
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     policy = names[0] if len(names) == 1 else "least_loaded"  # NOTE: the router's default unless one is named
-    return PlannerSimConfig(planner, Slo(args.slo_ttft_ms / 1e3, args.slo_itl_ms / 1e3),
-                            Sizing(args.itl_headroom, args.prefill_max_utilization), args.tick_s,
-                            args.start_delay_s, policy=policy, seed=args.seed,
-                            heartbeat_interval_s=args.heartbeat_s, disagg_min_tokens=args.disagg_min_tokens,
-                            initial=initial, search_baseline=not args.no_baseline)
+    return PlannerSimConfig(
+        planner,
+        Slo(args.slo_ttft_ms / 1e3, args.slo_itl_ms / 1e3),
+        Sizing(args.itl_headroom, args.prefill_max_utilization),
+        args.tick_s,
+        args.start_delay_s,
+        policy=policy,
+        seed=args.seed,
+        heartbeat_interval_s=args.heartbeat_s,
+        disagg_min_tokens=args.disagg_min_tokens,
+        initial=initial,
+        search_baseline=not args.no_baseline,
+    )
 
 
 def _check_bounds(args: argparse.Namespace, prefill: RoleBounds, decode: RoleBounds) -> None:
-    if min(prefill.min_replicas, prefill.max_replicas, decode.min_replicas) < 0 or decode.max_replicas < 1 \
-            or prefill.min_replicas > prefill.max_replicas or decode.min_replicas > decode.max_replicas:
+    if (
+        min(prefill.min_replicas, prefill.max_replicas, decode.min_replicas) < 0
+        or decode.max_replicas < 1
+        or prefill.min_replicas > prefill.max_replicas
+        or decode.min_replicas > decode.max_replicas
+    ):
         raise SystemExit("tandem sim: need 0 <= --min-* <= --max-* and --max-decode >= 1")
     for name, value, bounds in (("prefill", args.initial_prefill, prefill), ("decode", args.initial_decode, decode)):
         if value is not None and not bounds.min_replicas <= value <= bounds.max_replicas:
-            raise SystemExit(f"tandem sim: --initial-{name} {value} is outside [{bounds.min_replicas}, "
-                             f"{bounds.max_replicas}]")
+            raise SystemExit(
+                f"tandem sim: --initial-{name} {value} is outside [{bounds.min_replicas}, {bounds.max_replicas}]"
+            )
     if args.heartbeat_s < 0:
         raise SystemExit("tandem sim: --heartbeat-s must be >= 0")
 
@@ -115,17 +174,33 @@ def run_planner_sim(args: argparse.Namespace, profile: TimingProfile, rows, head
 
 
 def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
-    return {"slo_ttft_s": cfg.slo.ttft_s, "slo_itl_s": cfg.slo.itl_s, "start_delay_s": cfg.start_delay_s,
-            "adjustment_interval_s": cfg.planner.adjustment_interval_s, "tick_s": cfg.tick_s,
-            "predictor": cfg.planner.predictor, "itl_headroom": cfg.sizing.itl_headroom,
-            "prefill_max_utilization": cfg.sizing.prefill_max_utilization,
-            "down_stabilization": cfg.planner.down_stabilization,
-            "feedback": {"up_gain": cfg.planner.feedback.up_gain, "down_factor": cfg.planner.feedback.down_factor,
-                         "max_factor": cfg.planner.feedback.max_factor},
-            "is_proportional_up": cfg.planner.is_proportional_up,
-            "is_calibrated": cfg.planner.calibration.is_enabled, "miss_budget": cfg.planner.feedback.budget, "disagg_min_tokens": cfg.disagg_min_tokens,
-            "bounds": {"prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],
-                       "decode": [cfg.planner.decode.min_replicas, cfg.planner.decode.max_replicas]},
-            "initial": cfg.start_counts(), "planner_profile": args.planner_profile or "the engine's --profile",
-            "planner_profile_scales": args.planner_profile_scale, "target_attainment": cfg.target_attainment,
-            "policy": cfg.policy, "heartbeat_interval_s": cfg.heartbeat_interval_s}
+    return {
+        "slo_ttft_s": cfg.slo.ttft_s,
+        "slo_itl_s": cfg.slo.itl_s,
+        "start_delay_s": cfg.start_delay_s,
+        "adjustment_interval_s": cfg.planner.adjustment_interval_s,
+        "tick_s": cfg.tick_s,
+        "predictor": cfg.planner.predictor,
+        "itl_headroom": cfg.sizing.itl_headroom,
+        "prefill_max_utilization": cfg.sizing.prefill_max_utilization,
+        "down_stabilization": cfg.planner.down_stabilization,
+        "feedback": {
+            "up_gain": cfg.planner.feedback.up_gain,
+            "down_factor": cfg.planner.feedback.down_factor,
+            "max_factor": cfg.planner.feedback.max_factor,
+        },
+        "is_proportional_up": cfg.planner.is_proportional_up,
+        "is_calibrated": cfg.planner.calibration.is_enabled,
+        "miss_budget": cfg.planner.feedback.budget,
+        "disagg_min_tokens": cfg.disagg_min_tokens,
+        "bounds": {
+            "prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],
+            "decode": [cfg.planner.decode.min_replicas, cfg.planner.decode.max_replicas],
+        },
+        "initial": cfg.start_counts(),
+        "planner_profile": args.planner_profile or "the engine's --profile",
+        "planner_profile_scales": args.planner_profile_scale,
+        "target_attainment": cfg.target_attainment,
+        "policy": cfg.policy,
+        "heartbeat_interval_s": cfg.heartbeat_interval_s,
+    }

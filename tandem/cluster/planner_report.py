@@ -1,6 +1,7 @@
 """`tandem sim --planner`'s outputs: the table against the targets (one column per planner model, one for the
 searched static baseline), the JSON document and a PNG of load, replicas and TTFT over time. Formatting and file
 writing only."""
+
 import json
 from pathlib import Path
 
@@ -12,11 +13,17 @@ TARGET_ATTAINMENT = 0.95
 TARGET_GPU_SHARE = 0.85  # of the cheapest static pair meeting TARGET_ATTAINMENT
 MAX_CHANGES_PER_5_MIN = 1  # scale direction changes in any 5 minutes of trace
 
-_ROWS = (("SLA attainment", "sla_attainment", "{:.3f}"), ("GPU-hours", "gpu_hours", "{:.3f}"),
-         ("  to own last req", "gpu_hours_own_end", "{:.3f}"),
-         ("peak replicas", "peak_replicas", "{}"), ("TTFT p50 (s)", "ttft_p50_s", "{:.3f}"),
-         ("TTFT p99 (s)", "ttft_p99_s", "{:.3f}"), ("ITL mean (ms)", "itl_mean_ms", "{:.1f}"),
-         ("disaggregated", "disaggregated_share", "{:.1%}"), ("sim wall (s)", "sim_wall_s", "{:.1f}"))
+_ROWS = (
+    ("SLA attainment", "sla_attainment", "{:.3f}"),
+    ("GPU-hours", "gpu_hours", "{:.3f}"),
+    ("  to own last req", "gpu_hours_own_end", "{:.3f}"),
+    ("peak replicas", "peak_replicas", "{}"),
+    ("TTFT p50 (s)", "ttft_p50_s", "{:.3f}"),
+    ("TTFT p99 (s)", "ttft_p99_s", "{:.3f}"),
+    ("ITL mean (ms)", "itl_mean_ms", "{:.1f}"),
+    ("disaggregated", "disaggregated_share", "{:.1%}"),
+    ("sim wall (s)", "sim_wall_s", "{:.1f}"),
+)
 
 
 def planner_names(runs: dict[str, dict]) -> list[str]:
@@ -36,11 +43,13 @@ def verdict(runs: dict[str, dict], five_minutes_s: float) -> dict[str, dict]:
         run = runs[name]
         share = run["gpu_hours"] / base if base else float("nan")
         steady = stability(run["decisions"], five_minutes_s)
-        out[name] = {"gpu_share_of_static_best": share, **steady,
-                     "attainment_at_least_95pct": run["sla_attainment"] >= TARGET_ATTAINMENT,
-                     "gpu_hours_at_most_85pct_of_static_best": share <= TARGET_GPU_SHARE if base else None,
-                     "at_most_one_direction_change_per_5_min":
-                         steady["max_changes_per_window"] <= MAX_CHANGES_PER_5_MIN}
+        out[name] = {
+            "gpu_share_of_static_best": share,
+            **steady,
+            "attainment_at_least_95pct": run["sla_attainment"] >= TARGET_ATTAINMENT,
+            "gpu_hours_at_most_85pct_of_static_best": share <= TARGET_GPU_SHARE if base else None,
+            "at_most_one_direction_change_per_5_min": steady["max_changes_per_window"] <= MAX_CHANGES_PER_5_MIN,
+        }
     return out
 
 
@@ -53,19 +62,27 @@ def format_table(runs: dict[str, dict], five_minutes_s: float) -> str:
     lines.append(f"{'decisions':<18}" + "".join(f"{len(runs[n]['decisions']):>16}" for n in names))
     lines.append(f"{'start replicas':<18}" + "".join(f"{_counts(runs[n]['replicas']):>16}" for n in names))
     if BASELINE in runs and not has_baseline(runs):
-        lines.append(f"{BASELINE}: NO static pair within the bounds met {TARGET_ATTAINMENT:.0%} attainment "
-                     f"({len(runs[BASELINE]['search'])} pairs replayed)")
+        lines.append(
+            f"{BASELINE}: NO static pair within the bounds met {TARGET_ATTAINMENT:.0%} attainment "
+            f"({len(runs[BASELINE]['search'])} pairs replayed)"
+        )
     if has_baseline(runs):
-        lines.append(f"{BASELINE}: the cheapest static pair meeting {TARGET_ATTAINMENT:.0%} attainment, of "
-                     f"{len(runs[BASELINE]['search'])} pairs replayed against the engine's truth")
-    lines.append(f"GPU-hours over the same {runs[names[0]]['window_s']:.1f} s for every run (to the last request "
-                 f"of the slowest); the row below counts to each run's own last request")
+        lines.append(
+            f"{BASELINE}: the cheapest static pair meeting {TARGET_ATTAINMENT:.0%} attainment, of "
+            f"{len(runs[BASELINE]['search'])} pairs replayed against the engine's truth"
+        )
+    lines.append(
+        f"GPU-hours over the same {runs[names[0]]['window_s']:.1f} s for every run (to the last request "
+        f"of the slowest); the row below counts to each run's own last request"
+    )
     for name, v in verdict(runs, five_minutes_s).items():
-        lines.append(f"{name}: attainment >= {TARGET_ATTAINMENT:.0%}: {_mark(v['attainment_at_least_95pct'])}; "
-                     f"GPU-hours {v['gpu_share_of_static_best']:.1%} of {BASELINE} (<= {TARGET_GPU_SHARE:.0%}): "
-                     f"{_mark(v['gpu_hours_at_most_85pct_of_static_best'])}; direction changes "
-                     f"{v['direction_changes']}, at most {v['max_changes_per_window']} in any 5 trace minutes "
-                     f"(<= {MAX_CHANGES_PER_5_MIN}): {_mark(v['at_most_one_direction_change_per_5_min'])}")
+        lines.append(
+            f"{name}: attainment >= {TARGET_ATTAINMENT:.0%}: {_mark(v['attainment_at_least_95pct'])}; "
+            f"GPU-hours {v['gpu_share_of_static_best']:.1%} of {BASELINE} (<= {TARGET_GPU_SHARE:.0%}): "
+            f"{_mark(v['gpu_hours_at_most_85pct_of_static_best'])}; direction changes "
+            f"{v['direction_changes']}, at most {v['max_changes_per_window']} in any 5 trace minutes "
+            f"(<= {MAX_CHANGES_PER_5_MIN}): {_mark(v['at_most_one_direction_change_per_5_min'])}"
+        )
     return "\n".join(lines)
 
 

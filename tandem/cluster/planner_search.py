@@ -1,6 +1,7 @@
 """The baseline the planner must beat: the cheapest static (prefill, decode) pair whose replay in the simulator
 meets the attainment target, found by search over replays against the engine's truth, never by the planner's
 model. Pure: `evaluate` (a replay) is handed in, so the search itself tests without a simulator."""
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,8 +51,10 @@ class StaticSearch:
             if best is None or p + d < sum(best):
                 best = (p, d)
         if best is None:
-            raise SearchError(f"no static pair with prefill in {self.prefill} and decode in {self.decode} "
-                              f"meets {self.target:.0%} attainment")
+            raise SearchError(
+                f"no static pair with prefill in {self.prefill} and decode in {self.decode} "
+                f"meets {self.target:.0%} attainment"
+            )
         return best
 
     def _prefetch(self, pairs: list[Pair]) -> None:

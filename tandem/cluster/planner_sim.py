@@ -2,6 +2,7 @@
 the virtual connector (new replicas serve after a start delay), once per planner model (the engine's truth, or
 a perturbed one), beside the cheapest static pair that meets the SLA, found by replaying pairs against the truth.
 Orchestration only: every decision is the core's, and the baseline never consults the planner's model."""
+
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -57,8 +58,9 @@ class PlannerSimConfig:
         return counts
 
 
-def search_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
-                  pool: ProcessPoolExecutor | None = None) -> tuple[dict | None, list[dict]]:
+def search_static(
+    truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, pool: ProcessPoolExecutor | None = None
+) -> tuple[dict | None, list[dict]]:
     """The cheapest static pair meeting the target, searched by replaying pairs against the engine's truth (with
     a pool, each prefill count's candidate decode counts at once)."""
     runs: dict[tuple[int, int], dict] = {}
@@ -77,16 +79,22 @@ def search_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimCon
 
     p, d = cfg.planner.prefill, cfg.planner.decode
     prefill = (max(p.min_replicas, 1), p.max_replicas) if cfg.has_prefill else (0, 0)
-    search = StaticSearch(evaluate, prefill, (max(d.min_replicas, 1), d.max_replicas), cfg.target_attainment,
-                          evaluate_many=evaluate_many if pool is not None else None)
+    search = StaticSearch(
+        evaluate,
+        prefill,
+        (max(d.min_replicas, 1), d.max_replicas),
+        cfg.target_attainment,
+        evaluate_many=evaluate_many if pool is not None else None,
+    )
     try:
         return runs[search.cheapest()], search.report()
     except SearchError:
         return None, search.report()  # NOTE: reported as such; the planner runs still stand
 
 
-def run_all(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig,
-            models: dict[str, TimingProfile], jobs: int = 1) -> dict[str, dict]:
+def run_all(
+    truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, models: dict[str, TimingProfile], jobs: int = 1
+) -> dict[str, dict]:
     """One planner run per model (keyed "planner_<name>") and the searched static baseline, in up to `jobs`
     processes. GPU-hours of all are counted over the same window: until the last of them has finished."""
     with ProcessPoolExecutor(max(jobs, 1), multiprocessing.get_context("fork")) as pool:
@@ -118,10 +126,17 @@ def run_planned(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfi
         result = core.on_tick(obs, now)
         for d in result.decisions:
             connector.scale(d.role, d.target)
-            decisions.append({"t_s": round(now, 3), "role": d.role.value, "from": d.current, "to": d.target,
-                              "reason": d.reason, "headroom": {r.value: round(f, 3)
-                                                               for r, f in core.feedback.factors.items()},
-                              "speed_scale": {r.value: round(f, 3) for r, f in core.calibration.scales.items()}})
+            decisions.append(
+                {
+                    "t_s": round(now, 3),
+                    "role": d.role.value,
+                    "from": d.current,
+                    "to": d.target,
+                    "reason": d.reason,
+                    "headroom": {r.value: round(f, 3) for r, f in core.feedback.factors.items()},
+                    "speed_scale": {r.value: round(f, 3) for r, f in core.calibration.scales.items()},
+                }
+            )
         return connector.replicas()
 
     run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
@@ -145,11 +160,22 @@ def run_static(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig
     most_missed = int((1.0 - cfg.target_attainment) * len(rows))
     sim.every(cfg.tick_s, lambda now: _give_up_if_hopeless(sim, cfg, now, most_missed))
     try:
-        return _replay(sim, rows, cfg, lambda: fixed, lambda now, replicas, obs: replicas,
-                       lambda end: total * end / 3600, [], counts)
+        return _replay(
+            sim,
+            rows,
+            cfg,
+            lambda: fixed,
+            lambda now, replicas, obs: replicas,
+            lambda end: total * end / 3600,
+            [],
+            counts,
+        )
     except _Hopeless as stop:
-        return {"sla_attainment": 1.0 - stop.num_missed / len(rows), "stopped_early_s": stop.now,
-                "replicas": {role.value: count for role, count in counts.items()}}
+        return {
+            "sla_attainment": 1.0 - stop.num_missed / len(rows),
+            "stopped_early_s": stop.now,
+            "replicas": {role.value: count for role, count in counts.items()},
+        }
 
 
 def _give_up_if_hopeless(sim: ClusterSim, cfg: PlannerSimConfig, now: float, most_missed: int) -> None:
@@ -160,15 +186,26 @@ def _give_up_if_hopeless(sim: ClusterSim, cfg: PlannerSimConfig, now: float, mos
         first = r.first_token_s if r.first_token_s >= 0 else now
         if first - r.arrival_s > cfg.slo.ttft_s:
             missed += 1
-        elif r.finish_s >= 0 and r.num_output_tokens > 1 and \
-                (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) > cfg.slo.itl_s:
+        elif (
+            r.finish_s >= 0
+            and r.num_output_tokens > 1
+            and (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) > cfg.slo.itl_s
+        ):
             missed += 1
     if missed > most_missed:
         raise _Hopeless(now, missed)
 
 
-def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replicas: Callable[[], dict],
-            act: Callable, gpu_hours: Callable[[float], float], decisions: list[dict], start: dict) -> dict:
+def _replay(
+    sim: ClusterSim,
+    rows: list[TraceRow],
+    cfg: PlannerSimConfig,
+    replicas: Callable[[], dict],
+    act: Callable,
+    gpu_hours: Callable[[float], float],
+    decisions: list[dict],
+    start: dict,
+) -> dict:
     observer = SimObserver(sim, rows)
     timeline: list[dict] = []
 
@@ -176,9 +213,15 @@ def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replic
         current = replicas()
         obs = observer.observe(now, current)
         after = act(now, current, obs)
-        timeline.append({"t_s": now, "request_rate": obs.num_requests / obs.window_s,
-                         "replicas": {r.value: after[r].desired for r in ROLES}, "ttft_s": obs.ttft_s,
-                         "itl_s": obs.itl_s})
+        timeline.append(
+            {
+                "t_s": now,
+                "request_rate": obs.num_requests / obs.window_s,
+                "replicas": {r.value: after[r].desired for r in ROLES},
+                "ttft_s": obs.ttft_s,
+                "itl_s": obs.itl_s,
+            }
+        )
 
     wall = time.perf_counter()
     sim.every(cfg.tick_s, tick)
@@ -186,15 +229,21 @@ def _replay(sim: ClusterSim, rows: list[TraceRow], cfg: PlannerSimConfig, replic
     end = max([r.finish_s for r in records] + [rows[-1].arrival_s])
     summary = metrics.summarize(sim, records, metrics.Slo(cfg.slo.ttft_s, cfg.slo.itl_s), time.perf_counter() - wall)
     own = gpu_hours(end)
-    return {"sla_attainment": summary["slo_attainment"], "gpu_hours_own_end": own,
-            "gpu_hours_per_s_after": gpu_hours(end + 1.0) - own,  # what the fleet left at the end costs on
-            "replicas": {role.value: count for role, count in start.items()},
-            "peak_replicas": max((sum(t["replicas"].values()) for t in timeline), default=0),
-            "decisions": decisions, "num_requests": summary["num_requests"], "num_finished": summary["num_finished"],
-            **{k: summary[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_mean_s", "itl_p99_s",
-                                       "sim_wall_s")},
-            "disaggregated_share": _disaggregated_share(records),
-            "end_s": end, "timeline": timeline, "ttft_values_s": summary["ttft_values_s"]}
+    return {
+        "sla_attainment": summary["slo_attainment"],
+        "gpu_hours_own_end": own,
+        "gpu_hours_per_s_after": gpu_hours(end + 1.0) - own,  # what the fleet left at the end costs on
+        "replicas": {role.value: count for role, count in start.items()},
+        "peak_replicas": max((sum(t["replicas"].values()) for t in timeline), default=0),
+        "decisions": decisions,
+        "num_requests": summary["num_requests"],
+        "num_finished": summary["num_finished"],
+        **{k: summary[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_mean_s", "itl_p99_s", "sim_wall_s")},
+        "disaggregated_share": _disaggregated_share(records),
+        "end_s": end,
+        "timeline": timeline,
+        "ttft_values_s": summary["ttft_values_s"],
+    }
 
 
 def _disaggregated_share(records) -> float:
@@ -203,6 +252,11 @@ def _disaggregated_share(records) -> float:
 
 
 def _cluster(profile: TimingProfile, cfg: PlannerSimConfig, counts: dict) -> ClusterSim:
-    config = SimConfig(counts[WorkerRole.DECODE], counts.get(WorkerRole.PREFILL, 0), cfg.seed,
-                       disagg_min_tokens=cfg.disagg_min_tokens, heartbeat_interval_s=cfg.heartbeat_interval_s)
+    config = SimConfig(
+        counts[WorkerRole.DECODE],
+        counts.get(WorkerRole.PREFILL, 0),
+        cfg.seed,
+        disagg_min_tokens=cfg.disagg_min_tokens,
+        heartbeat_interval_s=cfg.heartbeat_interval_s,
+    )
     return ClusterSim(profile, config, cfg.policy)

@@ -1,5 +1,6 @@
 """How often a planner run changed its mind: scale direction changes per role (up after down, or down after up),
 and the most of them inside any window of a given length. Pure: decisions in, counts out."""
+
 from collections import defaultdict
 
 
@@ -31,6 +32,8 @@ def most_in_window(times: list[float], window_s: float) -> int:
 def stability(decisions: list[dict], window_s: float) -> dict:
     """Direction changes per role, and the most any role made inside one window of `window_s` (simulated) s."""
     changes = direction_changes(decisions)
-    return {"direction_changes": {role: len(times) for role, times in changes.items()},
-            "window_s": window_s,
-            "max_changes_per_window": max((most_in_window(t, window_s) for t in changes.values()), default=0)}
+    return {
+        "direction_changes": {role: len(times) for role, times in changes.items()},
+        "window_s": window_s,
+        "max_changes_per_window": max((most_in_window(t, window_s) for t in changes.values()), default=0),
+    }

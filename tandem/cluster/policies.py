@@ -1,4 +1,5 @@
 """The simulator's routing policies: the router's own objects, plus a seeded random baseline. Pure."""
+
 import random
 
 from engines.base.types import KvLayout
@@ -23,15 +24,19 @@ class RandomPolicy:
         return Choice(self.rng.choice(sorted(candidates, key=lambda v: v.worker_id)))
 
 
-def make_sim_policy(name: str, clock, layout: KvLayout, seed: int = 0,
-                    kv_overlap_weight: float = 1.0,
-                    kv_inflight_weight: float = 0.1) -> tuple[RoutingPolicy, PrefixIndex | None]:
+def make_sim_policy(
+    name: str, clock, layout: KvLayout, seed: int = 0, kv_overlap_weight: float = 1.0, kv_inflight_weight: float = 0.1
+) -> tuple[RoutingPolicy, PrefixIndex | None]:
     """The policy and, for "kv", the prefix index the simulator must feed with KV events ("kv-approx": the same
     cost over the router's own recent decisions alone, as on engines without KV events)."""
     if name in ("kv", "kv-approx"):
         index = PrefixIndex()
-        config = KvPolicyConfig(overlap_weight=kv_overlap_weight, inflight_weight=kv_inflight_weight,
-                                block_size=layout.block_size, use_events=name == "kv")
+        config = KvPolicyConfig(
+            overlap_weight=kv_overlap_weight,
+            inflight_weight=kv_inflight_weight,
+            block_size=layout.block_size,
+            use_events=name == "kv",
+        )
         return KvAwarePolicy(index, clock, config=config), index if name == "kv" else None
     if name == "random":
         return RandomPolicy(seed), None

@@ -1,5 +1,6 @@
 """The simulator's outputs: a printed table, the JSON document (top-level `policies`), and PNG plots
 (TTFT CDF per policy; load per worker). Formatting and file writing only."""
+
 import json
 from pathlib import Path
 
@@ -8,14 +9,22 @@ import numpy as np
 from tandem.bench.jsonsafe import json_safe
 
 _ROWS = (  # (label, key, scale)
-    ("TTFT mean (s)", "ttft_mean_s", 1.0), ("TTFT p50 (s)", "ttft_p50_s", 1.0),
-    ("TTFT p90 (s)", "ttft_p90_s", 1.0), ("TTFT p99 (s)", "ttft_p99_s", 1.0),
-    ("ITL mean (ms)", "itl_mean_s", 1e3), ("ITL p50 (ms)", "itl_p50_s", 1e3),
-    ("ITL p90 (ms)", "itl_p90_s", 1e3), ("ITL p99 (ms)", "itl_p99_s", 1e3),
-    ("E2E mean (s)", "e2e_mean_s", 1.0), ("E2E p99 (s)", "e2e_p99_s", 1.0),
-    ("prefix hit rate", "prefix_hit_rate", 1.0), ("goodput (req/s)", "goodput_rps", 1.0),
-    ("SLO attainment", "slo_attainment", 1.0), ("throughput (req/s)", "throughput_rps", 1.0),
-    ("preemptions", "num_preemptions", 1.0), ("sim wall (s)", "sim_wall_s", 1.0),
+    ("TTFT mean (s)", "ttft_mean_s", 1.0),
+    ("TTFT p50 (s)", "ttft_p50_s", 1.0),
+    ("TTFT p90 (s)", "ttft_p90_s", 1.0),
+    ("TTFT p99 (s)", "ttft_p99_s", 1.0),
+    ("ITL mean (ms)", "itl_mean_s", 1e3),
+    ("ITL p50 (ms)", "itl_p50_s", 1e3),
+    ("ITL p90 (ms)", "itl_p90_s", 1e3),
+    ("ITL p99 (ms)", "itl_p99_s", 1e3),
+    ("E2E mean (s)", "e2e_mean_s", 1.0),
+    ("E2E p99 (s)", "e2e_p99_s", 1.0),
+    ("prefix hit rate", "prefix_hit_rate", 1.0),
+    ("goodput (req/s)", "goodput_rps", 1.0),
+    ("SLO attainment", "slo_attainment", 1.0),
+    ("throughput (req/s)", "throughput_rps", 1.0),
+    ("preemptions", "num_preemptions", 1.0),
+    ("sim wall (s)", "sim_wall_s", 1.0),
 )
 
 
@@ -25,13 +34,18 @@ def format_table(policies: dict[str, dict]) -> str:
     for label, key, scale in _ROWS:
         lines.append(f"{label:<22}" + "".join(f"{_fmt(policies[n][key] * scale):>14}" for n in names))
     for tier in ("device", "host", "disk"):
-        lines.append(f"{'hit rate ' + tier:<22}"
-                     + "".join(f"{_fmt(policies[n]['prefix_hit_rate_by_tier'][tier]):>14}" for n in names))
-    lines.append(f"{'KV onboarded (GB)':<22}" + "".join(f"{_fmt(policies[n]['kv_bytes_onboarded'] / 1e9):>14}"
-                                                       for n in names))
+        lines.append(
+            f"{'hit rate ' + tier:<22}"
+            + "".join(f"{_fmt(policies[n]['prefix_hit_rate_by_tier'][tier]):>14}" for n in names)
+        )
+    lines.append(
+        f"{'KV onboarded (GB)':<22}" + "".join(f"{_fmt(policies[n]['kv_bytes_onboarded'] / 1e9):>14}" for n in names)
+    )
     for key in ("num_requests", "busy_fraction"):
-        lines.append(f"{'load spread ' + key:<22}"
-                     + "".join(f"{_fmt(policies[n]['load_spread_max_over_mean'][key]):>14}" for n in names))
+        lines.append(
+            f"{'load spread ' + key:<22}"
+            + "".join(f"{_fmt(policies[n]['load_spread_max_over_mean'][key]):>14}" for n in names)
+        )
     return "\n".join(lines)
 
 

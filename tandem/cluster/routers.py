@@ -4,6 +4,7 @@ as gateways spread Route calls, and a request completes on the replica that rout
 
 Pure: no I/O; time is the simulator's.
 """
+
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -26,8 +27,17 @@ class Replica(NamedTuple):
 
 
 class SimRouters:
-    def __init__(self, num_routers: int, policy_name: str, clock: Callable[[], float], layout: KvLayout, seed: int,
-                 overlap_weight: float, inflight_weight: float, disagg_min_tokens: int):
+    def __init__(
+        self,
+        num_routers: int,
+        policy_name: str,
+        clock: Callable[[], float],
+        layout: KvLayout,
+        seed: int,
+        overlap_weight: float,
+        inflight_weight: float,
+        disagg_min_tokens: int,
+    ):
         if num_routers < 1:
             raise ValueError(f"need at least one router, got {num_routers}")
         self.replicas: list[Replica] = []
@@ -35,8 +45,9 @@ class SimRouters:
             registry = Registry(clock, lease_ttl_s=_FOREVER, inflight_ttl_s=_FOREVER)
             # NOTE: a replica of a seeded random policy draws its own sequence, as separate processes would
             policy, index = make_sim_policy(policy_name, clock, layout, seed + i, overlap_weight, inflight_weight)
-            self.replicas.append(Replica(registry, index, RouterCore(registry, policy, DisaggregationPolicy(
-                disagg_min_tokens))))
+            self.replicas.append(
+                Replica(registry, index, RouterCore(registry, policy, DisaggregationPolicy(disagg_min_tokens)))
+            )
         self._next = 0
         self._routed_by: dict[str, Replica] = {}  # req_id -> the replica that routed it, until it completes
 

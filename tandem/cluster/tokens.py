@@ -1,5 +1,6 @@
 """Prompts for simulated requests: Mooncake hash ids expanded into token ids so that shared ids are shared
 token prefixes at any engine block size that divides 16; rows without ids get unique prompts. Pure."""
+
 from engines.base.block_hash import num_blocks_for
 from tandem.bench.traces import MOONCAKE_BLOCK_SIZE, TraceRow
 

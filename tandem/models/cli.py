@@ -3,6 +3,7 @@ fetch.py, init.py, layer_skip.py and the engine's quant package.
 
 Progress goes to stderr; the model directory is the last line of stdout, so scripts can `tail -n1`.
 """
+
 import argparse
 import json
 from pathlib import Path
@@ -18,8 +19,12 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     fetch = actions.add_parser("fetch", help="download (or convert offline) a model; prints its directory")
     fetch.add_argument("model_id", nargs="?", default=None, help="hub id, local directory or .gguf file")
     fetch.add_argument("--cache-dir", type=Path, default=None, help="default: $TANDEM_CACHE_DIR/models")
-    fetch.add_argument("--link", type=Path, default=None,
-                       help="also point this symlink at the directory (a container's fixed model path)")
+    fetch.add_argument(
+        "--link",
+        type=Path,
+        default=None,
+        help="also point this symlink at the directory (a container's fixed model path)",
+    )
     fetch.set_defaults(func=_run_fetch)
 
     init = actions.add_parser("init", help="write a random-weight checkpoint; prints its directory")
@@ -30,30 +35,45 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     init.add_argument("--config-only", action="store_true", help="write config and tokenizer, no weights")
-    init.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="config.json override; VALUE is parsed as JSON when it can be (repeatable)")
+    init.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config.json override; VALUE is parsed as JSON when it can be (repeatable)",
+    )
     init.set_defaults(func=_run_init)
 
     quantize = actions.add_parser("quantize", help="write an FP8 or NVFP4 copy of a checkpoint; prints its directory")
     quantize.add_argument("src", type=Path, help="checkpoint directory (config.json + safetensors)")
     quantize.add_argument("dst", type=Path, help="where the quantized copy goes")
-    quantize.add_argument("--format", required=True, choices=["fp8", "nvfp4"],
-                          help="fp8: E4M3 weights, one scale per output channel; nvfp4: E2M1 in 16-blocks")
+    quantize.add_argument(
+        "--format",
+        required=True,
+        choices=["fp8", "nvfp4"],
+        help="fp8: E4M3 weights, one scale per output channel; nvfp4: E2M1 in 16-blocks",
+    )
     quantize.add_argument("--device", default="cpu", help="where to quantize (cuda is faster for 8B shapes)")
     quantize.set_defaults(func=_run_quantize)
 
-    skip = actions.add_parser("layer-skip", help="write a model's first N layers (+ norm, LM head) as a draft "
-                                                 "for speculative decoding; prints its directory")
+    skip = actions.add_parser(
+        "layer-skip",
+        help="write a model's first N layers (+ norm, LM head) as a draft "
+        "for speculative decoding; prints its directory",
+    )
     skip.add_argument("src", type=Path, help="checkpoint directory (config.json + safetensors)")
     skip.add_argument("dst", type=Path, help="where the draft goes")
     skip.add_argument("--layers", type=int, required=True, help="decoder layers kept, from the first")
     skip.set_defaults(func=_run_layer_skip)
 
     calibrate = actions.add_parser(
-        "calibrate", help="measure static FP8 scales (KV cache, activations) into tandem_quant.json; prints it")
+        "calibrate", help="measure static FP8 scales (KV cache, activations) into tandem_quant.json; prints it"
+    )
     calibrate.add_argument("dir", type=Path, help="checkpoint directory (quantized or not)")
-    calibrate.add_argument("--prompts", type=Path, default=None,
-                           help="text file, one prompt per line (default: the built-in corpus)")
+    calibrate.add_argument(
+        "--prompts", type=Path, default=None, help="text file, one prompt per line (default: the built-in corpus)"
+    )
     calibrate.add_argument("--num-prompts", type=int, default=64, help="use at most this many prompts")
     calibrate.add_argument("--device", default="cpu", help="where to run the model (cuda for 8B shapes)")
     calibrate.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
@@ -85,8 +105,14 @@ def _run_init(args: argparse.Namespace) -> int:
 
     overrides = dict(parse_override(item) for item in args.overrides)
     out = init_model(
-        args.dir, args.arch, tiny=args.tiny, shape=args.shape, seed=args.seed, dtype=args.dtype,
-        overrides=overrides, config_only=args.config_only,
+        args.dir,
+        args.arch,
+        tiny=args.tiny,
+        shape=args.shape,
+        seed=args.seed,
+        dtype=args.dtype,
+        overrides=overrides,
+        config_only=args.config_only,
     )
     print(out)
     return 0
@@ -115,8 +141,11 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise ModelError(f"no tokenizer.json in {str(args.dir)!r}: calibration tokenizes its prompts")
     if args.num_prompts < 1:
         raise ModelError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    print(calibrate_checkpoint(args.dir, calibration_ids(args.dir, args.prompts, args.num_prompts), args.device,
-                               args.dtype))
+    print(
+        calibrate_checkpoint(
+            args.dir, calibration_ids(args.dir, args.prompts, args.num_prompts), args.device, args.dtype
+        )
+    )
     return 0
 
 

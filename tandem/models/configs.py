@@ -2,6 +2,7 @@
 
 Pure data: no torch, no files.
 """
+
 from dataclasses import dataclass
 
 from tandem.models.errors import ModelError
@@ -32,13 +33,26 @@ class Shape:
 
 SHAPES = {
     "tiny": Shape(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, max_position_embeddings=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=512,
     ),
     "llama-3.1-8b": Shape(
-        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        intermediate_size=14336, max_position_embeddings=131072, vocab_size=128256, rope_theta=500000.0,
-        rope_scaling=LLAMA3_ROPE_8B, rms_norm_eps=1e-5,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        max_position_embeddings=131072,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA3_ROPE_8B,
+        rms_norm_eps=1e-5,
     ),
 }
 

@@ -21,7 +21,7 @@ CORPUS: tuple[str, ...] = (
     "Seven plus five equals twelve, and ten times ten is one hundred.",
     "def add(a, b):\n    return a + b",
     "for i in range(10):\n    print(i * i)",
-    "import json\ndata = json.loads('{\"key\": \"value\"}')",
+    'import json\ndata = json.loads(\'{"key": "value"}\')',
     "Once upon a time there was a little robot who wanted to learn how to paint.",
     "The robot practiced every day, mixing colors and drawing lines on paper.",
     "After many weeks, the robot painted a picture of the sea at sunset.",

@@ -2,6 +2,7 @@
 
 Never loads weights; the conversion cache is the only thing it writes.
 """
+
 import importlib.util
 import logging
 import os

@@ -2,6 +2,7 @@
 
 Dequantizes with the `gguf` package, undoes llama.cpp's q/k row permutation, writes atomically.
 """
+
 import logging
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def build_config(reader: GGUFReader, special_ids: dict[str, int | None], *, is_t
         "num_hidden_layers": _required(reader, "llama.block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": field(reader, "llama.attention.head_count_kv", heads),
-        "head_dim": field(reader, "llama.attention.key_length") or field(reader, "llama.rope.dimension_count")
+        "head_dim": field(reader, "llama.attention.key_length")
+        or field(reader, "llama.rope.dimension_count")
         or hidden // heads,
         "max_position_embeddings": _required(reader, "llama.context_length"),
         "rms_norm_eps": _f32(field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),

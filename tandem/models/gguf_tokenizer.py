@@ -2,6 +2,7 @@
 
 Reads metadata only; writing the files is hf_files' job.
 """
+
 from dataclasses import dataclass
 
 from gguf import GGUFReader

@@ -2,6 +2,7 @@
 
 No model logic here: callers hand in finished dicts, tensors and `tokenizers.Tokenizer` objects.
 """
+
 import json
 import os
 import shutil

@@ -2,6 +2,7 @@
 
 Weights are scaled so greedy decoding has clear top-1 margins; big shapes are written one layer per shard.
 """
+
 import math
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,6 +1,7 @@
 """`tandem model layer-skip`: a self-drafting checkpoint for speculative decoding — a model's first N decoder layers
 with its own embedding, final norm and LM head, so it speaks the target's tokenizer exactly. Copies tensors; never
 trains or alters them (an early exit untrained for it: acceptance is whatever the truncated model agrees)."""
+
 import json
 import re
 import shutil

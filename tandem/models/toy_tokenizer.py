@@ -4,6 +4,7 @@ ChatML special tokens come first, so their ids are fixed: <|endoftext|>=0, <|im_
 A checkpoint whose vocabulary is larger (a real model's shape) gets the rest as filler words, so every
 id a random model samples decodes to visible text.
 """
+
 import json
 import string
 from pathlib import Path

@@ -3,6 +3,7 @@
 A failed command raises at once with compose's own error and the last log lines of every container that exited
 badly; nothing here waits on a readiness loop that a failed build or pull would only time out.
 """
+
 import json
 import os
 import shutil
@@ -45,14 +46,24 @@ class Compose:
     def run(self, *args: str, timeout_s: float = 300) -> str:
         """stdout of `docker compose ARGS`; ComposeFailed with compose's error when it exits non-zero."""
         try:
-            done = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout_s, cwd=self.cwd,
-                                  env={**os.environ, **self.env})
+            done = subprocess.run(
+                self.argv(*args),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                cwd=self.cwd,
+                env={**os.environ, **self.env},
+            )
         except subprocess.TimeoutExpired as e:
-            raise ComposeFailed(f"docker compose {' '.join(args)}: no answer in {timeout_s:.0f}s\n"
-                                f"{_text(e.stderr)[-3000:]}{self.exited_logs()}") from None
+            raise ComposeFailed(
+                f"docker compose {' '.join(args)}: no answer in {timeout_s:.0f}s\n"
+                f"{_text(e.stderr)[-3000:]}{self.exited_logs()}"
+            ) from None
         if done.returncode != 0:
-            raise ComposeFailed(f"docker compose {' '.join(args)} exited {done.returncode}:\n"
-                                f"{done.stderr.strip()[-3000:]}{self.exited_logs()}")
+            raise ComposeFailed(
+                f"docker compose {' '.join(args)} exited {done.returncode}:\n"
+                f"{done.stderr.strip()[-3000:]}{self.exited_logs()}"
+            )
         return done.stdout
 
     def containers(self, *services: str) -> list[dict]:
@@ -67,18 +78,23 @@ class Compose:
         parts = []
         for c in containers:
             if c.get("State") in ("exited", "dead") and c.get("ExitCode", 0) != 0:
-                logs = subprocess.run(["docker", "logs", "--tail", str(LOG_LINES), c["ID"]], capture_output=True,
-                                      text=True)
-                parts.append(f"\n--- {c['Name']} exited {c.get('ExitCode')}; its last lines:\n"
-                             f"{logs.stdout}{logs.stderr}")
+                logs = subprocess.run(
+                    ["docker", "logs", "--tail", str(LOG_LINES), c["ID"]], capture_output=True, text=True
+                )
+                parts.append(
+                    f"\n--- {c['Name']} exited {c.get('ExitCode')}; its last lines:\n{logs.stdout}{logs.stderr}"
+                )
         return "".join(parts)
 
     def leftovers(self) -> dict[str, list[str]]:
         """Containers, networks and volumes that still carry this project's label."""
         label = f"label=com.docker.compose.project={self.project}"
         found = {}
-        for kind, listing in (("container", ["ps", "--all"]), ("network", ["network", "ls"]),
-                              ("volume", ["volume", "ls"])):
+        for kind, listing in (
+            ("container", ["ps", "--all"]),
+            ("network", ["network", "ls"]),
+            ("volume", ["volume", "ls"]),
+        ):
             out = subprocess.run(["docker", *listing, "--quiet", "--filter", label], capture_output=True, text=True)
             found[kind] = out.stdout.split()
         return found

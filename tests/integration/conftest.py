@@ -1,5 +1,6 @@
 """Real stacks on loopback: router, workers and gateway as separate processes (tandem.launcher),
 on free ports, stopped after use."""
+
 import contextlib
 from pathlib import Path
 
@@ -58,8 +59,13 @@ def endless_model(tmp_path_factory) -> Path:
 
     from tandem.models.init import init_model
 
-    out = init_model(tmp_path_factory.mktemp("endless"), "llama", tiny=True, seed=0,
-                     overrides={"eos_token_id": None, "max_position_embeddings": ENDLESS_CONTEXT})
+    out = init_model(
+        tmp_path_factory.mktemp("endless"),
+        "llama",
+        tiny=True,
+        seed=0,
+        overrides={"eos_token_id": None, "max_position_embeddings": ENDLESS_CONTEXT},
+    )
     gen_path = out / "generation_config.json"
     gen = json.loads(gen_path.read_text())
     gen.pop("eos_token_id")

@@ -1,5 +1,6 @@
 """Helpers for tests against a live stack: bounded polling, worker idleness, SSE parsing, and the
 OpenAI error-body check every error test shares. No fixtures here (they live in conftest.py)."""
+
 import json
 import os
 import subprocess
@@ -34,13 +35,20 @@ def wait_for(probe: Callable[[], T], is_done: Callable[[T], bool], timeout_s: fl
 
 def busy_counts(stack: Stack) -> dict[str, dict[str, int]]:
     """Per worker, the load counters that must all be 0 once no request is in flight."""
-    return {worker_id: {"num_waiting": s.load.num_waiting, "num_running": s.load.num_running,
-                        "num_held": s.load.num_held, "num_blocks_used": s.load.num_blocks_used}
-            for worker_id, s in sorted(all_worker_stats(stack).items())}
+    return {
+        worker_id: {
+            "num_waiting": s.load.num_waiting,
+            "num_running": s.load.num_running,
+            "num_held": s.load.num_held,
+            "num_blocks_used": s.load.num_blocks_used,
+        }
+        for worker_id, s in sorted(all_worker_stats(stack).items())
+    }
 
 
 def wait_all_idle(stack: Stack, num_workers: int, timeout_s: float = 10.0) -> None:
     """Every one of `num_workers` registered workers holds no sequence and no KV block."""
+
     def is_idle(counts: dict) -> bool:
         return len(counts) == num_workers and all(not any(c.values()) for c in counts.values())
 
@@ -51,7 +59,7 @@ def sse_data(response: httpx.Response) -> Iterator[str]:
     """The `data:` payloads of an SSE response, in order (comments and other fields skipped)."""
     for line in response.iter_lines():
         if line.startswith("data:"):
-            yield line[len("data:"):].strip()
+            yield line[len("data:") :].strip()
 
 
 def sse_json(response: httpx.Response) -> Iterator[dict | str]:
@@ -72,8 +80,15 @@ def assert_error_body(body: dict, *, type: str, code: str | None = None, param: 
     return err
 
 
-def assert_error(response: httpx.Response, status: int, *, type: str, code: str | None = None,
-                 param: str | None = None, retry_after: str | None = None) -> dict:
+def assert_error(
+    response: httpx.Response,
+    status: int,
+    *,
+    type: str,
+    code: str | None = None,
+    param: str | None = None,
+    retry_after: str | None = None,
+) -> dict:
     """The response is an OpenAI-style JSON error with this status (and Retry-After when given)."""
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers["content-type"].startswith("application/json"), response.headers
@@ -82,6 +97,7 @@ def assert_error(response: httpx.Response, status: int, *, type: str, code: str 
 
 
 # -- `tandem up` as a process ------------------------------------------------------------------------
+
 
 def wait_for_banner(launcher: subprocess.Popen, timeout_s: float) -> str:
     """What `tandem up` printed up to its ready banner's last line; fails if it exits or stays silent."""

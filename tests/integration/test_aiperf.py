@@ -1,5 +1,6 @@
 """NVIDIA's aiperf, from its own venv (`make aiperf`), against a zero-engine stack: a third-party client must
 stream /v1/chat/completions without one error. Fails, never skips, when that venv is missing."""
+
 import json
 import os
 import subprocess
@@ -24,12 +25,34 @@ def aiperf() -> Path:
 def test_aiperf_chat_streaming_has_no_errors(aiperf, tiny_stack_model, tmp_path):
     artifacts = tmp_path / "aiperf"
     with running_stack(tiny_stack_model, tmp_path, engine="zero", num_prefill=0) as stack:
-        cmd = [str(aiperf), "profile", "--model", tiny_stack_model.name, "--url", stack.url,
-               "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tiny_stack_model),
-               "--concurrency", "2", "--request-count", str(NUM_REQUESTS),
-               "--prompt-input-tokens-mean", "32", "--prompt-input-tokens-stddev", "0",
-               "--prompt-output-tokens-mean", "16", "--prompt-output-tokens-stddev", "0",
-               "--output-artifact-dir", str(artifacts), "--no-auto-plot"]
+        cmd = [
+            str(aiperf),
+            "profile",
+            "--model",
+            tiny_stack_model.name,
+            "--url",
+            stack.url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--tokenizer",
+            str(tiny_stack_model),
+            "--concurrency",
+            "2",
+            "--request-count",
+            str(NUM_REQUESTS),
+            "--prompt-input-tokens-mean",
+            "32",
+            "--prompt-input-tokens-stddev",
+            "0",
+            "--prompt-output-tokens-mean",
+            "16",
+            "--prompt-output-tokens-stddev",
+            "0",
+            "--output-artifact-dir",
+            str(artifacts),
+            "--no-auto-plot",
+        ]
         # NOTE: HF_HUB_OFFLINE (set for the tests) is left out: aiperf reads the local tokenizer folder as is
         env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
         run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

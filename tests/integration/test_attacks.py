@@ -1,6 +1,7 @@
 """Attacks on the gRPC plane of a live `tandem up` stack (mutual TLS and per-role authorization, the default) while
 legitimate chat load runs through the gateway: every attack is refused with the right status, the router's pool
 is what it was, and every legitimate request succeeds."""
+
 import threading
 import time
 from functools import partial
@@ -83,8 +84,9 @@ def _router(stack, identity: Identity | None = None, channel: grpc.Channel | Non
 
 
 def _evil_register(worker_id: str, role=common_pb2.WORKER_ROLE_DECODE) -> router_pb2.RegisterRequest:
-    info = router_pb2.WorkerInfo(worker_id=worker_id, role=role, address="127.0.0.1:1", model="tiny",
-                                 max_num_seqs=1, max_model_len=1)
+    info = router_pb2.WorkerInfo(
+        worker_id=worker_id, role=role, address="127.0.0.1:1", model="tiny", max_num_seqs=1, max_model_len=1
+    )
     return router_pb2.RegisterRequest(worker=info)
 
 
@@ -111,15 +113,17 @@ def _without_a_trusted_certificate(router: str, stack, tmp_path) -> dict[str, gr
     clients = {
         "no certificate (plaintext)": grpc.insecure_channel(router),
         "no certificate (TLS)": grpc.secure_channel(router, GrpcTls(ca=str(ca)).channel_credentials()),
-        "another CA's certificate": grpc.secure_channel(router, GrpcTls(
-            cert=str(rogue.cert), key=str(rogue.key), ca=str(ca)).channel_credentials()),
+        "another CA's certificate": grpc.secure_channel(
+            router, GrpcTls(cert=str(rogue.cert), key=str(rogue.key), ca=str(ca)).channel_credentials()
+        ),
     }
     outcomes = {}
     for name, channel in clients.items():
         with channel:
             stub = router_pb2_grpc.RouterStub(channel)
-            outcomes[f"{name}: ListWorkers"] = _code(partial(stub.ListWorkers, router_pb2.ListWorkersRequest(),
-                                                             timeout=5))
+            outcomes[f"{name}: ListWorkers"] = _code(
+                partial(stub.ListWorkers, router_pb2.ListWorkersRequest(), timeout=5)
+            )
             outcomes[name] = _code(partial(stub.Register, _evil_register("evil-0"), timeout=5))
     return outcomes
 
@@ -128,50 +132,73 @@ def _wrong_roles(stack, addresses: dict[str, str]) -> dict[str, grpc.StatusCode]
     gateway, decode0 = Identity("gateway", "gateway-attacker"), Identity("decode", "decode-0")
     stranger = Identity("router", "router-stranger")
     prefill, decode = addresses["prefill-0"], addresses["decode-1"]
-    generate = worker_pb2.GenerateRequest(req_id="attack", token_ids=[1, 2, 3],
-                                          params=common_pb2.SamplingParams(max_tokens=2))
+    generate = worker_pb2.GenerateRequest(
+        req_id="attack", token_ids=[1, 2, 3], params=common_pb2.SamplingParams(max_tokens=2)
+    )
     attacks = {
         "gateway calls Register": lambda: _router(stack, gateway).Register(_evil_register("evil-0"), timeout=5),
         "decode-0 registers as decode-1": lambda: _router(stack, decode0).Register(
-            _evil_register("decode-1"), timeout=5),
+            _evil_register("decode-1"), timeout=5
+        ),
         "decode-0 registers as prefill": lambda: _router(stack, decode0).Register(
-            _evil_register("decode-0", common_pb2.WORKER_ROLE_PREFILL), timeout=5),
+            _evil_register("decode-0", common_pb2.WORKER_ROLE_PREFILL), timeout=5
+        ),
         "decode-0 deregisters decode-1": lambda: _router(stack, decode0).Deregister(
-            router_pb2.DeregisterRequest(worker_id="decode-1"), timeout=5),
+            router_pb2.DeregisterRequest(worker_id="decode-1"), timeout=5
+        ),
         "decode-0 heartbeats as prefill-0": lambda: _router(stack, decode0).Heartbeat(
-            router_pb2.HeartbeatRequest(worker_id="prefill-0"), timeout=5),
+            router_pb2.HeartbeatRequest(worker_id="prefill-0"), timeout=5
+        ),
         "decode-0 reports decode-1 failed": lambda: _router(stack, decode0).ReportFailure(
-            router_pb2.ReportFailureRequest(worker_id="decode-1"), timeout=5),
+            router_pb2.ReportFailureRequest(worker_id="decode-1"), timeout=5
+        ),
         "decode-0 calls Generate on decode-1": lambda: _worker(stack, decode, decode0, "decode").Generate(
-            generate, timeout=5),
-        "operator calls Generate": lambda: _worker(stack, decode, Identity("operator", "operator"), "decode")
-        .Generate(generate, timeout=5),
+            generate, timeout=5
+        ),
+        "operator calls Generate": lambda: _worker(stack, decode, Identity("operator", "operator"), "decode").Generate(
+            generate, timeout=5
+        ),
         "decode-0 calls Prefill": lambda: _worker(stack, prefill, decode0, "prefill").Prefill(
-            worker_pb2.PrefillRequest(req_id="attack", token_ids=[1, 2, 3]), timeout=5),
+            worker_pb2.PrefillRequest(req_id="attack", token_ids=[1, 2, 3]), timeout=5
+        ),
         "gateway pulls KV": lambda: _worker(stack, prefill, gateway, "prefill").PullKv(
-            worker_pb2.PullKvRequest(req_id="attack"), timeout=5),
-        "stranger lists workers": lambda: _router(stack, stranger).ListWorkers(router_pb2.ListWorkersRequest(),
-                                                                              timeout=5),
+            worker_pb2.PullKvRequest(req_id="attack"), timeout=5
+        ),
+        "stranger lists workers": lambda: _router(stack, stranger).ListWorkers(
+            router_pb2.ListWorkersRequest(), timeout=5
+        ),
         "stranger resets a prefix cache": lambda: _worker(stack, decode, stranger, "control").ResetPrefixCache(
-            worker_pb2.ResetPrefixCacheRequest(), timeout=5),
+            worker_pb2.ResetPrefixCacheRequest(), timeout=5
+        ),
         "stranger aborts": lambda: _worker(stack, decode, stranger, "control").Abort(
-            worker_pb2.AbortRequest(req_id="anything"), timeout=5),
+            worker_pb2.AbortRequest(req_id="anything"), timeout=5
+        ),
         "gateway resets a prefix cache": lambda: _worker(stack, decode, gateway, "control").ResetPrefixCache(
-            worker_pb2.ResetPrefixCacheRequest(), timeout=5),
+            worker_pb2.ResetPrefixCacheRequest(), timeout=5
+        ),
     }
     return {name: _code(attack) for name, attack in attacks.items()}
 
 
 def _worker(stack, address: str, identity: Identity, kind: str):
-    stub = {"decode": worker_pb2_grpc.DecodeWorkerStub, "prefill": worker_pb2_grpc.PrefillWorkerStub,
-            "control": worker_pb2_grpc.WorkerControlStub}[kind]
+    stub = {
+        "decode": worker_pb2_grpc.DecodeWorkerStub,
+        "prefill": worker_pb2_grpc.PrefillWorkerStub,
+        "control": worker_pb2_grpc.WorkerControlStub,
+    }[kind]
     return stub(stack.channel(address, identity))
 
 
 def test_the_stack_runs_mutual_tls_with_one_identity_per_service(stack):
     directory = stack.pki.directory
-    assert {p.name for p in directory.iterdir() if p.is_dir()} >= {"router", "gateway", "prefill-0", "decode-0",
-                                                                    "decode-1", "operator"}
+    assert {p.name for p in directory.iterdir() if p.is_dir()} >= {
+        "router",
+        "gateway",
+        "prefill-0",
+        "decode-0",
+        "decode-1",
+        "operator",
+    }
     assert (directory / pki.KV_SIGNING_KEY).stat().st_mode & 0o077 == 0
     gateway_env = (stack.child("gateway").proc.args, stack.pki.child_env("gateway"))
     assert gateway_env[1]["TANDEM_GRPC_TLS_CERT"].endswith("gateway/tls.crt")

@@ -3,6 +3,7 @@ foreign-key, replayed or expired handle, one naming an address that is not a reg
 engine params smuggled in GenerateRequest's retired field 7 (kv_params), each sent straight to the decode worker's
 Generate. Every attack is refused (or ignored)
 before any pull or READ; every legitimate request succeeds with the same greedy answer."""
+
 import hashlib
 import hmac
 import os
@@ -23,8 +24,11 @@ from tests.integration.conftest import running_stack, workers
 PROMPT = list(range(3, 43))  # 40 tokens: three blocks, the last one partial
 IMPORTED = len(PROMPT)  # cached tokens of a request whose KV came from the prefill worker (a prefix-cache hit
 # covers whole blocks only: 32 at most; the staging and NIXL paths do not set kv_imported)
-LEGIT = {"prompt": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], "max_tokens": 8,
-         "temperature": 0}
+LEGIT = {
+    "prompt": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24],
+    "max_tokens": 8,
+    "temperature": 0,
+}
 
 
 GATEWAY = Identity("gateway", "gateway-0")  # under mutual TLS only a gateway may call Prefill and Generate
@@ -41,8 +45,9 @@ def key_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tiny_stack_model, tmp_path_factory, key_file):
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", "TANDEM_KV_SIGNING_KEY_FILE": str(key_file)}
-    with running_stack(tiny_stack_model, tmp_path_factory.mktemp("attacks"), num_prefill=1, num_decode=1,
-                       env=env) as running:
+    with running_stack(
+        tiny_stack_model, tmp_path_factory.mktemp("attacks"), num_prefill=1, num_decode=1, env=env
+    ) as running:
         yield running
 
 
@@ -53,17 +58,24 @@ def _address(stack, role: str) -> str:
 def _prefill(stack, req_id: str) -> worker_pb2.PrefillResponse:
     """A genuine handle: what the gateway gets from the prefill worker."""
     with stack.channel(_address(stack, "prefill"), GATEWAY) as channel:
-        request = worker_pb2.PrefillRequest(req_id=req_id, token_ids=PROMPT,
-                                            params=common_pb2.SamplingParams(max_tokens=4))
+        request = worker_pb2.PrefillRequest(
+            req_id=req_id, token_ids=PROMPT, params=common_pb2.SamplingParams(max_tokens=4)
+        )
         reply = worker_pb2_grpc.PrefillWorkerStub(channel).Prefill(request, timeout=30)
     assert reply.HasField("kv") and reply.kv.signature
     return reply
 
 
-def _generate(stack, req_id: str, kv: common_pb2.KvHandle | None, first_token: int = 1
-              ) -> tuple[grpc.StatusCode, list[worker_pb2.GenerateResponse]]:
-    request = worker_pb2.GenerateRequest(req_id=req_id, token_ids=PROMPT, output_token_ids=[first_token],
-                                         params=common_pb2.SamplingParams(max_tokens=4), kv=kv)
+def _generate(
+    stack, req_id: str, kv: common_pb2.KvHandle | None, first_token: int = 1
+) -> tuple[grpc.StatusCode, list[worker_pb2.GenerateResponse]]:
+    request = worker_pb2.GenerateRequest(
+        req_id=req_id,
+        token_ids=PROMPT,
+        output_token_ids=[first_token],
+        params=common_pb2.SamplingParams(max_tokens=4),
+        kv=kv,
+    )
     with stack.channel(_address(stack, "decode"), GATEWAY) as channel:
         try:
             return grpc.StatusCode.OK, list(worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=30))
@@ -89,8 +101,9 @@ def legit_load(stack):
         with httpx.Client(timeout=60) as http:
             while not stop.is_set():
                 reply = http.post(stack.url + "/v1/completions", json={"model": "tiny", **LEGIT})
-                answers.append((reply.status_code, reply.json()["choices"][0]["text"] if reply.status_code == 200
-                                else reply.text))
+                answers.append(
+                    (reply.status_code, reply.json()["choices"][0]["text"] if reply.status_code == 200 else reply.text)
+                )
 
     model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
     LEGIT["model"] = model
@@ -119,9 +132,15 @@ def test_forged_and_foreign_key_handles_are_refused(stack, legit_load):
     tampered.num_blocks = 1  # a shorter read of the same blocks, under the genuine signature
     for i, handle in enumerate([unsigned, tampered, _signed(os.urandom(32), genuine)]):
         assert _generate(stack, f"forged-{i}", handle)[0] == grpc.StatusCode.PERMISSION_DENIED
-    unsealed = common_pb2.KvHandle(worker_id="prefill-0", address=genuine.address, req_id="victim",
-                                   layout=genuine.layout, num_tokens=len(PROMPT), num_blocks=3,
-                                   lease_expires_unix_s=time.time() + 30)
+    unsealed = common_pb2.KvHandle(
+        worker_id="prefill-0",
+        address=genuine.address,
+        req_id="victim",
+        layout=genuine.layout,
+        num_tokens=len(PROMPT),
+        num_blocks=3,
+        lease_expires_unix_s=time.time() + 30,
+    )
     KvSigner(None).seal(unsealed, PROMPT)  # everything right but the key
     assert _generate(stack, "forged-3", unsealed)[0] == grpc.StatusCode.PERMISSION_DENIED
     # the genuine handle was never consumed by those attempts: its owner still gets its KV
@@ -149,13 +168,17 @@ def test_a_handle_naming_an_unregistered_address_is_refused_before_any_connectio
 
 def test_engine_params_in_the_retired_kv_params_field_are_ignored(stack, legit_load):
     genuine = _prefill(stack, "params").kv
-    request = worker_pb2.GenerateRequest(req_id="params-only", token_ids=PROMPT, output_token_ids=[1],
-                                         params=common_pb2.SamplingParams(max_tokens=4))
+    request = worker_pb2.GenerateRequest(
+        req_id="params-only", token_ids=PROMPT, output_token_ids=[1], params=common_pb2.SamplingParams(max_tokens=4)
+    )
     # NOTE: field 7 (length-delimited) as an old client wrote it: an unknown field to the decode worker now
     smuggled = request.SerializeToString() + b"\x3a" + _varint(len(genuine.engine_params)) + genuine.engine_params
     with stack.channel(_address(stack, "decode"), GATEWAY) as channel:
-        generate = channel.unary_stream("/tandem.v1.DecodeWorker/Generate", request_serializer=bytes,
-                                        response_deserializer=worker_pb2.GenerateResponse.FromString)
+        generate = channel.unary_stream(
+            "/tandem.v1.DecodeWorker/Generate",
+            request_serializer=bytes,
+            response_deserializer=worker_pb2.GenerateResponse.FromString,
+        )
         replies = list(generate(smuggled, timeout=30))
     assert replies[0].num_cached_tokens < IMPORTED  # prefilled locally
 
@@ -177,6 +200,11 @@ def test_refusals_are_counted_and_the_legitimate_load_lost_nothing(stack, legit_
     assert all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
     assert len({text for _, text in answers}) == 1  # greedy: every answer the same, none corrupted
     text = httpx.get(stack.metrics_urls["decode-0"], timeout=5).text
-    refused = {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
-               if f.name == "tandem_worker_kv_handles_refused" for s in f.samples if s.name.endswith("_total")}
+    refused = {
+        s.labels["reason"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "tandem_worker_kv_handles_refused"
+        for s in f.samples
+        if s.name.endswith("_total")
+    }
     assert refused == {"replayed": 1, "unsigned": 2, "bad_signature": 2, "expired": 1, "unregistered_source": 1}

@@ -1,5 +1,6 @@
 """Attacks one tenant can make on another, against a live disaggregated stack with three API keys: probing the shared
 prefix cache for another key's prompt, oversize fields, and flooding past the key's limit while another key works."""
+
 import asyncio
 
 import httpx
@@ -28,10 +29,22 @@ def stack(endless_model, tmp_path_factory):
     # NOTE: 16 uncached tokens or more go to the prefill worker: a first request is disaggregated, so the decode
     # worker's copy of its blocks arrives by import
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "16", "TANDEM_KV_TRANSPORT": "grpc"}
-    gateway_args = ("--api-keys", ",".join(KEYS), "--max-inflight-per-key", str(MAX_INFLIGHT_PER_KEY),
-                    "--max-prompt-chars", str(MAX_PROMPT_CHARS))
-    with running_stack(endless_model, tmp_path_factory.mktemp("tenants"), num_prefill=1, num_decode=1, env=env,
-                       gateway_args=gateway_args) as running:
+    gateway_args = (
+        "--api-keys",
+        ",".join(KEYS),
+        "--max-inflight-per-key",
+        str(MAX_INFLIGHT_PER_KEY),
+        "--max-prompt-chars",
+        str(MAX_PROMPT_CHARS),
+    )
+    with running_stack(
+        endless_model,
+        tmp_path_factory.mktemp("tenants"),
+        num_prefill=1,
+        num_decode=1,
+        env=env,
+        gateway_args=gateway_args,
+    ) as running:
         yield running
 
 
@@ -41,8 +54,12 @@ def model(endless_model) -> str:
 
 
 def _cached_tokens(stack, model: str, key: str) -> int:
-    response = httpx.post(f"{stack.url}/v1/completions", headers=_auth(key), timeout=60,
-                          json={"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0})
+    response = httpx.post(
+        f"{stack.url}/v1/completions",
+        headers=_auth(key),
+        timeout=60,
+        json={"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
@@ -50,8 +67,9 @@ def _cached_tokens(stack, model: str, key: str) -> int:
 def _stored_events(address: str) -> list:
     """Every STORED event the worker has published so far (the first batch of its event stream holds them all)."""
     with make_sync_channel(address) as channel:
-        stream = worker_pb2_grpc.WorkerControlStub(channel).StreamKvEvents(worker_pb2.StreamKvEventsRequest(),
-                                                                           timeout=10)
+        stream = worker_pb2_grpc.WorkerControlStub(channel).StreamKvEvents(
+            worker_pb2.StreamKvEventsRequest(), timeout=10
+        )
         batch = next(stream)
         stream.cancel()
     return [e for e in batch.events if e.kind == common_pb2.KV_EVENT_KIND_STORED]
@@ -82,8 +100,9 @@ def test_a_client_salt_splits_one_keys_cache(stack, model):
     body = {"model": model, "prompt": PROMPT[::-1], "max_tokens": 2, "cache_salt": "session-1"}
     cached = []
     for salt in ("session-1", "session-2", "session-1"):
-        response = httpx.post(f"{stack.url}/v1/completions", headers=_auth(KEYS[0]), timeout=60,
-                              json=body | {"cache_salt": salt})
+        response = httpx.post(
+            f"{stack.url}/v1/completions", headers=_auth(KEYS[0]), timeout=60, json=body | {"cache_salt": salt}
+        )
         assert response.status_code == 200, response.text
         cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
     assert cached == [0, 0, 48]
@@ -109,29 +128,43 @@ OVERSIZE = {
 @pytest.mark.parametrize("name", sorted(OVERSIZE))
 def test_oversize_fields_are_400(stack, model, name):
     fields, param = OVERSIZE[name]
-    response = httpx.post(f"{stack.url}/v1/chat/completions", headers=_auth(KEYS[0]), timeout=30,
-                          json=_chat(model, **fields))
+    response = httpx.post(
+        f"{stack.url}/v1/chat/completions", headers=_auth(KEYS[0]), timeout=30, json=_chat(model, **fields)
+    )
     assert_error(response, 400, type="invalid_request_error", param=param)
 
 
 def test_an_oversize_completion_prompt_is_400_before_tokenizing(stack, model):
-    response = httpx.post(f"{stack.url}/v1/completions", headers=_auth(KEYS[0]), timeout=30,
-                          json={"model": model, "prompt": "y" * (MAX_PROMPT_CHARS + 1), "max_tokens": 1})
+    response = httpx.post(
+        f"{stack.url}/v1/completions",
+        headers=_auth(KEYS[0]),
+        timeout=30,
+        json={"model": model, "prompt": "y" * (MAX_PROMPT_CHARS + 1), "max_tokens": 1},
+    )
     assert_error(response, 400, type="invalid_request_error", param="prompt")
 
 
 def test_n_takes_one_of_the_keys_slots_per_choice(stack, model):
-    response = httpx.post(f"{stack.url}/v1/chat/completions", headers=_auth(KEYS[0]), timeout=30,
-                          json=_chat(model, n=MAX_INFLIGHT_PER_KEY + 1))
+    response = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        headers=_auth(KEYS[0]),
+        timeout=30,
+        json=_chat(model, n=MAX_INFLIGHT_PER_KEY + 1),
+    )
     assert_error(response, 429, type="rate_limit_error", code="key_concurrency_exceeded", retry_after="1")
-    ok = httpx.post(f"{stack.url}/v1/chat/completions", headers=_auth(KEYS[0]), timeout=60,
-                    json=_chat(model, n=MAX_INFLIGHT_PER_KEY))
+    ok = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        headers=_auth(KEYS[0]),
+        timeout=60,
+        json=_chat(model, n=MAX_INFLIGHT_PER_KEY),
+    )
     assert ok.status_code == 200 and len(ok.json()["choices"]) == MAX_INFLIGHT_PER_KEY
 
 
 async def _flood(url: str, model: str) -> tuple[list[httpx.Response], list[httpx.Response]]:
     """One key sends 10x its limit at once; another key keeps its own two slots busy the whole time."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+
         def chat(key: str, max_tokens: int):
             return http.post("/v1/chat/completions", headers=_auth(key), json=_chat(model, max_tokens=max_tokens))
 

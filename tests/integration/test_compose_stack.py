@@ -7,6 +7,7 @@ Skipped (with the reason) where no Docker engine answers, unless TANDEM_REQUIRE_
 Where no registry is reachable, .ci/run sets TANDEM_COMPOSE_FILES=compose.yaml:compose.offline.yaml after making
 the local base images (docker/offline-images.sh). The first build takes minutes; later ones hit the layer cache.
 """
+
 import asyncio
 import os
 import secrets
@@ -29,13 +30,24 @@ UP_TIMEOUT_S = 900  # the first start converts the model, then every worker load
 pytestmark = pytest.mark.timeout(3600)
 
 # the planner in a hurry: 2 s ticks, a 10 s model interval, quick to shrink
-PLANNER_ENV = {"TANDEM_PLANNER_TICK_S": "2", "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "10",
-               "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "15", "TANDEM_PLANNER_UP_TICKS": "2",
-               "TANDEM_PLANNER_DOWN_TICKS": "3", "TANDEM_PLANNER_DOWN_STABILIZATION": "1"}
+PLANNER_ENV = {
+    "TANDEM_PLANNER_TICK_S": "2",
+    "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "10",
+    "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "15",
+    "TANDEM_PLANNER_UP_TICKS": "2",
+    "TANDEM_PLANNER_DOWN_TICKS": "3",
+    "TANDEM_PLANNER_DOWN_STABILIZATION": "1",
+}
 # SLOs nothing misses until the planner's own test tightens them (the planner is recreated with those)
-STACK_ENV = {"TANDEM_CPU_THREADS_PER_WORKER": "1", "TANDEM_PLANNER_SLO_ITL_S": "60", "TANDEM_PLANNER_SLO_TTFT_S": "600",
-             "TANDEM_PLANNER_MIN_PREFILL": "1", "TANDEM_PLANNER_MAX_PREFILL": "1",
-             "TANDEM_PLANNER_MIN_DECODE": "1", "TANDEM_PLANNER_MAX_DECODE": "2"}
+STACK_ENV = {
+    "TANDEM_CPU_THREADS_PER_WORKER": "1",
+    "TANDEM_PLANNER_SLO_ITL_S": "60",
+    "TANDEM_PLANNER_SLO_TTFT_S": "600",
+    "TANDEM_PLANNER_MIN_PREFILL": "1",
+    "TANDEM_PLANNER_MAX_PREFILL": "1",
+    "TANDEM_PLANNER_MIN_DECODE": "1",
+    "TANDEM_PLANNER_MAX_DECODE": "2",
+}
 TIGHT_SLO = {"TANDEM_PLANNER_SLO_ITL_S": "0.01"}  # a CPU worker under 16 streams misses it
 
 
@@ -55,15 +67,24 @@ def stack(tmp_path_factory):
             pytest.fail(f"TANDEM_REQUIRE_DOCKER=1 and {problem}")
         pytest.skip(problem)
     gateway_port, prometheus_port = free_ports(2)
-    env = {**STACK_ENV, "TANDEM_GATEWAY_PORT": str(gateway_port), "PROMETHEUS_PORT": str(prometheus_port),
-           "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid), "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(8)}
-    compose = Compose(compose_files(tmp_path_factory.mktemp("compose")), f"tandem-test-{secrets.token_hex(3)}",
-                      env, REPO)
+    env = {
+        **STACK_ENV,
+        "TANDEM_GATEWAY_PORT": str(gateway_port),
+        "PROMETHEUS_PORT": str(prometheus_port),
+        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+        "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(8),
+    }
+    compose = Compose(
+        compose_files(tmp_path_factory.mktemp("compose")), f"tandem-test-{secrets.token_hex(3)}", env, REPO
+    )
     try:
         compose.run("build", timeout_s=2400)
         compose.run("up", "--detach", "--wait", "--wait-timeout", str(UP_TIMEOUT_S), timeout_s=UP_TIMEOUT_S + 60)
-        yield {"compose": compose, "gateway": f"http://127.0.0.1:{gateway_port}",
-               "prometheus": f"http://127.0.0.1:{prometheus_port}"}
+        yield {
+            "compose": compose,
+            "gateway": f"http://127.0.0.1:{gateway_port}",
+            "prometheus": f"http://127.0.0.1:{prometheus_port}",
+        }
     finally:
         compose.run("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout_s=300)
 
@@ -82,9 +103,17 @@ def poll(probe, until, timeout_s: float, what: str, interval_s: float = 1.0):
 
 
 def chat(gateway: str, content: str = "What is the capital of France?", max_tokens: int = 16, **extra) -> dict:
-    reply = httpx.post(f"{gateway}/v1/chat/completions", timeout=180, json={
-        "model": MODEL, "temperature": 0, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": content}], **extra})
+    reply = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        timeout=180,
+        json={
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content}],
+            **extra,
+        },
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -96,9 +125,15 @@ async def load(gateway: str, total: int, concurrency: int, during=None, max_toke
     async def client(http: httpx.AsyncClient) -> None:
         for i in sent:
             try:
-                reply = await http.post(f"{gateway}/v1/chat/completions", json={
-                    "model": MODEL, "max_tokens": max_tokens, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": f"Count to ten, request {i}."}]})
+                reply = await http.post(
+                    f"{gateway}/v1/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "max_tokens": max_tokens,
+                        "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"Count to ten, request {i}."}],
+                    },
+                )
                 tokens = reply.json().get("usage", {}).get("completion_tokens") if reply.status_code == 200 else None
                 outcomes.append((reply.status_code, tokens, reply.text[:200] if tokens is None else ""))
             except httpx.HTTPError as e:
@@ -120,6 +155,7 @@ CREDENTIALS: dict[str, grpc.ChannelCredentials] = {}
 def planner_credentials(compose: Compose) -> grpc.ChannelCredentials:
     """The planner's certificate (an admin identity: ListWorkers), read from its container: every gRPC port of the
     stack runs mutual TLS, and a caller without a certificate from the stack's CA is refused."""
+
     def read(name: str) -> bytes:
         return compose.run("exec", "-T", "planner", "cat", f"/etc/tandem/tls/{name}", timeout_s=60).encode()
 
@@ -164,11 +200,20 @@ def running(compose: Compose, service: str) -> list[dict]:
 def test_a_chat_and_a_streamed_chat_through_the_published_port(stack):
     body = chat(stack["gateway"])
     assert body["choices"][0]["message"]["content"].strip() and body["usage"]["completion_tokens"] > 0
-    with httpx.stream("POST", f"{stack['gateway']}/v1/chat/completions", timeout=180, json={
-            "model": MODEL, "temperature": 0, "max_tokens": 16, "stream": True,
-            "messages": [{"role": "user", "content": "Name a colour."}]}) as reply:
+    with httpx.stream(
+        "POST",
+        f"{stack['gateway']}/v1/chat/completions",
+        timeout=180,
+        json={
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": 16,
+            "stream": True,
+            "messages": [{"role": "user", "content": "Name a colour."}],
+        },
+    ) as reply:
         assert reply.status_code == 200
-        events = [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and len(events) > 2
     assert any('"content"' in e for e in events[:-1])
 
@@ -176,8 +221,12 @@ def test_a_chat_and_a_streamed_chat_through_the_published_port(stack):
 def test_every_service_serves_metrics_and_prometheus_scrapes_them(stack):
     compose = stack["compose"]
     assert "tandem_gateway_requests_total" in httpx.get(f"{stack['gateway']}/metrics", timeout=10).text
-    prefixes = {"router": "tandem_router_", "prefill": "tandem_worker_", "decode": "tandem_worker_",
-                "planner": "tandem_planner_"}
+    prefixes = {
+        "router": "tandem_router_",
+        "prefill": "tandem_worker_",
+        "decode": "tandem_worker_",
+        "planner": "tandem_planner_",
+    }
     for service, prefix in prefixes.items():
         containers = running(compose, service)
         assert containers, f"{service}: {describe(compose.containers(service))}"
@@ -191,8 +240,12 @@ def test_every_service_serves_metrics_and_prometheus_scrapes_them(stack):
         active = httpx.get(f"{stack['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
         return {t["labels"]["job"] for t in active if t["health"] == "up"}
 
-    poll(targets, lambda up: {"gateway", "router", "prefill", "decode", "planner"} <= up, 120,
-         "Prometheus scraping every tandem service")
+    poll(
+        targets,
+        lambda up: {"gateway", "router", "prefill", "decode", "planner"} <= up,
+        120,
+        "Prometheus scraping every tandem service",
+    )
 
 
 def test_the_scaler_refuses_a_caller_without_its_token_or_outside_its_allow_list(stack):
@@ -204,11 +257,13 @@ def test_the_scaler_refuses_a_caller_without_its_token_or_outside_its_allow_list
     token = compose.run("exec", "-T", "scaler", "cat", "/var/lib/tandem/scaler/token").strip()
     auth = {"Authorization": f"Bearer {token}"}
     for service, replicas in (("gateway", 0), ("router", 3), ("decode", 99)):
-        reply = httpx.post(f"{url}/v1/scale", json={**body, "service": service, "replicas": replicas}, headers=auth,
-                           timeout=10)
+        reply = httpx.post(
+            f"{url}/v1/scale", json={**body, "service": service, "replicas": replicas}, headers=auth, timeout=10
+        )
         assert reply.status_code in (403, 422), reply.text
-    reply = httpx.get(f"{url}/v1/replicas", params={"project": compose.project, "service": "decode"}, headers=auth,
-                      timeout=60)
+    reply = httpx.get(
+        f"{url}/v1/replicas", params={"project": compose.project, "service": "decode"}, headers=auth, timeout=60
+    )
     assert reply.status_code == 200 and reply.json()["services"]["decode"]["ready"] == 1, reply.text
     assert len(running(compose, "gateway")) == 1 and len(running(compose, "decode")) == 1
 
@@ -220,8 +275,15 @@ def test_the_planner_scales_decode_through_the_scaler_under_a_spike_and_back(sta
     compose.run("up", "--detach", "--wait", "--no-deps", "planner", timeout_s=300)  # recreated with the tight SLO
 
     async def spike_until_grown() -> list:
-        grown = asyncio.create_task(asyncio.to_thread(
-            poll, lambda: len(running(compose, "decode")), lambda n: n == 2, 300, "the planner's second decode worker"))
+        grown = asyncio.create_task(
+            asyncio.to_thread(
+                poll,
+                lambda: len(running(compose, "decode")),
+                lambda n: n == 2,
+                300,
+                "the planner's second decode worker",
+            )
+        )
         outcomes = []
         while not grown.done():
             outcomes += await load(gateway, 16, 16, max_tokens=32)
@@ -240,8 +302,17 @@ def test_the_planner_scales_decode_through_the_scaler_under_a_spike_and_back(sta
 def test_scaled_by_hand_the_router_lists_three_decode_workers_and_routes_to_each(stack):
     compose = stack["compose"]
     compose.run("stop", "planner")  # from here on decode is scaled by hand; the planner would undo it
-    compose.run("up", "--detach", "--wait", "--no-recreate", "--no-deps", "--scale", "decode=3", "decode",
-                timeout_s=UP_TIMEOUT_S)
+    compose.run(
+        "up",
+        "--detach",
+        "--wait",
+        "--no-recreate",
+        "--no-deps",
+        "--scale",
+        "decode=3",
+        "decode",
+        timeout_s=UP_TIMEOUT_S,
+    )
     poll(lambda: len(decode_workers(compose)), lambda n: n == 3, 10, "3 decode workers at the router", 0.5)
     ids = [c["ID"] for c in running(compose, "decode")]
     assert len(ids) == 3
@@ -267,12 +338,24 @@ def test_decode_containers_killed_under_load_lose_no_request_and_come_back(stack
     outcomes = asyncio.run(load(stack["gateway"], 64, 16, during=kill))
     failed = [o for o in outcomes if o[0] != 200 or o[1] != 24]
     assert len(outcomes) == 64 and not failed, f"{len(failed)} of 64 lost: {failed[:3]}"
-    poll(lambda: inspect(crashed, "{{.RestartCount}} {{.State.Health.Status}}"),
-         lambda s: int(s.split()[0]) >= 1 and s.endswith("healthy") and not s.endswith("unhealthy"),
-         UP_TIMEOUT_S, "the crashed decode container restarted by its restart policy and healthy again")
+    poll(
+        lambda: inspect(crashed, "{{.RestartCount}} {{.State.Health.Status}}"),
+        lambda s: int(s.split()[0]) >= 1 and s.endswith("healthy") and not s.endswith("unhealthy"),
+        UP_TIMEOUT_S,
+        "the crashed decode container restarted by its restart policy and healthy again",
+    )
     assert inspect(killed, "{{.State.Status}}") == "exited"
-    compose.run("up", "--detach", "--wait", "--no-recreate", "--no-deps", "--scale", "decode=3", "decode",
-                timeout_s=UP_TIMEOUT_S)
+    compose.run(
+        "up",
+        "--detach",
+        "--wait",
+        "--no-recreate",
+        "--no-deps",
+        "--scale",
+        "decode=3",
+        "decode",
+        timeout_s=UP_TIMEOUT_S,
+    )
     poll(lambda: len(decode_workers(compose)), lambda n: n == 3, 60, "3 decode workers again")
 
 

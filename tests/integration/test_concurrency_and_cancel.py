@@ -1,6 +1,7 @@
 """Many streams at once, and clients that leave, against a live disaggregated stack (tiny model with no EOS,
 so every request runs to max_tokens): concurrent streams all finish whole and match their sequential
 answers; a closed stream or an abandoned request stops its work and frees every block on every worker."""
+
 import asyncio
 import json
 import random
@@ -20,8 +21,13 @@ IDLE_TIMEOUT_S = 5.0
 
 @pytest.fixture(scope="module")
 def stack(endless_model, tmp_path_factory):
-    with running_stack(endless_model, tmp_path_factory.mktemp("concurrency"), num_prefill=1, num_decode=1,
-                       env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"}) as running:
+    with running_stack(
+        endless_model,
+        tmp_path_factory.mktemp("concurrency"),
+        num_prefill=1,
+        num_decode=1,
+        env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"},
+    ) as running:
         yield running
 
 
@@ -43,8 +49,15 @@ def _generated(stack) -> int:
 
 
 async def _stream_one(http: httpx.AsyncClient, url: str, model: str, prompt: list[int]) -> list:
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "logprobs": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
         return [event async for event in _aiter_sse(response)]
@@ -53,7 +66,7 @@ async def _stream_one(http: httpx.AsyncClient, url: str, model: str, prompt: lis
 async def _aiter_sse(response: httpx.Response):
     async for line in response.aiter_lines():
         if line.startswith("data:"):
-            data = line[len("data:"):].strip()
+            data = line[len("data:") :].strip()
             yield data if data == "[DONE]" else json.loads(data)
 
 
@@ -68,16 +81,23 @@ def test_concurrent_streams_all_complete_whole(idle, endless_model):
 
     streams = asyncio.run(run_all())
     with httpx.Client(timeout=60) as http:
-        sequential = [http.post(f"{stack.url}/v1/completions", json={
-            "model": model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}).json() for p in prompts]
+        sequential = [
+            http.post(
+                f"{stack.url}/v1/completions",
+                json={"model": model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0},
+            ).json()
+            for p in prompts
+        ]
 
     for i, events in enumerate(streams):
         *chunks, usage, done = events
         assert done == "[DONE]", i
         assert 0 <= usage["usage"].pop("prompt_tokens_details")["cached_tokens"] <= len(prompts[i]), i
         assert usage["choices"] == [] and usage["usage"] == {
-            "prompt_tokens": len(prompts[i]), "completion_tokens": MAX_TOKENS,
-            "total_tokens": len(prompts[i]) + MAX_TOKENS}, i
+            "prompt_tokens": len(prompts[i]),
+            "completion_tokens": MAX_TOKENS,
+            "total_tokens": len(prompts[i]) + MAX_TOKENS,
+        }, i
         choices = [c["choices"][0] for c in chunks]
         assert sum(len(c["logprobs"]["tokens"]) for c in choices) == MAX_TOKENS, i
         assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["length"], i
@@ -88,8 +108,12 @@ def test_concurrent_streams_all_complete_whole(idle, endless_model):
 
 
 def _wait_decoding(stack, n: int) -> None:
-    wait_for(lambda: busy_counts(stack)["decode-0"]["num_running"], lambda running: running == n, IDLE_TIMEOUT_S,
-             f"{n} requests running on the decode worker")
+    wait_for(
+        lambda: busy_counts(stack)["decode-0"]["num_running"],
+        lambda running: running == n,
+        IDLE_TIMEOUT_S,
+        f"{n} requests running on the decode worker",
+    )
 
 
 def _assert_cut_short(stack, generated_before: int, requested: int) -> None:
@@ -102,8 +126,13 @@ def _assert_cut_short(stack, generated_before: int, requested: int) -> None:
 def test_closed_httpx_stream_frees_every_worker(idle, endless_model):
     stack = idle
     before = _generated(stack)
-    body = {"model": endless_model.name, "prompt": _prompt(1000, 40), "max_tokens": LONG_MAX_TOKENS,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": endless_model.name,
+        "prompt": _prompt(1000, 40),
+        "max_tokens": LONG_MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.Client(timeout=30) as http, http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
         assert response.status_code == 200
         events = sse_json(response)
@@ -119,8 +148,13 @@ def test_closed_openai_stream_frees_every_worker(idle, endless_model, n):
     before = _generated(stack)
     with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=30) as client:
         stream = client.chat.completions.create(
-            model=endless_model.name, messages=[{"role": "user", "content": "count forever"}],
-            max_tokens=LONG_MAX_TOKENS, temperature=0, n=n, stream=True)
+            model=endless_model.name,
+            messages=[{"role": "user", "content": "count forever"}],
+            max_tokens=LONG_MAX_TOKENS,
+            temperature=0,
+            n=n,
+            stream=True,
+        )
         seen = set()
         for chunk in stream:
             seen.update(c.index for c in chunk.choices)
@@ -136,8 +170,12 @@ def test_abandoned_request_frees_every_worker(idle, endless_model, wait_s):
     """A non-streaming client that gives up at various points: during prefill, the KV handoff, or decoding."""
     stack = idle
     before = _generated(stack)
-    body = {"model": endless_model.name, "prompt": _prompt(2000 + int(wait_s * 100), 1500),
-            "max_tokens": 2000, "temperature": 0}
+    body = {
+        "model": endless_model.name,
+        "prompt": _prompt(2000 + int(wait_s * 100), 1500),
+        "max_tokens": 2000,
+        "temperature": 0,
+    }
     with httpx.Client(timeout=httpx.Timeout(10, read=wait_s)) as http, pytest.raises(httpx.ReadTimeout):
         http.post(f"{stack.url}/v1/completions", json=body)
     wait_all_idle(stack, num_workers=2, timeout_s=IDLE_TIMEOUT_S)
@@ -146,7 +184,9 @@ def test_abandoned_request_frees_every_worker(idle, endless_model, wait_s):
 
 def test_stack_serves_after_the_cancellations(idle, endless_model):
     with httpx.Client(timeout=30) as http:
-        response = http.post(f"{idle.url}/v1/completions", json={
-            "model": endless_model.name, "prompt": "hello", "max_tokens": MAX_TOKENS, "temperature": 0})
+        response = http.post(
+            f"{idle.url}/v1/completions",
+            json={"model": endless_model.name, "prompt": "hello", "max_tokens": MAX_TOKENS, "temperature": 0},
+        )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == MAX_TOKENS

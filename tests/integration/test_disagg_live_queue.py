@@ -2,6 +2,7 @@
 prompts at 3x the rate the heartbeat-era check could bear (prefill_max_waiting routes per heartbeat interval), the
 prefill worker far from saturated. With the load stream, >= 90% are disaggregated; with heartbeats alone (the
 stream off) the router guesses a queue from routes since the last heartbeat and sends many to decode workers."""
+
 import asyncio
 import random
 import threading
@@ -59,10 +60,19 @@ def max_prefill_waiting(stack, stop: threading.Event, seen: list[int]) -> None:
 
 @pytest.mark.parametrize("stream_s", [0.01, 0.0], ids=["load-stream", "heartbeats-only"])
 def test_long_prompts_are_disaggregated_while_the_prefill_worker_has_room(sim_model, tmp_path, stream_s):
-    router_args = ("--heartbeat-interval-s", str(HEARTBEAT_S), "--prefill-max-waiting", str(MAX_WAITING),
-                   "--disagg-min-tokens", str(MIN_TOKENS), "--load-stream-interval-s", str(stream_s))
-    with running_stack(sim_model, tmp_path, engine="sim", num_prefill=1, num_decode=2,
-                       router_args=router_args) as stack:
+    router_args = (
+        "--heartbeat-interval-s",
+        str(HEARTBEAT_S),
+        "--prefill-max-waiting",
+        str(MAX_WAITING),
+        "--disagg-min-tokens",
+        str(MIN_TOKENS),
+        "--load-stream-interval-s",
+        str(stream_s),
+    )
+    with running_stack(
+        sim_model, tmp_path, engine="sim", num_prefill=1, num_decode=2, router_args=router_args
+    ) as stack:
         stop, seen = threading.Event(), []
         watcher = threading.Thread(target=max_prefill_waiting, args=(stack, stop, seen), daemon=True)
         watcher.start()

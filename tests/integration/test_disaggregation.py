@@ -1,6 +1,7 @@
 """Disaggregated serving against aggregated serving, live: the same greedy prompts give the same tokens
 whether the prompt's KV was computed on a prefill worker and shipped, or computed on the decode worker; each
 handoff ships exactly the prompt's blocks and leaves nothing held on the prefill worker."""
+
 import json
 import random
 from dataclasses import dataclass
@@ -23,20 +24,30 @@ def _token_prompt(length: int, seed: int) -> list[int]:
     return [rng.randrange(3, 512) for _ in range(length)]  # the tiny vocabulary, special ids left out
 
 
-PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.3, "logit_bias": {"7": 2.0},
-             "ignore_eos": True}
+PENALTIES = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": 1.5,
+    "repetition_penalty": 1.3,
+    "logit_bias": {"7": 2.0},
+    "ignore_eos": True,
+}
 # name -> request body (without "model"); token-id prompts straddle the 16-token block boundaries
 CASES: dict[str, dict] = {
-    **{f"tokens-{n}": {"prompt": _token_prompt(n, seed=n), "max_tokens": MAX_TOKENS, "logprobs": 2}
-       for n in (1, 15, 16, 17, 47, 130)},
+    **{
+        f"tokens-{n}": {"prompt": _token_prompt(n, seed=n), "max_tokens": MAX_TOKENS, "logprobs": 2}
+        for n in (1, 15, 16, 17, 47, 130)
+    },
     "text": {"prompt": "the cat sat on the mat and then", "max_tokens": MAX_TOKENS, "logprobs": 2},
-    "chat": {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
-             "max_tokens": MAX_TOKENS, "logprobs": True, "top_logprobs": 2},
+    "chat": {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+        "max_tokens": MAX_TOKENS,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
     "one-token": {"prompt": _token_prompt(20, seed=99), "max_tokens": 1, "logprobs": 2},
     # the prefill worker samples the first token under the penalties (repetition sees the prompt), the decode
     # worker the rest (presence/frequency see the first token as generated): the same as one worker does
-    "tokens-47-penalized": {"prompt": _token_prompt(47, seed=47), "max_tokens": MAX_TOKENS, "logprobs": 2,
-                            **PENALTIES},
+    "tokens-47-penalized": {"prompt": _token_prompt(47, seed=47), "max_tokens": MAX_TOKENS, "logprobs": 2, **PENALTIES},
 }
 
 
@@ -69,8 +80,10 @@ def run_cases(model: Path, tmp_path: Path, num_prefill: int, transport: str = "g
     """Start a stack, send every case in turn (greedy), stop the stack; one stack at a time on this machine."""
     runs = {}
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", "TANDEM_KV_TRANSPORT": transport}
-    with running_stack(model, tmp_path, num_prefill=num_prefill, num_decode=1, env=env) as stack, \
-            httpx.Client(timeout=60) as http:
+    with (
+        running_stack(model, tmp_path, num_prefill=num_prefill, num_decode=1, env=env) as stack,
+        httpx.Client(timeout=60) as http,
+    ):
         for name, case in CASES.items():
             route = "/v1/chat/completions" if "messages" in case else "/v1/completions"
             before = all_worker_stats(stack)
@@ -87,8 +100,10 @@ def disaggregated(request, tiny_stack_model, tmp_path_factory) -> dict[str, Run]
     them through staging memory (grpc), or as a KvExport the decode engine writes (bytes)."""
     if request.param == "nixl" and not is_available():
         pytest.skip("NIXL is not installed")
-    return Cases(request.param, run_cases(tiny_stack_model, tmp_path_factory.mktemp("disagg"), num_prefill=1,
-                                          transport=request.param))
+    return Cases(
+        request.param,
+        run_cases(tiny_stack_model, tmp_path_factory.mktemp("disagg"), num_prefill=1, transport=request.param),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +146,10 @@ def test_disaggregated_output_equals_aggregated(disaggregated, aggregated, name)
 
 def test_penalties_change_the_answer_in_both_modes(disaggregated, aggregated):
     for runs in (disaggregated, aggregated):
-        plain, penalized = _tokens_and_logprobs(runs["tokens-47"].body), _tokens_and_logprobs(
-            runs["tokens-47-penalized"].body)
+        plain, penalized = (
+            _tokens_and_logprobs(runs["tokens-47"].body),
+            _tokens_and_logprobs(runs["tokens-47-penalized"].body),
+        )
         assert plain[0] != penalized[0]
 
 
@@ -162,8 +179,9 @@ def test_each_handoff_ships_the_prompts_blocks_once(disaggregated, tiny_stack_mo
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_worker_holds_nothing_after_each_request(disaggregated, name):
     load = disaggregated[name].after["prefill-0"].load
-    assert (load.num_held, load.num_blocks_used, load.num_running, load.num_waiting) == (0, 0, 0, 0), \
+    assert (load.num_held, load.num_blocks_used, load.num_running, load.num_waiting) == (0, 0, 0, 0), (
         f"prefill worker still busy {SETTLE_S:.0f}s after {name}: {load}"
+    )
 
 
 def test_one_token_request_ends_on_the_prefill_worker(disaggregated):

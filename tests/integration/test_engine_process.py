@@ -1,6 +1,7 @@
 """A live decode worker whose engine process is SIGKILLed mid-stream: the stream ends at once with a clear
 error (never a hang), the worker says NOT_SERVING, leaves the router and refuses new requests; the gateway
 keeps serving on the other worker."""
+
 import os
 import signal
 import time
@@ -29,23 +30,32 @@ def _health(stack, address: str) -> int:
 
 def _generate(stack, address: str) -> worker_pb2.GenerateResponse:
     with stack.channel(address, Identity("gateway", "gateway-test")) as channel:  # only a gateway may Generate
-        request = worker_pb2.GenerateRequest(req_id="after", token_ids=[1, 2, 3],
-                                             params=common_pb2.SamplingParams(max_tokens=2))
+        request = worker_pb2.GenerateRequest(
+            req_id="after", token_ids=[1, 2, 3], params=common_pb2.SamplingParams(max_tokens=2)
+        )
         return list(worker_pb2_grpc.DecodeWorkerStub(channel).Generate(request, timeout=5))
 
 
 def test_killing_a_workers_engine_process_fails_its_stream_and_takes_it_out(endless_model, tmp_path):
     with running_stack(endless_model, tmp_path, num_prefill=0, num_decode=2) as stack:
-        body = {"model": endless_model.name, "prompt": "the long story goes", "max_tokens": ENDLESS_CONTEXT - 100,
-                "temperature": 0, "stream": True}
+        body = {
+            "model": endless_model.name,
+            "prompt": "the long story goes",
+            "max_tokens": ENDLESS_CONTEXT - 100,
+            "temperature": 0,
+            "stream": True,
+        }
         addresses = {w.worker.worker_id: w.worker.address for w in workers(stack)}
-        with httpx.Client(timeout=httpx.Timeout(3 * MAX_ERROR_DELAY_S)) as http, \
-                http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
+        with (
+            httpx.Client(timeout=httpx.Timeout(3 * MAX_ERROR_DELAY_S)) as http,
+            http.stream("POST", f"{stack.url}/v1/completions", json=body) as response,
+        ):
             assert response.status_code == 200
             events = sse_json(response)
             [next(events) for _ in range(3)]
-            counts = wait_for(lambda: busy_counts(stack), lambda c: any(v["num_running"] for v in c.values()), 5.0,
-                              "a worker serving")
+            counts = wait_for(
+                lambda: busy_counts(stack), lambda c: any(v["num_running"] for v in c.values()), 5.0, "a worker serving"
+            )
             victim = next(w for w, c in counts.items() if c["num_running"])
             worker = next(c for c in stack.children if c.name == victim)
             (engine_pid,) = [pid for pid in children_of(worker.proc.pid) if b"spawn_main" in _cmdline(pid)]
@@ -58,13 +68,16 @@ def test_killing_a_workers_engine_process_fails_its_stream_and_takes_it_out(endl
         assert "engine failed" in last["error"]["message"] and "killed by signal 9" in last["error"]["message"]
         assert worker.proc.poll() is None  # the worker lives on, to say it cannot serve
         assert _health(stack, addresses[victim]) == health_pb2.HealthCheckResponse.NOT_SERVING
-        wait_for(lambda: [w.worker.worker_id for w in workers(stack)], lambda ids: victim not in ids, 5.0,
-                 "the worker leaves the router")
+        wait_for(
+            lambda: [w.worker.worker_id for w in workers(stack)],
+            lambda ids: victim not in ids,
+            5.0,
+            "the worker leaves the router",
+        )
         try:
             _generate(stack, addresses[victim])
             raise AssertionError("a worker whose engine died took a request")
         except grpc.RpcError as exc:
             assert exc.code() is grpc.StatusCode.UNAVAILABLE
-        reply = httpx.post(f"{stack.url}/v1/completions", json={**body, "stream": False, "max_tokens": 4},
-                           timeout=30)
+        reply = httpx.post(f"{stack.url}/v1/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=30)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4

@@ -1,6 +1,7 @@
 """Several gateway processes on one port (`tandem serve gateway --workers N`), as real processes against fake
 router and worker gRPC services in this test's event loop: the in-flight limit holds across processes, /metrics
 merges them, SIGTERM lets streams finish and refuses new ones (bounded), a dead process is replaced."""
+
 import asyncio
 import json
 import os
@@ -51,17 +52,31 @@ class Gateway:
 async def gateway(model_dir: Path, tmp_path: Path, *args: str):
     router, worker = FakeRouter(), FakeWorker(TOKENS)
     servers = []
-    for add, servicer in ((router_pb2_grpc.add_RouterServicer_to_server, router),
-                          (add_worker, worker)):
+    for add, servicer in ((router_pb2_grpc.add_RouterServicer_to_server, router), (add_worker, worker)):
         server, servicer.address = await start_server(add, servicer)
         servers.append(server)
     router.decode_address, router.model = worker.address, str(model_dir)  # the model as the gateway routes it
     port, log_path = free_port(), tmp_path / "gateway.log"
-    command = [sys.executable, "-m", "tandem.cli", "serve", "gateway", "--model-dir", str(model_dir),
-               "--router-address", router.address, "--host", "127.0.0.1", "--port", str(port), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "serve",
+        "gateway",
+        "--model-dir",
+        str(model_dir),
+        "--router-address",
+        router.address,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
     gw = Gateway(proc, f"http://127.0.0.1:{port}", worker, log_path)
     try:
         await wait_ready(gw)
@@ -107,8 +122,11 @@ def _cmdline(pid: int) -> str:
 async def metrics(gw: Gateway) -> dict[tuple, float]:
     async with httpx.AsyncClient(timeout=5) as http:
         text = (await http.get(f"{gw.url}/metrics")).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def total(samples: dict[tuple, float], name: str, **labels) -> float:
@@ -118,8 +136,11 @@ def total(samples: dict[tuple, float], name: str, **labels) -> float:
 async def open_stream(url: str, **body) -> tuple[httpx.AsyncClient, httpx.Response]:
     """A streaming completion on its own connection (so the kernel may hand it to either process)."""
     http = httpx.AsyncClient(timeout=20)
-    request = http.build_request("POST", f"{url}/v1/completions",
-                                 json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 16, "stream": True, **body})
+    request = http.build_request(
+        "POST",
+        f"{url}/v1/completions",
+        json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 16, "stream": True, **body},
+    )
     return http, await http.send(request, stream=True)
 
 
@@ -153,7 +174,9 @@ async def test_the_inflight_limit_and_metrics_hold_across_processes_and_a_dead_o
         await wait_ready(gw)
         gw.worker.hang_after = None
         async with httpx.AsyncClient(timeout=10) as fresh:
-            reply = await fresh.post(f"{gw.url}/v1/completions", json={"model": MODEL, "prompt": [1, 2], "max_tokens": 2})
+            reply = await fresh.post(
+                f"{gw.url}/v1/completions", json={"model": MODEL, "prompt": [1, 2], "max_tokens": 2}
+            )
         assert reply.status_code == 200, reply.text  # not a 429: the dead processes' slots were freed
         m = await metrics(gw)
         assert total(m, "tandem_gateway_requests_total", status="429") == 13  # kept from the dead processes

@@ -2,6 +2,7 @@
 Llama-3.1-8B-sized paged KV (128 KiB per token), 16 concurrent requests of 2000 prompt / 128 generated tokens.
 Every request succeeds with its KV moved (the decode worker computes no prompt token), and the control plane
 never starves: no lease lapses in the router, and no worker's heartbeat is late by more than a second."""
+
 import asyncio
 import os
 import signal
@@ -25,20 +26,45 @@ LEASE_S, HEARTBEAT_S = 10.0, 1.0
 POOL_MB = 1024  # per worker, and its staging buffer: 3-4 requests' KV at a time (each 32 blocks of 8 MiB) (memory stays a few GB with staging)
 
 
-@pytest.mark.parametrize("transport", [
-    pytest.param("nixl", marks=pytest.mark.skipif(not is_available(), reason="NIXL is not installed")), "grpc"])
+@pytest.mark.parametrize(
+    "transport",
+    [pytest.param("nixl", marks=pytest.mark.skipif(not is_available(), reason="NIXL is not installed")), "grpc"],
+)
 def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path, transport):
     from tandem.models.init import init_model
 
     model = init_model(tmp_path / "model", "llama", tiny=True, config_only=True)
     port, logs = free_port(), tmp_path / "logs"
-    env = {**os.environ, "TANDEM_WORKER_SIM_KV_CACHE_MB": str(POOL_MB), "TANDEM_KV_TRANSPORT": transport,
-           "TANDEM_WORKER_KV_STAGING_MB": str(POOL_MB),
-           "TANDEM_ROUTER_LEASE_TTL_S": str(LEASE_S), "TANDEM_ROUTER_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
-           "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256",
-           "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(NUM_REQUESTS)}
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--engine", "sim", "--model", str(model), "--port", str(port),
-           "--prefill", "1", "--decode", "1", "--num-threads", "1", "--log-dir", str(logs)]
+    env = {
+        **os.environ,
+        "TANDEM_WORKER_SIM_KV_CACHE_MB": str(POOL_MB),
+        "TANDEM_KV_TRANSPORT": transport,
+        "TANDEM_WORKER_KV_STAGING_MB": str(POOL_MB),
+        "TANDEM_ROUTER_LEASE_TTL_S": str(LEASE_S),
+        "TANDEM_ROUTER_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
+        "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "256",
+        "TANDEM_ROUTER_PREFILL_MAX_WAITING": str(NUM_REQUESTS),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--engine",
+        "sim",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--num-threads",
+        "1",
+        "--log-dir",
+        str(logs),
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         banner = wait_for_banner(launcher, timeout_s=180)
@@ -53,7 +79,8 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
         assert watch.num_workers_seen == {2}, f"workers listed: {watch.num_workers_seen}"
         late = HEARTBEAT_S + 1.0
         assert watch.min_lease_left_s >= LEASE_S - late - watch.poll_s, (
-            f"a heartbeat came {LEASE_S - watch.min_lease_left_s:.2f}s after the one before (allowed {late}s)")
+            f"a heartbeat came {LEASE_S - watch.min_lease_left_s:.2f}s after the one before (allowed {late}s)"
+        )
         router_log = (logs / "router.log").read_text()
         assert "lease expired" not in router_log and "lapsed" not in router_log
         decode = worker_stats(router, "decode", operator_tls(tmp_path / "pki"))
@@ -73,8 +100,11 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
 async def load(port: int, model: str) -> list[tuple[int, dict | str]]:
     async def one(client: httpx.AsyncClient, i: int):
         prompt = [(i * 7919 + j * 31) % 500 + 10 for j in range(PROMPT_TOKENS)]  # distinct: no prefix hits
-        reply = await client.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300, json={
-            "model": model, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True})
+        reply = await client.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=300,
+            json={"model": model, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True},
+        )
         return reply.status_code, reply.json()["usage"] if reply.status_code == 200 else reply.text
 
     async with httpx.AsyncClient() as client:

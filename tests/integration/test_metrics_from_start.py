@@ -1,6 +1,7 @@
 """Every metric a dashboard reads exists in some service's /metrics before the first request (labelled counters
 and histograms start at zero), on a stack whose gateway runs as two processes (and a planner held at one worker per
 role, and a host KV tier); then one request is counted once in the gateway's merged metrics."""
+
 import re
 
 import httpx
@@ -16,12 +17,18 @@ def stack(tmp_path_factory):
     from tandem.models.init import init_model
 
     model = init_model(tmp_path_factory.mktemp("zero-model") / "tiny", "llama", tiny=True, config_only=True)
-    with running_stack(model, tmp_path_factory.mktemp("from-start"), engine="zero", num_prefill=1, num_decode=1,
-                       num_gateway_workers=2, planner=True,
-                       env={"TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"},
-                       # NOTE: the KV tier panels read series a worker exports only when it has a tier
-                       worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", "--kv-host-gb", "0.01")
-                       ) as s:
+    with running_stack(
+        model,
+        tmp_path_factory.mktemp("from-start"),
+        engine="zero",
+        num_prefill=1,
+        num_decode=1,
+        num_gateway_workers=2,
+        planner=True,
+        env={"TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"},
+        # NOTE: the KV tier panels read series a worker exports only when it has a tier
+        worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", "--kv-host-gb", "0.01"),
+    ) as s:
         yield s
 
 
@@ -30,8 +37,11 @@ def scrape(stack) -> dict[str, dict[tuple, float]]:
     out = {}
     for name, url in stack.metrics_urls.items():
         text = httpx.get(url, timeout=10).text
-        out[name] = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                     for family in text_string_to_metric_families(text) for s in family.samples}
+        out[name] = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
     return out
 
 
@@ -46,8 +56,9 @@ def test_dashboard_metrics_exist_before_any_request_and_count_once_after(stack):
     served = stack.cfg.model.split("/")[-1]
     assert gateway[("tandem_gateway_goodput_requests_total", (("model", served),))] == 0
 
-    reply = httpx.post(f"{stack.url}/v1/completions", json={"model": served, "prompt": [1, 2, 3], "max_tokens": 4},
-                       timeout=30)
+    reply = httpx.post(
+        f"{stack.url}/v1/completions", json={"model": served, "prompt": [1, 2, 3], "max_tokens": 4}, timeout=30
+    )
     assert reply.status_code == 200, reply.text
     after = scrape(stack)["gateway"]
     key = (("model", served), ("route", "/v1/completions"), ("status", "200"))

@@ -3,6 +3,7 @@ disaggregated):
 one request is one OTLP trace across all four services, correctly parented; every log line is JSON and the
 request's lines carry its trace id; every service serves /metrics and `tandem up`'s file_sd file lists them;
 and a real Prometheus scraping the stack returns data for every PromQL expression of every dashboard."""
+
 import json
 import os
 import re
@@ -21,8 +22,8 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tandem.launcher import free_port
 from engines.transfer.nixl_link import is_available
+from tandem.launcher import free_port
 from tests.integration.conftest import running_stack
 from tests.integration.helpers import poll
 
@@ -59,9 +60,17 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                 attrs = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for s in scope_spans.spans:
-                        self.spans.append(Span(attrs.get("service.name", "?"), s.name, s.trace_id.hex(),
-                                               s.span_id.hex(), s.parent_span_id.hex(), s.start_time_unix_nano,
-                                               s.end_time_unix_nano))
+                        self.spans.append(
+                            Span(
+                                attrs.get("service.name", "?"),
+                                s.name,
+                                s.trace_id.hex(),
+                                s.span_id.hex(),
+                                s.parent_span_id.hex(),
+                                s.start_time_unix_nano,
+                                s.end_time_unix_nano,
+                            )
+                        )
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def trace(self, trace_id: str) -> list[Span]:
@@ -84,21 +93,36 @@ def prometheus_port() -> int:
 
 # the planner reads the test's Prometheus (its SLO panels need the gateway's histograms) and, held at one worker
 # per role, never scales the stack under the other tests
-PLANNER_ENV = {"TANDEM_PLANNER_SOURCE": "prometheus", "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "10",
-               "TANDEM_PLANNER_TICK_S": "0.5", "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "1",
-               "TANDEM_PLANNER_MAX_PREFILL": "1", "TANDEM_PLANNER_MAX_DECODE": "1"}
+PLANNER_ENV = {
+    "TANDEM_PLANNER_SOURCE": "prometheus",
+    "TANDEM_PLANNER_PROMETHEUS_RANGE_S": "10",
+    "TANDEM_PLANNER_TICK_S": "0.5",
+    "TANDEM_PLANNER_ADJUSTMENT_INTERVAL_S": "1",
+    "TANDEM_PLANNER_MAX_PREFILL": "1",
+    "TANDEM_PLANNER_MAX_DECODE": "1",
+}
 
 
 @pytest.fixture(scope="module")
 def stack(tiny_stack_model, tmp_path_factory, otlp, prometheus_port):
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp.port}", "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", **PLANNER_ENV,
-           "TANDEM_PLANNER_PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp.port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1",
+        **PLANNER_ENV,
+        "TANDEM_PLANNER_PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}",
+    }
     tiers = ("--kv-host-gb", "0.01")  # the Workers dashboard's "KV tiers" row needs a host tier
     tiers += ("--speculative", "ngram")  # and its "Speculative decoding" row a worker that speculates
-    with running_stack(tiny_stack_model, tmp_path_factory.mktemp("observed"), num_prefill=1, num_decode=1,
-                       env=env, planner=True,
-                       worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", *tiers)) as s:
+    with running_stack(
+        tiny_stack_model,
+        tmp_path_factory.mktemp("observed"),
+        num_prefill=1,
+        num_decode=1,
+        env=env,
+        planner=True,
+        worker_args=("--num-blocks", "512", "--max-num-batched-tokens", "1024", *tiers),
+    ) as s:
         yield s
 
 
@@ -106,18 +130,36 @@ def stack(tiny_stack_model, tmp_path_factory, otlp, prometheus_port):
 def traced_request(stack, tiny_stack_model, otlp):
     """One chat request sent inside a client-side trace (W3C traceparent), and the spans it produced."""
     trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
-    response = httpx.post(f"{stack.url}/v1/chat/completions", timeout=60,
-                          headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
-                          json={"model": tiny_stack_model.name, "temperature": 0, "max_tokens": 8,
-                                "messages": [{"role": "user", "content": PROMPT}]})
+    response = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        timeout=60,
+        headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+        json={
+            "model": tiny_stack_model.name,
+            "temperature": 0,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": PROMPT}],
+        },
+    )
     assert response.status_code == 200, response.text
     # every span the tests below look at; server spans end after their streams, so they may come last
-    expected = {("gateway", "POST /v1/chat/completions"), ("gateway", "tokenize"), ("gateway", "route"),
-                ("gateway", "detokenize"), ("router", "/tandem.v1.Router/Route"),
-                ("prefill", "/tandem.v1.PrefillWorker/Prefill"), ("prefill", "prefill.queue"), ("prefill", "prefill.compute"),
-                ("prefill", "/tandem.v1.PrefillWorker/PullKv"), ("decode", "/tandem.v1.DecodeWorker/Generate"),
-                ("decode", "kv.transfer"), ("decode", "/tandem.v1.PrefillWorker/PullKv"), ("decode", "decode.queue"),
-                ("decode", "decode.first_token"), ("decode", "decode.stream")}
+    expected = {
+        ("gateway", "POST /v1/chat/completions"),
+        ("gateway", "tokenize"),
+        ("gateway", "route"),
+        ("gateway", "detokenize"),
+        ("router", "/tandem.v1.Router/Route"),
+        ("prefill", "/tandem.v1.PrefillWorker/Prefill"),
+        ("prefill", "prefill.queue"),
+        ("prefill", "prefill.compute"),
+        ("prefill", "/tandem.v1.PrefillWorker/PullKv"),
+        ("decode", "/tandem.v1.DecodeWorker/Generate"),
+        ("decode", "kv.transfer"),
+        ("decode", "/tandem.v1.PrefillWorker/PullKv"),
+        ("decode", "decode.queue"),
+        ("decode", "decode.first_token"),
+        ("decode", "decode.stream"),
+    }
     expected = {(f"tandem-{service}", name) for service, name in expected}
     poll(lambda: otlp.trace(trace_id), lambda got: expected <= {(s.service, s.name) for s in got}, 30)
     time.sleep(0.5)  # anything else in flight (both sides of PullKv, the Complete call)
@@ -206,18 +248,27 @@ def test_every_service_serves_metrics_listed_in_the_file_sd_file(traced_request,
     groups = json.loads(stack.targets_path.read_text())
     listed = {g["labels"]["instance_name"]: g["targets"][0] for g in groups}
     assert set(listed) == {"gateway", "router", "prefill-0", "decode-0", "planner"}
-    prefixes = {"gateway": "tandem_gateway_", "router": "tandem_router_", "prefill-0": "tandem_worker_",
-                "decode-0": "tandem_worker_", "planner": "tandem_planner_"}
+    prefixes = {
+        "gateway": "tandem_gateway_",
+        "router": "tandem_router_",
+        "prefill-0": "tandem_worker_",
+        "decode-0": "tandem_worker_",
+        "planner": "tandem_planner_",
+    }
     for name, target in listed.items():
         assert stack.metrics_urls[name] == f"http://{target}/metrics"
         text = httpx.get(f"http://{target}/metrics", timeout=5).text
         assert prefixes[name] in text, name
     decode = httpx.get(stack.metrics_urls["decode-0"], timeout=5).text
-    assert re.search(r'tandem_worker_kv_transfer_bytes_total\{direction="import",role="decode",'
-                     r'transport="[a-z]+",worker_id="decode-0"\} [1-9]', decode), decode
+    assert re.search(
+        r'tandem_worker_kv_transfer_bytes_total\{direction="import",role="decode",'
+        r'transport="[a-z]+",worker_id="decode-0"\} [1-9]',
+        decode,
+    ), decode
 
 
 # --- a real Prometheus against the stack: every dashboard expression has data ------------------------------------
+
 
 def _dashboard_exprs() -> list[tuple[str, str, str]]:
     """(dashboard, panel title, expr) for every target of every panel, rows included."""
@@ -254,15 +305,25 @@ def prometheus(stack, tmp_path_factory, prometheus_port):
     local = (REPO / "observability" / "prometheus" / "prometheus-local.yml").read_text()
     assert "scrape_interval: 5s" in local and "refresh_interval: 30s" in local and "scrape_timeout: 4s" in local
     config = stack.targets_path.parent / "prometheus.yml"
-    config.write_text(local.replace("scrape_interval: 5s", "scrape_interval: 1s")
-                      .replace("scrape_timeout: 4s", "scrape_timeout: 1s")
-                      .replace("refresh_interval: 30s", "refresh_interval: 1s"))
+    config.write_text(
+        local.replace("scrape_interval: 5s", "scrape_interval: 1s")
+        .replace("scrape_timeout: 4s", "scrape_timeout: 1s")
+        .replace("refresh_interval: 30s", "refresh_interval: 1s")
+    )
     port = prometheus_port  # the planner was told it up front
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=open(work / "prometheus.log", "w"))
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "prometheus.log", "w"),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def up_targets():
             try:  # until it listens and has loaded its storage (a 503 with a text body before that)
                 return _query(url, "sum(up)")
@@ -288,8 +349,12 @@ def test_every_dashboard_expression_returns_live_data(stack, tiny_stack_model, p
     assert len({d for d, _, _ in exprs}) >= 4 and len(exprs) >= 20, exprs  # Overview, Workers, Router, Planner
     with httpx.Client(timeout=60) as http:  # traffic across several scrapes: streamed, whole, and refused
         for i in range(6):
-            body = {"model": tiny_stack_model.name, "max_tokens": 8, "temperature": 0,
-                    "messages": [{"role": "user", "content": f"{PROMPT} {i}"}]}
+            body = {
+                "model": tiny_stack_model.name,
+                "max_tokens": 8,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"{PROMPT} {i}"}],
+            }
             if i % 2:
                 with http.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}) as r:
                     assert r.status_code == 200

@@ -1,5 +1,6 @@
 """The official `openai` client against a live disaggregated stack serving the real SmolLM2: answers are
 right, greedy output is token for token the engine's own, and usage counts what was templated and generated."""
+
 import asyncio
 import json
 import math
@@ -33,9 +34,14 @@ CASES = {
     "story": Case("chat", "Tell me a long story about a dragon who learns to fly.", 24, "length"),
     "completion": Case("completion", "The capital of France is", 16, "length", "Paris"),
     # 259 prompt tokens: 17 KV blocks of 720 KiB, so the handoff streams four 4 MiB chunks
-    "long": Case("chat", "Read this and answer the question at the end. " + " ".join(
-        f"Room {i} of the museum holds paintings from the year {1500 + 7 * i}." for i in range(12))
-        + " Which room holds paintings from the year 1556?", 24, "stop"),
+    "long": Case(
+        "chat",
+        "Read this and answer the question at the end. "
+        + " ".join(f"Room {i} of the museum holds paintings from the year {1500 + 7 * i}." for i in range(12))
+        + " Which room holds paintings from the year 1556?",
+        24,
+        "stop",
+    ),
 }
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
@@ -55,8 +61,9 @@ def tokenizer(smollm2_dir):
 def prompt_ids(tokenizer, case: Case) -> list[int]:
     """What the gateway must have fed the model: the chat template with the assistant turn opened, or the text."""
     if case.endpoint == "chat":
-        encoded = tokenizer.apply_chat_template(_messages(case), add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)
+        encoded = tokenizer.apply_chat_template(
+            _messages(case), add_generation_prompt=True, tokenize=True, return_dict=True
+        )
         return list(encoded["input_ids"])
     return tokenizer(case.prompt).input_ids
 
@@ -64,6 +71,7 @@ def prompt_ids(tokenizer, case: Case) -> list[int]:
 @pytest.fixture(scope="module")
 def expected(smollm2_dir, tokenizer) -> dict[str, Expected]:
     """Greedy output of an in-process NativeEngine on the same checkpoint, dtype and prompt token ids."""
+
     async def run() -> dict[str, Expected]:
         engine = await started(smollm2_dir, num_blocks=64)
         try:
@@ -83,8 +91,13 @@ def expected(smollm2_dir, tokenizer) -> dict[str, Expected]:
 @pytest.fixture(scope="module")
 def stack(smollm2_dir, expected, tmp_path_factory):
     # NOTE: `expected` first, so the reference engine never competes with the stack for the CPU
-    with running_stack(smollm2_dir, tmp_path_factory.mktemp("openai"), num_prefill=1, num_decode=1,
-                       env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"}) as running:
+    with running_stack(
+        smollm2_dir,
+        tmp_path_factory.mktemp("openai"),
+        num_prefill=1,
+        num_decode=1,
+        env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"},
+    ) as running:
         yield running
 
 
@@ -105,8 +118,9 @@ def _messages(case: Case) -> list[dict]:
 
 def _create(client: openai.OpenAI, model: str, case: Case, **kw):
     if case.endpoint == "chat":
-        return client.chat.completions.create(model=model, messages=_messages(case), temperature=0,
-                                              max_tokens=case.max_tokens, **kw)
+        return client.chat.completions.create(
+            model=model, messages=_messages(case), temperature=0, max_tokens=case.max_tokens, **kw
+        )
     return client.completions.create(model=model, prompt=case.prompt, temperature=0, max_tokens=case.max_tokens, **kw)
 
 
@@ -200,9 +214,14 @@ def test_stream_without_include_usage_has_no_usage(client, model_name, expected)
 async def test_async_client_streams_the_same_answer(stack, model_name, tokenizer, expected):
     case, expect = CASES["france"], expected["france"]
     async with openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120) as aclient:
-        stream = await aclient.chat.completions.create(model=model_name, messages=_messages(case), temperature=0,
-                                                       max_tokens=case.max_tokens, stream=True,
-                                                       stream_options={"include_usage": True})
+        stream = await aclient.chat.completions.create(
+            model=model_name,
+            messages=_messages(case),
+            temperature=0,
+            max_tokens=case.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == tokenizer.decode(expect.token_ids, skip_special_tokens=True)

@@ -10,6 +10,7 @@ engine forces the opening tag, the model writes its reasoning freely, and a `log
 streamed text into `reasoning_content` and `content`, the grammar and the forced tool call applied only after the
 reasoning, an answer without tags staying content. Not covered: a model that opens and closes <think> unprompted,
 nor a template that opens <think> in the prompt (both are unit tests of services/gateway/chat_output.py)."""
+
 import json
 
 import jsonschema
@@ -26,18 +27,27 @@ CLOSE_BIAS = {"9617": 4.0, "22577": 4.0}  # SmolLM2's "</" and " </": what "</th
 # NOTE: with tools in the prompt SmolLM2 copies the listing's "</tools>"; "think" (17400) is nudged too
 TOOL_BIAS = CLOSE_BIAS | {"17400": 3.0}
 CHOICE = {"choice": ["yes", "no"]}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {
-        "type": "object", "additionalProperties": False, "required": ["city"],
-        "properties": {"city": {"type": "string", "maxLength": 20}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module", params=["aggregated", "disaggregated"])
 def stack(request, smollm2_dir, tmp_path_factory):
     num_prefill = 1 if request.param == "disaggregated" else 0
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1", "TANDEM_REASONING_PARSER": "think"}
-    with running_stack(smollm2_dir, tmp_path_factory.mktemp(request.param), num_prefill=num_prefill, num_decode=1,
-                       env=env) as running:
+    with running_stack(
+        smollm2_dir, tmp_path_factory.mktemp(request.param), num_prefill=num_prefill, num_decode=1, env=env
+    ) as running:
         yield running
 
 
@@ -54,8 +64,9 @@ def model(smollm2_dir) -> str:
 
 def ask(client, model, question: str = QUESTION, bias: dict = CLOSE_BIAS, **extra):
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    return client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=128,
-                                          logit_bias=bias, **extra)
+    return client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=128, logit_bias=bias, **extra
+    )
 
 
 def test_reasoning_is_split_from_an_answer_the_grammar_holds(client, model):
@@ -80,13 +91,21 @@ def test_streamed_reasoning_deltas_come_before_the_answer_and_add_up(client, mod
                 kinds.append("content")
                 content += delta.content
     assert kinds.count("reasoning") > 1 and kinds.index("content") > max(
-        i for i, k in enumerate(kinds) if k == "reasoning")  # all reasoning first, in several deltas
+        i for i, k in enumerate(kinds) if k == "reasoning"
+    )  # all reasoning first, in several deltas
     assert (reasoning, content) == (whole.model_extra["reasoning_content"], whole.content)
 
 
 def test_a_forced_tool_call_follows_the_reasoning(client, model):
-    reply = ask(client, model, "What is the weather in Rome?", TOOL_BIAS, tools=[WEATHER], tool_choice="required",
-                parallel_tool_calls=False)
+    reply = ask(
+        client,
+        model,
+        "What is the weather in Rome?",
+        TOOL_BIAS,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     choice = reply.choices[0]
     # NOTE: here SmolLM2 closes the tag at once: the reasoning is blank, but split off (not left in content)
     assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning_content"] is not None
@@ -97,16 +116,18 @@ def test_a_forced_tool_call_follows_the_reasoning(client, model):
 
 
 def test_an_answer_without_tags_stays_content(client, model):
-    reply = client.chat.completions.create(model=model, temperature=0, max_tokens=12,
-                                           messages=[{"role": "user", "content": QUESTION}])
+    reply = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=12, messages=[{"role": "user", "content": QUESTION}]
+    )
     message = reply.choices[0].message
     assert message.content and not message.model_extra.get("reasoning_content")
 
 
 def test_a_batch_of_prompts_gets_one_choice_per_prompt_in_order(client, model):
     prompts = ["The capital of France is", "The capital of Italy is"]
-    alone = [client.completions.create(model=model, prompt=p, temperature=0, max_tokens=6).choices[0].text
-             for p in prompts]
+    alone = [
+        client.completions.create(model=model, prompt=p, temperature=0, max_tokens=6).choices[0].text for p in prompts
+    ]
     batch = client.completions.create(model=model, prompt=prompts, temperature=0, max_tokens=6, n=2)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
     assert [c.text for c in batch.choices] == [alone[0], alone[0], alone[1], alone[1]]  # greedy: n agree

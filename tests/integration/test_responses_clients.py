@@ -4,6 +4,7 @@ prompt prefilled on the prefill worker): the `openai` SDK
 the Responses API by default) get, token for token, what the chat endpoint answers for the same conversation;
 forced tool calls and `text.format` json_schema come back valid against their schemas (the grammar), and an agent
 calls its function tool."""
+
 import json
 
 import jsonschema
@@ -40,21 +41,27 @@ def model(smollm2_dir) -> str:
 
 
 async def chat_answer(client, model: str, messages: list[dict]) -> str:
-    reply = await client.chat.completions.create(model=model, messages=messages, temperature=0,
-                                                 max_completion_tokens=MAX_TOKENS)
+    reply = await client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_completion_tokens=MAX_TOKENS
+    )
     return reply.choices[0].message.content
 
 
 async def test_a_conversation_continued_by_previous_response_id_answers_as_chat_does(client, model):
-    first = await client.responses.create(model=model, input=QUESTION, instructions="Answer in one sentence.",
-                                          temperature=0, max_output_tokens=MAX_TOKENS)
+    first = await client.responses.create(
+        model=model, input=QUESTION, instructions="Answer in one sentence.", temperature=0, max_output_tokens=MAX_TOKENS
+    )
     assert "Paris" in first.output_text
     system = {"role": "system", "content": "Answer in one sentence."}
     assert first.output_text == await chat_answer(client, model, [system, {"role": "user", "content": QUESTION}])
-    second = await client.responses.create(model=model, input=FOLLOW_UP, previous_response_id=first.id,
-                                           temperature=0, max_output_tokens=MAX_TOKENS)
-    history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.output_text},
-               {"role": "user", "content": FOLLOW_UP}]  # NOTE: instructions are not carried over
+    second = await client.responses.create(
+        model=model, input=FOLLOW_UP, previous_response_id=first.id, temperature=0, max_output_tokens=MAX_TOKENS
+    )
+    history = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": FOLLOW_UP},
+    ]  # NOTE: instructions are not carried over
     assert second.output_text == await chat_answer(client, model, history)
     assert second.previous_response_id == first.id
 
@@ -62,40 +69,66 @@ async def test_a_conversation_continued_by_previous_response_id_answers_as_chat_
 async def test_streaming_gives_the_same_answer_with_openais_events(client, model):
     whole = await client.responses.create(model=model, input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS)
     kinds = []
-    async with client.responses.stream(model=model, input=QUESTION, temperature=0,
-                                       max_output_tokens=MAX_TOKENS) as stream:
+    async with client.responses.stream(
+        model=model, input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS
+    ) as stream:
         async for event in stream:
             kinds.append(event.type)
         final = await stream.get_final_response()
     assert final.output_text == whole.output_text and final.status == whole.status
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert kinds[-1] in ("response.completed", "response.incomplete")
     assert (await client.responses.retrieve(final.id)).output_text == final.output_text
 
 
 async def test_an_openai_agents_agent_runs_against_tandem(client, model):
     set_tracing_disabled(True)  # NOTE: its tracing would export to api.openai.com
-    agent = Agent(name="geographer", instructions="Answer in one sentence.",
-                  model=OpenAIResponsesModel(model=model, openai_client=client),
-                  model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS))
+    agent = Agent(
+        name="geographer",
+        instructions="Answer in one sentence.",
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
+    )
     result = await Runner.run(agent, QUESTION)
     system = {"role": "system", "content": "Answer in one sentence."}
     assert result.final_output == await chat_answer(client, model, [system, {"role": "user", "content": QUESTION}])
     assert "Paris" in result.final_output
 
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                          "additionalProperties": False}, "strict": True}
-PLACE = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                          "country": {"type": "string", "maxLength": 40}},
-         "required": ["city", "country"], "additionalProperties": False}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}, "country": {"type": "string", "maxLength": 40}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
 
 
 async def test_tool_choice_required_gives_calls_that_validate(client, model):
-    response = await client.responses.create(model=model, input="What is the weather in Paris?", tools=[WEATHER],
-                                             tool_choice="required", temperature=0, max_output_tokens=200)
+    response = await client.responses.create(
+        model=model,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=200,
+    )
     calls = [item for item in response.output if item.type == "function_call"]
     assert calls and response.status == "completed"
     for call in calls:
@@ -105,8 +138,9 @@ async def test_tool_choice_required_gives_calls_that_validate(client, model):
 
 async def test_text_format_json_schema_gives_an_object_that_validates(client, model):
     fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
-    response = await client.responses.create(model=model, input="Name a city and its country.", temperature=0,
-                                             text={"format": fmt}, max_output_tokens=200)
+    response = await client.responses.create(
+        model=model, input="Name a city and its country.", temperature=0, text={"format": fmt}, max_output_tokens=200
+    )
     assert response.status == "completed" and response.text.format.type == "json_schema"
     jsonschema.validate(json.loads(response.output_text), PLACE)
 
@@ -121,8 +155,13 @@ async def test_an_openai_agents_agent_calls_its_function_tool(client, model):
         cities.append(city)
         return f"sunny in {city}"
 
-    agent = Agent(name="forecaster", instructions="Use your tools.", tools=[get_weather],
-                  model=OpenAIResponsesModel(model=model, openai_client=client), tool_use_behavior="stop_on_first_tool",
-                  model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=200))
+    agent = Agent(
+        name="forecaster",
+        instructions="Use your tools.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        tool_use_behavior="stop_on_first_tool",
+        model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=200),
+    )
     result = await Runner.run(agent, "What is the weather in Paris?")
     assert len(cities) >= 1 and result.final_output == f"sunny in {cities[0]}"

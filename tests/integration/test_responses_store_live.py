@@ -2,6 +2,7 @@
 several processes behind one port (`--workers 2`) share the SQLite file, and separate gateways (as on several
 hosts or pods) share a real redis-server. A response made by one process reads back, continues and deletes on
 any other."""
+
 import asyncio
 
 import httpx
@@ -33,8 +34,9 @@ async def test_gateway_processes_on_one_port_share_the_sqlite_store(model_dir, t
         reads = await asyncio.gather(*(_get(gw.url, r["id"]) for r in made for _ in range(2)))
         assert [r.status_code for r in reads] == [200] * 2 * NUM_RESPONSES
         assert [r.json() for r in reads[::2]] == made
-        follow_ups = await asyncio.gather(*(_post(gw.url, input="and then?", previous_response_id=r["id"])
-                                            for r in made))
+        follow_ups = await asyncio.gather(
+            *(_post(gw.url, input="and then?", previous_response_id=r["id"]) for r in made)
+        )
         assert all(f["status"] == "completed" for f in follow_ups)
         # the second turn's prompt replays the first: it is longer than the first turn's by the reply and more
         prompts = sorted(len(g.token_ids) for g in gw.worker.generate_requests)

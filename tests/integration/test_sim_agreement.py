@@ -1,6 +1,7 @@
 """The cluster simulator and a live sim cluster agree: one small trace of requests sharing long prefixes,
 replayed through the gateway (`tandem bench serve --trace`) of a real stack of sim workers once per policy,
 and through `tandem sim`'s ClusterSim; the policies rank the same and their prefix hit rates match."""
+
 import asyncio
 import json
 import random
@@ -33,8 +34,17 @@ def write_trace(path: Path) -> Path:
     with open(path, "w") as f:
         for i, group in enumerate(order):
             ids = [group * 100 + j for j in range(NUM_PREFIX_IDS)] + [10_000 + i]
-            f.write(json.dumps({"timestamp": int(i * GAP_S * 1000), "input_length": len(ids) * MOONCAKE_BLOCK_SIZE,
-                                "output_length": 4, "hash_ids": ids}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": int(i * GAP_S * 1000),
+                        "input_length": len(ids) * MOONCAKE_BLOCK_SIZE,
+                        "output_length": 4,
+                        "hash_ids": ids,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -44,14 +54,23 @@ def simulated(trace: Path, policy: str) -> dict:
 
 
 def live(model: Path, trace: Path, policy: str, tmp_path: Path) -> dict:
-    with running_stack(model, tmp_path / policy, engine="sim", num_prefill=0, num_decode=NUM_WORKERS,
-                       worker_args=(), router_args=("--policy", policy)) as stack:
+    with running_stack(
+        model,
+        tmp_path / policy,
+        engine="sim",
+        num_prefill=0,
+        num_decode=NUM_WORKERS,
+        worker_args=(),
+        router_args=("--policy", policy),
+    ) as stack:
         cfg = ServeConfig(Endpoint(stack.url, timeout_s=60), trace=trace)
         summary, _ = asyncio.run(run_serve(cfg))
         stats = all_worker_stats(stack).values()
     assert summary.num_errors == 0, summary.first_errors
-    return {"ttft_mean_s": summary.ttft_s.mean,
-            "prefix_hit_rate": sum(s.prefix_hits for s in stats) / sum(s.prefix_queries for s in stats)}
+    return {
+        "ttft_mean_s": summary.ttft_s.mean,
+        "prefix_hit_rate": sum(s.prefix_hits for s in stats) / sum(s.prefix_queries for s in stats),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +78,13 @@ def long_context_model(tmp_path_factory) -> Path:
     """Config and tokenizer only (sim workers load no weights), with room for 7.7k-token prompts."""
     from tandem.models.init import init_model
 
-    return init_model(tmp_path_factory.mktemp("sim-agree"), "llama", tiny=True, config_only=True,
-                      overrides={"max_position_embeddings": 8192})
+    return init_model(
+        tmp_path_factory.mktemp("sim-agree"),
+        "llama",
+        tiny=True,
+        config_only=True,
+        overrides={"max_position_embeddings": 8192},
+    )
 
 
 def test_live_sim_cluster_ranks_policies_and_hits_like_the_simulator(long_context_model, tmp_path):
@@ -71,8 +95,9 @@ def test_live_sim_cluster_ranks_policies_and_hits_like_the_simulator(long_contex
     assert sim["kv"]["ttft_mean_s"] < 0.75 * sim["round_robin"]["ttft_mean_s"], sim
 
     got = {p: live(long_context_model, trace, p, tmp_path) for p in POLICIES}
-    report = {p: {k: (round(sim[p][k], 4), round(got[p][k], 4)) for k in ("prefix_hit_rate", "ttft_mean_s")}
-              for p in POLICIES}  # (simulated, live)
+    report = {
+        p: {k: (round(sim[p][k], 4), round(got[p][k], 4)) for k in ("prefix_hit_rate", "ttft_mean_s")} for p in POLICIES
+    }  # (simulated, live)
     for policy in POLICIES:
         assert abs(got[policy]["prefix_hit_rate"] - sim[policy]["prefix_hit_rate"]) <= HIT_RATE_TOLERANCE, report
     for key in ("prefix_hit_rate", "ttft_mean_s"):

@@ -1,6 +1,7 @@
 """The simulator and a live sim worker agree on prefix hit rates by tier: conversations that outgrow a small
 device pool, replayed once through a real stack (one sim worker with a host tier) and once through ClusterSim
 with the same profile and tier."""
+
 import asyncio
 import json
 from pathlib import Path
@@ -31,8 +32,17 @@ def write_trace(path: Path) -> Path:
     with open(path, "w") as f:
         for i, (turn, conv) in enumerate((t, c) for t in range(NUM_TURNS) for c in range(NUM_CONVS)):
             ids = [1000 * (conv + 1) + k for k in range(turn + 3)]
-            f.write(json.dumps({"timestamp": int(i * GAP_S * 1000), "input_length": len(ids) * MOONCAKE_BLOCK_SIZE - 64,
-                                "output_length": 4, "hash_ids": ids}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": int(i * GAP_S * 1000),
+                        "input_length": len(ids) * MOONCAKE_BLOCK_SIZE - 64,
+                        "output_length": 4,
+                        "hash_ids": ids,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -48,8 +58,13 @@ def profile_path(tmp_path_factory) -> Path:
 def long_context_model(tmp_path_factory) -> Path:
     from tandem.models.init import init_model
 
-    return init_model(tmp_path_factory.mktemp("sim-tiers"), "llama", tiny=True, config_only=True,
-                      overrides={"max_position_embeddings": 8192})
+    return init_model(
+        tmp_path_factory.mktemp("sim-tiers"),
+        "llama",
+        tiny=True,
+        config_only=True,
+        overrides={"max_position_embeddings": 8192},
+    )
 
 
 def by_tier(metrics_text: str) -> dict[str, float]:
@@ -68,13 +83,20 @@ def by_tier(metrics_text: str) -> dict[str, float]:
 
 def test_live_and_simulated_hit_rates_by_tier_agree(long_context_model, profile_path, tmp_path):
     trace = write_trace(tmp_path / "trace.jsonl")
-    sim = ClusterSim(TimingProfile.from_dict(json.loads(profile_path.read_text())), SimConfig(1, kv_host_gb=HOST_GB),
-                     "kv")
+    sim = ClusterSim(
+        TimingProfile.from_dict(json.loads(profile_path.read_text())), SimConfig(1, kv_host_gb=HOST_GB), "kv"
+    )
     simulated = summarize(sim, sim.run(load_trace(trace)), Slo(), 0.0)["prefix_hit_rate_by_tier"]
     assert simulated["host"] > 0.2, simulated  # the trace must use the tier, or agreement proves nothing
 
-    with running_stack(long_context_model, tmp_path / "live", engine="sim", num_prefill=0, num_decode=1,
-                       worker_args=("--sim-profile", str(profile_path), "--kv-host-gb", str(HOST_GB))) as stack:
+    with running_stack(
+        long_context_model,
+        tmp_path / "live",
+        engine="sim",
+        num_prefill=0,
+        num_decode=1,
+        worker_args=("--sim-profile", str(profile_path), "--kv-host-gb", str(HOST_GB)),
+    ) as stack:
         summary, _ = asyncio.run(run_serve(ServeConfig(Endpoint(stack.url, timeout_s=60), trace=trace)))
         live = by_tier(httpx.get(stack.metrics_urls["decode-0"], timeout=10).text)
     assert summary.num_errors == 0, summary.first_errors

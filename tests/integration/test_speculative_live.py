@@ -2,6 +2,7 @@
 tiny draft) answer greedy prompts exactly as a stack without it does, whether the decode worker prefilled a prompt
 itself (aggregated) or imported its KV from the prefill worker (disaggregated); the decode worker's speculative
 counters show it verified proposals in both cases, and the prefill worker never speculates."""
+
 import random
 from pathlib import Path
 
@@ -31,8 +32,13 @@ PROMPTS = {**{f"agg-{i}": _prompt(i, 6) for i in range(3)}, **{f"disagg-{i}": _p
 
 def _spec_counters(stack, worker: str) -> dict[str, float]:
     text = httpx.get(stack.metrics_urls[worker], timeout=5).text
-    return {f.name: s.value for f in text_string_to_metric_families(text) if f.name in SPEC_COUNTERS
-            for s in f.samples if s.name.endswith("_total")}
+    return {
+        f.name: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name in SPEC_COUNTERS
+        for s in f.samples
+        if s.name.endswith("_total")
+    }
 
 
 def _serve(model: Path, tmp_path: Path, speculative: str) -> dict[str, dict]:
@@ -42,20 +48,34 @@ def _serve(model: Path, tmp_path: Path, speculative: str) -> dict[str, dict]:
     args += ("--speculative", speculative) if speculative else ()  # what `tandem up --speculative` passes on
     env = {"TANDEM_ROUTER_DISAGG_MIN_TOKENS": str(DISAGG_MIN_TOKENS)}
     out = {}
-    with running_stack(model, tmp_path, num_prefill=1, num_decode=1, env=env, worker_args=args) as stack, \
-            httpx.Client(timeout=120) as http:
+    with (
+        running_stack(model, tmp_path, num_prefill=1, num_decode=1, env=env, worker_args=args) as stack,
+        httpx.Client(timeout=120) as http,
+    ):
         for name, prompt in PROMPTS.items():
             before, spec_before = all_worker_stats(stack), _spec_counters(stack, "decode-0")
-            response = http.post(f"{stack.url}/v1/completions", json={
-                "model": model.name, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "ignore_eos": True, "logprobs": 1})
+            response = http.post(
+                f"{stack.url}/v1/completions",
+                json={
+                    "model": model.name,
+                    "prompt": prompt,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "logprobs": 1,
+                },
+            )
             assert response.status_code == 200, (name, response.text)
             after = all_worker_stats(stack)
-            spec = poll(lambda: _spec_counters(stack, "decode-0"),
-                        lambda c, was=spec_before: c != was or not speculative, 5)
+            spec = poll(
+                lambda: _spec_counters(stack, "decode-0"), lambda c, was=spec_before: c != was or not speculative, 5
+            )
             computed = after["prefill-0"].num_prompt_tokens_computed - before["prefill-0"].num_prompt_tokens_computed
-            out[name] = {"tokens": response.json()["choices"][0]["logprobs"]["tokens"], "disaggregated": computed > 0,
-                         "spec": {k: spec.get(k, 0) - spec_before.get(k, 0) for k in SPEC_COUNTERS}}
+            out[name] = {
+                "tokens": response.json()["choices"][0]["logprobs"]["tokens"],
+                "disaggregated": computed > 0,
+                "spec": {k: spec.get(k, 0) - spec_before.get(k, 0) for k in SPEC_COUNTERS},
+            }
         out["prefill-0 spec"] = _spec_counters(stack, "prefill-0")
     return out
 

@@ -2,6 +2,7 @@
 (every request prefilled on a prefill worker whose first token obeys the grammar, and resumed on a decode worker),
 through real clients: the `openai` SDK (a tool-calling loop, parse() into a pydantic model, streamed tool calls) and
 `instructor`. A sim stack refuses a structured request by the field's name."""
+
 import json
 
 import instructor
@@ -15,14 +16,33 @@ from tests.integration.conftest import running_stack
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-                   "properties": {"city": {"type": "string", "maxLength": 40},
-                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "required": ["timezone"],
-                                       "properties": {"timezone": {"type": "string", "maxLength": 40}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "unit"],
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "required": ["timezone"],
+            "properties": {"timezone": {"type": "string", "maxLength": 40}},
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
@@ -37,8 +57,13 @@ class City(BaseModel):
 @pytest.fixture(scope="module", params=["aggregated", "disaggregated"])
 def stack(request, smollm2_dir, tmp_path_factory):
     num_prefill = 1 if request.param == "disaggregated" else 0
-    with running_stack(smollm2_dir, tmp_path_factory.mktemp(request.param), num_prefill=num_prefill, num_decode=1,
-                       env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"}) as running:
+    with running_stack(
+        smollm2_dir,
+        tmp_path_factory.mktemp(request.param),
+        num_prefill=num_prefill,
+        num_decode=1,
+        env={"TANDEM_ROUTER_DISAGG_MIN_TOKENS": "1"},
+    ) as running:
         yield running
 
 
@@ -61,17 +86,28 @@ def _valid_call(call, tool: dict) -> dict:
 
 
 def test_tool_loop_call_result_answer(client, model):
-    first = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
-                                           parallel_tool_calls=False, max_tokens=80, temperature=0.7, seed=5)
+    first = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0.7,
+        seed=5,
+    )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     call = choice.message.tool_calls[0]
     tool = WEATHER if call.function.name == "get_weather" else TIME
     _valid_call(call, tool)
-    history = ASK + [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21})}]
-    answer = client.chat.completions.create(model=model, messages=history, tools=[WEATHER, TIME], max_tokens=40,
-                                            temperature=0)
+    history = ASK + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21})},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=history, tools=[WEATHER, TIME], max_tokens=40, temperature=0
+    )
     message = answer.choices[0].message
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert message.content or message.tool_calls
@@ -80,8 +116,13 @@ def test_tool_loop_call_result_answer(client, model):
 
 def test_named_function_streams_as_openai_does(client, model):
     stream = client.chat.completions.create(
-        model=model, messages=ASK, tools=[WEATHER, TIME], max_tokens=80, stream=True,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        max_tokens=80,
+        stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     deltas, finishes = [], []
     for chunk in stream:
         for c in chunk.choices:
@@ -97,23 +138,33 @@ def test_named_function_streams_as_openai_does(client, model):
 
 def test_parse_returns_a_valid_pydantic_object(client, model):
     completion = client.chat.completions.parse(
-        model=model, messages=[{"role": "user", "content": "Describe the city of Paris."}], response_format=City,
-        max_tokens=80, temperature=0)
+        model=model,
+        messages=[{"role": "user", "content": "Describe the city of Paris."}],
+        response_format=City,
+        max_tokens=80,
+        temperature=0,
+    )
     city = completion.choices[0].message.parsed
     assert isinstance(city, City) and city.name
 
 
 def test_instructor_extracts_a_typed_object(client, model):
     patched = instructor.from_openai(client, mode=instructor.Mode.TOOLS)
-    city = patched.chat.completions.create(model=model, response_model=City, max_retries=0, max_tokens=80,
-                                           messages=[{"role": "user", "content": "Tell me about Lyon, France."}])
+    city = patched.chat.completions.create(
+        model=model,
+        response_model=City,
+        max_retries=0,
+        max_tokens=80,
+        messages=[{"role": "user", "content": "Tell me about Lyon, France."}],
+    )
     assert isinstance(city, City) and city.name
 
 
 def test_structured_outputs_choice_and_regex(client, model):
     def ask(content: str, **extra):
-        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                               max_tokens=30, temperature=0, **extra)
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": content}], max_tokens=30, temperature=0, **extra
+        )
         return reply.choices[0].message.content
 
     assert ask("Is the sky blue?", extra_body={"structured_outputs": {"choice": ["yes", "no"]}}) in ("yes", "no")
@@ -126,14 +177,17 @@ def test_bad_grammar_and_bad_tool_choice_are_400s(client, model):
         client.chat.completions.create(model=model, messages=ASK, extra_body={"structured_outputs": {"regex": "[0-"}})
     assert info.value.param == "structured_outputs"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
-                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+        client.chat.completions.create(
+            model=model, messages=ASK, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}
+        )
     assert info.value.param == "tool_choice"
 
 
 def test_sim_engine_refuses_by_the_fields_name(tiny_stack_model, tmp_path):
-    with running_stack(tiny_stack_model, tmp_path, engine="sim", num_prefill=0) as sim, \
-            openai.OpenAI(base_url=f"{sim.url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+    with (
+        running_stack(tiny_stack_model, tmp_path, engine="sim", num_prefill=0) as sim,
+        openai.OpenAI(base_url=f"{sim.url}/v1", api_key="unused", max_retries=0, timeout=60) as c,
+    ):
         name = served_name(str(tiny_stack_model))
         with pytest.raises(openai.BadRequestError) as info:
             c.chat.completions.create(model=name, messages=ASK, response_format={"type": "json_object"})

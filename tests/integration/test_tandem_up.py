@@ -1,5 +1,6 @@
 """`tandem up` as a user runs it: it prints the URL once ready, serves, and on SIGTERM or Ctrl-C
 (SIGINT) stops every process it started, leaving none behind."""
+
 import json
 import os
 import re
@@ -18,8 +19,24 @@ from tests.integration.helpers import alive, children_of, services_of, wait_for_
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal):
     port = free_port()
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_stack_model), "--port", str(port),
-           "--prefill", "1", "--decode", "1", "--num-threads", "1", "--log-dir", str(tmp_path / "logs")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--model",
+        str(tiny_stack_model),
+        "--port",
+        str(port),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--num-threads",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text = wait_for_banner(launcher, timeout_s=120)
@@ -33,8 +50,11 @@ def test_up_serves_then_stops_everything(tiny_stack_model, tmp_path, stop_signal
         assert sorted(f"http://{t}/metrics" for g in targets for t in g["targets"]) == sorted(endpoints.values())
         services, pids = services_of(launcher.pid), children_of(launcher.pid)
         assert len(services) == 4, f"router, prefill, decode and gateway expected, found {services}"
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
-                           json={"model": tiny_stack_model.name, "prompt": "hello", "max_tokens": 4})
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=30,
+            json={"model": tiny_stack_model.name, "prompt": "hello", "max_tokens": 4},
+        )
         assert reply.status_code == 200, reply.text
         launcher.send_signal(stop_signal)
         assert launcher.wait(timeout=30) == 0
@@ -56,8 +76,22 @@ def test_up_with_prometheus_scrapes_every_service_and_nothing_outlives_a_killed_
             pytest.fail("TANDEM_REQUIRE_PROMETHEUS is set (.ci/run) but no prometheus binary is installed")
         pytest.skip("the prometheus binary is not installed")
     port, prom_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_stack_model), "--port", str(port),
-           "--num-threads", "1", "--log-dir", str(tmp_path / "logs"), "--prometheus", str(prom_port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--model",
+        str(tiny_stack_model),
+        "--port",
+        str(port),
+        "--num-threads",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--prometheus",
+        str(prom_port),
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = wait_for_banner(launcher, timeout_s=120)
@@ -67,8 +101,9 @@ def test_up_with_prometheus_scrapes_every_service_and_nothing_outlives_a_killed_
 
         def jobs_up() -> set[str]:
             try:
-                reply = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "up == 1"},
-                                  timeout=5).json()
+                reply = httpx.get(
+                    f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "up == 1"}, timeout=5
+                ).json()
             except (httpx.HTTPError, ValueError):
                 return set()
             return {r["metric"].get("job", "") for r in reply.get("data", {}).get("result", [])}

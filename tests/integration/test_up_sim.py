@@ -1,11 +1,11 @@
 """`tandem up --engine sim --decode 16`: a 16-worker simulated cluster on one machine comes up, serves a
 request, and on SIGTERM leaves no process behind."""
+
 import signal
 import subprocess
 import sys
 
 import httpx
-
 
 from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc
@@ -21,8 +21,26 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
 
     model = init_model(tmp_path / "model", "llama", tiny=True, config_only=True)  # sim workers load no weights
     port = free_port()
-    cmd = [sys.executable, "-m", "tandem.cli", "up", "--engine", "sim", "--model", str(model), "--port", str(port),
-           "--prefill", "0", "--decode", str(NUM_DECODE), "--num-threads", "1", "--log-dir", str(tmp_path / "logs")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "up",
+        "--engine",
+        "sim",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--prefill",
+        "0",
+        "--decode",
+        str(NUM_DECODE),
+        "--num-threads",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = wait_for_banner(launcher, timeout_s=180)
@@ -32,8 +50,11 @@ def test_up_sim_cluster_of_16_serves_then_stops_everything(tmp_path):
         assert len(services) == NUM_DECODE + 2, f"router, {NUM_DECODE} decode workers and gateway expected: {services}"
         router_port = int(banner.split("router 127.0.0.1:")[1].split()[0])
         assert len(registered_workers(router_port, tmp_path / "pki")) == NUM_DECODE
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
-                           json={"model": model.name, "prompt": "hello", "max_tokens": 4})
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=30,
+            json={"model": model.name, "prompt": "hello", "max_tokens": 4},
+        )
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] == 4
         launcher.send_signal(signal.SIGTERM)

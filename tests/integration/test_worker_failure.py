@@ -1,6 +1,7 @@
 """A decode worker killed (SIGKILL) mid-stream, live: the client's stream goes on on the surviving worker (token-level
 migration) with every token it asked for, the router hears of the failure at once, the gateway stays healthy, new
 requests succeed, and losing the last worker is a clean error, not a hang."""
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ def stack(endless_model, tmp_path_factory):
 
 def _kill_serving_worker(stack, exclude: str = "") -> str:
     """SIGKILL the decode worker running the one live request; its id."""
+
     def running_on(counts: dict) -> list[str]:
         return [w for w, c in counts.items() if c["num_running"] == 1 and w != exclude]
 
@@ -50,18 +52,30 @@ class Kill:
 
 def _first_quarantine(stack, worker_id: str, timeout_s: float) -> float:
     """The quarantine the router first lists for `worker_id` within `timeout_s`; 0.0 if none."""
-    return poll(lambda: {w.worker.worker_id: w.quarantine_left_s for w in workers(stack)}.get(worker_id, 0.0),
-                lambda left: left > 0, timeout_s, interval_s=0.05)
+    return poll(
+        lambda: {w.worker.worker_id: w.quarantine_left_s for w in workers(stack)}.get(worker_id, 0.0),
+        lambda left: left > 0,
+        timeout_s,
+        interval_s=0.05,
+    )
 
 
 @pytest.fixture(scope="module")
 def kill(stack, endless_model) -> Kill:
-    body = {"model": endless_model.name, "prompt": "the long story goes", "max_tokens": LONG_MAX_TOKENS,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": endless_model.name,
+        "prompt": "the long story goes",
+        "max_tokens": LONG_MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     # NOTE: the read timeout is above MAX_GAP_S: a hang shows as a slow end, not as a timeout here
-    with httpx.Client(timeout=httpx.Timeout(3 * MAX_GAP_S)) as http, \
-            http.stream("POST", f"{stack.url}/v1/completions", json=body) as response, \
-            ThreadPoolExecutor(1) as watcher:
+    with (
+        httpx.Client(timeout=httpx.Timeout(3 * MAX_GAP_S)) as http,
+        http.stream("POST", f"{stack.url}/v1/completions", json=body) as response,
+        ThreadPoolExecutor(1) as watcher,
+    ):
         assert response.status_code == 200, response.read()
         events = sse_json(response)
         before = [next(events) for _ in range(3)]
@@ -112,19 +126,30 @@ def test_new_requests_succeed_on_the_survivor(stack, kill, endless_model):
 
 
 def test_router_drops_the_dead_worker(stack, kill):
-    remaining = wait_for(lambda: sorted(w.worker.worker_id for w in workers(stack)), lambda ids: ids == [kill.survivor],
-                         RECOVERY_S - (time.monotonic() - kill.killed_at), "the router forgetting the dead worker")
+    remaining = wait_for(
+        lambda: sorted(w.worker.worker_id for w in workers(stack)),
+        lambda ids: ids == [kill.survivor],
+        RECOVERY_S - (time.monotonic() - kill.killed_at),
+        "the router forgetting the dead worker",
+    )
     assert remaining == [kill.survivor]
 
 
 def test_losing_the_last_worker_raises_in_openai_client_and_then_503(stack, kill, endless_model):
-    wait_for(lambda: sorted(w.worker.worker_id for w in workers(stack)), lambda ids: ids == [kill.survivor],
-             RECOVERY_S, "the router forgetting the first dead worker")
-    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0,
-                       timeout=3 * MAX_GAP_S) as client:
-        stream = client.chat.completions.create(model=endless_model.name, temperature=0, stream=True,
-                                                max_tokens=LONG_MAX_TOKENS,
-                                                messages=[{"role": "user", "content": "go on"}])
+    wait_for(
+        lambda: sorted(w.worker.worker_id for w in workers(stack)),
+        lambda ids: ids == [kill.survivor],
+        RECOVERY_S,
+        "the router forgetting the first dead worker",
+    )
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=3 * MAX_GAP_S) as client:
+        stream = client.chat.completions.create(
+            model=endless_model.name,
+            temperature=0,
+            stream=True,
+            max_tokens=LONG_MAX_TOKENS,
+            messages=[{"role": "user", "content": "go on"}],
+        )
         next(iter(stream))
         _kill_serving_worker(stack)
         started = time.monotonic()
@@ -135,8 +160,11 @@ def test_losing_the_last_worker_raises_in_openai_client_and_then_503(stack, kill
     assert not isinstance(raised.value, openai.APITimeoutError | openai.APIConnectionError), raised.value
     assert raised.value.body["type"] == "service_unavailable_error"
 
-    response = httpx.post(f"{stack.url}/v1/completions", timeout=10,
-                          json={"model": endless_model.name, "prompt": "anyone?", "max_tokens": 4})
+    response = httpx.post(
+        f"{stack.url}/v1/completions",
+        timeout=10,
+        json={"model": endless_model.name, "prompt": "anyone?", "max_tokens": 4},
+    )
     err = response.json().get("error", {})
     # the dead worker is still leased (worker_failed) or already dropped (no_worker_available): 503 either way
     assert_error(response, 503, type="service_unavailable_error", code=err.get("code"), retry_after="1")

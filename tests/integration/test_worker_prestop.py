@@ -2,6 +2,7 @@
 command (`tandem worker drain`) returns only once the router has stopped choosing the worker; the request that worker
 was serving still finishes whole, every route asked for meanwhile goes to the other worker, and the worker then exits
 on its own within its drain time (TANDEM_WORKER_DRAIN_S as the manifests set it)."""
+
 import os
 import subprocess
 import sys
@@ -24,34 +25,57 @@ def test_the_prestop_hook_stops_routing_to_the_worker_before_it_drains(tmp_path)
     from tandem.models.init import init_model
 
     # sim workers load no weights; a context long enough for the long request
-    model = init_model(tmp_path / "model", "llama", tiny=True, config_only=True,
-                       overrides={"max_position_embeddings": 4096})
+    model = init_model(
+        tmp_path / "model", "llama", tiny=True, config_only=True, overrides={"max_position_embeddings": 4096}
+    )
     container = main_container("cpu", "decode")
     drain_s = container_env("cpu", container)["TANDEM_WORKER_DRAIN_S"]
     hook = container["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:3] == ["tandem", "worker", "drain"]
-    with running_stack(model, tmp_path, engine="sim", num_prefill=0, num_decode=2,
-                       env={"TANDEM_WORKER_DRAIN_S": drain_s}) as stack:
+    with running_stack(
+        model, tmp_path, engine="sim", num_prefill=0, num_decode=2, env={"TANDEM_WORKER_DRAIN_S": drain_s}
+    ) as stack:
         long = {}
-        sender = threading.Thread(target=lambda: long.update(reply=httpx.post(
-            f"{stack.url}/v1/completions", timeout=120,
-            json={"model": served_name(str(model)), "prompt": "hello", "max_tokens": LONG_TOKENS})))
+        sender = threading.Thread(
+            target=lambda: long.update(
+                reply=httpx.post(
+                    f"{stack.url}/v1/completions",
+                    timeout=120,
+                    json={"model": served_name(str(model)), "prompt": "hello", "max_tokens": LONG_TOKENS},
+                )
+            )
+        )
         sender.start()
-        busy = wait_for(lambda: [w.worker.worker_id for w in workers(stack) if w.num_inflight],
-                        lambda ids: len(ids) == 1, 30, "the long request in flight")[0]
+        busy = wait_for(
+            lambda: [w.worker.worker_id for w in workers(stack) if w.num_inflight],
+            lambda ids: len(ids) == 1,
+            30,
+            "the long request in flight",
+        )[0]
         child = next(c for c in stack.children if c.name == busy)
-        env = {**os.environ, "TANDEM_WORKER_WORKER_ID": busy,
-               "TANDEM_WORKER_ROUTER_ADDRESS": f"127.0.0.1:{stack.router_port}"}
-        drained = subprocess.run([sys.executable, "-m", "tandem.cli", *hook[1:], "--pid", str(child.proc.pid)],
-                                 env=env, capture_output=True, text=True, timeout=60)
+        env = {
+            **os.environ,
+            "TANDEM_WORKER_WORKER_ID": busy,
+            "TANDEM_WORKER_ROUTER_ADDRESS": f"127.0.0.1:{stack.router_port}",
+        }
+        drained = subprocess.run(
+            [sys.executable, "-m", "tandem.cli", *hook[1:], "--pid", str(child.proc.pid)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert drained.returncode == 0, drained.stderr
         assert f"{busy} deregistered" in drained.stdout
         assert busy not in {w.worker.worker_id for w in workers(stack)}
         assert child.proc.poll() is None, "the worker must still be finishing its request"
         other = {c.name for c in stack.children if c.name.startswith("decode-")} - {busy}
         assert {routed(stack, str(model)) for _ in range(20)} == other
-        short = httpx.post(f"{stack.url}/v1/completions", timeout=60,
-                           json={"model": served_name(str(model)), "prompt": "hi", "max_tokens": 4})
+        short = httpx.post(
+            f"{stack.url}/v1/completions",
+            timeout=60,
+            json={"model": served_name(str(model)), "prompt": "hi", "max_tokens": 4},
+        )
         assert short.status_code == 200, short.text
         sender.join(timeout=120)
         assert long["reply"].status_code == 200, long["reply"].text

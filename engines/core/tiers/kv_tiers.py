@@ -2,6 +2,7 @@
 the host tier (deduplicated by block hash), disk admission of blocks seen twice, the prefix walk over host and
 disk, the cost check (load a tier only where that beats recomputing), pins on what a copy in flight reads, and
 per-tier events and counters. Pure: no torch, no I/O; the runner moves the bytes."""
+
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -99,7 +100,9 @@ class KvTiers:
         self.in_flight: dict[int, str] = {}  # block hash -> the load onboarding it
 
     # -- write-through -----------------------------------------------------------------------
-    def offload(self, blocks: Iterable[tuple[int, int, int, tuple[int, ...]]], seen: bool = True) -> list[tuple[int, int]]:
+    def offload(
+        self, blocks: Iterable[tuple[int, int, int, tuple[int, ...]]], seen: bool = True
+    ) -> list[tuple[int, int]]:
         """Device blocks whose KV is now complete, as (block id, parent hash, hash, tokens): the (block id,
         host slot) copies to make. A hash the host holds is only touched; with `seen`, each block counts as a
         sighting (a block computed; not one just onboarded, already counted when it was found)."""
@@ -159,8 +162,14 @@ class KvTiers:
             self._disk_drops += [b.block_hash for b in evicted]
 
     # -- onboarding --------------------------------------------------------------------------
-    def match(self, block_hashes: Sequence[int], token_ids: Sequence[int], start: int, stop: int,
-              tiers: frozenset[KvTier] = frozenset((KvTier.HOST, KvTier.DISK))) -> list[OnboardBlock]:
+    def match(
+        self,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[int],
+        start: int,
+        stop: int,
+        tiers: frozenset[KvTier] = frozenset((KvTier.HOST, KvTier.DISK)),
+    ) -> list[OnboardBlock]:
         """Blocks `start`..`stop`-1 of a prompt held by the host tier, else by disk (each only if in `tiers`),
         up to the first miss or block a load is already onboarding."""
         bs, found = self.block_size, []
@@ -223,16 +232,19 @@ class KvTiers:
         return {KvTier.HOST: self.host.drain(), KvTier.DISK: self.disk.drain()}
 
     def _maybe_write_disk(self, block_hash: int) -> None:
-        if (not self.is_disk_writable or block_hash in self.disk or block_hash in self._writing
-                or len(self._writing) >= MAX_DISK_WRITES_IN_FLIGHT):
+        if (
+            not self.is_disk_writable
+            or block_hash in self.disk
+            or block_hash in self._writing
+            or len(self._writing) >= MAX_DISK_WRITES_IN_FLIGHT
+        ):
             return
         host_block = self.host.blocks.get(block_hash)
         if host_block is None:
             return
         host_block.num_pins += 1
         self._writing[block_hash] = host_block
-        self._disk_writes.append(DiskWrite(block_hash, host_block.parent_hash, host_block.token_ids,
-                                           host_block.slot))
+        self._disk_writes.append(DiskWrite(block_hash, host_block.parent_hash, host_block.token_ids, host_block.slot))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,26 @@
 """KV tiers that move no bytes, for runners that hold no real KV (sim, zero): the core's tier accounting runs as
 it does over real tiers; an onboarding load ends after its bytes / the tier's bandwidth on the clock it is given
 (virtual in the cluster simulator), and writes to disk succeed at once. No torch, no I/O."""
+
 import math
 import time
 from collections.abc import Callable
 
 from engines.base.events import KvTier
-from engines.core.tiers.kv_tiers import DiskWrite, Onboard, TierReport, TierSpec
 from engines.core.loads import KvLoad, LoadDone
+from engines.core.tiers.kv_tiers import DiskWrite, Onboard, TierReport, TierSpec
 
 
 class ModelledTiers:
-    def __init__(self, spec: TierSpec, host_bytes_per_s: float = math.inf, disk_bytes_per_s: float = math.inf,
-                 clock: Callable[[], float] = time.monotonic, time_factor: float = 1.0,
-                 prefill_tokens_per_s: float = 0.0):
+    def __init__(
+        self,
+        spec: TierSpec,
+        host_bytes_per_s: float = math.inf,
+        disk_bytes_per_s: float = math.inf,
+        clock: Callable[[], float] = time.monotonic,
+        time_factor: float = 1.0,
+        prefill_tokens_per_s: float = 0.0,
+    ):
         self.tier_spec = spec
         self.bytes_per_s = {KvTier.HOST: host_bytes_per_s, KvTier.DISK: disk_bytes_per_s}
         self.prefill_tokens_per_s = prefill_tokens_per_s

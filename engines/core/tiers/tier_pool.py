@@ -1,5 +1,6 @@
 """One KV tier below the device pool (host memory or disk): which block hashes it holds, in which slot, in LRU
 order, and which are pinned by a copy in flight. Pure accounting: no torch, no I/O; the runner moves the bytes."""
+
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ class TierPool:
         if block_hash in self.blocks:
             self.blocks.move_to_end(block_hash)
 
-    def put(self, parent_hash: int, block_hash: int, token_ids: tuple[int, ...]) -> tuple[TierBlock | None, list[TierBlock]]:
+    def put(
+        self, parent_hash: int, block_hash: int, token_ids: tuple[int, ...]
+    ) -> tuple[TierBlock | None, list[TierBlock]]:
         """Hold a block (a held hash is only touched): the block, or None when every slot is pinned; and the
         blocks evicted to make room."""
         held = self.blocks.get(block_hash)

@@ -4,6 +4,7 @@ are given: pin and record), `loads_done` and `step_done` (write newly complete d
 tier; blocks seen twice go on to disk). Also the measured prefill rate the cost check weighs a load against, and the
 tiers' events and counters. Holds no reference to the scheduler or the core; pure: no torch, no I/O (the runner's
 tier methods move the bytes)."""
+
 import logging
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,8 +12,8 @@ from typing import Protocol
 from engines.base.events import KvTier
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.step import SchedulerOutput
 from engines.core.sequence import Sequence
+from engines.core.step import SchedulerOutput
 from engines.core.tiers.kv_tiers import DiskWrite, KvTiers, Onboard, TierReport, TierSpec, beats_recompute
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,11 @@ class Tiering:
     def _worth_loading(self) -> frozenset[KvTier]:
         """The cost check: the tiers whose load of a block beats recomputing its tokens."""
         spec, rate = self.tiers.spec, self.prefill_tokens_per_s
-        return frozenset(t for t in (KvTier.HOST, KvTier.DISK)
-                         if beats_recompute(spec.block_bytes, self.bm.block_size, self.runner.bytes_per_s[t], rate))
+        return frozenset(
+            t
+            for t in (KvTier.HOST, KvTier.DISK)
+            if beats_recompute(spec.block_bytes, self.bm.block_size, self.runner.bytes_per_s[t], rate)
+        )
 
     # -- after a load ------------------------------------------------------------------------
     def loads_done(self, done: list[LoadDone]) -> None:
@@ -104,11 +108,17 @@ class Tiering:
         for result in done:
             entry = self._onboarding.pop(result.req_id, None)
             if entry is not None:
-                self.tiers.load_done(result.req_id, entry.source, result.ok, self.clock() - entry.started_s,
-                                     entry.is_hit)
+                self.tiers.load_done(
+                    result.req_id, entry.source, result.ok, self.clock() - entry.started_s, entry.is_hit
+                )
                 if result.ok:
-                    self._write_through([(b, s.parent_hash, s.block_hash, s.token_ids)
-                                         for b, s in zip(entry.block_ids, entry.source.blocks)], seen=False)
+                    self._write_through(
+                        [
+                            (b, s.parent_hash, s.block_hash, s.token_ids)
+                            for b, s in zip(entry.block_ids, entry.source.blocks)
+                        ],
+                        seen=False,
+                    )
         self.poll()
 
     # -- after a step ------------------------------------------------------------------------
@@ -128,8 +138,11 @@ class Tiering:
 
     def step_done(self, out: SchedulerOutput, completed: list[Completed]) -> None:
         self._write_through(completed, seen=True)
-        num_prompt = sum(min(s.num_new_tokens, s.seq.num_prompt_tokens - s.start)
-                         for s in out.scheduled if s.start < s.seq.num_prompt_tokens)
+        num_prompt = sum(
+            min(s.num_new_tokens, s.seq.num_prompt_tokens - s.start)
+            for s in out.scheduled
+            if s.start < s.seq.num_prompt_tokens
+        )
         seconds = self.clock() - self._step_started_s
         if num_prompt >= MIN_PREFILL_TOKENS and seconds > 0:
             rate, old = num_prompt / seconds, self.prefill_tokens_per_s
@@ -164,13 +177,20 @@ class Tiering:
         """The EngineStats fields of the tiers."""
         t, c = self.tiers, self.tiers.counters
         return dict(
-            num_host_blocks_total=t.host.num_slots, num_host_blocks_used=len(t.host),
-            num_disk_blocks_total=t.disk.num_slots, num_disk_blocks_used=len(t.disk),
-            kv_block_bytes=t.spec.block_bytes, prefix_hits_host=c.hit_tokens[KvTier.HOST],
-            prefix_hits_disk=c.hit_tokens[KvTier.DISK], num_blocks_offloaded_host=c.num_host_offloaded,
-            num_blocks_offloaded_disk=c.num_disk_written, num_blocks_onboarded_host=c.onboarded_blocks[KvTier.HOST],
-            num_blocks_onboarded_disk=c.onboarded_blocks[KvTier.DISK], num_onboards=c.num_onboards,
-            onboard_seconds=c.onboard_s, num_disk_write_errors=c.num_disk_errors,
+            num_host_blocks_total=t.host.num_slots,
+            num_host_blocks_used=len(t.host),
+            num_disk_blocks_total=t.disk.num_slots,
+            num_disk_blocks_used=len(t.disk),
+            kv_block_bytes=t.spec.block_bytes,
+            prefix_hits_host=c.hit_tokens[KvTier.HOST],
+            prefix_hits_disk=c.hit_tokens[KvTier.DISK],
+            num_blocks_offloaded_host=c.num_host_offloaded,
+            num_blocks_offloaded_disk=c.num_disk_written,
+            num_blocks_onboarded_host=c.onboarded_blocks[KvTier.HOST],
+            num_blocks_onboarded_disk=c.onboarded_blocks[KvTier.DISK],
+            num_onboards=c.num_onboards,
+            onboard_seconds=c.onboard_s,
+            num_disk_write_errors=c.num_disk_errors,
             num_disk_blocks_refused=c.num_disk_refused,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             kv_host_bytes_per_s=self.runner.bytes_per_s[KvTier.HOST],
@@ -184,4 +204,3 @@ class Tiering:
         drops = self.tiers.take_disk_drops()
         if drops:
             self.runner.drop_disk(drops)
-

@@ -1,6 +1,7 @@
 """Attention backends over the paged KV cache. `get_backend` picks one for a device.
 
 The Triton backend is imported only when picked, so the CPU path never loads triton."""
+
 from engines.native.attention.metadata import AttentionMetadata, FreshSpans, PrefillSpan
 from engines.native.attention.torch_fp8 import TorchFp8PagedAttention
 from engines.native.attention.torch_paged import TorchPagedAttention
@@ -22,5 +23,12 @@ def resolve_backend(device: str, name: str = "auto") -> str:
     return name
 
 
-__all__ = ["AttentionMetadata", "FreshSpans", "PrefillSpan", "TorchFp8PagedAttention", "TorchPagedAttention",
-           "get_backend", "resolve_backend"]
+__all__ = [
+    "AttentionMetadata",
+    "FreshSpans",
+    "PrefillSpan",
+    "TorchFp8PagedAttention",
+    "TorchPagedAttention",
+    "get_backend",
+    "resolve_backend",
+]

@@ -2,6 +2,7 @@
 
 Token order in a step: all decode tokens (one per sequence) first, then each prefill span.
 """
+
 from dataclasses import dataclass, field
 
 import torch

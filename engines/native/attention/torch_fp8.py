@@ -4,6 +4,7 @@ backend's FP8 path. One instance per layer, holding that layer's k and v scales.
 NOTE: every span attends to the dequantized values, fresh ones included, so a prompt sees exactly
 the keys a later decode will read back from the cache.
 """
+
 import torch
 
 from engines.native.attention.metadata import AttentionMetadata

@@ -3,6 +3,7 @@
 Whole blocks are gathered from the cache with index_select (4x faster on CPU than indexing
 slot by slot), then scaled dot-product attention runs once for all decodes and once per span.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -63,8 +64,7 @@ class TorchPagedAttention:
         def batch(x: torch.Tensor) -> torch.Tensor:  # [num_spans, heads, max_len, head_dim]
             return x.index_select(0, fresh.gather).view(*shape, *x.shape[1:]).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(batch(q), batch(k), batch(v), is_causal=True, scale=scale,
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(batch(q), batch(k), batch(v), is_causal=True, scale=scale, enable_gqa=True)
         rows = o.transpose(1, 2).reshape(-1, *q.shape[1:])  # [num_spans * max_len, num_heads, head_dim]
         if fresh.src_rows is not None:
             rows = rows.index_select(0, fresh.src_rows)
@@ -80,8 +80,11 @@ class TorchPagedAttention:
         # NOTE: a decode has one query per head, so a GQA group's queries become the "sequence"
         # of their shared kv head: [num_decodes, num_kv_heads, group, head_dim]. No K/V repeat.
         out = F.scaled_dot_product_attention(
-            q.view(num_decodes, num_kv_heads, -1, q.shape[-1]), keys, values,
-            attn_mask=meta.decode_mask, scale=scale,
+            q.view(num_decodes, num_kv_heads, -1, q.shape[-1]),
+            keys,
+            values,
+            attn_mask=meta.decode_mask,
+            scale=scale,
         )
         return out.reshape(q.shape)
 
@@ -94,6 +97,8 @@ class TorchPagedAttention:
             q.transpose(0, 1).unsqueeze(0),  # [1, num_heads, q_len, head_dim]
             keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0),
-            attn_mask=span.mask, scale=scale, enable_gqa=True,
+            attn_mask=span.mask,
+            scale=scale,
+            enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)

@@ -5,6 +5,7 @@ Reads VarlenMetadata. The model's small ops go with it as Triton kernels too (`o
 One instance serves every layer of an unquantized cache; an FP8 cache gets one per layer (its scales).
 Checked against TorchPagedAttention / TorchFp8PagedAttention (tests/unit/kernels).
 """
+
 import torch
 
 from engines.native.attention.varlen import VarlenMetadata
@@ -38,16 +39,49 @@ class TritonPagedAttention:
         if rotary is None:
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         else:
-            q = rope_and_write_kv(q, k, v, positions, rotary.cos, rotary.sin, k_cache, v_cache, meta.slot_mapping,
-                                  self.k_scale, self.v_scale)
+            q = rope_and_write_kv(
+                q,
+                k,
+                v,
+                positions,
+                rotary.cos,
+                rotary.sin,
+                k_cache,
+                v_cache,
+                meta.slot_mapping,
+                self.k_scale,
+                self.v_scale,
+            )
         out = torch.empty_like(q)
         num_decodes = meta.num_decode_tokens
         if num_decodes:
-            paged_decode(q[:num_decodes], k_cache, v_cache, meta.decode_block_table, meta.decode_seq_lens, scale,
-                         self.k_scale, self.v_scale, out=out[:num_decodes], max_seq_len=meta.max_decode_seq_len)
+            paged_decode(
+                q[:num_decodes],
+                k_cache,
+                v_cache,
+                meta.decode_block_table,
+                meta.decode_seq_lens,
+                scale,
+                self.k_scale,
+                self.v_scale,
+                out=out[:num_decodes],
+                max_seq_len=meta.max_decode_seq_len,
+            )
         if meta.max_prefill_q_len:
             tiles = tiles_for(q.shape[-1], q.is_cuda)
-            paged_prefill(q, k_cache, v_cache, meta.prefill_block_table, meta.prefill_q_starts, meta.prefill_q_lens,
-                          meta.prefill_ctx_lens, meta.max_prefill_q_len, scale, self.k_scale, self.v_scale, out=out,
-                          **tiles)
+            paged_prefill(
+                q,
+                k_cache,
+                v_cache,
+                meta.prefill_block_table,
+                meta.prefill_q_starts,
+                meta.prefill_q_lens,
+                meta.prefill_ctx_lens,
+                meta.max_prefill_q_len,
+                scale,
+                self.k_scale,
+                self.v_scale,
+                out=out,
+                **tiles,
+            )
         return out

@@ -1,5 +1,6 @@
 """Metadata for the kernel backend: int32 block tables and lengths instead of masks and padded
 batches. Built once per step by the model runner; imports no triton."""
+
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +21,12 @@ class VarlenMetadata(AttentionMetadata):
     max_prefill_q_len: int = 0
 
 
-def build_varlen_metadata(slot_mapping: torch.Tensor, decodes: list[tuple[list[int], int]],
-                          spans: list[tuple[int, int, int, list[int]]], device) -> VarlenMetadata:
+def build_varlen_metadata(
+    slot_mapping: torch.Tensor,
+    decodes: list[tuple[list[int], int]],
+    spans: list[tuple[int, int, int, list[int]]],
+    device,
+) -> VarlenMetadata:
     """decodes: (block_table, seq_len) each; spans: (q_start, q_len, ctx_len, block_table) each."""
     fields: dict = {}
     if decodes:
@@ -30,9 +35,12 @@ def build_varlen_metadata(slot_mapping: torch.Tensor, decodes: list[tuple[list[i
         fields["decode_block_table"] = _table([t for t, _ in decodes], device)
     if spans:
         fields.update(
-            prefill_q_starts=_ints([s[0] for s in spans], device), prefill_q_lens=_ints([s[1] for s in spans], device),
-            prefill_ctx_lens=_ints([s[2] for s in spans], device), prefill_block_table=_table([s[3] for s in spans], device),
-            max_prefill_q_len=max(s[1] for s in spans))
+            prefill_q_starts=_ints([s[0] for s in spans], device),
+            prefill_q_lens=_ints([s[1] for s in spans], device),
+            prefill_ctx_lens=_ints([s[2] for s in spans], device),
+            prefill_block_table=_table([s[3] for s in spans], device),
+            max_prefill_q_len=max(s[1] for s in spans),
+        )
     return VarlenMetadata(slot_mapping=slot_mapping, num_decode_tokens=len(decodes), **fields)
 
 

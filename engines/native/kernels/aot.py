@@ -3,6 +3,7 @@ binary's registers, spills and shared memory (`ptxas -v`) and its tensor-core in
 and judge it: a compile error, any spill, or a `tl.dot` kernel without an MMA instruction fails.
 CLI: python -m engines.native.kernels.aot [--json PATH]. Runs no kernel; must not run under TRITON_INTERPRET.
 """
+
 import argparse
 import json
 import os
@@ -15,8 +16,14 @@ from dataclasses import asdict, dataclass, field
 
 from engines.native.kernels.aot_plan import Launch, record_all
 
-SM90 = {"regs": 65536, "max_warps": 64, "max_blocks": 32, "smem": 228 * 1024, "smem_per_block": 227 * 1024,
-        "reserved_smem": 1024}  # per SM (H100); CUDA reserves 1 KB of shared memory per block
+SM90 = {
+    "regs": 65536,
+    "max_warps": 64,
+    "max_blocks": 32,
+    "smem": 228 * 1024,
+    "smem_per_block": 227 * 1024,
+    "reserved_smem": 1024,
+}  # per SM (H100); CUDA reserves 1 KB of shared memory per block
 # an opcode ending in MMA (HMMA, HGMMA, QGMMA, IMMA...) is a tensor-core op; HFMA2.MMA is not (a modifier)
 _MMA = re.compile(r"(?<=\s)([A-Z]*MMA)(?=[.\s])")
 
@@ -89,8 +96,15 @@ def unique_builds(launches: list[Launch]) -> list[tuple[Launch, dict, dict, dict
     builds: dict[str, list] = {}
     for launch in launches:
         sig, const, attrs = specialize(launch)
-        key = repr((launch.kernel.__name__, sorted(sig.items()), sorted(const.items(), key=str),
-                    sorted(attrs.items()), sorted(launch.options.items())))
+        key = repr(
+            (
+                launch.kernel.__name__,
+                sorted(sig.items()),
+                sorted(const.items(), key=str),
+                sorted(attrs.items()),
+                sorted(launch.options.items()),
+            )
+        )
         if key in builds:
             builds[key][4] += 1
         else:
@@ -107,8 +121,11 @@ def build(launch: Launch, sig: dict, const: dict, attrs: dict, count: int, arch:
     variant = ", ".join(f"{k}={v}" for k, v in const.items())
     row = Compiled(launch.kernel.__name__, variant, launch.label, count, dict(sig))
     try:
-        binary = triton.compile(ASTSource(launch.kernel, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                                options=dict(launch.options))
+        binary = triton.compile(
+            ASTSource(launch.kernel, sig, const, attrs),
+            target=GPUTarget("cuda", arch, 32),
+            options=dict(launch.options),
+        )
     except Exception as e:  # noqa: BLE001 -- any compiler failure is this build's verdict, reported
         row.error = f"compile error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         return row
@@ -132,14 +149,29 @@ def ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        log = subprocess.run([get_ptxas(arch).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
-                              f"--gpu-name=sm_{arch}a", src, "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True, check=True).stderr
+        log = subprocess.run(
+            [
+                get_ptxas(arch).path,
+                "-lineinfo",
+                "-v",
+                "--regAllocOptLevel=2",
+                f"--gpu-name=sm_{arch}a",
+                src,
+                "-o",
+                os.path.join(tmp, "k.o"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     stack = re.search(r"(\d+) bytes stack frame", log)
-    return (int(regs.group(1)) if regs else 0, int(spills.group(1)) + int(spills.group(2)) if spills else 0,
-            int(stack.group(1)) if stack else 0)
+    return (
+        int(regs.group(1)) if regs else 0,
+        int(spills.group(1)) + int(spills.group(2)) if spills else 0,
+        int(stack.group(1)) if stack else 0,
+    )
 
 
 def sass_mma(cubin: bytes) -> str:
@@ -149,8 +181,9 @@ def sass_mma(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+        sass = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
     counts: dict[str, int] = {}
     for op in _MMA.findall(sass):
         counts[op] = counts.get(op, 0) + 1
@@ -194,16 +227,20 @@ def compile_all(jobs: int = 2, log=print) -> list[Compiled]:
 
 
 def table(rows: list[Compiled]) -> str:
-    head = (f"{'kernel / variant':<64} {'warps':>5} {'stg':>3} {'regs':>4} {'spill':>5} {'smem KB':>7} "
-            f"{'occ':>5}  tensor cores")
+    head = (
+        f"{'kernel / variant':<64} {'warps':>5} {'stg':>3} {'regs':>4} {'spill':>5} {'smem KB':>7} "
+        f"{'occ':>5}  tensor cores"
+    )
     lines, last = [head, "-" * len(head)], None  # a row: the first launch that needs the binary
     for r in sorted(rows, key=lambda r: r.kernel):
         if r.kernel != last:
             lines.append(r.kernel)
             last = r.kernel
         tc = r.mma or ("none" if r.has_dot else "-")
-        body = (f"{r.num_warps:>5} {r.num_stages:>3} {r.registers:>4} {r.spill_bytes:>5} "
-                f"{r.smem_bytes / 1024:>7.1f} {r.occupancy:>5.0%}  {tc}")
+        body = (
+            f"{r.num_warps:>5} {r.num_stages:>3} {r.registers:>4} {r.spill_bytes:>5} "
+            f"{r.smem_bytes / 1024:>7.1f} {r.occupancy:>5.0%}  {tc}"
+        )
         lines.append(f"  {r.label[:62]:<62} " + ("FAILED " + "; ".join(r.problems) if r.error else body))
         lines += [f"  ^ FAIL: {p}" for p in r.problems if not r.error]
     return "\n".join(lines)
@@ -225,9 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         with open(args.json, "w") as f:
-            json.dump({"target": "cuda sm_90a (GPUTarget('cuda', 90, 32))", "triton": triton.__version__,
-                       "shapes": "Llama-3.1-8B", "rows": [asdict(r) | {"problems": r.problems} for r in rows]},
-                      f, indent=1)
+            json.dump(
+                {
+                    "target": "cuda sm_90a (GPUTarget('cuda', 90, 32))",
+                    "triton": triton.__version__,
+                    "shapes": "Llama-3.1-8B",
+                    "rows": [asdict(r) | {"problems": r.problems} for r in rows],
+                },
+                f,
+                indent=1,
+            )
     return 1 if failed else 0
 
 

@@ -2,6 +2,7 @@
 real launch wrappers run on `meta` tensors that claim to be CUDA, with the H100's SM count, and each
 `kernel[grid](...)` is captured instead of run. Allocates nothing real and compiles nothing (aot.py does).
 """
+
 import contextlib
 from dataclasses import dataclass, field
 
@@ -28,8 +29,12 @@ class Llama8B:
     def gemms(self) -> dict[str, tuple[int, int]]:
         """(out_features, in_features) of each linear layer of a decoder layer."""
         qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        return {"qkv_proj": (qkv, self.hidden), "o_proj": (self.hidden, self.hidden),
-                "gate_up_proj": (2 * self.intermediate, self.hidden), "down_proj": (self.hidden, self.intermediate)}
+        return {
+            "qkv_proj": (qkv, self.hidden),
+            "o_proj": (self.hidden, self.hidden),
+            "gate_up_proj": (2 * self.intermediate, self.hidden),
+            "down_proj": (self.hidden, self.intermediate),
+        }
 
     def row_counts(self) -> list[int]:
         return graph_buckets(self.max_num_seqs) + list(self.prefill_tokens)
@@ -38,6 +43,7 @@ class Llama8B:
 @dataclass(slots=True)
 class Launch:
     """One captured launch: the JIT function, its arguments by name, its launch options, and what it was for."""
+
     kernel: object
     args: dict
     options: dict
@@ -55,6 +61,7 @@ class Recorder:
             bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
             options = {k: v for k, v in kwargs.items() if k not in names}
             self.launches.append(Launch(kernel, bound, options, self.label))
+
         return launch
 
 
@@ -79,8 +86,12 @@ def recording():
 
     recorder = Recorder()
     saved = triton.KernelInterface.__getitem__
-    patched = [(m, name, getattr(m, name)) for m in (fp8_gemm, nvfp4_gemm, paged_decode)
-               for name in ("num_sms", "upcast_dots") if hasattr(m, name)]
+    patched = [
+        (m, name, getattr(m, name))
+        for m in (fp8_gemm, nvfp4_gemm, paged_decode)
+        for name in ("num_sms", "upcast_dots")
+        if hasattr(m, name)
+    ]
     triton.KernelInterface.__getitem__ = lambda kernel, grid: recorder.launcher(kernel, grid)
     for module, name, _ in patched:
         setattr(module, name, (lambda device: H100_SMS) if name == "num_sms" else (lambda: False))
@@ -120,15 +131,33 @@ def _attention(s: Llama8B, rec: Recorder) -> None:
             rec.label = f"prefill kv={kv_name} tokens={tokens}"
             q = meta(tokens, s.num_heads, s.head_dim)
             spans = meta(4, dtype=i32)
-            paged_prefill(q, cache, cache, meta(4, max_blocks, dtype=i32), spans, spans, spans, tokens, 0.088,
-                          out=torch.empty_like(q), **tiles_for(s.head_dim, True))
+            paged_prefill(
+                q,
+                cache,
+                cache,
+                meta(4, max_blocks, dtype=i32),
+                spans,
+                spans,
+                spans,
+                tokens,
+                0.088,
+                out=torch.empty_like(q),
+                **tiles_for(s.head_dim, True),
+            )
             qkv = meta(tokens, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim)
             q_view, k_view, v_view = _split_qkv(qkv, s)
             rec.label = f"rope+kv write kv={kv_name} tokens={tokens}"
-            rope_and_write_kv(q_view, k_view, v_view, meta(tokens, dtype=torch.int64),
-                              meta(s.max_context, s.head_dim, dtype=torch.float32),
-                              meta(s.max_context, s.head_dim, dtype=torch.float32), cache, cache,
-                              meta(tokens, dtype=torch.int64))
+            rope_and_write_kv(
+                q_view,
+                k_view,
+                v_view,
+                meta(tokens, dtype=torch.int64),
+                meta(s.max_context, s.head_dim, dtype=torch.float32),
+                meta(s.max_context, s.head_dim, dtype=torch.float32),
+                cache,
+                cache,
+                meta(tokens, dtype=torch.int64),
+            )
             rec.label = f"kv write (no rotary) kv={kv_name} tokens={tokens}"
             write_kv(k_view, v_view, cache, cache, meta(tokens, dtype=torch.int64))
 

@@ -4,6 +4,7 @@ before it times anything. A check passes when rel_error <= bound and the output 
 
 rel_error = max |out - ref| / max |ref|, the reference computed in fp32 from the same stored values.
 """
+
 import math
 from dataclasses import asdict, dataclass
 
@@ -44,14 +45,18 @@ def gather_keys(cache: torch.Tensor, table_row: torch.Tensor, length: int, scale
     block_size = cache.shape[1]
     pos = torch.arange(length, device=cache.device)
     slots = table_row.long()[pos // block_size] * block_size + pos % block_size
-    flat = cache.view(torch.uint8).view(-1, *cache.shape[2:]) if cache.dtype == torch.float8_e4m3fn \
+    flat = (
+        cache.view(torch.uint8).view(-1, *cache.shape[2:])
+        if cache.dtype == torch.float8_e4m3fn
         else cache.view(-1, *cache.shape[2:])
+    )
     rows = flat.index_select(0, slots)
     return (rows.view(cache.dtype) if cache.dtype == torch.float8_e4m3fn else rows).float() * scale
 
 
-def attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor,
-                        scale: float) -> torch.Tensor:
+def attention_reference(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [n, heads, d] at absolute positions q_pos; keys/values [ctx, kv_heads, d]: causal, GQA, fp32."""
     group = q.shape[1] // keys.shape[1]
     k, v = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
@@ -81,8 +86,18 @@ def _tables(seq_lens: list[int], block_size: int, num_blocks: int, gen, device) 
     return torch.stack(rows).to(torch.int32)
 
 
-def check_decode(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, seq_lens=(1, 7, 33),
-                 num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, seed=0, **launch) -> CheckResult:
+def check_decode(
+    device: str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    seq_lens=(1, 7, 33),
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    block_size=4,
+    seed=0,
+    **launch,
+) -> CheckResult:
     """launch: paged_decode's tiling options (block_n, num_splits)."""
     from engines.native.kernels.paged_decode import paged_decode
 
@@ -97,15 +112,34 @@ def check_decode(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None =
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     scale = head_dim**-0.5
     out = paged_decode(q, k_cache, v_cache, tables, lens, scale, k_scale, v_scale, **launch)
-    ref = torch.cat([attention_reference(
-        q[i : i + 1], gather_keys(k_cache, tables[i], n, k_scale), gather_keys(v_cache, tables[i], n, v_scale),
-        torch.tensor([n - 1], device=device), scale) for i, n in enumerate(seq_lens)])
+    ref = torch.cat(
+        [
+            attention_reference(
+                q[i : i + 1],
+                gather_keys(k_cache, tables[i], n, k_scale),
+                gather_keys(v_cache, tables[i], n, v_scale),
+                torch.tensor([n - 1], device=device),
+                scale,
+            )
+            for i, n in enumerate(seq_lens)
+        ]
+    )
     return CheckResult(f"paged_decode {_name(dtype, kv_dtype)}", rel_error(out, ref), REL_BOUNDS[dtype])
 
 
-def check_prefill(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
-                  spans=((5, 5), (3, 11), (18, 18), (1, 9)), num_heads=4, num_kv_heads=2, head_dim=16,
-                  block_size=4, seed=0, block_m: int = 16, block_n: int = 16) -> CheckResult:
+def check_prefill(
+    device: str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    spans=((5, 5), (3, 11), (18, 18), (1, 9)),
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    block_size=4,
+    seed=0,
+    block_m: int = 16,
+    block_n: int = 16,
+) -> CheckResult:
     """spans: (q_len, ctx_len) each; ctx_len > q_len means a cached prefix of ctx_len - q_len tokens."""
     from engines.native.kernels.paged_prefill import paged_prefill
 
@@ -123,19 +157,45 @@ def check_prefill(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None 
     as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     scale = head_dim**-0.5
     out = torch.zeros_like(q)
-    paged_prefill(q, k_cache, v_cache, tables, as_int(q_starts), as_int(q_lens), as_int(ctx_lens), max(q_lens),
-                  scale, k_scale, v_scale, out=out, block_m=block_m, block_n=block_n)
+    paged_prefill(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        as_int(q_starts),
+        as_int(q_lens),
+        as_int(ctx_lens),
+        max(q_lens),
+        scale,
+        k_scale,
+        v_scale,
+        out=out,
+        block_m=block_m,
+        block_n=block_n,
+    )
     ref = torch.zeros(q.shape, device=device)
     for i, (n, c) in enumerate(spans):
         rows = slice(q_starts[i], q_starts[i] + n)
-        ref[rows] = attention_reference(q[rows], gather_keys(k_cache, tables[i], c, k_scale),
-                                        gather_keys(v_cache, tables[i], c, v_scale),
-                                        torch.arange(c - n, c, device=device), scale)
+        ref[rows] = attention_reference(
+            q[rows],
+            gather_keys(k_cache, tables[i], c, k_scale),
+            gather_keys(v_cache, tables[i], c, v_scale),
+            torch.arange(c - n, c, device=device),
+            scale,
+        )
     return CheckResult(f"paged_prefill {_name(dtype, kv_dtype)}", rel_error(out, ref), REL_BOUNDS[dtype])
 
 
-def check_write_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, num_tokens=9,
-                   num_kv_heads=2, head_dim=16, block_size=4, seed=0) -> CheckResult:
+def check_write_kv(
+    device: str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    num_tokens=9,
+    num_kv_heads=2,
+    head_dim=16,
+    block_size=4,
+    seed=0,
+) -> CheckResult:
     from engines.native.kernels.kv_write import write_kv, write_kv_reference
 
     gen = torch.Generator(device).manual_seed(seed)
@@ -148,8 +208,7 @@ def check_write_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None
     v = kv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
     slots = torch.randperm(num_blocks * block_size, generator=gen, device=device)[:num_tokens]
     slots[0] = -1  # a padding row writes nowhere
-    caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, device=device).to(kv_dtype)
-              for _ in range(4)]
+    caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(4)]
     write_kv(k, v, caches[0], caches[1], slots, *scales)
     write_kv_reference(k, v, caches[2], caches[3], slots, *scales)
     same = all(_same_values(a, b) for a, b in ((caches[0], caches[2]), (caches[1], caches[3])))

@@ -1,4 +1,5 @@
 """FP8 E4M3 rounding and the FP8 row store shared by the kernels that write FP8 (KV cache, activations)."""
+
 import triton
 import triton.language as tl
 
@@ -6,7 +7,9 @@ FP8_MAX = 448.0
 # NOTE: globals read inside @triton.jit must be constexpr
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(1e-12)  # an all-zero row still gets a finite, positive scale
-_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding q * this rounds to a multiple of q (a power of 2), ties to even
+_RNE_MAGIC = tl.constexpr(
+    12582912.0
+)  # 1.5 * 2^23: adding q * this rounds to a multiple of q (a power of 2), ties to even
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Write each token's k and v into the paged cache at its slot (optionally quantizing to FP8).
 
 A negative slot skips the token: CUDA-graph padding rows write nowhere."""
+
 import torch
 import triton
 import triton.language as tl
@@ -9,8 +10,20 @@ from engines.native.kernels.fp8 import FP8_MAX, to_e4m3
 
 
 @triton.jit
-def _kv_write_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, v_scale,
-                     stride_k, stride_v, ROW: tl.constexpr, ROW_PAD: tl.constexpr, QUANT: tl.constexpr):
+def _kv_write_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale,
+    v_scale,
+    stride_k,
+    stride_v,
+    ROW: tl.constexpr,
+    ROW_PAD: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     offs = tl.arange(0, ROW_PAD)
@@ -25,8 +38,15 @@ def _kv_write_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, 
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """k, v: [num_tokens, num_kv_heads, head_dim] (rows may be strided); caches: [num_blocks,
     block_size, num_kv_heads, head_dim]; an FP8 cache stores k / k_scale and v / v_scale."""
     num_tokens, num_kv_heads, head_dim = k.shape
@@ -37,15 +57,29 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     row = num_kv_heads * head_dim
     quant = k_cache.dtype == torch.float8_e4m3fn
     _kv_write_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, float(k_scale), float(v_scale), k.stride(0), v.stride(0),
-        ROW=row, ROW_PAD=triton.next_power_of_2(row), QUANT=quant)
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        k.stride(0),
+        v.stride(0),
+        ROW=row,
+        ROW_PAD=triton.next_power_of_2(row),
+        QUANT=quant,
+    )
 
 
 def write_kv_reference(k, v, k_cache, v_cache, slot_mapping, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     keep = slot_mapping >= 0
     for cache, x, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
-        flat = cache.view(torch.uint8).view(-1, *cache.shape[2:]) if cache.dtype == torch.float8_e4m3fn \
+        flat = (
+            cache.view(torch.uint8).view(-1, *cache.shape[2:])
+            if cache.dtype == torch.float8_e4m3fn
             else cache.view(-1, *cache.shape[2:])
+        )
         if cache.dtype == torch.float8_e4m3fn:
             x = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache.dtype).view(torch.uint8)
         flat.index_copy_(0, slot_mapping[keep], x[keep].to(flat.dtype))

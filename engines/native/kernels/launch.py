@@ -1,5 +1,6 @@
 """What every kernel wrapper decides the same way: whether Triton runs in its CPU interpreter, and
 how many SMs a grid should cover. Imports no triton."""
+
 import os
 
 import torch

@@ -10,6 +10,7 @@ on a GPU, in the form that suits the batch:
 Element 2j of a row is the low nibble of byte j, 2j + 1 the high nibble; since a dot product does not
 care about order, even and odd inputs are multiplied with the low and high nibbles separately.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -44,9 +45,26 @@ def _block_scales(s_ptr, rn, rn_mask, first_byte, end_byte, stride_sn, NUM_BYTES
 
 
 @triton.jit
-def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_os,
-                  stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, UPCAST: tl.constexpr):
+def _nvfp4_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    g_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_os,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     rm, rn, split, lo, hi = split_k_tile(K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     jj = tl.arange(0, BLOCK_K // 2)  # packed byte within the K tile
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -68,13 +86,25 @@ def _nvfp4_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, M, N, K, stride_xm, strid
         acc += tl.dot(x_odd, tl.trans(w_hi))
     acc = acc * tl.load(g_ptr)
     out_mask = (rm < M)[:, None] & (rn < N)[None, :]
-    tl.store(out_ptr + split * stride_os + rm[:, None] * stride_om + rn[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(
+        out_ptr + split * stride_os + rm[:, None] * stride_om + rn[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=out_mask,
+    )
 
 
-def nvfp4_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
-                 bias: torch.Tensor | None = None, block_m: int | None = None, block_n: int = 64,
-                 block_k: int = 128, split_k: int | None = None, **launch) -> torch.Tensor:
+def nvfp4_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int = 64,
+    block_k: int = 128,
+    split_k: int | None = None,
+    **launch,
+) -> torch.Tensor:
     """x: [M, K]; weight: [N, K // 2] uint8; weight_scale: [N, K // 16] float8_e4m3fn; weight_scale_2: []
     float32. Returns [M, N] in x's dtype. split_k None: split only when the output has too few tiles."""
     x = x.contiguous()
@@ -87,15 +117,33 @@ def nvfp4_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     direct = split_k == 1 and bias is None  # else fp32 partial sums, finished below
     out = torch.empty(split_k, m, n, dtype=x.dtype if direct else torch.float32, device=x.device)
     _nvfp4_kernel[(*grid_mn, split_k)](
-        x, weight, weight_scale, weight_scale_2, out, m, n, k, x.stride(0), weight.stride(0), weight_scale.stride(0),
-        out.stride(0), out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        UPCAST=upcast_dots(), **launch)
+        x,
+        weight,
+        weight_scale,
+        weight_scale_2,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        weight_scale.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=split_k,
+        UPCAST=upcast_dots(),
+        **launch,
+    )
     return out[0] if direct else finish_split_k(out, x.dtype, bias)
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, s_ptr, g_ptr, out_ptr, N, KB, stride_wn, stride_sn, stride_on,
-                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+def _dequant_kernel(
+    w_ptr, s_ptr, g_ptr, out_ptr, N, KB, stride_wn, stride_sn, stride_on, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr
+):
     """One [BLOCK_N, 2 * BLOCK_B] tile of the dequantized weight; KB = K // 2 bytes per row."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     byte = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -108,13 +156,28 @@ def _dequant_kernel(w_ptr, s_ptr, g_ptr, out_ptr, N, KB, stride_wn, stride_sn, s
     tl.store(dst + 1, (_e2m1(packed >> 4) * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dequantize_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
-                     dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_nvfp4(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The whole weight [N, K] in `dtype` (values rounded once from the fp32 product of code and scales)."""
     n, kb = weight.shape
     out = torch.empty(n, 2 * kb, dtype=dtype, device=weight.device) if out is None else out
     block_n, block_b = 32, 64
     _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(kb, block_b))](
-        weight, weight_scale, weight_scale_2, out, n, kb, weight.stride(0), weight_scale.stride(0), out.stride(0),
-        BLOCK_N=block_n, BLOCK_B=block_b)
+        weight,
+        weight_scale,
+        weight_scale_2,
+        out,
+        n,
+        kb,
+        weight.stride(0),
+        weight_scale.stride(0),
+        out.stride(0),
+        BLOCK_N=block_n,
+        BLOCK_B=block_b,
+    )
     return out

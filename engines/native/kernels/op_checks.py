@@ -2,6 +2,7 @@
 as checks.py does for attention: CI runs them under TRITON_INTERPRET=1 at tiny shapes,
 bench/gpu_engine.py on the GPU at model shapes before it times anything.
 """
+
 import torch
 
 from engines.base.block_hash import num_blocks_for
@@ -17,8 +18,9 @@ def _randn(shape, gen, device, dtype, scale=1.0) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
 
 
-def check_rms_norm(device: str, dtype: torch.dtype, quant: str | None = None, num_tokens=5, hidden=96,
-                   residual=True, seed=0) -> CheckResult:
+def check_rms_norm(
+    device: str, dtype: torch.dtype, quant: str | None = None, num_tokens=5, hidden=96, residual=True, seed=0
+) -> CheckResult:
     """quant: None, "static" or "dynamic" FP8 output."""
     from engines.native.kernels import rms_norm as k
 
@@ -34,8 +36,9 @@ def check_rms_norm(device: str, dtype: torch.dtype, quant: str | None = None, nu
     return CheckResult(f"rms_norm {_name(dtype)}{_suffix(quant, residual)}", err, _bound(dtype, quant))
 
 
-def check_silu_mul(device: str, dtype: torch.dtype, quant: str | None = None, num_tokens=5, n=80,
-                   seed=0) -> CheckResult:
+def check_silu_mul(
+    device: str, dtype: torch.dtype, quant: str | None = None, num_tokens=5, n=80, seed=0
+) -> CheckResult:
     from engines.native.kernels.silu_mul import silu_mul, silu_mul_reference
 
     gen = torch.Generator(device).manual_seed(seed)
@@ -47,8 +50,17 @@ def check_silu_mul(device: str, dtype: torch.dtype, quant: str | None = None, nu
     return CheckResult(f"silu_mul {_name(dtype)}{_suffix(quant, False)}", err, _bound(dtype, quant))
 
 
-def check_rope_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, num_tokens=7,
-                  num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, seed=0) -> CheckResult:
+def check_rope_kv(
+    device: str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    num_tokens=7,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    block_size=4,
+    seed=0,
+) -> CheckResult:
     """Rotated q and the written cache against layers/rotary.py + write_kv_reference; k and v as strided
     views of one fused projection, one padding row (slot -1)."""
     from engines.native.kernels.kv_write import write_kv_reference
@@ -66,13 +78,14 @@ def check_rope_kv(device: str, dtype: torch.dtype, kv_dtype: torch.dtype | None 
     num_blocks = num_blocks_for(num_tokens, block_size) + 2
     slots = torch.randperm(num_blocks * block_size, generator=gen, device=device)[:num_tokens]
     slots[-1] = -1
-    caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, device=device).to(kv_dtype)
-              for _ in range(4)]
+    caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, device=device).to(kv_dtype) for _ in range(4)]
     q_out = rope_and_write_kv(q, k, v, positions, rotary.cos, rotary.sin, caches[0], caches[1], slots, *scales)
     q_ref, k_ref = rotary(positions, q, k)
     write_kv_reference(k_ref, v, caches[2], caches[3], slots, *scales)
-    err = max(rel_error(q_out, q_ref), *(rel_error(a.float(), b.float()) for a, b in
-                                         ((caches[0], caches[2]), (caches[1], caches[3]))))
+    err = max(
+        rel_error(q_out, q_ref),
+        *(rel_error(a.float(), b.float()) for a, b in ((caches[0], caches[2]), (caches[1], caches[3]))),
+    )
     bound = REL_BOUNDS[dtype] * (4 if kv_dtype == torch.float8_e4m3fn else 1)
     return CheckResult(f"rope_kv {_name(dtype, kv_dtype)}", err, bound)
 
@@ -98,8 +111,9 @@ def check_fp8_act_quant(device: str, dtype: torch.dtype, static: bool = False, m
     out, got = quantize_fp8_act(x, scale)
     want, want_scale = (formats.to_fp8(x, scale), scale) if static else formats.quantize_fp8_rows(x)
     same = torch.equal(out.view(torch.uint8), want.view(torch.uint8)) and torch.equal(got, want_scale)
-    return CheckResult(f"fp8_act_quant {_name(dtype)} {'static' if static else 'dynamic'}",
-                       0.0 if same else float("inf"), 0.0)
+    return CheckResult(
+        f"fp8_act_quant {_name(dtype)} {'static' if static else 'dynamic'}", 0.0 if same else float("inf"), 0.0
+    )
 
 
 def check_nvfp4_matmul(device: str, dtype: torch.dtype, m=3, n=40, k=96, seed=0, **launch) -> CheckResult:

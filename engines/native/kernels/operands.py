@@ -1,6 +1,7 @@
 """A dot's operands as the GPU rounds them, also under the CPU interpreter: there the kernels dot in
 fp32 (launch.upcast_dots), so an operand is rounded to the model dtype by hand and held in fp32. Only
 rounding lives here: no loads, no stores."""
+
 import triton
 import triton.language as tl
 

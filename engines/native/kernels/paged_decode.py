@@ -8,6 +8,7 @@ and log-sum-exp, and a second kernel merges the shares. The number of splits dep
 batch shape (never on the lengths), so a CUDA graph captures it. A sequence with no keys (CUDA-graph
 padding) gets zeros.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -21,11 +22,33 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, block_table_ptr,
-                  seq_lens_ptr, sm_scale, k_scale, v_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                  NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr):
+def _split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    sm_scale,
+    k_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -66,8 +89,11 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_l
         m_i = m_new
     out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(
+            out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
     else:
         # partials: [num_seqs, num_heads, NUM_SPLITS, DIM_PAD] and [num_seqs, num_heads, NUM_SPLITS], fp32
         base = (seq * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split  # [GROUP_PAD]
@@ -77,8 +103,17 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_l
 
 
 @triton.jit
-def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+def _merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
@@ -94,8 +129,9 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, NUM
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def num_splits_for(num_seqs: int, num_kv_heads: int, num_sms: int, max_seq_len: int | None = None,
-                   block_n: int = DEFAULT_BLOCK_N) -> int:
+def num_splits_for(
+    num_seqs: int, num_kv_heads: int, num_sms: int, max_seq_len: int | None = None, block_n: int = DEFAULT_BLOCK_N
+) -> int:
     """Enough programs to cover the SMs about twice, a power of 2, at most MAX_SPLITS, and no more
     splits than tiles when the longest context is known."""
     want = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
@@ -111,10 +147,20 @@ def launch_config(head_dim: int, is_cuda: bool) -> dict:
     return {"num_warps": 4 if head_dim <= 128 else 8, "num_stages": 2 if head_dim <= 128 else 1}
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                 out: torch.Tensor | None = None, block_n: int = DEFAULT_BLOCK_N, num_splits: int | None = None,
-                 max_seq_len: int | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+    block_n: int = DEFAULT_BLOCK_N,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
     """q: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim];
     block_table: [num_seqs, max_blocks] int; seq_lens: [num_seqs] int (keys per sequence, own token included).
     num_splits: None picks by batch shape (and max_seq_len, when the caller knows it)."""
@@ -135,14 +181,43 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     config = launch_config(head_dim, q.is_cuda)
     _split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, block_table, seq_lens, float(scale), float(k_scale),
-        float(v_scale), q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, UPCAST=upcast_dots(),
-        **config)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        block_table,
+        seq_lens,
+        float(scale),
+        float(k_scale),
+        float(v_scale),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_table.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        UPCAST=upcast_dots(),
+        **config,
+    )
     if num_splits > 1:
-        _merge_kernel[(num_seqs, num_heads)](part_out, part_lse, out, out.stride(0), out.stride(1),
-                                             NUM_HEADS=num_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-                                             NUM_SPLITS=num_splits)
+        _merge_kernel[(num_seqs, num_heads)](
+            part_out,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad,
+            NUM_SPLITS=num_splits,
+        )
     return out
-

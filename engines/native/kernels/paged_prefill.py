@@ -6,6 +6,7 @@ so a fresh span (nothing cached) and a continuing one take the same path. Key ti
 query tile's first position need no mask; only the tiles on the diagonal are masked. Tiles run
 latest first, so the longest (last) query tiles of a long span start before the short ones.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -19,9 +20,29 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row_ptr, q_pos, lo, hi, ctx_len, qk_scale, kv_head,
-            d, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+def _attend(
+    q,
+    acc,
+    l_i,
+    m_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    q_pos,
+    lo,
+    hi,
+    ctx_len,
+    qk_scale,
+    kv_head,
+    d,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DTYPE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Online softmax over key positions [lo, hi), BLOCK_N at a time; scores in log2 units. P enters
     the second dot rounded to DTYPE (the model's), as on a GPU, under the interpreter too."""
     for start in range(lo, hi, BLOCK_N):
@@ -47,11 +68,32 @@ def _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row_ptr, q_pos, lo
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, q_starts_ptr, q_lens_ptr,
-                    ctx_lens_ptr, sm_scale, k_scale, v_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    UPCAST: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_table_ptr,
+    q_starts_ptr,
+    q_lens_ptr,
+    ctx_lens_ptr,
+    sm_scale,
+    k_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     span = tl.program_id(2)
@@ -64,8 +106,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, q
         d = tl.arange(0, DIM_PAD)
         row_mask = (rows < q_len)[:, None] & (d < HEAD_DIM)[None, :]
         q_pos = ctx_len - q_len + rows  # each query's absolute position
-        q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], mask=row_mask,
-                    other=0.0)
+        q = tl.load(
+            q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], mask=row_mask, other=0.0
+        )
         dtype = q_ptr.dtype.element_ty
         if UPCAST:
             q = q.to(tl.float32)
@@ -77,16 +120,59 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, q
         # keys before the tile's first query are visible to every row: whole tiles of them, unmasked
         first = ctx_len - q_len + tile * BLOCK_M
         full = (first // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row, q_pos, 0, full, ctx_len,
-                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, dtype,
-                                UPCAST)
+        acc, l_i, m_i = _attend(
+            q,
+            acc,
+            l_i,
+            m_i,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            q_pos,
+            0,
+            full,
+            ctx_len,
+            qk_scale,
+            kv_head,
+            d,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            False,
+            dtype,
+            UPCAST,
+        )
         hi = tl.minimum(ctx_len, first + BLOCK_M)  # the tile's last query sees keys up to its own position
-        acc, l_i, m_i = _attend(q, acc, l_i, m_i, k_cache_ptr, v_cache_ptr, table_row, q_pos, full, hi, ctx_len,
-                                qk_scale, kv_head, d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, dtype,
-                                UPCAST)
+        acc, l_i, m_i = _attend(
+            q,
+            acc,
+            l_i,
+            m_i,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            q_pos,
+            full,
+            hi,
+            ctx_len,
+            qk_scale,
+            kv_head,
+            d,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            True,
+            dtype,
+            UPCAST,
+        )
         out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_mask)
+        tl.store(
+            out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask,
+        )
 
 
 def tiles_for(head_dim: int, is_cuda: bool) -> dict:
@@ -100,10 +186,23 @@ def tiles_for(head_dim: int, is_cuda: bool) -> dict:
     return {"block_m": 64, "block_n": 32, "num_warps": 8, "num_stages": 2}
 
 
-def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                  q_starts: torch.Tensor, q_lens: torch.Tensor, ctx_lens: torch.Tensor, max_q_len: int,
-                  scale: float, k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None,
-                  block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N, **launch) -> torch.Tensor:
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    max_q_len: int,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    **launch,
+) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] (spans at q_starts); block_table: [num_spans, max_blocks];
     q_starts, q_lens, ctx_lens: [num_spans] int. Writes only the spans' rows of `out`.
     launch: num_warps / num_stages for a GPU (see tiles_for)."""
@@ -115,9 +214,30 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out
     grid = (triton.cdiv(max_q_len, block_m), num_heads, num_spans)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_table, q_starts, q_lens, ctx_lens, float(scale), float(k_scale),
-        float(v_scale), q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
-        DIM_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        UPCAST=upcast_dots(), **launch)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        q_starts,
+        q_lens,
+        ctx_lens,
+        float(scale),
+        float(k_scale),
+        float(v_scale),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_table.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        UPCAST=upcast_dots(),
+        **launch,
+    )
     return out

@@ -5,6 +5,7 @@ cache at its slot. q comes back rotated; k is read from the cache afterwards, ne
 Rounds where layers/rotary.py's torch code rounds (cos and sin to the model dtype, each product, the
 sum), so both give the same rotated values. A negative slot writes nothing (CUDA-graph padding).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +28,36 @@ def _rotate(x_ptr, heads, h_mask, j, j_mask, half, c1, s1, c2, s2):
 
 
 @triton.jit
-def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr,
-                    k_scale, v_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    stride_ot, stride_oh, stride_cos, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-                    HALF_PAD: tl.constexpr, QUANT: tl.constexpr):
+def _rope_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    k_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_cos,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     half = HEAD_DIM // 2
     j = tl.arange(0, HALF_PAD)
@@ -44,8 +70,7 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, po
     s1 = tl.load(sin_ptr + pos * stride_cos + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + pos * stride_cos + half + j, mask=j_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
     h = tl.arange(0, HEADS_PAD)
-    q1, q2 = _rotate(q_ptr + token * stride_qt, h[:, None] * stride_qh, h < NUM_HEADS, j, j_mask, half,
-                     c1, s1, c2, s2)
+    q1, q2 = _rotate(q_ptr + token * stride_qt, h[:, None] * stride_qh, h < NUM_HEADS, j, j_mask, half, c1, s1, c2, s2)
     q_mask = (h < NUM_HEADS)[:, None] & j_mask[None, :]
     q_out = q_out_ptr + token * stride_ot + h[:, None] * stride_oh + j[None, :]
     tl.store(q_out, q1, mask=q_mask)
@@ -53,8 +78,9 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, po
     slot = tl.load(slot_ptr + token).to(tl.int64)
     g = tl.arange(0, KV_PAD)
     kv_mask = (g < NUM_KV_HEADS)[:, None] & j_mask[None, :] & ((g * 0 + slot) >= 0)[:, None]
-    k1, k2 = _rotate(k_ptr + token * stride_kt, g[:, None] * stride_kh, g < NUM_KV_HEADS, j, j_mask, half,
-                     c1, s1, c2, s2)
+    k1, k2 = _rotate(
+        k_ptr + token * stride_kt, g[:, None] * stride_kh, g < NUM_KV_HEADS, j, j_mask, half, c1, s1, c2, s2
+    )
     v_row = v_ptr + token * stride_vt + g[:, None] * stride_vh + j[None, :]
     v1 = tl.load(v_row, mask=kv_mask, other=0.0)
     v2 = tl.load(v_row + half, mask=kv_mask, other=0.0)
@@ -69,9 +95,19 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, po
     tl.store(v_cache_ptr + dst + half, v2.to(cache_dtype), mask=kv_mask)
 
 
-def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                      cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+def rope_and_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim], k and v [num_tokens, num_kv_heads, head_dim] (strided views
     of the qkv projection are fine); cos/sin [max_positions, head_dim] float32. Returns rotated q."""
     num_tokens, num_heads, head_dim = q.shape
@@ -83,9 +119,33 @@ def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     if num_tokens == 0:
         return q_out
     _rope_kv_kernel[(num_tokens,)](
-        q, k, v, q_out, k_cache, v_cache, positions, cos, sin, slot_mapping, float(k_scale), float(v_scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0),
-        q_out.stride(1), cos.stride(0), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_heads), KV_PAD=triton.next_power_of_2(num_kv_heads),
-        HALF_PAD=triton.next_power_of_2(head_dim // 2), QUANT=k_cache.dtype == torch.float8_e4m3fn)
+        q,
+        k,
+        v,
+        q_out,
+        k_cache,
+        v_cache,
+        positions,
+        cos,
+        sin,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        q_out.stride(0),
+        q_out.stride(1),
+        cos.stride(0),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_heads),
+        KV_PAD=triton.next_power_of_2(num_kv_heads),
+        HALF_PAD=triton.next_power_of_2(head_dim // 2),
+        QUANT=k_cache.dtype == torch.float8_e4m3fn,
+    )
     return q_out

@@ -4,13 +4,13 @@ projection that reads it (its epilogue): one read of [gate | up], one write of h
 Rounds where the eager torch code rounds (silu's output, the product), so it matches
 `silu(gate) * up` in the model dtype. One program per row, the whole row in registers.
 """
+
 import torch
 import triton
 import triton.language as tl
 
 from engines.native.kernels.fp8 import store_row
 from engines.native.kernels.rms_norm import QUANT_DYNAMIC, QUANT_NONE, QUANT_STATIC
-
 
 
 @triton.jit
@@ -40,8 +40,17 @@ def silu_mul(x: torch.Tensor, quant: int = QUANT_NONE, scale: torch.Tensor | Non
     if num_rows:
         block = triton.next_power_of_2(n)
         launch = {"num_warps": min(16, max(1, block // 1024))} if x.is_cuda else {}
-        _silu_mul_kernel[(num_rows,)](x, out, scale if scale is not None else out, n, x.stride(0), out.stride(0),
-                                      BLOCK=block, QUANT=quant, **launch)
+        _silu_mul_kernel[(num_rows,)](
+            x,
+            out,
+            scale if scale is not None else out,
+            n,
+            x.stride(0),
+            out.stride(0),
+            BLOCK=block,
+            QUANT=quant,
+            **launch,
+        )
     return out, scale if quant else None
 
 

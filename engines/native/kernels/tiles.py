@@ -1,4 +1,5 @@
 """The tile a split-K GEMM program owns, shared by the quantized GEMM kernels."""
+
 import triton
 import triton.language as tl
 

@@ -1,5 +1,6 @@
 """Linear layers, including merged ones (q/k/v, gate/up) that run one matmul where the
 checkpoint stores several projections; `load_shard` places each checkpoint tensor."""
+
 import torch
 from torch import nn
 

@@ -2,6 +2,7 @@
 
 In float32 there is nothing to cast, so torch's fused rms_norm (one op instead of six; it matters at
 batch 1 on CPU, where each small op costs several microseconds) computes the same values."""
+
 import torch
 from torch import nn
 

@@ -2,6 +2,7 @@
 and the reference) and fused Triton kernels (layers/triton_ops.py). An attention backend names the
 one that goes with it (`backend.ops`), so the torch backend runs no Triton at all.
 """
+
 import torch
 from torch import nn
 

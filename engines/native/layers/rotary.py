@@ -3,6 +3,7 @@
 cos/sin are tabulated once per position in float32; a forward only indexes the table, once per step:
 every layer passes the same positions tensor, so the rows it gathered for the first layer serve the rest.
 """
+
 import math
 
 import torch

@@ -1,5 +1,6 @@
 """The model's small ops as fused Triton kernels (layers/ops.py's TorchOps is the reference): the
 residual add inside RMSNorm, SiLU-mul in one pass, and either one writing FP8 for an FP8 layer."""
+
 import torch
 
 from engines.native.kernels.rms_norm import QUANT_DYNAMIC, QUANT_NONE, QUANT_STATIC, rms_norm

@@ -2,6 +2,7 @@
 (Qwen3), tied or untied embeddings, llama3 rope scaling. Attention goes through a paged backend;
 the small ops (residual + RMSNorm, SiLU-mul) through the implementation that backend names.
 """
+
 import torch
 from torch import nn
 
@@ -16,10 +17,14 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, backend):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size},
-                                     bias=cfg.attention_bias)
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=cfg.attention_bias
+        )
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -62,16 +67,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ops = backend.ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it): the next norm adds them,
         so x + attn(norm(x)) + mlp(...) is computed with each sum rounded as the eager code rounds it."""
         num_tokens = x.shape[0]
-        h, residual = self.ops.add_rms_norm(x, residual, self.input_layernorm,
-                                            self.self_attn.qkv_proj.input_quant(num_tokens))
+        h, residual = self.ops.add_rms_norm(
+            x, residual, self.input_layernorm, self.self_attn.qkv_proj.input_quant(num_tokens)
+        )
         h = self.self_attn(h, positions, meta)
-        h, residual = self.ops.add_rms_norm(h, residual, self.post_attention_layernorm,
-                                            self.mlp.gate_up_proj.input_quant(num_tokens))
+        h, residual = self.ops.add_rms_norm(
+            h, residual, self.post_attention_layernorm, self.mlp.gate_up_proj.input_quant(num_tokens)
+        )
         return self.mlp(h), residual
 
 
@@ -94,8 +102,11 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     # checkpoint name fragment -> (our merged parameter fragment, shard)
     packed_modules = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
     }
 
     def __init__(self, cfg: ModelConfig, backend):

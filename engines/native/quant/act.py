@@ -4,6 +4,7 @@ A layer that multiplies in FP8 declares `input_quant(num_rows)`: None (give me t
 they are), or an ActQuant (static: the calibrated per-tensor scale; dynamic: one scale per row). The
 op that produces its input (RMSNorm, SiLU-mul) then writes FP8 directly, as its epilogue.
 """
+
 from dataclasses import dataclass
 
 import torch

@@ -5,6 +5,7 @@ amax of every linear layer that FP8 quantizes. A scale maps the amax onto E4M3's
 The result goes into the checkpoint's tandem_quant.json (kv_cache_scales, input_scales), keeping
 its weight format; `tandem model quantize` carries the scales into a quantized copy.
 """
+
 from pathlib import Path
 
 import torch
@@ -29,8 +30,9 @@ class _KvRecorder:
         return self.inner.forward(q, k, v, k_cache, v_cache, meta, scale)
 
 
-def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu",
-              dtype: str = "float32") -> QuantConfig:
+def calibrate(
+    model_dir: str | Path, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32"
+) -> QuantConfig:
     """Scales measured over `prompts` (token ids each); the checkpoint's weight format is kept."""
     from engines.base.engine_configs import BatchConfig
     from engines.native.config import EngineConfig
@@ -39,17 +41,27 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     longest = max(len(p) for p in prompts)
-    core = build_core(EngineConfig(model=str(model_dir), device=device, dtype=dtype, attention_backend="torch",
-                                   cuda_graphs=False, num_blocks=num_blocks_for(longest, 16) + 2,
-                                   batch=BatchConfig(max_num_batched_tokens=longest, max_model_len=longest + 1,
-                                                     enable_prefix_caching=False)))
+    core = build_core(
+        EngineConfig(
+            model=str(model_dir),
+            device=device,
+            dtype=dtype,
+            attention_backend="torch",
+            cuda_graphs=False,
+            num_blocks=num_blocks_for(longest, 16) + 2,
+            batch=BatchConfig(max_num_batched_tokens=longest, max_model_len=longest + 1, enable_prefix_caching=False),
+        )
+    )
     model = core.runner.model
     kv_amax = [[torch.zeros(()), torch.zeros(())] for _ in model.attention_layers]
     for attn, amax in zip(model.attention_layers, kv_amax):
         attn.backend = _KvRecorder(attn.backend, amax)
     input_amax: dict[str, torch.Tensor] = {}
-    hooks = [module.register_forward_pre_hook(_input_recorder(name, input_amax))
-             for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in QUANTIZED_MODULES]
+    hooks = [
+        module.register_forward_pre_hook(_input_recorder(name, input_amax))
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in QUANTIZED_MODULES
+    ]
     try:
         for ids in prompts:
             prompt_logits(core, ids)
@@ -57,13 +69,16 @@ def calibrate(model_dir: str | Path, prompts: list[list[int]], device: str = "cp
         for hook in hooks:
             hook.remove()
     previous = read_quant_config(model_dir)
-    return QuantConfig(previous.format if previous else None,
-                       tuple(_scale(a) for pair in kv_amax for a in pair),
-                       {name: _scale(a) for name, a in input_amax.items()})
+    return QuantConfig(
+        previous.format if previous else None,
+        tuple(_scale(a) for pair in kv_amax for a in pair),
+        {name: _scale(a) for name, a in input_amax.items()},
+    )
 
 
-def calibrate_checkpoint(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu",
-                         dtype: str = "float32") -> Path:
+def calibrate_checkpoint(
+    model_dir: str | Path, prompts: list[list[int]], device: str = "cpu", dtype: str = "float32"
+) -> Path:
     """calibrate(), written into the checkpoint's tandem_quant.json; returns that file."""
     return write_quant_config(model_dir, calibrate(model_dir, prompts, device, dtype))
 

@@ -4,6 +4,7 @@ timing the candidates once on the device, then remembered for the process.
 m buckets are powers of two, so a decode batch and the CUDA-graph bucket it pads to share a choice.
 Nothing is timed while a CUDA graph is being captured: capture replays shapes its warm-up already ran.
 """
+
 from collections.abc import Callable
 
 import torch

@@ -3,6 +3,7 @@
 
 This is the reference every kernel is checked against; it runs on any device and dequantizes in fp32.
 """
+
 import torch
 
 FP8 = torch.float8_e4m3fn

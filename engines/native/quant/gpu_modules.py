@@ -8,6 +8,7 @@ Each runs the GEMM that is fastest for the batch (quant/dispatch.py):
 - NVFP4: the weight dequantized in registers inside a Triton GEMM (split over K for few rows), or
   dequantized to bf16 in one pass and multiplied by cuBLAS (large batches, FLOP-bound).
 """
+
 import torch
 from torch import nn
 
@@ -31,9 +32,11 @@ class Fp8LinearScaledMm(Fp8Linear):
         if isinstance(x, Fp8Act):
             return self._scaled_mm(x)
         fallback = W8A16 if x.shape[0] <= GEMV_MAX_ROWS else SCALED_MM
-        path = dispatch.choose(self._key(x.shape[0]), {W8A16: lambda: self._w8a16(x),
-                                                       SCALED_MM: lambda: self._scaled_mm(self._quantize(x))},
-                               fallback)
+        path = dispatch.choose(
+            self._key(x.shape[0]),
+            {W8A16: lambda: self._w8a16(x), SCALED_MM: lambda: self._scaled_mm(self._quantize(x))},
+            fallback,
+        )
         return self._w8a16(x) if path == W8A16 else self._scaled_mm(self._quantize(x))
 
     def _key(self, num_rows: int) -> tuple:
@@ -57,8 +60,14 @@ class Fp8LinearScaledMm(Fp8Linear):
         if pad:
             data = nn.functional.pad(data.view(torch.uint8), (0, 0, 0, pad)).view(data.dtype)
             scale_a = nn.functional.pad(scale_a, (0, 0, 0, pad), value=1.0)
-        y = torch._scaled_mm(data, self.weight.t(), scale_a=scale_a, scale_b=self.weight_scale[None, :],
-                             bias=self.bias, out_dtype=self.act_dtype)
+        y = torch._scaled_mm(
+            data,
+            self.weight.t(),
+            scale_a=scale_a,
+            scale_b=self.weight_scale[None, :],
+            bias=self.bias,
+            out_dtype=self.act_dtype,
+        )
         return y[:num_rows]
 
 
@@ -66,8 +75,11 @@ class Nvfp4LinearTriton(Nvfp4Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fallback = IN_REGISTERS if x.shape[0] <= 256 else DEQUANT_CUBLAS
         key = ("nvfp4", self.out_features, self.in_features, dispatch.m_bucket(x.shape[0]))
-        path = dispatch.choose(key, {IN_REGISTERS: lambda: self._in_registers(x),
-                                     DEQUANT_CUBLAS: lambda: self._dequant_cublas(x)}, fallback)
+        path = dispatch.choose(
+            key,
+            {IN_REGISTERS: lambda: self._in_registers(x), DEQUANT_CUBLAS: lambda: self._dequant_cublas(x)},
+            fallback,
+        )
         return self._in_registers(x) if path == IN_REGISTERS else self._dequant_cublas(x)
 
     def _in_registers(self, x: torch.Tensor) -> torch.Tensor:

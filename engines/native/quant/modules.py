@@ -3,6 +3,7 @@ offline transform in transform.py). Each holds the checkpoint's quantized tensor
 places merged shards (q/k/v, gate/up) like MergedLinear. These compute the fp32 reference; their GPU
 subclasses (gpu_modules.py) are picked by `swap_linears` for the device and must agree with them.
 """
+
 import torch
 from torch import nn
 
@@ -43,8 +44,9 @@ class _QuantLinear(nn.Module):
 class Fp8Linear(_QuantLinear):
     """W8A8: E4M3 weights with one fp32 scale per output channel; activations quantized per token."""
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False,
-                 dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, in_features: int, shard_sizes: dict[str, int], bias: bool = False, dtype: torch.dtype = torch.bfloat16
+    ):
         super().__init__(in_features, shard_sizes, bias, dtype)
         self.weight = _frozen(torch.empty(self.out_features, in_features, dtype=formats.FP8))
         self.weight_scale = _frozen(torch.empty(self.out_features, dtype=torch.float32))
@@ -56,8 +58,9 @@ class Fp8Linear(_QuantLinear):
 class Nvfp4Linear(_QuantLinear):
     """W4A16: E2M1 weights packed two per byte, E4M3 scales per 16 inputs, one fp32 tensor scale."""
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False,
-                 dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, in_features: int, shard_sizes: dict[str, int], bias: bool = False, dtype: torch.dtype = torch.bfloat16
+    ):
         if in_features % NVFP4_BLOCK:
             raise ValueError(f"NVFP4 needs in_features in multiples of {NVFP4_BLOCK}, got {in_features}")
         super().__init__(in_features, shard_sizes, bias, dtype)

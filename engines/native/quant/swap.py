@@ -4,6 +4,7 @@ layers a checkpoint's `tandem_quant.json` names. lm_head and embeddings stay in 
 `tandem_quant.json`: {"format": "fp8" | "nvfp4" | null (weights as they are), "kv_cache_scales":
 [k0, v0, k1, v1, ...], "input_scales": {module name: static FP8 activation scale}}; the scales come
 from `tandem model calibrate`."""
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,11 @@ class QuantConfig:
             raise ValueError(f"{QUANT_CONFIG}: every scale must be > 0")
 
     def to_json(self) -> dict:
-        return {"format": self.format, "kv_cache_scales": list(self.kv_cache_scales),
-                "input_scales": dict(self.input_scales)}
+        return {
+            "format": self.format,
+            "kv_cache_scales": list(self.kv_cache_scales),
+            "input_scales": dict(self.input_scales),
+        }
 
 
 def read_quant_config(model_dir: str | Path) -> QuantConfig | None:
@@ -63,8 +67,11 @@ def swap_linears(model: nn.Module, fmt: str | None, device: str, input_scales: d
     for name, module in list(model.named_modules()):
         if not isinstance(module, Linear) or name.rsplit(".", 1)[-1] not in QUANTIZED_MODULES:
             continue
-        shards = {k: size for k, (_, size) in module.offsets.items()} if isinstance(module, MergedLinear) \
+        shards = (
+            {k: size for k, (_, size) in module.offsets.items()}
+            if isinstance(module, MergedLinear)
             else {"": module.weight.shape[0]}
+        )
         dtype = module.weight.dtype
         with torch.device(device):
             new = cls(module.weight.shape[1], shards, bias=module.bias is not None, dtype=dtype)

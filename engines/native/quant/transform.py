@@ -4,6 +4,7 @@ projections are FP8 or NVFP4, plus `tandem_quant.json`. Loading it swaps in the 
 NOTE: NVFP4 shards that the model merges (q/k/v, gate/up) share one tensor scale, so the merged
 layer needs one scale; FP8's per-channel scales concatenate as they are.
 """
+
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,9 @@ _CHECKPOINT_PROJECTIONS.update({"o_proj": "o_proj", "down_proj": "down_proj"})
 _COPIED_SUFFIXES = (".json", ".txt", ".model", ".jinja")
 
 
-def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, device: str = "cpu",
-                        kv_cache_scales: tuple[float, ...] = ()) -> Path:
+def quantize_checkpoint(
+    src: str | Path, dst: str | Path, fmt: str, device: str = "cpu", kv_cache_scales: tuple[float, ...] = ()
+) -> Path:
     """Write the quantized copy of `src` into `dst`; returns `dst`. Scales calibrated for `src` (its
     tandem_quant.json) carry over; `kv_cache_scales` replaces its KV scales when given."""
     if fmt not in FORMATS:
@@ -38,8 +40,9 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, device: str 
     group_scales = _nvfp4_group_scales(files, device) if fmt == "nvfp4" else {}
     out = dict(quantize_tensors(_read(files, device), fmt, group_scales))
     save_file({k: v.cpu().clone() for k, v in out.items()}, str(dst / "model.safetensors"))
-    write_quant_config(dst, QuantConfig(fmt, tuple(kv_cache_scales) or calibrated.kv_cache_scales,
-                                        calibrated.input_scales))
+    write_quant_config(
+        dst, QuantConfig(fmt, tuple(kv_cache_scales) or calibrated.kv_cache_scales, calibrated.input_scales)
+    )
     return dst
 
 
@@ -55,8 +58,11 @@ def quantize_tensors(tensors, fmt: str, group_scales: dict[str, torch.Tensor]) -
             yield from ((f"{stem}.weight", q), (f"{stem}.weight_scale", scale))
         else:
             q, block_scale, global_scale = formats.quantize_nvfp4(tensor, group_scales.get(group_of(name)))
-            yield from ((f"{stem}.weight", q), (f"{stem}.weight_scale", block_scale),
-                        (f"{stem}.weight_scale_2", global_scale))
+            yield from (
+                (f"{stem}.weight", q),
+                (f"{stem}.weight_scale", block_scale),
+                (f"{stem}.weight_scale_2", global_scale),
+            )
 
 
 def is_quantized_weight(name: str) -> bool:

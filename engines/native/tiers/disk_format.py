@@ -2,6 +2,7 @@
 tokens; FP8 scales; a keyed digest of the payload), an HMAC of the header, then the block's bytes (every layer,
 contiguous). The key is the deployment's, bound to the one directory the file lives in. Bytes in, bytes out:
 no files, no torch."""
+
 import hashlib
 import hmac
 import struct
@@ -72,9 +73,21 @@ def encode(header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal) ->
     if len(payload) != header.payload_len:
         raise ValueError(f"payload of {len(payload)} bytes, header says {header.payload_len}")
     i = header.identity
-    raw = msgpack.packb([VERSION, i.model, i.dtype, i.block_size, list(i.layout), header.block_hash,
-                         header.parent_hash, list(header.token_ids), list(header.scales), header.payload_len,
-                         seal.payload_digest(payload)])
+    raw = msgpack.packb(
+        [
+            VERSION,
+            i.model,
+            i.dtype,
+            i.block_size,
+            list(i.layout),
+            header.block_hash,
+            header.parent_hash,
+            list(header.token_ids),
+            list(header.scales),
+            header.payload_len,
+            seal.payload_digest(payload),
+        ]
+    )
     head = _PREFIX.pack(MAGIC, len(raw)) + raw
     return [head + seal.mac(head), payload]
 
@@ -97,8 +110,9 @@ def parse_header(prefix: bytes, raw: bytes, mac: bytes, seal: BlockSeal) -> tupl
     if len(mac) != MAC_BYTES or not hmac.compare_digest(seal.mac(prefix + raw), mac):
         raise ForgedBlockError("block header fails its authentication (planted, or another worker's)")
     try:
-        version, model, dtype, block_size, layout, block_hash, parent, tokens, scales, payload_len, digest = \
+        version, model, dtype, block_size, layout, block_hash, parent, tokens, scales, payload_len, digest = (
             msgpack.unpackb(raw)
+        )
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptBlockError(f"unreadable block header: {exc}") from None
     if version != VERSION:
@@ -112,8 +126,9 @@ def decode(data: bytes, identity: BlockIdentity, seal: BlockSeal) -> tuple[Block
     CorruptBlockError for a payload that fails its digest or a bad shape, ForeignBlockError for another identity."""
     length = header_length(data)
     start = _PREFIX.size + length + MAC_BYTES
-    header, digest = parse_header(data[:_PREFIX.size], data[_PREFIX.size:start - MAC_BYTES],
-                                  data[start - MAC_BYTES:start], seal)
+    header, digest = parse_header(
+        data[: _PREFIX.size], data[_PREFIX.size : start - MAC_BYTES], data[start - MAC_BYTES : start], seal
+    )
     if len(data) != start + header.payload_len:
         raise CorruptBlockError(f"block file of {len(data)} bytes, its header says {start + header.payload_len}")
     payload = memoryview(data)[start:]

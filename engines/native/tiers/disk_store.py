@@ -4,6 +4,7 @@ The directory is this worker's alone (0700, locked while it runs; files 0600) an
 with the deployment key bound to it: a planted or foreign file is refused, removed and counted. A full or
 unwritable disk stops writes with one warning and serving goes on. The I/O shell only: which blocks live here is
 the core's (engines/core/tiers/kv_tiers.py)."""
+
 import fcntl
 import logging
 import os
@@ -12,9 +13,19 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from engines.native.tiers.disk_format import (MAC_BYTES, PREFIX_BYTES, BlockHeader, BlockIdentity, BlockSeal,
-                                               CorruptBlockError, ForeignBlockError, decode, encode, header_length,
-                                               parse_header)
+from engines.native.tiers.disk_format import (
+    MAC_BYTES,
+    PREFIX_BYTES,
+    BlockHeader,
+    BlockIdentity,
+    BlockSeal,
+    CorruptBlockError,
+    ForeignBlockError,
+    decode,
+    encode,
+    header_length,
+    parse_header,
+)
 
 log = logging.getLogger(__name__)
 SUFFIX = ".kvb"
@@ -56,8 +67,9 @@ class DiskStore:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):
             os.close(fd)
-            raise DirectoryInUseError(f"the KV disk directory {self.root} is in use by another worker: give each "
-                                      "worker its own --kv-disk-dir") from None
+            raise DirectoryInUseError(
+                f"the KV disk directory {self.root} is in use by another worker: give each worker its own --kv-disk-dir"
+            ) from None
         self._lock_fd = fd
 
     def path(self, block_hash: int) -> Path:
@@ -184,8 +196,9 @@ class DiskStore:
 
     def _stop_writes(self, exc: OSError) -> None:
         if self.is_writable:
-            log.warning("KV disk tier: cannot write to %s (%s); no more blocks go to disk, serving goes on",
-                        self.root, exc)
+            log.warning(
+                "KV disk tier: cannot write to %s (%s); no more blocks go to disk, serving goes on", self.root, exc
+            )
         self.is_writable = False
 
 

@@ -2,6 +2,7 @@
 host each chunk is plain malloc'd memory pinned with cudaHostRegister (the torch caching allocator would round a
 large pinned request up to a power of two, and one huge pin stalls the driver); on a CPU host it is a plain
 buffer pool. Slots only: which block sits in which slot is the core's (engines/core/tiers/kv_tiers.py)."""
+
 import logging
 
 import torch
@@ -30,7 +31,8 @@ def check_host_budget(num_bytes: int, available: int) -> None:
     if available and num_bytes > available:
         raise EngineUnavailableError(
             f"the host KV tier asks for {num_bytes / GB:.1f} GB but only {available / GB:.1f} GB of memory is "
-            "available to pin; lower TANDEM_WORKER_KV_HOST_GB (--kv-host-gb)")
+            "available to pin; lower TANDEM_WORKER_KV_HOST_GB (--kv-host-gb)"
+        )
 
 
 class HostPool:
@@ -49,8 +51,10 @@ class HostPool:
                     self._pin(self.chunks[-1])
         except (RuntimeError, MemoryError) as exc:
             self.close()
-            raise EngineUnavailableError(f"cannot allocate the host KV tier ({num_slots * slot_bytes / GB:.1f} "
-                                         f"GB): {exc}; lower TANDEM_WORKER_KV_HOST_GB") from None
+            raise EngineUnavailableError(
+                f"cannot allocate the host KV tier ({num_slots * slot_bytes / GB:.1f} "
+                f"GB): {exc}; lower TANDEM_WORKER_KV_HOST_GB"
+            ) from None
 
     @property
     def num_bytes(self) -> int:

@@ -2,6 +2,7 @@
 onboarding loads (host or disk -> device blocks) run off the step loop — on a thread on CPU; on CUDA that thread
 enqueues the copies on a copy stream and waits on its event, so the step loop never does. The core decides what
 moves where (engines/core/tiers/kv_tiers.py); this moves bytes and measures how fast."""
+
 import hashlib
 import logging
 import threading
@@ -12,8 +13,8 @@ from pathlib import Path
 import torch
 
 from engines.base.events import KvTier
-from engines.core.tiers.kv_tiers import DiskWrite, Onboard, OnboardBlock, TierReport, TierSpec
 from engines.core.loads import KvLoad, LoadDone
+from engines.core.tiers.kv_tiers import DiskWrite, Onboard, OnboardBlock, TierReport, TierSpec
 from engines.native.kv_cache import FP8_MAX, KvCache
 from engines.native.tiers.disk_format import BlockHeader, BlockIdentity, CorruptBlockError
 from engines.native.tiers.disk_store import DiskStore
@@ -47,8 +48,9 @@ class NativeTiers:
         self.kv8 = kv_cache.tensor.view(torch.uint8)  # [layers, 2, blocks, bs, heads, head_dim * itemsize]
         self.block_shape = (layout.num_layers, 2, *self.kv8.shape[3:])  # one block, every layer
         self.host = HostPool(spec.num_host_blocks, spec.block_bytes, pin=self.device.type == "cuda")
-        identity = BlockIdentity(model_id, layout.dtype, layout.block_size,
-                                 (layout.num_layers, layout.num_kv_heads, layout.head_dim))
+        identity = BlockIdentity(
+            model_id, layout.dtype, layout.block_size, (layout.num_layers, layout.num_kv_heads, layout.head_dim)
+        )
         self.disk = DiskStore(disk_dir, identity, disk_key) if spec.num_disk_blocks else None
         self._num_refused_reported = 0
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -89,8 +91,9 @@ class NativeTiers:
             return
         scales = tuple(self.kv.scales.flatten().tolist()) if self.kv.is_quantized else ()
         for w in writes:
-            header = BlockHeader(self.disk.identity, w.block_hash, w.parent_hash, w.token_ids, scales,
-                                 self.spec.block_bytes)
+            header = BlockHeader(
+                self.disk.identity, w.block_hash, w.parent_hash, w.token_ids, scales, self.spec.block_bytes
+            )
             self.disk.write(header, self._slot_bytes(w.host_slot, self._offloaded))
 
     def drop_disk(self, block_hashes: list[int]) -> None:
@@ -105,8 +108,10 @@ class NativeTiers:
             corrupt, self._corrupt = self._corrupt, []
         if self.disk is None:
             return TierReport([], corrupt)
-        refused, self._num_refused_reported = (self.disk.num_refused - self._num_refused_reported,
-                                               self.disk.num_refused)
+        refused, self._num_refused_reported = (
+            self.disk.num_refused - self._num_refused_reported,
+            self.disk.num_refused,
+        )
         return TierReport(self.disk.poll(), corrupt, refused)
 
     # -- onboarding --------------------------------------------------------------------------
@@ -176,6 +181,7 @@ class NativeTiers:
             if after is not None:
                 after.synchronize()
             return memoryview(self.host.slot(slot).numpy())
+
         return read
 
     def _measured(self, tier: KvTier, num_bytes: int, seconds: float) -> None:

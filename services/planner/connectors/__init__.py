@@ -1,5 +1,6 @@
 """Connectors: how the planner reads and changes replica counts (local processes, compose, Kubernetes, the
 simulator). One Protocol; the service picks one by setting."""
+
 from collections.abc import Mapping
 from typing import Protocol
 

@@ -1,5 +1,6 @@
 """The compose connector: asks the scaler service (services/scaler), over HTTP with a bearer token, to count and
 scale the worker services of one compose project. It never runs docker itself and never sees the Docker socket."""
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,8 +32,11 @@ class ComposeConnector:
 
     def scale(self, role: WorkerRole, target: int) -> None:
         # NOTE: compose stops the highest-numbered containers with SIGTERM; a worker deregisters and drains
-        self._call("POST", "/v1/scale", json={"project": self.project.project,
-                                              "service": self.project.services[role], "replicas": target})
+        self._call(
+            "POST",
+            "/v1/scale",
+            json={"project": self.project.project, "service": self.project.services[role], "replicas": target},
+        )
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
         try:

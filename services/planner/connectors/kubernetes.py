@@ -2,6 +2,7 @@
 the official client. A change counts as done only when desired = updated = ready replicas; it never scales down
 while a pod is Pending, never asks for more GPUs than the budget, and leaves a count changed by hand alone for
 `manual_hold_s` (logged, and reported as held). Blocking client calls; the service runs them off its loop."""
+
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -13,8 +14,9 @@ from services.planner.types import ROLES, ConnectorError, Replicas, WorkerRole
 log = logging.getLogger(__name__)
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # every (resource, verb) this connector calls, in its namespace: what the planner's Role must grant, and no more
-API_CALLS = frozenset({("deployments", "get"), ("deployments/scale", "get"), ("deployments/scale", "patch"),
-                       ("pods", "list")})
+API_CALLS = frozenset(
+    {("deployments", "get"), ("deployments/scale", "get"), ("deployments/scale", "patch"), ("pods", "list")}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +95,19 @@ class KubernetesConnector:
 
     # -- writing -----------------------------------------------------------------------------
     def _patch(self, role: WorkerRole, name: str, resource_version: str, target: int) -> None:
-        body = {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {"name": name, "namespace": self.target.namespace, "resourceVersion": resource_version},
-                "spec": {"replicas": target}}  # NOTE: the resourceVersion makes a concurrent change a 409
+        body = {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": self.target.namespace, "resourceVersion": resource_version},
+            "spec": {"replicas": target},
+        }  # NOTE: the resourceVersion makes a concurrent change a 409
         try:
-            self._call(self.apps.patch_namespaced_deployment_scale, name, body=body,
-                       _content_type="application/merge-patch+json")
+            self._call(
+                self.apps.patch_namespaced_deployment_scale,
+                name,
+                body=body,
+                _content_type="application/merge-patch+json",
+            )
         except ConnectorError as exc:
             if exc.status != 409:
                 raise
@@ -113,8 +122,11 @@ class KubernetesConnector:
         t = self.target
         if not t.gpu_budget:
             return target
-        others = sum(self._call(self.apps.read_namespaced_deployment_scale, t.deployments[r]).spec.replicas or 0
-                     for r in ROLES if r != role and r in t.deployments)
+        others = sum(
+            self._call(self.apps.read_namespaced_deployment_scale, t.deployments[r]).spec.replicas or 0
+            for r in ROLES
+            if r != role and r in t.deployments
+        )
         most = max((t.gpu_budget - others * t.gpus_per_replica) // t.gpus_per_replica, 0)
         if target > most:
             log.warning("GPU budget %d: %s gets %d replicas, not %d", t.gpu_budget, t.deployments[role], most, target)
@@ -123,8 +135,13 @@ class KubernetesConnector:
     # -- hand edits --------------------------------------------------------------------------
     def _hold(self, role: WorkerRole, found: int) -> None:
         name = self.target.deployments[role]
-        log.warning("deployment %s was scaled by hand (%d, the planner had set %d): leaving it alone for %.0f s",
-                    name, found, self._asked.get(role, found), self.target.manual_hold_s)
+        log.warning(
+            "deployment %s was scaled by hand (%d, the planner had set %d): leaving it alone for %.0f s",
+            name,
+            found,
+            self._asked.get(role, found),
+            self.target.manual_hold_s,
+        )
         self._held_until[role] = self.clock() + self.target.manual_hold_s
         self._asked[role] = found  # NOTE: once the hold ends, the planner starts from the operator's count
 

@@ -1,5 +1,6 @@
 """The local connector: scales the worker processes of `tandem up` through the launcher's control endpoint
 (tandem/stack_control.py). Blocking HTTP on loopback; the launcher starts, drains and stops the processes."""
+
 from collections.abc import Mapping
 from typing import Any
 

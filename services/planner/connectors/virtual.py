@@ -1,6 +1,7 @@
 """The virtual connector: replicas of the cluster simulator. A start takes `start_delay_s` of virtual time (the
 model load), a removal drains; every replica's GPU time is counted from the moment it is asked for until it has
 drained. No I/O; time comes from the simulator."""
+
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,9 +40,14 @@ class VirtualConnector:
 
     def replicas(self) -> Mapping[WorkerRole, Replicas]:
         self.advance()
-        return {role: Replicas(sum(1 for r in self._live(role) if r.worker_id),
-                               sum(1 for r in self._live(role) if not r.worker_id),
-                               sum(1 for r in self._replicas if r.role is role and r.draining)) for role in ROLES}
+        return {
+            role: Replicas(
+                sum(1 for r in self._live(role) if r.worker_id),
+                sum(1 for r in self._live(role) if not r.worker_id),
+                sum(1 for r in self._replicas if r.role is role and r.draining),
+            )
+            for role in ROLES
+        }
 
     def scale(self, role: WorkerRole, target: int) -> None:
         self.advance()

@@ -1,5 +1,6 @@
 """Fixtures for the bench tests: a tiny random Llama checkpoint with a tiny tokenizer, and a fake
 engine that speaks the native engine's async API."""
+
 import asyncio
 from pathlib import Path
 
@@ -7,9 +8,17 @@ import pytest
 
 from engines.base.types import EngineRequest, FinishReason, RequestOutput
 
-TINY_CONFIG = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                   bos_token_id=1, eos_token_id=2)
+TINY_CONFIG = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 TOKENIZER_VOCAB = 200  # fewer ids than the embedding rows, as real checkpoints pad their vocab
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
 

@@ -1,4 +1,5 @@
 """`tandem bench engine` end to end on a tiny model: CLI wiring, the JSON document, the table."""
+
 import argparse
 import json
 
@@ -34,8 +35,24 @@ def test_bench_writes_the_json_document(bench_llama, tmp_path, monkeypatch, fast
     # in this process, so the fake is the engine that runs (the real runs use a fresh process each)
     monkeypatch.setattr(engine_bench, "_in_fresh_process", lambda fn, *args: fn(*args))
     out = tmp_path / "out" / "engine.json"
-    argv = ["bench", "engine", "--model", str(bench_llama), "--num-requests", "3", "--isl", "8", "--osl", "5",
-            "--threads", "1", "--dtype", "bfloat16", "--json", str(out)]
+    argv = [
+        "bench",
+        "engine",
+        "--model",
+        str(bench_llama),
+        "--num-requests",
+        "3",
+        "--isl",
+        "8",
+        "--osl",
+        "5",
+        "--threads",
+        "1",
+        "--dtype",
+        "bfloat16",
+        "--json",
+        str(out),
+    ]
     assert engine_bench.cmd_bench_engine(parse(argv)) == 0
 
     report = json.loads(out.read_text())

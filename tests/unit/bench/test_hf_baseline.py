@@ -1,4 +1,5 @@
 """The transformers runner on a tiny random Llama: exact token counts, step timestamps, parameter count."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The streaming client against a mocked HTTP transport: request body, chunk stamping, usage, errors."""
+
 import itertools
 import json
 
@@ -20,8 +21,12 @@ def chunk(text, finish=None) -> dict:
 
 def make_client(handler, **endpoint) -> StreamingClient:
     ticks = itertools.count(start=1.0)  # every clock read is one second after the previous
-    return StreamingClient(Endpoint("http://bench.test", **endpoint), PromptMaker(np.arange(5, 9)),
-                           clock=lambda: float(next(ticks)), transport=httpx.MockTransport(handler))
+    return StreamingClient(
+        Endpoint("http://bench.test", **endpoint),
+        PromptMaker(np.arange(5, 9)),
+        clock=lambda: float(next(ticks)),
+        transport=httpx.MockTransport(handler),
+    )
 
 
 async def test_a_stream_becomes_a_record_with_one_stamp_per_text_chunk():
@@ -29,8 +34,14 @@ async def test_a_stream_becomes_a_record_with_one_stamp_per_text_chunk():
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
-        body = sse(chunk("a"), chunk(""), chunk("b"), chunk("c", "length"),
-                   {"choices": [], "usage": {"completion_tokens": 4}}, b"[DONE]")
+        body = sse(
+            chunk("a"),
+            chunk(""),
+            chunk("b"),
+            chunk("c", "length"),
+            {"choices": [], "usage": {"completion_tokens": 4}},
+            b"[DONE]",
+        )
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
     async with make_client(handler, model="m", extra_body={"ignore_eos": True}) as client:
@@ -54,8 +65,10 @@ async def test_without_usage_the_text_chunks_are_counted():
 
 async def test_a_last_chunk_without_text_still_marks_a_token():
     def handler(request):  # one token that decodes to nothing visible
-        return httpx.Response(200, content=sse(chunk(""), chunk("", "length"),
-                                               {"choices": [], "usage": {"completion_tokens": 1}}, b"[DONE]"))
+        return httpx.Response(
+            200,
+            content=sse(chunk(""), chunk("", "length"), {"choices": [], "usage": {"completion_tokens": 1}}, b"[DONE]"),
+        )
 
     async with make_client(handler, model="m") as client:
         record = await client.send(RequestSpec(0, None, 2, 1))

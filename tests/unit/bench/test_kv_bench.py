@@ -1,4 +1,5 @@
 """`tandem bench kv` end to end at a small size: a real prefill worker process, both transports, table + JSON."""
+
 import json
 import subprocess
 import sys
@@ -11,9 +12,28 @@ from engines.transfer.nixl_link import is_available
 @pytest.mark.skipif(not is_available(), reason="NIXL is not installed")
 def test_bench_kv_moves_every_request_by_both_transports_and_writes_json(tmp_path):
     out = tmp_path / "kv.json"
-    run = subprocess.run([sys.executable, "-m", "tandem.cli", "bench", "kv", "--tokens", "200", "--num-requests",
-                          "2", "--cache-mb", "64", "--kv-bytes-per-token", "8192", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tandem.cli",
+            "bench",
+            "kv",
+            "--tokens",
+            "200",
+            "--num-requests",
+            "2",
+            "--cache-mb",
+            "64",
+            "--kv-bytes-per-token",
+            "8192",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith(("transport", "nixl", "grpc"))]
     assert [line.split()[:2] for line in lines] == [["transport", "signed"], ["nixl", "yes"], ["grpc", "yes"]]
@@ -27,7 +47,11 @@ def test_bench_kv_moves_every_request_by_both_transports_and_writes_json(tmp_pat
 def test_signed_over_unsigned_is_computed_per_transport_measured_both_ways():
     from tandem.bench.kv_bench import KvResult, signed_ratios
 
-    results = [KvResult("nixl", False, 1, 1, 0.1, 4.0), KvResult("nixl", True, 1, 1, 0.1, 3.9),
-               KvResult("grpc", True, 1, 1, 0.1, 1.0), KvResult("nixl", False, 1, 1, 0.1, 2.0),
-               KvResult("nixl", True, 1, 1, 0.1, 2.1)]
+    results = [
+        KvResult("nixl", False, 1, 1, 0.1, 4.0),
+        KvResult("nixl", True, 1, 1, 0.1, 3.9),
+        KvResult("grpc", True, 1, 1, 0.1, 1.0),
+        KvResult("nixl", False, 1, 1, 0.1, 2.0),
+        KvResult("nixl", True, 1, 1, 0.1, 2.1),
+    ]
     assert signed_ratios(results) == {"nixl": pytest.approx(3.0 / 3.0)}  # means; grpc ran signed only: no anchor

@@ -1,6 +1,7 @@
 """The KV tier benchmarks' code on CPU: the GPU script's copy section in a dry run (tiny shapes, blocks really move
 through the runner's tiers and back), the live script's pool sizing and run averages, and the simulator script's
 routing reach."""
+
 import json
 
 from bench import kv_tiers_gpu, kv_tiers_live, kv_tiers_sim
@@ -25,7 +26,10 @@ def test_the_live_pool_is_a_third_of_the_conversations_but_holds_the_longest_req
 
 
 def test_no_reuse_runs_are_averaged_per_case():
-    runs = [{"output_tokens_per_s": 6.0, "ttft_s": {"mean": 2.0}}, {"output_tokens_per_s": 8.0, "ttft_s": {"mean": 1.0}}]
+    runs = [
+        {"output_tokens_per_s": 6.0, "ttft_s": {"mean": 2.0}},
+        {"output_tokens_per_s": 8.0, "ttft_s": {"mean": 1.0}},
+    ]
     assert kv_tiers_live.mean_summary(runs) == {"output_tokens_per_s": 7.0, "ttft_s": {"mean": 1.5}}
 
 

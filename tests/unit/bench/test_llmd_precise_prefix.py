@@ -1,6 +1,7 @@
 """llm-d's precise-prefix benchmark at a tiny size: a pod is the base profile scaled as stated, every QPS stage
 gets its figures for each policy, kv reuses the tenants' contexts more than random, and the JSON and PNG are
 written beside llm-d's published figures."""
+
 import json
 
 import numpy as np
@@ -21,15 +22,33 @@ def test_a_pod_is_the_base_profile_with_its_compute_scaled_and_llm_ds_kv():
     assert pod.decode_s(0.5) - pod.decode_s(0.0) == pytest.approx(base.decode_s(0.5) - base.decode_s(0.0))
     calibrated = llmd.pod_profile(base, 2.0, llmd.LLMD_KV_TOKENS_PER_POD, kv_read_factor=0.5)
     assert calibrated.decode_s(0.5) - calibrated.decode_s(0.0) == pytest.approx(
-        0.5 * (base.decode_s(0.5) - base.decode_s(0.0)))
+        0.5 * (base.decode_s(0.5) - base.decode_s(0.0))
+    )
     share = PrefixShape().resident_tokens() / (8 * pod.kv_capacity_tokens)
     assert 0.73 < share < 0.75  # llm-d: 150 x 12,000 tokens = 73.2% of 8 x 307,328; our context is 6,144
 
 
 def test_a_tiny_replay_reports_every_stage_and_policy_beside_llmds_figures(tmp_path, capsys):
     out = tmp_path / "llmd.json"
-    assert llmd.main(["--qps", "2,6", "--stage-s", "6", "--tenants", "6", "--workers", "4",
-                      "--output-tokens", "16", "--json", str(out)]) == 0
+    assert (
+        llmd.main(
+            [
+                "--qps",
+                "2,6",
+                "--stage-s",
+                "6",
+                "--tenants",
+                "6",
+                "--workers",
+                "4",
+                "--output-tokens",
+                "16",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "pod model" in printed and "kv/random" in printed
     doc = json.loads(out.read_text())

@@ -1,4 +1,5 @@
 """Load generation: Poisson arrivals, specs, deterministic prompts, and the closed/open-loop driver."""
+
 import asyncio
 import json
 import time
@@ -6,8 +7,16 @@ import time
 import numpy as np
 import pytest
 
-from tandem.bench.loadgen import (FALLBACK_TOKEN_IDS, PromptMaker, RequestSpec, allowed_token_ids,
-                                  poisson_arrivals, run_schedule, synthetic_specs, trace_specs)
+from tandem.bench.loadgen import (
+    FALLBACK_TOKEN_IDS,
+    PromptMaker,
+    RequestSpec,
+    allowed_token_ids,
+    poisson_arrivals,
+    run_schedule,
+    synthetic_specs,
+    trace_specs,
+)
 from tandem.bench.serve_stats import RequestRecord
 from tandem.bench.traces import TraceRow
 

@@ -1,5 +1,6 @@
 """The multi-turn workload: histories grow by the real answer and a question, rounds and the barrier, TTFT by round,
 the flags, and a whole run against a mocked server."""
+
 import asyncio
 import json
 
@@ -7,8 +8,14 @@ import httpx
 import numpy as np
 import pytest
 
-from tandem.bench.multiturn import (QUESTION_TOKENS, Conversations, Multiturn, answers_digest, rounds_summary,
-                                    run_conversations)
+from tandem.bench.multiturn import (
+    QUESTION_TOKENS,
+    Conversations,
+    Multiturn,
+    answers_digest,
+    rounds_summary,
+    run_conversations,
+)
 from tandem.bench.serve_bench import config_from_args, run_multiturn
 from tandem.bench.serve_report import format_rounds
 from tandem.bench.serve_stats import RequestRecord
@@ -89,8 +96,12 @@ async def test_qps_spaces_the_starts():
 def test_ttft_by_round_counts_sent_requests_and_averages_the_completed():
     pairs = [(1, record(0.2)), (1, record(0.4)), (2, record(0.1)), (2, record(0.0, error="HTTP 500"))]
     rows = rounds_summary(pairs, 3)
-    assert rows[0] == {"round": 1, "ttft_mean_s": pytest.approx(0.3), "ttft_p50_s": pytest.approx(0.3),
-                       "num_requests": 2}
+    assert rows[0] == {
+        "round": 1,
+        "ttft_mean_s": pytest.approx(0.3),
+        "ttft_p50_s": pytest.approx(0.3),
+        "num_requests": 2,
+    }
     assert rows[1]["ttft_mean_s"] == pytest.approx(0.1) and rows[1]["num_requests"] == 2
     assert rows[2]["num_requests"] == 0 and rows[2]["ttft_mean_s"] != rows[2]["ttft_mean_s"]  # NaN
     table = format_rounds(rows)
@@ -108,19 +119,42 @@ def test_the_digest_is_equal_only_for_identical_answers():
 
 
 def test_flags_become_a_multiturn_config():
-    args = build_parser().parse_args(["bench", "serve", "--url", "http://h:1", "--workload", "multiturn", "--users",
-                                      "8", "--rounds", "4", "--system-tokens", "1000", "--user-tokens", "1000",
-                                      "--answer-tokens", "32", "--qps", "2", "--round-barrier"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "serve",
+            "--url",
+            "http://h:1",
+            "--workload",
+            "multiturn",
+            "--users",
+            "8",
+            "--rounds",
+            "4",
+            "--system-tokens",
+            "1000",
+            "--user-tokens",
+            "1000",
+            "--answer-tokens",
+            "32",
+            "--qps",
+            "2",
+            "--round-barrier",
+        ]
+    )
     cfg = config_from_args(args)
     assert cfg.multiturn == Multiturn(8, 4, 1000, 1000, 32, 2.0, True)
     assert cfg.describe_load().startswith("multiturn: 8 users x 4 rounds")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--users", "0"), "must be >= 1"),
-    (("--qps", "0"), "--qps must be > 0"),
-    (("--request-rate", "3"), "paces itself"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--users", "0"), "must be >= 1"),
+        (("--qps", "0"), "--qps must be > 0"),
+        (("--request-rate", "3"), "paces itself"),
+    ],
+)
 def test_bad_multiturn_flags_are_refused(argv, message):
     args = build_parser().parse_args(["bench", "serve", "--url", "http://h:1", "--workload", "multiturn", *argv])
     with pytest.raises(ValueError, match=message):
@@ -137,16 +171,36 @@ async def test_a_whole_run_against_a_mocked_server_reports_rounds_and_answers(mo
         bodies.append(body)
         text = f"<{len(body['prompt'])}>"
         chunks = [{"choices": [{"index": 0, "text": text, "finish_reason": "length"}]}, "[DONE]"]
-        payload = b"".join(b"data: " + (c.encode() if isinstance(c, str) else json.dumps(c).encode()) + b"\n\n"
-                           for c in chunks)
+        payload = b"".join(
+            b"data: " + (c.encode() if isinstance(c, str) else json.dumps(c).encode()) + b"\n\n" for c in chunks
+        )
         return httpx.Response(200, content=payload)
 
     real_client = httpx.AsyncClient
-    monkeypatch.setattr(httpx, "AsyncClient",
-                        lambda **kw: real_client(**{**kw, "transport": httpx.MockTransport(handler)}))
-    args = build_parser().parse_args(["bench", "serve", "--url", "http://h:1", "--workload", "multiturn", "--users",
-                                      "2", "--rounds", "3", "--system-tokens", "10", "--user-tokens", "5",
-                                      "--answer-tokens", "4", "--round-barrier"])
+    monkeypatch.setattr(
+        httpx, "AsyncClient", lambda **kw: real_client(**{**kw, "transport": httpx.MockTransport(handler)})
+    )
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "serve",
+            "--url",
+            "http://h:1",
+            "--workload",
+            "multiturn",
+            "--users",
+            "2",
+            "--rounds",
+            "3",
+            "--system-tokens",
+            "10",
+            "--user-tokens",
+            "5",
+            "--answer-tokens",
+            "4",
+            "--round-barrier",
+        ]
+    )
     summary, report = await run_multiturn(config_from_args(args), config_from_args(args).multiturn)
     assert summary.num_completed == 6 and [r["num_requests"] for r in report["rounds"]] == [2, 2, 2]
     assert sorted(len(b["prompt"]) for b in bodies) == [15, 15, 51, 51, 87, 87]  # + 4 stand-in ids + 32 asked

@@ -1,4 +1,5 @@
 """The native runner against a fake engine with the native engine's API: requests, timing, checks."""
+
 import pytest
 
 from tandem.bench.native_runner import run_requests

@@ -1,10 +1,11 @@
 """The overhead benchmark's in-process side on a real zero engine (its loop on a thread), and its report
 arithmetic."""
+
 import numpy as np
 import pytest
 
-from engines.core.client import EngineClient
 from engines.base.engine_configs import BatchConfig
+from engines.core.client import EngineClient
 from engines.zero import zero_spec
 from tandem.bench.loadgen import PromptMaker, RequestSpec, run_schedule, synthetic_specs
 from tandem.bench.overhead import InProcessSender, OverheadConfig
@@ -37,20 +38,34 @@ def summary(ttft_s: float, num_tokens: int, duration_s: float):
 
 
 def test_report_checks_each_target_against_its_own_phases():
-    phases = [Phase(1, 0, summary(0.001, 100, 0.01)), Phase(1, 1, summary(0.003, 100, 0.01)),
-              Phase(16, 0, summary(0.001, 100, 0.01)), Phase(16, 1, summary(0.0175, 100, 0.02)),
-              Phase(16, 2, summary(0.0175, 100, 0.0125), cpu_s={"gateway": 0.002, "client": 0.001})]
+    phases = [
+        Phase(1, 0, summary(0.001, 100, 0.01)),
+        Phase(1, 1, summary(0.003, 100, 0.01)),
+        Phase(16, 0, summary(0.001, 100, 0.01)),
+        Phase(16, 1, summary(0.0175, 100, 0.02)),
+        Phase(16, 2, summary(0.0175, 100, 0.0125), cpu_s={"gateway": 0.002, "client": 0.001}),
+    ]
     report = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases, host={"cpu": "x", "cores": 2, "flags": []})
     got = {t["name"]: (pytest.approx(t["value"]), t["is_met"]) for t in report["targets"]}
-    assert got == {"added TTFT p50, concurrency 1": (0.002, True),  # 3 ms - 1 ms
-                   "added TTFT p50, concurrency 16": (0.0165, False),  # over 15 ms
-                   "relay, concurrency 16, 1 gateway": (5_000, False),  # 100 tokens in 20 ms
-                   "relay 2 gateways / 1, concurrency 16": (1.6, True)}  # 8,000 / 5,000
+    assert got == {
+        "added TTFT p50, concurrency 1": (0.002, True),  # 3 ms - 1 ms
+        "added TTFT p50, concurrency 16": (0.0165, False),  # over 15 ms
+        "relay, concurrency 16, 1 gateway": (5_000, False),  # 100 tokens in 20 ms
+        "relay 2 gateways / 1, concurrency 16": (1.6, True),
+    }  # 8,000 / 5,000
     assert report["phases"][4]["cpu_s"] == {"gateway": 0.002, "client": 0.001}
     assert phases[4].cpu_us_per_token() == {"gateway": pytest.approx(20.0), "client": pytest.approx(10.0)}
     table = format_overhead(report)
-    for text in ("added TTFT p50, concurrency 16", "16.50 ms", "<= 15.00 ms", "NO", "1.60x", ">= 1.60x",
-                 "stack, 2 gateway", "CPU µs per streamed token"):
+    for text in (
+        "added TTFT p50, concurrency 16",
+        "16.50 ms",
+        "<= 15.00 ms",
+        "NO",
+        "1.60x",
+        ">= 1.60x",
+        "stack, 2 gateway",
+        "CPU µs per streamed token",
+    ):
         assert text in table, text
 
 
@@ -61,18 +76,22 @@ def test_requests_and_phases_per_concurrency():
 
 
 def test_mtls_targets_compare_against_the_plaintext_stack_only():
-    phases = [Phase(1, 0, summary(0.001, 100, 0.01)), Phase(1, 1, summary(0.0040, 100, 0.01)),
-              Phase(16, 1, summary(0.010, 100, 0.0200)),
-              Phase(1, 1, summary(0.0025, 100, 0.01), is_plaintext=True),
-              Phase(16, 1, summary(0.010, 100, 0.0196), is_plaintext=True)]
+    phases = [
+        Phase(1, 0, summary(0.001, 100, 0.01)),
+        Phase(1, 1, summary(0.0040, 100, 0.01)),
+        Phase(16, 1, summary(0.010, 100, 0.0200)),
+        Phase(1, 1, summary(0.0025, 100, 0.01), is_plaintext=True),
+        Phase(16, 1, summary(0.010, 100, 0.0196), is_plaintext=True),
+    ]
     report = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases, host={"cpu": "x", "cores": 2, "flags": []})
     got = {t["name"]: (pytest.approx(t["value"]), t["is_met"]) for t in report["targets"]}
     assert got["added TTFT p50, concurrency 1"] == (0.003, True)  # the mTLS stack against in-process, as before
     assert got["mTLS added TTFT p50, concurrency 1"] == (0.0015, True)  # 4 ms - 2.5 ms
     assert got["mTLS relay / plaintext, concurrency 16"] == (0.98, True)  # 5,000 / 5,102 tokens/s
     assert "stack, 1 gateway, plaintext" in format_overhead(report)
-    without = build_report({"isl": 1, "osl": 100, "num_prefill": 0}, phases[:3], host={"cpu": "x", "cores": 2,
-                                                                                         "flags": []})
+    without = build_report(
+        {"isl": 1, "osl": 100, "num_prefill": 0}, phases[:3], host={"cpu": "x", "cores": 2, "flags": []}
+    )
     assert not [t for t in without["targets"] if t["name"].startswith("mTLS")]
 
 
@@ -85,25 +104,38 @@ def test_security_rounds_alternate_their_order():
 
 def test_security_rounds_are_judged_on_medians_so_one_spike_does_not_decide():
     def rounds(r: int, secure_ttft: float, plain_ttft: float, secure_duration: float) -> list[Phase]:
-        return [Phase(1, 1, summary(secure_ttft, 100, 0.01), security_round=r),
-                Phase(1, 1, summary(plain_ttft, 100, 0.01), is_plaintext=True, security_round=r),
-                Phase(16, 1, summary(0.010, 100, secure_duration), security_round=r),
-                Phase(16, 1, summary(0.010, 100, 0.020), is_plaintext=True, security_round=r)]
+        return [
+            Phase(1, 1, summary(secure_ttft, 100, 0.01), security_round=r),
+            Phase(1, 1, summary(plain_ttft, 100, 0.01), is_plaintext=True, security_round=r),
+            Phase(16, 1, summary(0.010, 100, secure_duration), security_round=r),
+            Phase(16, 1, summary(0.010, 100, 0.020), is_plaintext=True, security_round=r),
+        ]
 
     # round 1's secure side hit a spike (+20 ms, half the relay); the medians of three rounds ignore it
     phases = [Phase(1, 1, summary(0.5, 100, 1.0))]  # the ordinary 1-gateway stack: not part of the comparison
-    phases += rounds(0, 0.0030, 0.0025, 0.0200) + rounds(1, 0.0230, 0.0025, 0.0400) + rounds(2, 0.0035, 0.0030,
-                                                                                              0.0201)
+    phases += rounds(0, 0.0030, 0.0025, 0.0200) + rounds(1, 0.0230, 0.0025, 0.0400) + rounds(2, 0.0035, 0.0030, 0.0201)
     report = build_report({"isl": 1, "osl": 100, "num_prefill": 1}, phases, host={"cpu": "x", "cores": 2, "flags": []})
     got = {t["name"]: (pytest.approx(t["value"]), t["is_met"]) for t in report["targets"]}
     assert got["mTLS + signed handles added TTFT p50, concurrency 1, median of 3 rounds"] == (0.001, True)
     assert got["mTLS + signed handles relay / baseline, concurrency 16, median of 3 rounds"] == (
-        pytest.approx(0.995, abs=1e-3), True)
+        pytest.approx(0.995, abs=1e-3),
+        True,
+    )
     # a real cost fails it: every secure round 3 ms slower
-    slow = [Phase(p.concurrency, 1, summary(p.summary.ttft_s.p50 + (0 if p.is_plaintext else 0.003), 100, 0.01),
-                  is_plaintext=p.is_plaintext, security_round=p.security_round) for p in phases[1:] if p.concurrency == 1]
-    report = build_report({"isl": 1, "osl": 100, "num_prefill": 1}, slow + phases[3:5],
-                          host={"cpu": "x", "cores": 2, "flags": []})
+    slow = [
+        Phase(
+            p.concurrency,
+            1,
+            summary(p.summary.ttft_s.p50 + (0 if p.is_plaintext else 0.003), 100, 0.01),
+            is_plaintext=p.is_plaintext,
+            security_round=p.security_round,
+        )
+        for p in phases[1:]
+        if p.concurrency == 1
+    ]
+    report = build_report(
+        {"isl": 1, "osl": 100, "num_prefill": 1}, slow + phases[3:5], host={"cpu": "x", "cores": 2, "flags": []}
+    )
     added = next(t for t in report["targets"] if "added TTFT" in t["name"])
     assert not added["is_met"]
     assert "stack, 1 gateway, plaintext, round 1" in format_overhead(report)
@@ -113,12 +145,26 @@ def test_security_rounds_report_each_pair_and_the_spread_of_their_ratios():
     from tandem.bench.overhead_report import paired_rounds
 
     def pair(r: int, secure_duration: float, plain_duration: float, secure_cpu: float) -> list[Phase]:
-        return [Phase(1, 1, summary(0.0040, 100, 0.01), security_round=r),
-                Phase(1, 1, summary(0.0030, 100, 0.01), is_plaintext=True, security_round=r),
-                Phase(16, 1, summary(0.010, 100, secure_duration), cpu_s={"decode-0": secure_cpu, "client": 9.0},
-                      security_round=r, grpc_connections_opened={"router": r, "decode-0": 1}),
-                Phase(16, 1, summary(0.010, 100, plain_duration), cpu_s={"decode-0": 0.001}, is_plaintext=True,
-                      security_round=r)]
+        return [
+            Phase(1, 1, summary(0.0040, 100, 0.01), security_round=r),
+            Phase(1, 1, summary(0.0030, 100, 0.01), is_plaintext=True, security_round=r),
+            Phase(
+                16,
+                1,
+                summary(0.010, 100, secure_duration),
+                cpu_s={"decode-0": secure_cpu, "client": 9.0},
+                security_round=r,
+                grpc_connections_opened={"router": r, "decode-0": 1},
+            ),
+            Phase(
+                16,
+                1,
+                summary(0.010, 100, plain_duration),
+                cpu_s={"decode-0": 0.001},
+                is_plaintext=True,
+                security_round=r,
+            ),
+        ]
 
     phases = pair(0, 0.020, 0.010, 0.002) + pair(1, 0.010, 0.020, 0.001)
     got = paired_rounds(phases)
@@ -134,5 +180,8 @@ def test_security_rounds_report_each_pair_and_the_spread_of_their_ratios():
     report = build_report({"isl": 1, "osl": 100, "num_prefill": 1}, phases, host={"cpu": "x", "cores": 2, "flags": []})
     assert report["rounds"] == got
     assert "1.250x (spread 0.500-2.000)" in format_overhead(report)
-    assert "rounds" not in build_report({"isl": 1, "osl": 100, "num_prefill": 1}, [Phase(1, 1, summary(0.5, 100, 1.0))],
-                                        host={"cpu": "x", "cores": 2, "flags": []})
+    assert "rounds" not in build_report(
+        {"isl": 1, "osl": 100, "num_prefill": 1},
+        [Phase(1, 1, summary(0.5, 100, 1.0))],
+        host={"cpu": "x", "cores": 2, "flags": []},
+    )

@@ -1,5 +1,6 @@
 """`tandem bench profile` on a tiny checkpoint: the measurement file has the shape of the shipped H100 file, and
 `tandem sim --profile-from-measured` turns it into a profile whose tables are those measurements."""
+
 import json
 
 from engines.timing.profile import load_profile
@@ -11,9 +12,33 @@ def test_bench_profile_measures_the_grid_and_feeds_a_sim_profile(tmp_path, capsy
 
     model = init_model(tmp_path / "tiny", "llama", tiny=True, seed=0)
     out = tmp_path / "measured.json"
-    assert main(["bench", "profile", "--model", str(model), "--isls", "16,48", "--batches", "1,3",
-                 "--contexts", "16,32", "--steps", "3", "--repeats", "1", "--threads", "1",
-                 "--max-num-batched-tokens", "64", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "profile",
+                "--model",
+                str(model),
+                "--isls",
+                "16,48",
+                "--batches",
+                "1,3",
+                "--contexts",
+                "16,32",
+                "--steps",
+                "3",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--max-num-batched-tokens",
+                "64",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "prefill 48" in printed and "decode 3 x 32" in printed
     doc = json.loads(out.read_text())

@@ -1,5 +1,6 @@
 """The lean benchmark client against a real asyncio HTTP server on loopback: chunked SSE split anywhere,
 keep-alive reuse, error statuses, a server that closes mid-stream."""
+
 import asyncio
 import json
 
@@ -12,7 +13,10 @@ from tandem.bench.raw_client import RawStreamingClient
 
 def sse_body(*payloads) -> bytes:
     events = b"".join(b"data: " + (p if isinstance(p, bytes) else json.dumps(p).encode()) + b"\n\n" for p in payloads)
-    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in (events[:7], events[7:40], events[40:])) + b"0\r\n\r\n"
+    return (
+        b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in (events[:7], events[7:40], events[40:]))
+        + b"0\r\n\r\n"
+    )
 
 
 def chunk(text, finish=None) -> dict:
@@ -36,7 +40,7 @@ class Server:
             self.requests.append((head, json.loads(await reader.readexactly(length))))
             reply = self.responses.pop(0)
             for i in range(0, len(reply), 11):  # NOTE: split anywhere, across framing and lines
-                writer.write(reply[i:i + 11])
+                writer.write(reply[i : i + 11])
                 await writer.drain()
                 await asyncio.sleep(0)
             if b"close-now" in reply:
@@ -56,8 +60,12 @@ async def serve(responses: list[bytes], max_per_connection: int = 0):
 
 async def test_streams_become_records_over_one_kept_alive_connection():
     usage = {"choices": [], "usage": {"completion_tokens": 3}}
-    server, listener, url = await serve([ok(sse_body(chunk("a"), chunk(""), chunk("b", "length"), usage, b"[DONE]")),
-                                         ok(sse_body(chunk("x"), chunk("y", "stop"), b"[DONE]"))])
+    server, listener, url = await serve(
+        [
+            ok(sse_body(chunk("a"), chunk(""), chunk("b", "length"), usage, b"[DONE]")),
+            ok(sse_body(chunk("x"), chunk("y", "stop"), b"[DONE]")),
+        ]
+    )
     async with RawStreamingClient(Endpoint(url, model="m", api_key="k"), PromptMaker(np.arange(5, 9))) as client:
         first = await client.send(RequestSpec(0, None, isl=6, osl=3))
         second = await client.send(RequestSpec(1, None, isl=2, osl=2))
@@ -72,9 +80,12 @@ async def test_streams_become_records_over_one_kept_alive_connection():
 
 async def test_error_status_and_a_closed_connection_are_errors():
     refused = b'{"error": {"message": "busy"}}'
-    server, listener, url = await serve([
-        b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: %d\r\n\r\n%s" % (len(refused), refused),
-        ok(b"5\r\ndata:\r\n") + b"close-now"])
+    server, listener, url = await serve(
+        [
+            b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: %d\r\n\r\n%s" % (len(refused), refused),
+            ok(b"5\r\ndata:\r\n") + b"close-now",
+        ]
+    )
     async with RawStreamingClient(Endpoint(url, model="m"), PromptMaker(np.arange(5, 9))) as client:
         busy = await client.send(RequestSpec(0, None, isl=2, osl=2))
         cut = await client.send(RequestSpec(1, None, isl=2, osl=2))
@@ -84,8 +95,9 @@ async def test_error_status_and_a_closed_connection_are_errors():
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused():
-    server, listener, url = await serve([ok(sse_body(chunk("a", "stop"), b"[DONE]")),
-                                         ok(sse_body(chunk("b", "stop"), b"[DONE]"))], max_per_connection=1)
+    server, listener, url = await serve(
+        [ok(sse_body(chunk("a", "stop"), b"[DONE]")), ok(sse_body(chunk("b", "stop"), b"[DONE]"))], max_per_connection=1
+    )
     async with RawStreamingClient(Endpoint(url, model="m"), PromptMaker(np.arange(5, 9))) as client:
         first = await client.send(RequestSpec(0, None, isl=2, osl=1))
         await asyncio.sleep(0.2)  # the server's close reaches the idle connection

@@ -1,16 +1,34 @@
 """FLOP accounting of the roofline on fake shapes and timings; one tiny real GEMM measurement."""
+
 import pytest
 
 from engines.native.config import ModelConfig
-from tandem.bench.roofline import (GemmRate, GemmShape, GemmTiming, aggregate_rate, fastest, linear_shapes,
-                                   measure_gemm_rate, roofline_fraction, total_flops)
+from tandem.bench.roofline import (
+    GemmRate,
+    GemmShape,
+    GemmTiming,
+    aggregate_rate,
+    fastest,
+    linear_shapes,
+    measure_gemm_rate,
+    roofline_fraction,
+    total_flops,
+)
 
 
 def fake_model_config() -> ModelConfig:
-    return ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 160,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-    })
+    return ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 1000,
+            "hidden_size": 64,
+            "intermediate_size": 160,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+        }
+    )
 
 
 def test_linear_shapes_follow_the_config():

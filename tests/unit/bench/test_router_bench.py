@@ -1,4 +1,5 @@
 """`tandem bench router` at a tiny size: the index it builds, the decision it times, the report and the CLI."""
+
 import json
 
 import pytest
@@ -9,8 +10,9 @@ from tandem.bench.router_bench import RouterBenchConfig, build, format_router_re
 from tandem.bench.router_phases import PHASES
 from tandem.cli import main
 
-TINY = RouterBenchConfig(num_workers=4, num_indexed_blocks=1000, num_prompt_tokens=256, block_size=16,
-                         num_iterations=5, num_inflight=2)
+TINY = RouterBenchConfig(
+    num_workers=4, num_indexed_blocks=1000, num_prompt_tokens=256, block_size=16, num_iterations=5, num_inflight=2
+)
 
 
 def test_build_fills_the_index_and_every_worker_holds_a_prefix_of_the_prompt():
@@ -53,14 +55,34 @@ def test_the_array_build_holds_the_same_state():
     hashes = chain_block_hashes(prompt, 16)
     depths = index.depths(hashes)
     worker_ids = [f"decode-{i:03d}" for i in range(4)]
-    assert {w: int(d) for w, d in zip(worker_ids, depths[index.slots_for(worker_ids)]) if d} == \
-        today.policy.index.overlap(hashes)
+    assert {
+        w: int(d) for w, d in zip(worker_ids, depths[index.slots_for(worker_ids)]) if d
+    } == today.policy.index.overlap(hashes)
 
 
 def test_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "router.json"
-    assert main(["bench", "router", "--workers", "2", "--indexed-blocks", "100", "--prompt-tokens", "64",
-                 "--block-size", "16", "--iterations", "3", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "router",
+                "--workers",
+                "2",
+                "--indexed-blocks",
+                "100",
+                "--prompt-tokens",
+                "64",
+                "--block-size",
+                "16",
+                "--iterations",
+                "3",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["config"]["num_workers"] == 2 and report["benchmark"] == "router"
     assert "gateway_hashes" in capsys.readouterr().out
@@ -68,10 +90,17 @@ def test_cli_writes_json(tmp_path, capsys):
 
 def test_the_cold_start_is_reported():
     report = run_router_bench(TINY, ("arrays",))
-    report["cold_start"] = {"import_s_compile": 1.0, "kernels_s_compile": 9.5, "cpu_s_compile": 10.0,
-                            "import_s_cached": 0.9, "kernels_s_cached": 0.4, "cpu_s_cached": 1.2}
+    report["cold_start"] = {
+        "import_s_compile": 1.0,
+        "kernels_s_compile": 9.5,
+        "cpu_s_compile": 10.0,
+        "import_s_cached": 0.9,
+        "kernels_s_cached": 0.4,
+        "cpu_s_cached": 1.2,
+    }
     assert format_router_report(report).splitlines()[-1] == (
-        "cold start: kernels compiled in 9.50 s (empty numba cache), loaded from the cache in 0.40 s (import 0.90 s)")
+        "cold start: kernels compiled in 9.50 s (empty numba cache), loaded from the cache in 0.40 s (import 0.90 s)"
+    )
 
 
 def test_bad_config_is_refused():

@@ -1,4 +1,5 @@
 """Per-request timing and the serving summary on hand-made records: percentiles, rates, goodput, errors."""
+
 import math
 
 import pytest
@@ -7,8 +8,13 @@ from tandem.bench.serve_stats import Distribution, RequestRecord, Slo, summarize
 
 
 def record(submit, chunks, tokens=None, end=None, error=None) -> RequestRecord:
-    return RequestRecord(submit_s=submit, chunk_times_s=list(chunks), end_s=chunks[-1] if end is None else end,
-                         num_output_tokens=len(chunks) if tokens is None else tokens, error=error)
+    return RequestRecord(
+        submit_s=submit,
+        chunk_times_s=list(chunks),
+        end_s=chunks[-1] if end is None else end,
+        num_output_tokens=len(chunks) if tokens is None else tokens,
+        error=error,
+    )
 
 
 def test_record_ttft_chunk_gaps_and_mean_itl():
@@ -34,8 +40,11 @@ def test_distribution_mean_and_percentiles():
 
 
 def test_summary_rates_over_first_submit_to_last_end():
-    records = [record(0.0, [0.1, 0.2, 0.3]), record(0.5, [0.7, 0.8], end=2.0),
-               RequestRecord(submit_s=1.0, end_s=1.2, error="HTTP 503: busy")]
+    records = [
+        record(0.0, [0.1, 0.2, 0.3]),
+        record(0.5, [0.7, 0.8], end=2.0),
+        RequestRecord(submit_s=1.0, end_s=1.2, error="HTTP 503: busy"),
+    ]
     s = summarize_serve(records)
     assert (s.num_requests, s.num_completed, s.num_errors) == (3, 2, 1)
     assert s.duration_s == 2.0

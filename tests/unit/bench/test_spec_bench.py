@@ -1,5 +1,6 @@
 """`tandem bench engine --speculative`: its rows compare alternated runs of the two engines (median speedup and its
 spread) and their outputs exactly, sampled workloads are seeded, and the copy-heavy workload has its texts."""
+
 import argparse
 
 import pytest
@@ -37,8 +38,9 @@ def test_the_copy_heavy_texts_exist_and_the_flags_parse():
     assert len(texts) == 4 and all(90 <= len(t.split()) <= 150 for t in texts)
     parser = argparse.ArgumentParser()
     add_bench_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "engine", "--speculative", "draft:/m", "--repeats", "1",
-                              "--spec-workloads", "sampled,sampled32"])
+    args = parser.parse_args(
+        ["bench", "engine", "--speculative", "draft:/m", "--repeats", "1", "--spec-workloads", "sampled,sampled32"]
+    )
     assert (args.speculative, args.repeats, args.spec_workloads) == ("draft:/m", 1, "sampled,sampled32")
 
 

@@ -1,4 +1,5 @@
 """SSE line parsing of OpenAI streams: completions, chat, usage, [DONE], errors, and what to ignore."""
+
 import json
 
 from tandem.bench.sse import EventKind, SseEvent, parse_sse_line

@@ -1,4 +1,5 @@
 """Percentiles, delta spreading and run summaries on hand-made timings."""
+
 import math
 
 import pytest

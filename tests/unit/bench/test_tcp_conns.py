@@ -1,5 +1,6 @@
 """Counting the TCP connections a bench phase opens to a stack's gRPC ports: /proc/net/tcp parsing, and a real
 loopback connection seen opened (and still counted once closed)."""
+
 import socket
 import sys
 
@@ -15,10 +16,12 @@ def row(local: str, remote: str, state: str) -> str:
 
 
 def test_parse_keeps_connections_once_whichever_side_lists_them_and_skips_listeners():
-    text = HEADER + (row("0100007F:1F90", "00000000:0000", "0A")  # LISTEN on 8080: not a connection
-                     + row("0100007F:C350", "0100007F:1F90", "01")  # client side, ESTABLISHED
-                     + row("0100007F:1F90", "0100007F:C350", "01")  # the server side of the same connection
-                     + row("0100007F:C351", "0100007F:1F90", "06"))  # another, in TIME_WAIT
+    text = HEADER + (
+        row("0100007F:1F90", "00000000:0000", "0A")  # LISTEN on 8080: not a connection
+        + row("0100007F:C350", "0100007F:1F90", "01")  # client side, ESTABLISHED
+        + row("0100007F:1F90", "0100007F:C350", "01")  # the server side of the same connection
+        + row("0100007F:C351", "0100007F:1F90", "06")
+    )  # another, in TIME_WAIT
     got = parse(text)
     assert len(got) == 2
     assert {port for connection in got for _, port in connection} == {0xC350, 0xC351, 8080}
@@ -29,7 +32,10 @@ def test_opened_to_counts_only_new_connections_by_the_named_port():
     new = [(("A", 50001), ("A", 8080)), (("A", 50002), ("A", 9090)), (("A", 50003), ("A", 7070))]
     before, after = frozenset({old}), frozenset({old, *new})
     assert opened_to(before, after, {"router": 8080, "decode-0": 9090, "prefill-0": 6060}) == {
-        "router": 1, "decode-0": 1, "prefill-0": 0}
+        "router": 1,
+        "decode-0": 1,
+        "prefill-0": 0,
+    }
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/net/tcp")

@@ -1,6 +1,7 @@
 """The synthetic traces: a seed fixes every row; the diurnal load swings and bursts, the constant one does not;
 llm-d's precise-prefix shape shares each tenant's whole context and repeats each user's question, nothing else;
 `tandem bench traces` writes rows `tandem sim` reads back."""
+
 import json
 import statistics
 
@@ -68,13 +69,19 @@ def test_the_default_shape_is_llm_ds_published_load():
 
 def test_tandem_bench_traces_writes_what_tandem_sim_reads(tmp_path, capsys):
     out = tmp_path / "pp.jsonl"
-    assert main(["bench", "traces", "precise-prefix", "--seed", "1", "--qps", "2,4", "--stage-s", "10",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["bench", "traces", "precise-prefix", "--seed", "1", "--qps", "2,4", "--stage-s", "10", "--out", str(out)])
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     rows = load_trace(out)
     assert rows == precise_prefix(1, PrefixShape.uniform((2.0, 4.0), 10.0))  # ms timestamps round-trip
-    assert json.loads(out.read_text().splitlines()[0]).keys() == {"timestamp", "input_length", "output_length",
-                                                                  "hash_ids"}
+    assert json.loads(out.read_text().splitlines()[0]).keys() == {
+        "timestamp",
+        "input_length",
+        "output_length",
+        "hash_ids",
+    }
     with pytest.raises(SystemExit, match="--qps"):
         main(["bench", "traces", "precise-prefix", "--qps", "2,x", "--out", str(out)])
     with pytest.raises(SystemExit, match="amplitude"):

@@ -1,4 +1,5 @@
 """Trace loaders on hand-written Mooncake and Azure files: parsing, format detection, time scale, clipping."""
+
 import json
 
 import pytest
@@ -10,10 +11,12 @@ MOONCAKE_ROWS = [
     {"timestamp": 0, "input_length": 300, "output_length": 20, "hash_ids": [0]},
     {"timestamp": 3001, "input_length": 1100, "output_length": 30, "hash_ids": [0, 1, 5]},
 ]
-AZURE_CSV = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-             "2023-11-16 18:15:46.6805900,374,44\n"
-             "2023-11-16 18:15:50.9951690,396,109\n"
-             "2023-11-16 18:16:01,5,7\n")
+AZURE_CSV = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n"
+    "2023-11-16 18:16:01,5,7\n"
+)
 
 
 @pytest.fixture
@@ -32,8 +35,7 @@ def azure(tmp_path):
 
 def test_mooncake_rows_keep_lengths_hashes_and_seconds(mooncake):
     rows = load_trace(mooncake)
-    assert rows == [TraceRow(0.0, 700, 10, (0, 1)), TraceRow(0.0, 300, 20, (0,)),
-                    TraceRow(3.001, 1100, 30, (0, 1, 5))]
+    assert rows == [TraceRow(0.0, 700, 10, (0, 1)), TraceRow(0.0, 300, 20, (0,)), TraceRow(3.001, 1100, 30, (0, 1, 5))]
 
 
 def test_azure_times_are_relative_to_the_first_row_with_seven_digit_fractions(azure):

@@ -1,4 +1,5 @@
 """Prompts: exact length, deterministic, drawn from the tokenizer's ordinary ids only."""
+
 import pytest
 
 from tandem.bench.workload import Workload, make_prompts, prompts_for, special_token_ids, vocab_size

@@ -1,5 +1,6 @@
 """The cluster simulator on small synthetic traces: exact counts, determinism, kv beats round-robin on
 prefix reuse, and the CLI's JSON report and plots."""
+
 import json
 
 import pytest
@@ -69,12 +70,39 @@ def test_disaggregated_prefill_hands_off_to_decode():
 
 def test_cli_writes_the_json_and_plots(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": int(r.arrival_s * 1000), "input_length": r.isl,
-                                         "output_length": r.osl, "hash_ids": list(r.hash_ids)}) + "\n"
-                             for r in conversations(20)))
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": int(r.arrival_s * 1000),
+                    "input_length": r.isl,
+                    "output_length": r.osl,
+                    "hash_ids": list(r.hash_ids),
+                }
+            )
+            + "\n"
+            for r in conversations(20)
+        )
+    )
     out = tmp_path / "r.json"
-    assert main(["sim", "--trace", str(trace), "--workers", "2", "--policies", "kv,round_robin",
-                 "--time-scale", "0.5", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--trace",
+                str(trace),
+                "--workers",
+                "2",
+                "--policies",
+                "kv,round_robin",
+                "--time-scale",
+                "0.5",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert (report["kv_overlap_weight"], report["kv_inflight_weight"]) == (1.0, 0.1)
     assert report["time_scale"] == 0.5 and set(report["policies"]) == {"kv", "round_robin"}

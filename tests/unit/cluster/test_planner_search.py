@@ -1,5 +1,6 @@
 """The static baseline's search finds the cheapest pair that meets the target with few replays, and the
 stability measure counts scale direction changes inside a window. Pure: a made-up attainment surface."""
+
 import itertools
 
 import pytest
@@ -36,11 +37,20 @@ def decision(t: float, frm: int, to: int, role: str = "decode") -> dict:
 
 
 def test_direction_changes_count_reversals_per_role():
-    decisions = [decision(0, 1, 2), decision(10, 2, 3), decision(20, 3, 2), decision(30, 2, 1),
-                 decision(40, 1, 2), decision(15, 1, 2, "prefill")]
+    decisions = [
+        decision(0, 1, 2),
+        decision(10, 2, 3),
+        decision(20, 3, 2),
+        decision(30, 2, 1),
+        decision(40, 1, 2),
+        decision(15, 1, 2, "prefill"),
+    ]
     assert direction_changes(decisions) == {"decode": [20, 40]}
-    assert stability(decisions, 300.0) == {"direction_changes": {"decode": 2}, "window_s": 300.0,
-                                           "max_changes_per_window": 2}
+    assert stability(decisions, 300.0) == {
+        "direction_changes": {"decode": 2},
+        "window_s": 300.0,
+        "max_changes_per_window": 2,
+    }
     assert stability(decisions, 20.0)["max_changes_per_window"] == 1  # 20 and 40 are 20 s apart: two windows
 
 

@@ -1,6 +1,7 @@
 """The simulator drives the real planner: it starts from its minimum replicas, follows a load step up and down,
 sizes with a model that may differ from the engine's truth, and is compared with the cheapest static pair found
 by replaying pairs; `tandem sim --planner sla` writes the JSON and the PNG."""
+
 import json
 
 import pytest
@@ -29,9 +30,18 @@ def step_trace(low: float = 4.0, high: float = 100.0, phase_s: float = 30.0) -> 
 
 
 STEP = step_trace(high=50.0, phase_s=15.0)  # NOTE: small: the search replays it several times
-CONFIG = PlannerSimConfig(PlannerConfig(adjustment_interval_s=4.0, prefill=RoleBounds(1, 4),
-                                        decode=RoleBounds(1, 4), predictor="constant", down_stabilization=1),
-                          Slo(0.5, 0.05), tick_s=1.0, start_delay_s=2.0)
+CONFIG = PlannerSimConfig(
+    PlannerConfig(
+        adjustment_interval_s=4.0,
+        prefill=RoleBounds(1, 4),
+        decode=RoleBounds(1, 4),
+        predictor="constant",
+        down_stabilization=1,
+    ),
+    Slo(0.5, 0.05),
+    tick_s=1.0,
+    start_delay_s=2.0,
+)
 
 
 def test_it_starts_from_each_roles_minimum_or_the_count_given():
@@ -78,8 +88,10 @@ def test_a_perturbed_model_changes_the_planners_counts_but_never_the_engines_tru
     assert slow.decode_step_s(8, 8000) == pytest.approx(1.3 * PROFILE.decode_step_s(8, 8000))
     assert slow.kv_capacity_tokens == PROFILE.kv_capacity_tokens and scale_profile(PROFILE, 1.0) is PROFILE
     load = Load(100.0, 1000.0, 40.0)
-    assert PerfModel(slow, CONFIG.slo).replicas(load, True)[WorkerRole.PREFILL] > \
-        PerfModel(PROFILE, CONFIG.slo).replicas(load, True)[WorkerRole.PREFILL]
+    assert (
+        PerfModel(slow, CONFIG.slo).replicas(load, True)[WorkerRole.PREFILL]
+        > PerfModel(PROFILE, CONFIG.slo).replicas(load, True)[WorkerRole.PREFILL]
+    )
     static = {WorkerRole.PREFILL: 2, WorkerRole.DECODE: 2}
     before = run_static(PROFILE, STEP[:200], CONFIG, static)
     run_planned(PROFILE, STEP[:200], CONFIG, slow)
@@ -106,14 +118,52 @@ def test_an_optimistic_model_misses_no_itl_violation():
 
 def test_tandem_sim_planner_writes_json_and_plot(tmp_path, capsys):
     trace = tmp_path / "step.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": int(r.arrival_s * 1000), "input_length": r.isl,
-                                         "output_length": r.osl, "hash_ids": []}) + "\n"
-                             for r in step_trace(high=40.0, phase_s=8.0)))
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": int(r.arrival_s * 1000), "input_length": r.isl, "output_length": r.osl, "hash_ids": []}
+            )
+            + "\n"
+            for r in step_trace(high=40.0, phase_s=8.0)
+        )
+    )
     out = tmp_path / "planner.json"
-    assert main(["sim", "--trace", str(trace), "--planner", "sla", "--slo-ttft-ms", "500", "--slo-itl-ms", "50",
-                 "--profile", "h100-native-llama3.1-8b-bf16", "--planner-profile-scale", "0.7,1.3",
-                 "--adjustment-interval-s", "4", "--tick-s", "1", "--start-delay-s", "2", "--predictor", "constant",
-                 "--down-stabilization", "1", "--max-prefill", "4", "--max-decode", "4", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--trace",
+                str(trace),
+                "--planner",
+                "sla",
+                "--slo-ttft-ms",
+                "500",
+                "--slo-itl-ms",
+                "50",
+                "--profile",
+                "h100-native-llama3.1-8b-bf16",
+                "--planner-profile-scale",
+                "0.7,1.3",
+                "--adjustment-interval-s",
+                "4",
+                "--tick-s",
+                "1",
+                "--start-delay-s",
+                "2",
+                "--predictor",
+                "constant",
+                "--down-stabilization",
+                "1",
+                "--max-prefill",
+                "4",
+                "--max-decode",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "SLA attainment" in printed and "planner_x0.7" in printed and "direction changes" in printed
     doc = json.loads(out.read_text())
@@ -122,7 +172,8 @@ def test_tandem_sim_planner_writes_json_and_plot(tmp_path, capsys):
     assert doc["planner_x0.7"]["model"].endswith("x0.7") and doc["planner_config"]["heartbeat_interval_s"] == 2.0
     assert doc["planner_config"]["initial"] == {"prefill": 1, "decode": 1}
     assert doc["targets"]["planner_x1.3"]["gpu_share_of_static_best"] == pytest.approx(
-        doc["planner_x1.3"]["gpu_hours"] / doc[BASELINE]["gpu_hours"])
+        doc["planner_x1.3"]["gpu_hours"] / doc[BASELINE]["gpu_hours"]
+    )
     assert (tmp_path / "planner_planner.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -130,9 +181,12 @@ def test_bad_planner_flags_exit_with_a_clear_message(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": []}) + "\n")
     base = ["sim", "--trace", str(trace), "--planner", "sla"]
-    for extra, message in ((["--planner-profile-scale", "0.7,-1"], "> 0"), (["--initial-decode", "99"], "outside"),
-                           (["--planner-profile", "nope"], "no profile"),
-                           (["--feedback-down-factor", "2"], "--feedback-\\*: need up_gain")):
+    for extra, message in (
+        (["--planner-profile-scale", "0.7,-1"], "> 0"),
+        (["--initial-decode", "99"], "outside"),
+        (["--planner-profile", "nope"], "no profile"),
+        (["--feedback-down-factor", "2"], "--feedback-\\*: need up_gain"),
+    ):
         with pytest.raises(SystemExit, match=message):
             main(base + extra)
 

@@ -1,6 +1,7 @@
 """The simulator agrees with the live check: 1 prefill and 2 decode workers, heartbeats every 2 s, long prompts at
 3x the heartbeat-limited rate (4 waiting per 2 s). With the prefill worker's load streamed, >= 90% are disaggregated;
 on heartbeats alone the router guesses a queue from every route still in flight and prefills many on decode workers."""
+
 import pytest
 
 from engines.timing.profile import load_profile
@@ -16,8 +17,9 @@ def long_prompts(n: int = 120) -> list[TraceRow]:
 
 
 def share_disaggregated(stream: bool) -> tuple[float, int]:
-    sim = ClusterSim(PROFILE, SimConfig(2, num_prefill_workers=1, heartbeat_interval_s=2.0,
-                                        prefill_load_stream=stream), "kv")
+    sim = ClusterSim(
+        PROFILE, SimConfig(2, num_prefill_workers=1, heartbeat_interval_s=2.0, prefill_load_stream=stream), "kv"
+    )
     peak = [0]
     sim.every(0.01, lambda now: peak.__setitem__(0, max(peak[0], sim.workers["prefill-000"].core.stats().num_waiting)))
     records = sim.run(long_prompts())

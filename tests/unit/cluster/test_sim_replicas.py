@@ -1,6 +1,7 @@
 """Router replicas in the simulator: every replica follows every worker's events and load, arrivals spread over
 them, each request completes where it was routed; replicas keep kv's prefix reuse on a small conversation trace;
 the verdicts compare with one router and can fail."""
+
 from engines.timing.profile import load_profile
 from tandem.cluster.des import ClusterSim, SimConfig
 from tandem.cluster.metrics import Slo, summarize
@@ -36,13 +37,18 @@ def test_replicas_keep_kvs_prefix_reuse_on_conversations():
 
 
 def fake_run(hit_rate: float, per_worker: list[int]) -> dict:
-    return {"prefix_hit_rate": hit_rate, "load_per_worker": {f"w{i}": {"num_requests": n}
-                                                             for i, n in enumerate(per_worker)}}
+    return {
+        "prefix_hit_rate": hit_rate,
+        "load_per_worker": {f"w{i}": {"num_requests": n} for i, n in enumerate(per_worker)},
+    }
 
 
 def test_verdicts_fail_on_lost_hits_or_herding():
-    policies = {"kv@1r": fake_run(0.50, [25, 25, 25, 25]), "kv@2r": fake_run(0.495, [28, 24, 24, 24]),
-                "kv@4r": fake_run(0.48, [25, 25, 25, 25])}
+    policies = {
+        "kv@1r": fake_run(0.50, [25, 25, 25, 25]),
+        "kv@2r": fake_run(0.495, [28, 24, 24, 24]),
+        "kv@4r": fake_run(0.48, [25, 25, 25, 25]),
+    }
     verdicts = replica_verdicts(policies, ["kv"], [1, 2, 4])
     assert verdicts["kv@2r"]["meets_target"] and round(verdicts["kv@2r"]["busiest_ratio"], 2) == 1.12
     assert not verdicts["kv@4r"]["meets_target"]  # 4% of the hits lost

@@ -1,6 +1,7 @@
 """The cluster simulator's KV tiers: conversations whose histories outgrow a small device pool are served from a
 host tier (and from disk under a small host tier), hit rates by tier add up, loads take bytes / bandwidth of
 virtual time, runs stay deterministic, and the CLI reports it all."""
+
 import json
 
 import pytest
@@ -68,12 +69,41 @@ def test_a_load_takes_its_bytes_over_the_tier_bandwidth_in_virtual_time():
 
 def test_the_cli_reports_tiers(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": int(r.arrival_s * 1000), "input_length": r.isl,
-                                         "output_length": r.osl, "hash_ids": list(r.hash_ids)}) + "\n"
-                             for r in conversations()))
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": int(r.arrival_s * 1000),
+                    "input_length": r.isl,
+                    "output_length": r.osl,
+                    "hash_ids": list(r.hash_ids),
+                }
+            )
+            + "\n"
+            for r in conversations()
+        )
+    )
     out = tmp_path / "r.json"
-    assert main(["sim", "--trace", str(trace), "--workers", "1", "--policies", "kv", "--set", "num_blocks=160",
-                 "--kv-host-gb", "4", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--trace",
+                str(trace),
+                "--workers",
+                "1",
+                "--policies",
+                "kv",
+                "--set",
+                "num_blocks=160",
+                "--kv-host-gb",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     entry = report["policies"]["kv"]
     assert report["kv_host_gb"] == 4.0 and entry["prefix_hit_rate_by_tier"]["host"] > 0.4

@@ -1,4 +1,5 @@
 """Mooncake hash-id expansion: shared ids are shared token prefixes; different ids differ in every block."""
+
 from engines.base.block_hash import chain_block_hashes
 from tandem.bench.traces import TraceRow
 from tandem.cluster.tokens import expand_hash_ids, prompt_tokens

@@ -1,4 +1,5 @@
 """Fixtures of the deployment tests: compose.yaml as compose reads it with an empty environment."""
+
 import pytest
 
 from tests.unit.deploy.helpers import load_compose

@@ -1,6 +1,7 @@
 """What the Kubernetes tests read: every overlay rendered once by kubectl (deploy/k8s/render.py), its objects by kind
 and name, and a container's environment and command as the kubelet would build them (ConfigMaps, Secrets, the
 downward API, $(VAR) references), so tandem's own parsers can read what a pod would run."""
+
 import base64
 import re
 import tempfile
@@ -15,8 +16,13 @@ OVERLAYS = render.OVERLAYS
 GPU_OVERLAYS = ("gpu", "trtllm", "gpu-monitoring")
 WORKER_ROLES = ("prefill", "decode")
 ROLES = ("gateway", "router", "planner", *WORKER_ROLES)
-LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/component",
-          "app.kubernetes.io/version", "tandem.io/role")
+LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/version",
+    "tandem.io/role",
+)
 # what the downward API gives a pod of these tests
 POD = {"metadata.name": "tandem-decode-5d8f7c9b6d-x2x7q", "metadata.namespace": "tandem", "status.podIP": "10.1.2.3"}
 _REFERENCE = re.compile(r"\$\$|\$\((\w+)\)")
@@ -88,9 +94,14 @@ def container_env(overlay: str | Path, container: dict, secrets: dict[str, dict[
 def _with_secret_files(overlay, container: dict, env: dict[str, str], secrets) -> dict[str, str]:
     """Each Secret volume the container mounts, written to a temporary folder (the operator's Secrets from
     `secrets`, else OPERATOR_SECRETS); a variable naming a file under its mountPath then names that copy."""
-    volumes = {v["name"]: v for o in objects(overlay) if o["kind"] == "Deployment"
-               for c in all_containers(o["spec"]["template"]["spec"]) if c is container
-               for v in o["spec"]["template"]["spec"].get("volumes", [])}
+    volumes = {
+        v["name"]: v
+        for o in objects(overlay)
+        if o["kind"] == "Deployment"
+        for c in all_containers(o["spec"]["template"]["spec"])
+        if c is container
+        for v in o["spec"]["template"]["spec"].get("volumes", [])
+    }
     for mount in container.get("volumeMounts", []):
         secret = volumes.get(mount["name"], {}).get("secret")
         if secret is None:
@@ -98,7 +109,7 @@ def _with_secret_files(overlay, container: dict, env: dict[str, str], secrets) -
         data = _data(overlay, "Secret", secret["secretName"], secrets or OPERATOR_SECRETS)
         folder = _secret_folder(tuple(sorted(data.items())))
         prefix = mount["mountPath"].rstrip("/") + "/"
-        env = {k: str(folder / v[len(prefix):]) if v.startswith(prefix) else v for k, v in env.items()}
+        env = {k: str(folder / v[len(prefix) :]) if v.startswith(prefix) else v for k, v in env.items()}
     return env
 
 

@@ -1,5 +1,6 @@
 """compose.yaml and the Dockerfiles, checked without a Docker engine: what each container runs parses with
 tandem's own parsers into valid settings, what it mounts exists, each image installs what its service needs."""
+
 import json
 import os
 import re
@@ -14,18 +15,36 @@ from services.common.settings import SettingsError
 from tests.unit.deploy.helpers import COMPOSE_FILE, REPO, check_command, environment, is_one_shot, load_compose
 
 SERVICES = load_compose()["services"]
-TANDEM_SERVICES = sorted(name for name, s in SERVICES.items()
-                         if isinstance(s.get("command"), list) and s["command"][:1] == ["tandem"])
-WORKERS = sorted(name for name in TANDEM_SERVICES if SERVICES[name]["command"][1:2] == ["serve"]
-                 and SERVICES[name]["command"][2] in ("prefill", "decode"))
+TANDEM_SERVICES = sorted(
+    name for name, s in SERVICES.items() if isinstance(s.get("command"), list) and s["command"][:1] == ["tandem"]
+)
+WORKERS = sorted(
+    name
+    for name in TANDEM_SERVICES
+    if SERVICES[name]["command"][1:2] == ["serve"] and SERVICES[name]["command"][2] in ("prefill", "decode")
+)
 SCALABLE = WORKERS  # `--scale decode=3` must work for every worker service
 IMAGE_DIR = "/opt/tandem"  # WORKDIR of every tandem image
 
 
 def test_the_compose_file_has_the_stack():
     assert COMPOSE_FILE.is_file()
-    for name in ("gateway", "router", "prefill", "decode", "model-fetch", "prometheus", "grafana", "loki",
-                 "tempo", "alloy", "prefill-gpu", "decode-gpu", "prefill-trtllm", "decode-trtllm"):
+    for name in (
+        "gateway",
+        "router",
+        "prefill",
+        "decode",
+        "model-fetch",
+        "prometheus",
+        "grafana",
+        "loki",
+        "tempo",
+        "alloy",
+        "prefill-gpu",
+        "decode-gpu",
+        "prefill-trtllm",
+        "decode-trtllm",
+    ):
         assert name in SERVICES, name
     assert {"gateway", "router", "prefill", "decode", "model-fetch"} <= set(TANDEM_SERVICES)
 
@@ -76,7 +95,10 @@ def test_the_trtllm_profile_runs_the_trtllm_engine_on_a_gpu(name, monkeypatch):
     assert (settings.engine, settings.device, settings.dtype) == ("trtllm", "cuda", "bfloat16")
     assert settings.role == name.split("-")[0] and settings.gpu_memory_utilization == 0.9
     assert (settings.trtllm_backend, settings.trtllm_kv_cache_dtype, settings.trtllm_cache_transceiver) == (
-        "auto", "auto", "DEFAULT")
+        "auto",
+        "auto",
+        "DEFAULT",
+    )
     assert SERVICES[name]["build"]["args"]["TRTLLM_TAG"] == TRTLLM_VERSION  # the release the adapter is written for
     assert "NOT YET" not in COMPOSE_FILE.read_text()
 
@@ -144,8 +166,11 @@ def test_published_ports_listen_on_loopback_unless_the_bind_address_opens_them()
 
 
 def test_dockerignore_keeps_secrets_and_caches_out_of_images():
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".env", ".env.*", ".cache", "certs", "**/*.key", "**/*.pem", "**/kv-signing.key"} <= ignored
 
 
@@ -180,8 +205,9 @@ def test_dependencies_exist_and_wait_for_health_where_it_matters():
     for name, service in SERVICES.items():
         for dep, spec in service.get("depends_on", {}).items():
             assert dep in SERVICES, f"{name} depends on unknown {dep}"
-            assert not SERVICES[dep].get("profiles") or service.get("profiles"), \
+            assert not SERVICES[dep].get("profiles") or service.get("profiles"), (
                 f"{name} (default profile) depends on {dep}, which only runs in a profile"
+            )
             if spec["condition"] == "service_healthy":
                 assert "healthcheck" in SERVICES[dep], f"{name} waits for {dep} to be healthy; it has no healthcheck"
     for name in WORKERS + ["gateway"]:
@@ -239,6 +265,7 @@ def test_every_tandem_service_exports_traces_to_tempo():
 
 # --- the images -----------------------------------------------------------------------------------------------
 
+
 def _dockerfile(name: str) -> Path:
     build = SERVICES[name]["build"]
     return REPO / build["context"] / build["dockerfile"]
@@ -246,10 +273,14 @@ def _dockerfile(name: str) -> Path:
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
-                                          if not line.lstrip().startswith("#")))
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in text.splitlines() if line.strip()]
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in text.splitlines()
+        if line.strip()
+    ]
 
 
 def _arg_default(path: Path, name: str) -> str:
@@ -277,7 +308,9 @@ def test_each_image_installs_the_project_with_its_dependencies(name):
     assert module in runs, f"{path.name} never imports {module} at build time"
 
 
-@pytest.mark.parametrize("name", [n for n in TANDEM_SERVICES if SERVICES[n]["build"]["dockerfile"] != "docker/worker-trtllm.Dockerfile"])
+@pytest.mark.parametrize(
+    "name", [n for n in TANDEM_SERVICES if SERVICES[n]["build"]["dockerfile"] != "docker/worker-trtllm.Dockerfile"]
+)
 def test_torch_comes_first_from_the_pytorch_index_for_the_device(name):
     path = _dockerfile(name)
     runs = [rest for op, rest in _instructions(path) if op == "RUN"]
@@ -311,8 +344,11 @@ def test_images_that_fetch_the_model_carry_its_offline_copy():
 
 
 def test_every_copied_path_exists_and_survives_dockerignore():
-    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for required in (".venv", ".cache", ".git", "tandem/v1"):
         assert required in ignored, f".dockerignore must leave out {required}"
     dockerfiles = {_dockerfile(n) for n in SERVICES if SERVICES[n].get("build", {}).get("context") == "."}
@@ -325,8 +361,9 @@ def test_every_copied_path_exists_and_survives_dockerignore():
                 if source == ".":
                     continue
                 assert (REPO / source).exists(), f"{path.name}: COPY {source}"
-                assert not any(source == p or source.startswith(p.rstrip("/") + "/") for p in ignored), \
+                assert not any(source == p or source.startswith(p.rstrip("/") + "/") for p in ignored), (
                     f"{path.name}: COPY {source} is excluded by .dockerignore"
+                )
 
 
 def test_images_run_as_an_unprivileged_user_that_owns_the_model_cache():
@@ -338,6 +375,7 @@ def test_images_run_as_an_unprivileged_user_that_owns_the_model_cache():
 
 # --- docker compose itself, where its CLI is installed -----------------------------------------------------------
 
+
 def _compose_cli() -> list[str]:
     for cli in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(cli[0]) is None:
@@ -348,8 +386,10 @@ def _compose_cli() -> list[str]:
             continue
         if out.returncode == 0 and re.match(r"v?2\.", out.stdout.strip()):
             return cli
-    pytest.skip("docker compose v2 is not installed (neither the docker CLI plugin nor docker-compose v2); "
-                "`docker compose config` needs no engine where it is")
+    pytest.skip(
+        "docker compose v2 is not installed (neither the docker CLI plugin nor docker-compose v2); "
+        "`docker compose config` needs no engine where it is"
+    )
 
 
 def test_docker_compose_config_accepts_the_file_in_every_profile():
@@ -358,8 +398,14 @@ def test_docker_compose_config_accepts_the_file_in_every_profile():
     env["GRAFANA_ADMIN_PASSWORD"] = "s3cret"
     for profiles in ([], ["gpu"], ["trtllm"]):
         flags = [f for p in profiles for f in ("--profile", p)]
-        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), *flags, "config", "--format", "json"],
-                             capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        out = subprocess.run(
+            [*cli, "-f", str(COMPOSE_FILE), *flags, "config", "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         config = json.loads(out.stdout)
         resolved = config["services"]
@@ -373,13 +419,20 @@ def test_docker_compose_config_accepts_the_file_in_every_profile():
 def test_docker_compose_refuses_the_file_without_grafanas_admin_password_and_opens_ports_on_request():
     cli = _compose_cli()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "GRAFANA_", "PROMETHEUS_"))}
-    out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True, timeout=60,
-                         cwd=REPO, env=env)
+    out = subprocess.run(
+        [*cli, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
+    )
     assert out.returncode != 0 and "set GRAFANA_ADMIN_PASSWORD" in out.stderr, out.stderr
     for bind, expected in (("", "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
         opened = {**env, "GRAFANA_ADMIN_PASSWORD": "s3cret", **({"TANDEM_BIND_ADDRESS": bind} if bind else {})}
-        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "config", "--format", "json"], capture_output=True,
-                             text=True, timeout=60, cwd=REPO, env=opened)
+        out = subprocess.run(
+            [*cli, "-f", str(COMPOSE_FILE), "config", "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env=opened,
+        )
         assert out.returncode == 0, out.stderr
         services = json.loads(out.stdout)["services"]
         ips = {p["host_ip"] for s in services.values() for p in s.get("ports", [])}
@@ -389,8 +442,12 @@ def test_docker_compose_refuses_the_file_without_grafanas_admin_password_and_ope
 def _with_project(env: dict[str, str], project: str) -> dict[str, str]:
     """compose sets COMPOSE_PROJECT_NAME itself (-p, else the folder's name): the planner scales that project.
     The required Grafana password is the one the test gave."""
-    given = {"TANDEM_PLANNER_COMPOSE_PROJECT": project, "TANDEM_SCALER_PROJECT": project,
-             "GF_SECURITY_ADMIN_PASSWORD": "s3cret", "GRAFANA_ADMIN_PASSWORD": "s3cret"}
+    given = {
+        "TANDEM_PLANNER_COMPOSE_PROJECT": project,
+        "TANDEM_SCALER_PROJECT": project,
+        "GF_SECURITY_ADMIN_PASSWORD": "s3cret",
+        "GRAFANA_ADMIN_PASSWORD": "s3cret",
+    }
     return {k: given.get(k, v) for k, v in env.items()}
 
 
@@ -399,8 +456,14 @@ def test_the_planner_scales_the_project_compose_runs_whatever_the_folder(tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "COMPOSE_"))}
     env["GRAFANA_ADMIN_PASSWORD"] = "s3cret"
     for args, project in ((["-p", "newcomer"], "newcomer"), ([], tmp_path.name.lower())):
-        out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), *args, "config",
-                              "--format", "json"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+        out = subprocess.run(
+            [*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), *args, "config", "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         config = json.loads(out.stdout)
         assert config["name"] == project
@@ -412,7 +475,9 @@ def test_workers_get_time_to_drain_before_docker_kills_them():
     from services.common.worker_settings import WorkerSettings
 
     drain_s = WorkerSettings.__dataclass_fields__["drain_s"].default
-    workers = [n for n, s in SERVICES.items() if s.get("command", [])[1:3] in (["serve", "prefill"], ["serve", "decode"])]
+    workers = [
+        n for n, s in SERVICES.items() if s.get("command", [])[1:3] in (["serve", "prefill"], ["serve", "decode"])
+    ]
     assert len(workers) >= 4
     for name in workers:
         grace = SERVICES[name].get("stop_grace_period", "10s")  # Docker's default

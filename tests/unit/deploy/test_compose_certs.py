@@ -1,6 +1,7 @@
 """Mutual TLS in compose.yaml: the one-shot `certs` service (docker/compose-certs.sh, run here for real with
 `tandem certs init`) fills one volume per role; each gRPC service mounts only its own role's volume, read-only,
 and its TLS settings name the files there; the CA's key stays in a volume only `certs` mounts."""
+
 import os
 import shutil
 import subprocess
@@ -14,13 +15,18 @@ from tests.unit.deploy.helpers import REPO, check_command, environment, load_com
 
 SERVICES = load_compose()["services"]
 TLS_DIR = "/etc/tandem/tls"
-GRPC_SERVICES = {name: s["command"][2] for name, s in SERVICES.items()
-                 if s.get("command", [])[:2] == ["tandem", "serve"] and s["command"][2] != "scaler"}
-ROLE_FILES = {"gateway": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret", "redis.password"},
-              "router": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret"},
-              "planner": {"tls.crt", "tls.key", "ca.crt"},
-              "prefill": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"},
-              "decode": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"}}
+GRPC_SERVICES = {
+    name: s["command"][2]
+    for name, s in SERVICES.items()
+    if s.get("command", [])[:2] == ["tandem", "serve"] and s["command"][2] != "scaler"
+}
+ROLE_FILES = {
+    "gateway": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret", "redis.password"},
+    "router": {"tls.crt", "tls.key", "ca.crt", "kv-hash.secret"},
+    "planner": {"tls.crt", "tls.key", "ca.crt"},
+    "prefill": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"},
+    "decode": {"tls.crt", "tls.key", "ca.crt", "kv-signing.key", "kv-hash.secret"},
+}
 HASHERS = ("gateway", "router", "prefill", "decode")  # whoever hashes tokens or tenants needs the hash secret
 
 
@@ -37,8 +43,11 @@ def test_every_grpc_service_mounts_its_own_roles_volume_read_only_and_nothing_el
         assert SERVICES[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
     holders = [n for n, s in SERVICES.items() if "certs-ca" in _mounts(s)]
     assert holders == ["certs"]
-    assert _mounts(SERVICES["certs"]) == {"certs-ca": "/pki/ca", "tls-redis": "/pki/redis",
-                                          **{f"tls-{r}": f"/pki/{r}" for r in ROLE_FILES}}
+    assert _mounts(SERVICES["certs"]) == {
+        "certs-ca": "/pki/ca",
+        "tls-redis": "/pki/redis",
+        **{f"tls-{r}": f"/pki/{r}" for r in ROLE_FILES},
+    }
     assert "TANDEM_GRPC_INSECURE" not in str(SERVICES)  # plaintext nowhere
 
 
@@ -68,8 +77,9 @@ def test_each_service_runs_mutual_tls_with_the_files_of_its_volume(name, pki, mo
     role, env = GRPC_SERVICES[name], environment(SERVICES[name])
     check_command(SERVICES[name]["command"], env, monkeypatch)  # still parses
     files = {k: v for k, v in env.items() if v.startswith(TLS_DIR + "/")}
-    assert {v.rsplit("/", 1)[1] for v in files.values()} == ROLE_FILES[role] - ({"kv-signing.key"} if role in (
-        "gateway", "router", "planner") else set()), name
+    assert {v.rsplit("/", 1)[1] for v in files.values()} == ROLE_FILES[role] - (
+        {"kv-signing.key"} if role in ("gateway", "router", "planner") else set()
+    ), name
     for k, v in files.items():
         monkeypatch.setenv(k, str(pki / role / v.rsplit("/", 1)[1]))
     tls = from_env()
@@ -97,15 +107,17 @@ def _run_script(root: Path) -> None:
     env = {**os.environ, "PKI_ROOT": str(root), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     if shutil.which("tandem", path=env["PATH"]) is None:
         pytest.fail("the tandem CLI is not installed beside this Python (make install)")
-    done = subprocess.run(["sh", str(REPO / "docker" / "compose-certs.sh")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["sh", str(REPO / "docker" / "compose-certs.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
 
 
 def _spiffe(path: Path) -> str:
     cert = x509.load_pem_x509_certificate(path.read_bytes())
     [uri] = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.UniformResourceIdentifier)
+        x509.UniformResourceIdentifier
+    )
     return uri
 
 

@@ -1,6 +1,7 @@
 """The planner and the scaler in compose.yaml: their settings parse, the planner reaches Docker only through the
 scaler (which alone mounts the socket and allows only the worker services), both read the same token volume, and
 the scaler's own compose reads the file it mounts."""
+
 from services.planner.types import WorkerRole
 from tests.unit.deploy.helpers import environment, load_compose
 from tests.unit.deploy.test_compose import check_command
@@ -36,7 +37,9 @@ def test_the_planner_scales_the_worker_services_through_the_scaler(monkeypatch):
         service = getattr(planner, f"compose_{role.value}_service")
         assert service in allowed and SERVICES[service]["command"][:3] == ["tandem", "serve", role.value]
         assert "ports" not in SERVICES[service]  # scalable
-    workers = {n for n, s in SERVICES.items() if s.get("command", [])[1:3] in (["serve", "prefill"], ["serve", "decode"])}
+    workers = {
+        n for n, s in SERVICES.items() if s.get("command", [])[1:3] in (["serve", "prefill"], ["serve", "decode"])
+    }
     assert set(allowed) == workers  # nothing else: not the gateway, the router, Grafana ...
     assert allowed["decode"].min_replicas >= 1
 
@@ -54,8 +57,9 @@ def test_both_read_the_token_volume_only_the_scaler_writes_it(monkeypatch):
 def test_the_scalers_compose_sees_the_variables_the_workers_read():
     import re
 
-    from tests.unit.deploy.helpers import COMPOSE_FILE
     import yaml
+
+    from tests.unit.deploy.helpers import COMPOSE_FILE
 
     raw = yaml.safe_load(COMPOSE_FILE.read_text())
     worker_vars = set(re.findall(r"\$\{(\w+)", yaml.safe_dump(raw["services"]["decode"])))

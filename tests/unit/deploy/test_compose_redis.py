@@ -1,6 +1,7 @@
 """The Responses API's shared store in compose.yaml: Redis built here from Debian's package (no registry image), in
 the `redis` profile, on a network only the gateway joins, publishing nothing; the gateway's settings point at it
 when asked (TANDEM_RESPONSE_STORE=redis), and its default SQLite store lives in a writable volume of its own."""
+
 import pytest
 
 from tests.unit.deploy.helpers import REPO, check_command, environment, load_compose
@@ -29,12 +30,18 @@ def test_only_the_gateway_reaches_redis_and_redis_publishes_nothing():
 
 
 def test_the_redis_config_listens_for_the_gateway_and_refuses_admin_commands():
-    conf = dict(line.split(None, 1) for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
-                if line.strip() and not line.startswith("#") and not line.startswith("rename-command"))
+    conf = dict(
+        line.split(None, 1)
+        for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#") and not line.startswith("rename-command")
+    )
     assert conf["bind"] == "0.0.0.0" and conf["port"] == "6379" and conf["dir"] == "/data"
     assert conf["appendonly"] == "yes" and conf["maxmemory-policy"] == "volatile-ttl"
-    renamed = {line.split()[1] for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
-               if line.startswith("rename-command")}
+    renamed = {
+        line.split()[1]
+        for line in (REPO / "docker" / "redis.conf").read_text().splitlines()
+        if line.startswith("rename-command")
+    }
     assert {"FLUSHALL", "FLUSHDB", "CONFIG", "DEBUG", "SHUTDOWN", "MODULE"} <= renamed
 
 
@@ -53,8 +60,9 @@ def test_redis_requires_the_password_the_certs_service_made_and_the_gateway_send
     assert "--requirepass" in command and "$(cat /etc/tandem/redis/redis.password)" in command
     assert "tls-redis:/etc/tandem/redis:ro" in REDIS["volumes"]
     assert REDIS["depends_on"]["certs"]["condition"] == "service_completed_successfully"
-    holders = sorted(n for n, s in SERVICES.items()
-                     if any(str(v).startswith("tls-redis:") for v in s.get("volumes", [])))
+    holders = sorted(
+        n for n, s in SERVICES.items() if any(str(v).startswith("tls-redis:") for v in s.get("volumes", []))
+    )
     assert holders == ["certs", "redis"]
     env = environment(SERVICES["gateway"]) | {"TANDEM_RESPONSE_STORE": "redis"}
     assert env["TANDEM_REDIS_PASSWORD_FILE"] == "/etc/tandem/tls/redis.password"  # the gateway's own volume

@@ -1,4 +1,5 @@
 """docker/healthcheck.py against real gRPC health and HTTP servers; docker/pyproject_deps.py on pyproject.toml."""
+
 import importlib.util
 import socket
 import threading

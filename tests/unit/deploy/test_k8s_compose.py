@@ -1,6 +1,7 @@
 """compose.yaml and deploy/k8s describe one stack: the same tandem services, on the same ports, with the same
 settings, but for the differences named and explained below. Both sides are read with tandem's own parsers, so a
 setting changed or renamed on one side only fails here."""
+
 import dataclasses
 import importlib
 import re
@@ -10,24 +11,32 @@ import pytest
 import yaml
 
 from tests.unit.deploy.helpers import OBSERVABILITY, check_command, environment, load_compose
-from tests.unit.deploy.kube import (ROLES, WORKER_ROLES, command, container_env, main_container, of_kind,
-                                    pod_spec)
+from tests.unit.deploy.kube import ROLES, WORKER_ROLES, command, container_env, main_container, of_kind, pod_spec
 
 SERVICES = load_compose()["services"]
 # the overlay that runs each compose flavour of the workers (compose profiles: none, gpu, trtllm)
-WORKER_SERVICES = {"cpu": {"prefill": "prefill", "decode": "decode"},
-                   "gpu": {"prefill": "prefill-gpu", "decode": "decode-gpu"},
-                   "trtllm": {"prefill": "prefill-trtllm", "decode": "decode-trtllm"}}
-MODEL_PATH = "a pod links the checkpoint `tandem model fetch $(TANDEM_MODEL_ID)` made at /cache/model, so one id " \
-             "changes the model; compose names the offline conversion's directory"
+WORKER_SERVICES = {
+    "cpu": {"prefill": "prefill", "decode": "decode"},
+    "gpu": {"prefill": "prefill-gpu", "decode": "decode-gpu"},
+    "trtllm": {"prefill": "prefill-trtllm", "decode": "decode-trtllm"},
+}
+MODEL_PATH = (
+    "a pod links the checkpoint `tandem model fetch $(TANDEM_MODEL_ID)` made at /cache/model, so one id "
+    "changes the model; compose names the offline conversion's directory"
+)
 # setting -> why the manifests differ from compose.yaml there; any other difference fails
-REPLICAS = ("a cluster runs router replicas behind a headless Service (dns:NAME:PORT: every record); compose one "
-            "router until it scales them too")
+REPLICAS = (
+    "a cluster runs router replicas behind a headless Service (dns:NAME:PORT: every record); compose one "
+    "router until it scales them too"
+)
 DIFFERENCES = {
-    "gateway": {"model_dir": MODEL_PATH, "router_address": REPLICAS,
-                "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis",
-                "redis_password": "compose's gateway always mounts the password the certs service makes; a "
-                                  "cluster's gateway reads it only with components/redis"},
+    "gateway": {
+        "model_dir": MODEL_PATH,
+        "router_address": REPLICAS,
+        "redis_url": "the cluster's Service is tandem-redis (components/redis), compose's service redis",
+        "redis_password": "compose's gateway always mounts the password the certs service makes; a "
+        "cluster's gateway reads it only with components/redis",
+    },
     "router": {},
     "planner": {
         "connector": "compose scales with `docker compose up --scale`, a cluster through the Kubernetes API",
@@ -48,17 +57,25 @@ DIFFERENCES = {
     },
 }
 GPU_BUDGET = {"k8s_gpu_budget": "a GPU budget only the Kubernetes connector enforces"}
-OPERATOR_KEYS = {"api_keys_file": "a pod reads the operator's keys from the Secret mounted as a file; compose from "
-                                  "TANDEM_API_KEYS (none by default)", "api_keys": "(the operator's keys)"}
+OPERATOR_KEYS = {
+    "api_keys_file": "a pod reads the operator's keys from the Secret mounted as a file; compose from "
+    "TANDEM_API_KEYS (none by default)",
+    "api_keys": "(the operator's keys)",
+}
 # TANDEM_* names only the manifests set, and what reads them
 MANIFEST_ONLY = {
     "TANDEM_MODEL_ID": "the model-fetch init containers' command line",
     "TANDEM_WORKER_KV_PORT": "the port named `kv`, reserved for KV transfer (NIXL/UCX); no setting reads it yet",
 }
 # names compose sets that a cluster does not need
-COMPOSE_ONLY = {"TANDEM_PLANNER_SCALER_URL", "TANDEM_PLANNER_SCALER_TOKEN_FILE", "TANDEM_PLANNER_COMPOSE_PROJECT",
-                "TANDEM_PLANNER_PROMETHEUS_URL", "TANDEM_REDIS_PASSWORD_FILE",
-                "TANDEM_API_KEYS"}  # a pod reads the keys from a file instead (TANDEM_API_KEYS_FILE)
+COMPOSE_ONLY = {
+    "TANDEM_PLANNER_SCALER_URL",
+    "TANDEM_PLANNER_SCALER_TOKEN_FILE",
+    "TANDEM_PLANNER_COMPOSE_PROJECT",
+    "TANDEM_PLANNER_PROMETHEUS_URL",
+    "TANDEM_REDIS_PASSWORD_FILE",
+    "TANDEM_API_KEYS",
+}  # a pod reads the keys from a file instead (TANDEM_API_KEYS_FILE)
 # compose services a cluster does without: the planner scales Deployments through the Kubernetes API (RBAC)
 COMPOSE_ONLY_SERVICES = {"scaler"}
 
@@ -93,8 +110,10 @@ def test_both_run_the_same_tandem_services():
     served = {s["command"][2] for s in SERVICES.values() if s.get("command", [])[:2] == ["tandem", "serve"]}
     assert served - COMPOSE_ONLY_SERVICES == set(ROLES)
     for overlay in WORKER_SERVICES:
-        assert {d["spec"]["template"]["metadata"]["labels"]["tandem.io/role"]
-                for d in of_kind(overlay, "Deployment").values()} == served - COMPOSE_ONLY_SERVICES
+        assert {
+            d["spec"]["template"]["metadata"]["labels"]["tandem.io/role"]
+            for d in of_kind(overlay, "Deployment").values()
+        } == served - COMPOSE_ONLY_SERVICES
     assert SERVICES["model-fetch"]["command"][:3] == ["tandem", "model", "fetch"]  # pods: an init container
 
 
@@ -132,14 +151,23 @@ def test_every_setting_compose_sets_is_set_in_the_cluster_and_every_name_is_read
     assert compose - COMPOSE_ONLY <= k8s, compose - COMPOSE_ONLY - k8s
     unread = k8s - known_names() - set(MANIFEST_ONLY)
     assert not unread, f"set in the manifests, read by nothing: {sorted(unread)}"
-    assert environment(SERVICES[compose_name(overlay, role)])["OTEL_SERVICE_NAME"] == container_env(
-        overlay, container)["OTEL_SERVICE_NAME"]
+    assert (
+        environment(SERVICES[compose_name(overlay, role)])["OTEL_SERVICE_NAME"]
+        == container_env(overlay, container)["OTEL_SERVICE_NAME"]
+    )
 
 
 def test_the_name_check_knows_the_settings_and_flags_a_typo():
     names = known_names()
-    assert {"TANDEM_WORKER_DRAIN_S", "TANDEM_ROUTER_POLICY", "TANDEM_PLANNER_K8S_GPU_BUDGET", "TANDEM_API_KEYS",
-            "TANDEM_MODEL", "TANDEM_LOG_FORMAT", "TANDEM_OFFLINE"} <= names
+    assert {
+        "TANDEM_WORKER_DRAIN_S",
+        "TANDEM_ROUTER_POLICY",
+        "TANDEM_PLANNER_K8S_GPU_BUDGET",
+        "TANDEM_API_KEYS",
+        "TANDEM_MODEL",
+        "TANDEM_LOG_FORMAT",
+        "TANDEM_OFFLINE",
+    } <= names
     assert "TANDEM_WORKER_DRAIN_SECONDS" not in names
 
 
@@ -152,8 +180,12 @@ def known_names() -> set[str]:
     from services.router.settings import SOURCE as ROUTER
 
     names = {s.env for source in (GATEWAY, WORKER, ROUTER, PLANNER) for s in source.settings()}
-    process_wide = {"TANDEM_CACHE_DIR": "tandem.models.fetch", "TANDEM_OFFLINE": "tandem.models.fetch",
-                    "TANDEM_LOG_FORMAT": "services.common.logs", "TANDEM_LOG_LEVEL": "services.common.logs"}
+    process_wide = {
+        "TANDEM_CACHE_DIR": "tandem.models.fetch",
+        "TANDEM_OFFLINE": "tandem.models.fetch",
+        "TANDEM_LOG_FORMAT": "services.common.logs",
+        "TANDEM_LOG_LEVEL": "services.common.logs",
+    }
     for name, module in process_wide.items():
         assert name in Path(importlib.import_module(module).__file__).read_text(), (name, module)
     from services.common import tls
@@ -184,6 +216,8 @@ def test_prometheus_scrapes_the_same_services_both_ways():
     config = yaml.safe_load((OBSERVABILITY / "prometheus" / "prometheus.yml").read_text())
     jobs = {job["job_name"] for job in config["scrape_configs"]} - {"prometheus"}
     monitors = {**of_kind("gpu-monitoring", "ServiceMonitor"), **of_kind("gpu-monitoring", "PodMonitor")}
-    scraped = {(m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"])[0]["relabelings"][0]["replacement"]
-               for m in monitors.values()}
+    scraped = {
+        (m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"])[0]["relabelings"][0]["replacement"]
+        for m in monitors.values()
+    }
     assert scraped == jobs == set(ROLES)

@@ -1,6 +1,7 @@
 """deploy/k8s's invariants, on every rendered overlay: selectors select the pods, GPUs go to workers only, probes
 everywhere, a grace period that holds the drain, no image left to `latest`, and the planner's Role is exactly the
 calls its Kubernetes connector makes. What each container runs is read by tandem's own parsers."""
+
 import os
 import re
 import shutil
@@ -10,13 +11,27 @@ import tomllib
 
 import pytest
 
+from deploy.k8s import render
 from services.common.settings import SettingsError
 from services.common.worker_base import SETTLE_S
 from services.planner.connectors.kubernetes import API_CALLS
 from tests.unit.deploy.helpers import REPO, check_command
-from tests.unit.deploy.kube import (GPU_OVERLAYS, LABELS, OVERLAYS, POD, ROLES, WORKER_ROLES, all_containers, command,
-                                    container_env, deployment, main_container, objects, of_kind, pod_spec)
-from deploy.k8s import render
+from tests.unit.deploy.kube import (
+    GPU_OVERLAYS,
+    LABELS,
+    OVERLAYS,
+    POD,
+    ROLES,
+    WORKER_ROLES,
+    all_containers,
+    command,
+    container_env,
+    deployment,
+    main_container,
+    objects,
+    of_kind,
+    pod_spec,
+)
 
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 COMPONENTS = {"gateway": "gateway", "router": "router", "planner": "planner", "prefill": "worker", "decode": "worker"}
@@ -40,6 +55,7 @@ def pod_labels(overlay: str) -> dict[str, dict]:
 
 
 # --- workloads and labels -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_one_deployment_per_service_labelled_by_role(overlay):
@@ -79,8 +95,11 @@ def test_services_budgets_and_monitors_select_the_pods_they_name(overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_image_is_the_projects_version_never_latest(overlay):
-    images = [c["image"] for d in of_kind(overlay, "Deployment").values()
-              for c in all_containers(d["spec"]["template"]["spec"])]
+    images = [
+        c["image"]
+        for d in of_kind(overlay, "Deployment").values()
+        for c in all_containers(d["spec"]["template"]["spec"])
+    ]
     assert len(images) >= 8
     for image in images:
         name, _, tag = image.rpartition(":")
@@ -89,8 +108,12 @@ def test_every_image_is_the_projects_version_never_latest(overlay):
 
 
 def test_each_overlay_runs_its_own_worker_image():
-    expected = {"cpu": "tandem/worker-cpu", "gpu": "tandem/worker-cuda", "trtllm": "tandem/worker-trtllm",
-                "gpu-monitoring": "tandem/worker-cuda"}
+    expected = {
+        "cpu": "tandem/worker-cpu",
+        "gpu": "tandem/worker-cuda",
+        "trtllm": "tandem/worker-trtllm",
+        "gpu-monitoring": "tandem/worker-cuda",
+    }
     for overlay, image in expected.items():
         for role in WORKER_ROLES:
             assert main_container(overlay, role)["image"] == f"{image}:{VERSION}", (overlay, role)
@@ -98,6 +121,7 @@ def test_each_overlay_runs_its_own_worker_image():
 
 
 # --- GPUs, workers ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_gpu_limits_and_the_gpu_toleration_only_on_workers(overlay):
@@ -130,8 +154,11 @@ def test_workers_get_shared_memory_the_downward_api_and_advertise_their_pod_ip(o
     assert volumes[mounts[KV_DISK_DIR]]["emptyDir"]  # the disk KV tier's, once the README's settings turn it on
     assert f"TANDEM_WORKER_KV_DISK_DIR={KV_DISK_DIR}" in (render.K8S / "README.md").read_text()
     if overlay != "trtllm":  # the README's merge turns the tier on (trtllm keeps its own tiers)
-        tiers = {"TANDEM_WORKER_KV_DISK_DIR": KV_DISK_DIR, "TANDEM_WORKER_KV_HOST_GB": "4",
-                 "TANDEM_WORKER_KV_DISK_GB": "16"}
+        tiers = {
+            "TANDEM_WORKER_KV_DISK_DIR": KV_DISK_DIR,
+            "TANDEM_WORKER_KV_HOST_GB": "4",
+            "TANDEM_WORKER_KV_DISK_GB": "16",
+        }
         env = container_env(overlay, container) | tiers
         assert check_command(command(container, env), env, monkeypatch).kv_disk_dir == KV_DISK_DIR
 
@@ -161,6 +188,7 @@ def test_prefill_and_decode_are_one_deployment_but_for_the_role(overlay):
 
 # --- ports, probes, termination ------------------------------------------------------------------------------
 
+
 def listening_ports(role: str, s, env: dict) -> dict[str, int]:
     if role == "gateway":
         return {"http": s.port}
@@ -176,7 +204,8 @@ def test_named_ports_are_the_ones_the_service_listens_on(overlay, role, monkeypa
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == expected
     service = of_kind(overlay, "Service")[f"tandem-{role}"]
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        name: (port, name) for name, port in expected.items()}
+        name: (port, name) for name, port in expected.items()
+    }
     if role in (*WORKER_ROLES, "router"):  # headless: each pod's own address (the router replicas: all of them)
         assert service["spec"]["clusterIP"] == "None"
     else:
@@ -191,8 +220,11 @@ def test_every_container_has_startup_readiness_and_cheap_liveness_probes(overlay
     if role == "gateway":
         paths = {kind: (p["httpGet"]["path"], p["httpGet"]["port"]) for kind, p in probes.items()}
         # ready = the router answers and lists a decode worker; alive asks nothing of anyone else
-        assert paths == {"startup": ("/health", "http"), "readiness": ("/ready", "http"),
-                         "liveness": ("/health", "http")}
+        assert paths == {
+            "startup": ("/health", "http"),
+            "readiness": ("/ready", "http"),
+            "liveness": ("/health", "http"),
+        }
     else:  # the kubelet's gRPC probe speaks no TLS: the images' healthcheck dials with the pod's certificate
         check = ["python", "/opt/tandem/docker/healthcheck.py", "grpc", f"127.0.0.1:{s.port}"]
         assert probes["startup"]["exec"]["command"] == probes["readiness"]["exec"]["command"] == check
@@ -233,6 +265,7 @@ def test_gateway_grace_exceeds_its_prestop_and_stream_drain(overlay, monkeypatch
 
 
 # --- the planner, its Role, and who else may touch the API ----------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_planner_role_grants_exactly_the_calls_its_connector_makes(overlay, monkeypatch):
@@ -278,8 +311,10 @@ def test_replica_counts_and_no_autoscaler_beside_the_planner(overlay):
     assert deployment(overlay, "planner")["spec"]["replicas"] == 1
     assert deployment(overlay, "planner")["spec"]["strategy"] == {"type": "Recreate"}
     router = deployment(overlay, "router")["spec"]  # replicas that each follow every worker
-    assert router["replicas"] == 2 and router["strategy"] == {"type": "RollingUpdate",
-                                                              "rollingUpdate": {"maxUnavailable": 0}}
+    assert router["replicas"] == 2 and router["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0},
+    }
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -293,6 +328,7 @@ def test_disruption_budgets_for_the_replicated_services_only(overlay):
 
 
 # --- configuration, secrets, the model ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 @pytest.mark.parametrize("role", ROLES)
@@ -366,11 +402,18 @@ def test_the_model_fetch_init_container_links_the_checkpoint_the_services_read(t
     """The init container's command run here as a pod runs it (offline: the image's own copy of SmolLM2), but into a
     cache and a link under this test's folders: the link the services read ends at the converted checkpoint."""
     (fetch,) = pod_spec("cpu", "decode")["initContainers"]
-    env = container_env("cpu", fetch) | {"TANDEM_CACHE_DIR": str(smollm2_dir.parents[1]),
-                                         "TANDEM_MODEL": str(tmp_path / "model")}
+    env = container_env("cpu", fetch) | {
+        "TANDEM_CACHE_DIR": str(smollm2_dir.parents[1]),
+        "TANDEM_MODEL": str(tmp_path / "model"),
+    }
     argv = command(fetch, env)
-    done = subprocess.run([sys.executable, "-m", "tandem.cli", *argv[1:]], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", *argv[1:]],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     link = tmp_path / "model"
     assert link.is_symlink() and link.resolve() == smollm2_dir.resolve()

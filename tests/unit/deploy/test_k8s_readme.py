@@ -1,5 +1,6 @@
 """deploy/k8s/README.md's own overlay (registry, model, replica bounds, SLOs) renders as it says: the images renamed,
 the settings merged, and every pod still valid and runnable by tandem's parsers."""
+
 import re
 
 import kubernetes_validate
@@ -37,7 +38,11 @@ def test_the_readmes_overlay_renames_the_images_and_merges_the_settings(tmp_path
         settings = check_command(command(container, env), env, monkeypatch)
         if role == "planner":
             assert (settings.min_decode, settings.max_decode, settings.max_prefill, settings.k8s_gpu_budget) == (
-                2, 6, 2, 8)
+                2,
+                6,
+                2,
+                8,
+            )
             assert settings.max_prefill + settings.max_decode <= settings.k8s_gpu_budget
     assert set(models.values()) == {"meta-llama/Llama-3.1-8B-Instruct"}
     for obj in of_kind(overlay, "Deployment").values():

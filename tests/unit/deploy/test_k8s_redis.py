@@ -1,5 +1,6 @@
 """deploy/k8s/components/redis on top of the cpu overlay: it renders and validates, the gateways then use the shared
 store at tandem-redis, the Redis pod is as hardened as the rest, and only the gateways reach it."""
+
 import kubernetes_validate
 import pytest
 
@@ -18,7 +19,8 @@ def overlay(tmp_path_factory):
     mine.mkdir()
     (mine / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources:\n  - ../tandem/deploy/k8s/overlays/cpu\ncomponents:\n  - ../tandem/deploy/k8s/components/redis\n")
+        "resources:\n  - ../tandem/deploy/k8s/overlays/cpu\ncomponents:\n  - ../tandem/deploy/k8s/components/redis\n"
+    )
     return mine
 
 

@@ -1,6 +1,7 @@
 """deploy/k8s checked offline: every overlay renders with `kubectl kustomize` into its committed golden render, its
 built-in kinds validate strictly against the API schemas of the oldest and newest Kubernetes versions supported, and
 the Prometheus operator's kinds against their vendored definitions."""
+
 import copy
 from functools import cache
 from pathlib import Path
@@ -75,8 +76,11 @@ def crd_schema(kind: str) -> dict:
 
 def _strict(schema):
     if isinstance(schema, dict):
-        if "properties" in schema and "additionalProperties" not in schema \
-                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         for value in schema.values():
             _strict(value)

@@ -1,6 +1,7 @@
 """deploy/k8s hardened, on every rendered overlay: the NetworkPolicies evaluated into who reaches which port (and
 compared with exactly the pairs the services need), and every container of every pod unprivileged on a read-only
 root filesystem with its writable paths on volumes (the restricted Pod Security Standard)."""
+
 import pytest
 
 from tests.unit.deploy.helpers import REPO
@@ -9,11 +10,17 @@ from tests.unit.deploy.kube import OVERLAYS, ROLES, all_containers, container_en
 NAMESPACE = "tandem"
 # (source role, target role) -> the target's named ports it may open; None: every port
 NEEDED = {
-    ("gateway", "router"): {"grpc"}, ("gateway", "prefill"): {"grpc"}, ("gateway", "decode"): {"grpc"},
-    ("prefill", "router"): {"grpc"}, ("decode", "router"): {"grpc"},
-    ("router", "prefill"): {"grpc"}, ("router", "decode"): {"grpc"},
+    ("gateway", "router"): {"grpc"},
+    ("gateway", "prefill"): {"grpc"},
+    ("gateway", "decode"): {"grpc"},
+    ("prefill", "router"): {"grpc"},
+    ("decode", "router"): {"grpc"},
+    ("router", "prefill"): {"grpc"},
+    ("router", "decode"): {"grpc"},
     ("decode", "prefill"): None,  # PullKv on grpc, and NIXL/UCX on the ports UCX picks
-    ("planner", "router"): {"grpc"}, ("planner", "prefill"): {"grpc"}, ("planner", "decode"): {"grpc"},
+    ("planner", "router"): {"grpc"},
+    ("planner", "prefill"): {"grpc"},
+    ("planner", "decode"): {"grpc"},
 }
 PROMETHEUS = ({"app.kubernetes.io/name": "prometheus"}, "monitoring")
 STRANGER = ({"app": "anything"}, "default")
@@ -60,19 +67,28 @@ def _port_matches(rule: dict, target: Pod, name: str, number: int) -> bool:
 def _allowed(policies, direction: str, subject: Pod, peer: Pod, target: Pod, name: str, number: int) -> bool:
     """Whether `direction` (Ingress on the target, Egress on the source) lets this connection through."""
     kind, field = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
-    isolating = [p["spec"] for p in policies if direction in p["spec"]["policyTypes"]
-                 and subject.namespace == NAMESPACE and _selects(p["spec"]["podSelector"], subject.labels)]
+    isolating = [
+        p["spec"]
+        for p in policies
+        if direction in p["spec"]["policyTypes"]
+        and subject.namespace == NAMESPACE
+        and _selects(p["spec"]["podSelector"], subject.labels)
+    ]
     if subject.namespace != NAMESPACE:
         return True  # no policy of ours isolates a pod elsewhere
-    return any((field not in rule or any(_peer_matches(x, peer) for x in rule[field]))
-               and _port_matches(rule, target, name, number)
-               for spec in isolating for rule in spec.get(kind, []))
+    return any(
+        (field not in rule or any(_peer_matches(x, peer) for x in rule[field]))
+        and _port_matches(rule, target, name, number)
+        for spec in isolating
+        for rule in spec.get(kind, [])
+    )
 
 
 def reaches(policies, source: Pod, target: Pod, name: str) -> bool:
     number = target.ports[name]
-    return (_allowed(policies, "Egress", source, target, target, name, number)
-            and _allowed(policies, "Ingress", target, source, target, name, number))
+    return _allowed(policies, "Egress", source, target, target, name, number) and _allowed(
+        policies, "Ingress", target, source, target, name, number
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -87,14 +103,16 @@ def test_everything_is_denied_by_default(overlay):
 def test_tandem_pods_reach_exactly_the_ports_their_role_pairs_need(overlay):
     policies = list(of_kind(overlay, "NetworkPolicy").values())
     pods = tandem_pods(overlay)
-    for (src, dst), target in ((pair, pods[pair[1]]) for pair in
-                               [(s, d) for s in ROLES for d in ROLES if s != d]):
+    for (src, dst), target in ((pair, pods[pair[1]]) for pair in [(s, d) for s in ROLES for d in ROLES if s != d]):
         needed = NEEDED.get((src, dst), set())
         open_ports = {name for name in target.ports if reaches(policies, pods[src], target, name)}
         assert open_ports == (set(target.ports) if needed is None else needed), (src, dst)
     for role in ROLES:  # nobody reaches itself by the network either (a replica calls no other replica)
-        assert not any(reaches(policies, pods[role], pods[role], n) for n in pods[role].ports
-                       if (role, role) not in NEEDED and n != "http"), role
+        assert not any(
+            reaches(policies, pods[role], pods[role], n)
+            for n in pods[role].ports
+            if (role, role) not in NEEDED and n != "http"
+        ), role
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -124,6 +142,7 @@ def test_every_pod_resolves_names_and_only_the_planner_reaches_the_kubernetes_ap
 
 
 # --- the containers ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 @pytest.mark.parametrize("role", ROLES)
@@ -177,7 +196,9 @@ TLS_SECRETS = {f"tandem-tls-{role}" for role in ROLES}
 def test_each_pod_mounts_only_its_own_roles_tls_secret_read_only(overlay):
     for role in ROLES:
         spec = pod_spec(overlay, role)
-        secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v} & (TLS_SECRETS | {"tandem-pki-ca"})
+        secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v} & (
+            TLS_SECRETS | {"tandem-pki-ca"}
+        )
         assert secrets == {f"tandem-tls-{role}"}, role
         (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == f"tandem-tls-{role}"]
         assert volume["secret"]["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == 10001, role
@@ -186,8 +207,10 @@ def test_each_pod_mounts_only_its_own_roles_tls_secret_read_only(overlay):
         assert mount == {"name": volume["name"], "mountPath": "/etc/tandem/tls", "readOnly": True}
         env = container_env(overlay, container)
         assert {env[f"TANDEM_GRPC_TLS_{k}"].rsplit("/", 1)[0] for k in ("CA", "CERT", "KEY")} != set()
-        assert all(env[f"TANDEM_GRPC_TLS_{k}"].endswith(f) for k, f in (("CA", "/ca.crt"), ("CERT", "/tls.crt"),
-                                                                            ("KEY", "/tls.key")))
+        assert all(
+            env[f"TANDEM_GRPC_TLS_{k}"].endswith(f)
+            for k, f in (("CA", "/ca.crt"), ("CERT", "/tls.crt"), ("KEY", "/tls.key"))
+        )
         assert "TANDEM_GRPC_INSECURE" not in env and env.get("TANDEM_GRPC_TLS_CLIENT_AUTH", "1") == "1", role
 
 
@@ -203,11 +226,17 @@ def test_the_certs_job_is_hardened_and_may_touch_only_tandems_secrets(overlay):
     assert (REPO / "docker" / "k8s-certs.py").is_file()
     assert {v["name"]: v for v in spec["volumes"]}["tmp"]["emptyDir"]["medium"] == "Memory"  # the CA key: no disk
     role = of_kind(overlay, "Role")["tandem-certs"]
-    granted = {(verb, name) for rule in role["rules"] for verb in rule["verbs"]
-               for name in rule.get("resourceNames", ["*"]) if rule["resources"] == ["secrets"]}
+    granted = {
+        (verb, name)
+        for rule in role["rules"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames", ["*"])
+        if rule["resources"] == ["secrets"]
+    }
     assert len(granted) == sum(len(r["verbs"]) * len(r.get("resourceNames", ["*"])) for r in role["rules"])
-    assert granted == {("create", "*")} | {(v, n) for v in ("get", "update")
-                                           for n in TLS_SECRETS | {"tandem-pki-ca", "tandem-redis-auth"}}
+    assert granted == {("create", "*")} | {
+        (v, n) for v in ("get", "update") for n in TLS_SECRETS | {"tandem-pki-ca", "tandem-redis-auth"}
+    }
     assert spec["serviceAccountName"] == "tandem-certs"
     policies = list(of_kind(overlay, "NetworkPolicy").values())
     pod = Pod(job["spec"]["template"]["metadata"]["labels"], NAMESPACE, {})
@@ -241,8 +270,9 @@ def test_the_job_makes_one_secret_per_role_with_only_that_roles_files(tmp_path):
         worker = role in ("prefill", "decode")
         assert body["type"] == "kubernetes.io/tls"
         hasher = role != "planner"  # the gateway, router and workers key their block hashes with it
-        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | ({"kv-signing.key"} if worker else set(
-        )) | ({"kv-hash.secret"} if hasher else set()) | ({"redis.password"} if role == "gateway" else set())
+        assert set(body["stringData"]) == {"tls.crt", "tls.key", "ca.crt"} | (
+            {"kv-signing.key"} if worker else set()
+        ) | ({"kv-hash.secret"} if hasher else set()) | ({"redis.password"} if role == "gateway" else set())
         assert "PRIVATE KEY" in body["stringData"]["tls.key"] and body["metadata"]["labels"]["tandem.io/role"] == role
     assert "ca.key" in bodies["tandem-pki-ca"]["stringData"]
     secrets = {b["stringData"].get("kv-hash.secret") for b in bodies.values()} - {None}

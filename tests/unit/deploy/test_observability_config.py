@@ -1,5 +1,6 @@
 """The observability configs: dashboards use only catalogued metrics in plain PromQL, Grafana's provisioning
 points at datasources and dashboards that exist, Prometheus finds every tandem service compose starts."""
+
 import importlib.util
 import json
 import re
@@ -29,8 +30,12 @@ def _panels(dashboard: dict) -> list[dict]:
 
 
 def _exprs() -> list[tuple[str, str, str]]:
-    return [(name, panel["title"], target["expr"]) for name, d in _dashboards().items()
-            for panel in _panels(d) for target in panel.get("targets", [])]
+    return [
+        (name, panel["title"], target["expr"])
+        for name, d in _dashboards().items()
+        for panel in _panels(d)
+        for target in panel.get("targets", [])
+    ]
 
 
 def _catalog() -> set[str]:
@@ -40,8 +45,11 @@ def _catalog() -> set[str]:
 
 
 def _datasources() -> list[dict]:
-    return [ds for path in sorted((PROVISIONING / "datasources").glob("*.yaml"))
-            for ds in yaml.safe_load(path.read_text())["datasources"]]
+    return [
+        ds
+        for path in sorted((PROVISIONING / "datasources").glob("*.yaml"))
+        for ds in yaml.safe_load(path.read_text())["datasources"]
+    ]
 
 
 def _concrete(expr: str) -> str:
@@ -91,16 +99,30 @@ def test_dashboards_use_only_catalogued_metric_names():
 def test_every_catalogued_area_is_on_a_dashboard():
     used = {re.sub(r"_(bucket|sum|count)$", "", m) for _, _, e in _exprs() for m in re.findall(r"\btandem_\w+", e)}
     # what an operator asked for; the rest of the catalog may stay off the dashboards
-    for metric in ("tandem_gateway_requests_total", "tandem_gateway_time_to_first_token_seconds",
-                   "tandem_gateway_inter_token_latency_seconds", "tandem_gateway_request_duration_seconds",
-                   "tandem_gateway_goodput_requests_total", "tandem_gateway_requests_in_flight",
-                   "tandem_worker_requests_waiting", "tandem_worker_requests_running", "tandem_worker_kv_blocks_used",
-                   "tandem_worker_kv_blocks_total", "tandem_worker_prefix_cache_hits_total",
-                   "tandem_worker_kv_transfer_bytes_total", "tandem_worker_kv_transfer_seconds",
-                   "tandem_worker_preemptions_total", "tandem_router_decisions_total", "tandem_router_route_seconds",
-                   "tandem_router_predicted_overlap_ratio", "tandem_router_workers",
-                   "tandem_planner_predicted_load", "tandem_planner_replicas_desired", "tandem_planner_replicas",
-                   "tandem_planner_slo_attainment_ratio"):
+    for metric in (
+        "tandem_gateway_requests_total",
+        "tandem_gateway_time_to_first_token_seconds",
+        "tandem_gateway_inter_token_latency_seconds",
+        "tandem_gateway_request_duration_seconds",
+        "tandem_gateway_goodput_requests_total",
+        "tandem_gateway_requests_in_flight",
+        "tandem_worker_requests_waiting",
+        "tandem_worker_requests_running",
+        "tandem_worker_kv_blocks_used",
+        "tandem_worker_kv_blocks_total",
+        "tandem_worker_prefix_cache_hits_total",
+        "tandem_worker_kv_transfer_bytes_total",
+        "tandem_worker_kv_transfer_seconds",
+        "tandem_worker_preemptions_total",
+        "tandem_router_decisions_total",
+        "tandem_router_route_seconds",
+        "tandem_router_predicted_overlap_ratio",
+        "tandem_router_workers",
+        "tandem_planner_predicted_load",
+        "tandem_planner_replicas_desired",
+        "tandem_planner_replicas",
+        "tandem_planner_slo_attainment_ratio",
+    ):
         assert metric in used, metric
 
 
@@ -109,8 +131,9 @@ def test_queries_are_plain_promql_with_rate_interval_windows_and_regex_variables
         for window in re.findall(r"\[([^\]]+)\]", expr):
             assert window == "$__rate_interval", f"{name} / {title}: fixed window [{window}]"
         assert not re.search(r'[!=]="\$', expr), f"{name} / {title}: match variables with =~ (All is .*)"
-        assert re.search(r"\brate\(\w+_total\b", expr) or "rate(" not in expr or "_bucket" in expr, \
+        assert re.search(r"\brate\(\w+_total\b", expr) or "rate(" not in expr or "_bucket" in expr, (
             f"{name} / {title}: rate() of a non-counter"
+        )
 
 
 def test_template_variables_are_defined_and_documented():
@@ -142,6 +165,7 @@ def _promtool_rules_ok(promtool: str, rules: list[dict], path) -> bool:
 
 
 # --- Grafana provisioning --------------------------------------------------------------------------------------
+
 
 def test_datasources_point_at_the_compose_services_and_link_traces_and_logs():
     by_uid = {ds["uid"]: ds for ds in _datasources()}
@@ -180,6 +204,7 @@ def test_grafana_wants_a_login_and_its_admin_password_from_the_environment():
 
 # --- Prometheus, Loki, Tempo, Alloy --------------------------------------------------------------------------
 
+
 def test_prometheus_finds_every_tandem_service_compose_starts():
     config = yaml.safe_load((OBSERVABILITY / "prometheus" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
@@ -191,8 +216,11 @@ def test_prometheus_finds_every_tandem_service_compose_starts():
         [sd] = jobs[job]["dns_sd_configs"]
         assert sd["names"] == names and sd["type"] == "A" and sd["port"] == 9464, job
         assert all(n in SERVICES or n in aliases for n in names), job
-    assert all(environment(SERVICES[n]).get("TANDEM_WORKER_METRICS_PORT") == "9464"
-               for n in SERVICES if n.startswith(("prefill", "decode")))
+    assert all(
+        environment(SERVICES[n]).get("TANDEM_WORKER_METRICS_PORT") == "9464"
+        for n in SERVICES
+        if n.startswith(("prefill", "decode"))
+    )
     mounted = [v for v in SERVICES["prometheus"]["volumes"] if v.startswith("./")]
     assert mounted == ["./observability/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"]
 
@@ -211,8 +239,9 @@ def test_prometheus_configs_pass_promtool(name, tmp_path):
         pytest.skip("promtool is not installed (Debian's prometheus package has it)")
     config = tmp_path / name
     config.write_text((OBSERVABILITY / "prometheus" / name).read_text())
-    (tmp_path / "prometheus-targets.json").write_text(json.dumps(
-        [{"targets": ["127.0.0.1:9464"], "labels": {"service": "router"}}]))
+    (tmp_path / "prometheus-targets.json").write_text(
+        json.dumps([{"targets": ["127.0.0.1:9464"], "labels": {"service": "router"}}])
+    )
     out = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -1,10 +1,11 @@
 """docs/configuration.md is generated from the settings classes (`tandem config docs`): this fails when the committed
 file is stale, and checks that every service's variables are in it."""
+
 import json
 from pathlib import Path
 
-from tandem.config_docs import DOC, field_comments, render
 from services.router.settings import RouterSettings
+from tandem.config_docs import DOC, field_comments, render
 
 NAMES = Path(__file__).parents[1] / "services" / "common" / "settings_names.json"
 

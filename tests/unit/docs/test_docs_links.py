@@ -1,6 +1,7 @@
 """The repository documents itself: README.md stays short, every relative link in README.md, docs/*.md and
 bench/RESULTS.md names a file (and heading) inside the checkout, no markdown file links outside it, and every
 bench/results path RESULTS.md cites is committed. Reads files only; it never follows a link over the network."""
+
 import itertools
 import re
 from pathlib import Path
@@ -68,8 +69,11 @@ def documents(repo: Path) -> list[Path]:
 
 def every_markdown(repo: Path) -> list[Path]:
     """Every markdown file of the checkout, skipping hidden folders (.venv, .cache, .git) and installed packages."""
-    return sorted(p for p in repo.rglob("*.md")
-                  if not any(part.startswith(".") or part == "node_modules" for part in p.relative_to(repo).parts))
+    return sorted(
+        p
+        for p in repo.rglob("*.md")
+        if not any(part.startswith(".") or part == "node_modules" for part in p.relative_to(repo).parts)
+    )
 
 
 _CITED = re.compile(r"bench/results/(?:[\w./*?-]|\{[^{}\s]*\})+")  # a brace may hold commas and dots
@@ -87,8 +91,11 @@ def expand_braces(pattern: str) -> list[str]:
         options = [str(i) for i in range(low, high + 1)]
     else:
         options = body.split(",")
-    return list(itertools.chain.from_iterable(
-        expand_braces(pattern[:match.start()] + option + pattern[match.end():]) for option in options))
+    return list(
+        itertools.chain.from_iterable(
+            expand_braces(pattern[: match.start()] + option + pattern[match.end() :]) for option in options
+        )
+    )
 
 
 def missing_citations(results: Path, repo: Path) -> list[str]:
@@ -129,9 +136,11 @@ def test_every_results_section_says_where_its_json_is():
 
 
 def test_a_section_without_json_is_caught():
-    text = ("# R\n## A\n`--json bench/results/a.json`\n## B: not measured\nno GPU\n"
-            "## C\n**JSON not kept:** scratch\n## D\n```\ntandem bench --json bench/out/d.json\n```\n| 1 |\n"
-            "## E\n```\n--json bench/results/e.json\n```\n")
+    text = (
+        "# R\n## A\n`--json bench/results/a.json`\n## B: not measured\nno GPU\n"
+        "## C\n**JSON not kept:** scratch\n## D\n```\ntandem bench --json bench/out/d.json\n```\n| 1 |\n"
+        "## E\n```\n--json bench/results/e.json\n```\n"
+    )
     assert sections_without_json(text) == ["## D"]
 
 
@@ -153,11 +162,17 @@ def test_the_citation_check_catches_a_missing_file(tmp_path):
     for name in ("a.json", "a_2.json", "run1.json", "run2.json", "sim/x_load.png"):
         (tmp_path / "bench" / "results" / name).write_text("{}")
     results = tmp_path / "bench" / "RESULTS.md"
-    results.write_text("`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, "
-                       "bench/results/sim/*_load.png.\nbench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
-                       "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png\n")
-    assert missing_citations(results, tmp_path) == ["bench/results/gone.json", "bench/results/run3.json",
-                                                    "bench/results/sim/*_cdf.png", "bench/results/sim/x.json"]
+    results.write_text(
+        "`--json bench/results/a{,_2}.json` and bench/results/run{1..2}.json, "
+        "bench/results/sim/*_load.png.\nbench/results/sim/ holds bench/results/sim/x{_load.png,.json}\n"
+        "| row | bench/results/gone.json | bench/results/run{1,3}.json | bench/results/sim/*_cdf.png\n"
+    )
+    assert missing_citations(results, tmp_path) == [
+        "bench/results/gone.json",
+        "bench/results/run3.json",
+        "bench/results/sim/*_cdf.png",
+        "bench/results/sim/x.json",
+    ]
     assert expand_braces("x{0..2}_{a,b}") == ["x0_a", "x0_b", "x1_a", "x1_b", "x2_a", "x2_b"]
 
 
@@ -171,13 +186,17 @@ def test_readme_links_the_docs_and_keeps_the_two_commands():
 def test_the_checker_catches_what_it_is_for(tmp_path):
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
-    (repo / "docs" / "there.md").write_text("# A `tidy` heading (here)\n## Twice\n## Twice\n```\n# not a heading\n```\n")
+    (repo / "docs" / "there.md").write_text(
+        "# A `tidy` heading (here)\n## Twice\n## Twice\n```\n# not a heading\n```\n"
+    )
     doc = repo / "README.md"
-    doc.write_text("# Top\n[ok](docs/there.md#a-tidy-heading-here) [again](docs/there.md#twice-1) [web](https://x.org)\n"
-                   "[top](#top) `[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
-                   "[gone](docs/missing.md) [up](../outside.md) [no heading](docs/there.md#not-a-heading)\n"
-                   "[self](#nowhere)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n"
-                   "`flock /work/coord/bench.lock` and tandem/work/x.py\n")
+    doc.write_text(
+        "# Top\n[ok](docs/there.md#a-tidy-heading-here) [again](docs/there.md#twice-1) [web](https://x.org)\n"
+        "[top](#top) `[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
+        "[gone](docs/missing.md) [up](../outside.md) [no heading](docs/there.md#not-a-heading)\n"
+        "[self](#nowhere)\n[ref]: ../../etc/passwd\nsee ../shared/DESIGN.md\n"
+        "`flock /work/coord/bench.lock` and tandem/work/x.py\n"
+    )
     problems = link_problems(doc, repo)
     assert len(problems) == 7, problems
     assert any("missing.md" in p and "missing file" in p for p in problems)
@@ -191,5 +210,9 @@ def test_the_checker_catches_what_it_is_for(tmp_path):
 
 def test_anchors_follow_githubs_rule():
     text = "# KV transfer: prefill -> decode\n## The TensorRT-LLM engine (engines/trtllm)\n## Notes\n## Notes\n"
-    assert anchors(text) == {"kv-transfer-prefill---decode", "the-tensorrt-llm-engine-enginestrtllm", "notes",
-                             "notes-1"}
+    assert anchors(text) == {
+        "kv-transfer-prefill---decode",
+        "the-tensorrt-llm-engine-enginestrtllm",
+        "notes",
+        "notes-1",
+    }

@@ -1,10 +1,11 @@
 """Test helpers: run requests through a real native engine (its loop on a thread) and collect their tokens."""
+
 import asyncio
 
 from engines.base import EngineRequest, SamplingParams
+from engines.base.engine_configs import BatchConfig
 from engines.core.client import EngineClient
 from engines.native import native_spec
-from engines.base.engine_configs import BatchConfig
 from engines.native.config import EngineConfig
 
 

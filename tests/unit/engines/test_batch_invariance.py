@@ -1,5 +1,6 @@
 """A request's greedy output does not depend on what it is batched with: alone, among 16 requests
 of mixed lengths, with chunked prefill on or off, on a prefix-cache hit, and after preemption."""
+
 import pytest
 import torch
 
@@ -18,8 +19,7 @@ async def outputs(model_dir, prompts, one_at_a_time=False, **engine_kw) -> list[
     engine = await started(model_dir, **engine_kw)
     try:
         if one_at_a_time:
-            return [(await run_batch(engine, [p], greedy(NUM_NEW), prefix=f"a{i}-"))[0]
-                    for i, p in enumerate(prompts)]
+            return [(await run_batch(engine, [p], greedy(NUM_NEW), prefix=f"a{i}-"))[0] for i, p in enumerate(prompts)]
         return await run_batch(engine, prompts, greedy(NUM_NEW))
     finally:
         await engine.shutdown()
@@ -29,8 +29,9 @@ async def test_alone_batched_chunked_unchunked_agree(tiny_llama):
     prompts = mixed_prompts(vocab_size=400)
     alone = await outputs(tiny_llama, prompts, one_at_a_time=True, enable_prefix_caching=False)
     batched = await outputs(tiny_llama, prompts, max_num_batched_tokens=48)  # many chunks
-    unchunked = await outputs(tiny_llama, prompts, enable_chunked_prefill=False,
-                              max_num_batched_tokens=4096, enable_prefix_caching=False)
+    unchunked = await outputs(
+        tiny_llama, prompts, enable_chunked_prefill=False, max_num_batched_tokens=4096, enable_prefix_caching=False
+    )
     assert batched == alone
     assert unchunked == alone
 

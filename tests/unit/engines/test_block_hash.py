@@ -1,5 +1,6 @@
 """The one chained block hash: full blocks only, chained, stable across processes; and the one block count of a
 token count."""
+
 import re
 import subprocess
 import sys
@@ -47,8 +48,12 @@ def test_base_imports_no_torch():
 # -- the block count of a token count: one owner ---------------------------------------------
 ROOT = Path(__file__).resolve().parents[3]
 # NOTE: KV-transfer modules the KvConnector work (issue 23, item 1) rewrites; each still spells ceil() by hand
-NOT_YET = {"engines/base/requests.py", "engines/transfer/descriptor.py", "services/prefill/server.py",
-           "services/decode/kv_import.py"}
+NOT_YET = {
+    "engines/base/requests.py",
+    "engines/transfer/descriptor.py",
+    "services/prefill/server.py",
+    "services/decode/kv_import.py",
+}
 CEIL_BLOCKS = re.compile(r"-\(-.*//\s*[\w.]*(block_size|BLOCK_SIZE)\b")
 
 
@@ -57,7 +62,10 @@ def test_num_blocks_for_rounds_up():
 
 
 def test_only_block_hash_counts_the_blocks_of_a_token_count():
-    spelled = sorted(str(path.relative_to(ROOT)) for folder in ("engines", "services", "tandem", "bench")
-                     for path in (ROOT / folder).rglob("*.py")
-                     if path.name != "block_hash.py" and CEIL_BLOCKS.search(path.read_text()))
+    spelled = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("engines", "services", "tandem", "bench")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.name != "block_hash.py" and CEIL_BLOCKS.search(path.read_text())
+    )
     assert set(spelled) <= NOT_YET, spelled

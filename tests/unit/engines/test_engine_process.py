@@ -1,5 +1,6 @@
 """The engine loop and its process: one batched message per step, aborts, a killed engine process failing its
 live streams at once, and the message encoding the process channel uses."""
+
 import asyncio
 import os
 import signal
@@ -12,8 +13,8 @@ from engines.core.loop import EngineLoop
 from engines.core.messages import Abort, Add, StepOutputs, decode, encode
 from engines.sim import sim_spec
 from engines.zero import zero_spec
-from engines.zero.runner import build_core as zero_core
 from engines.zero.runner import ZeroSpec
+from engines.zero.runner import build_core as zero_core
 
 
 class RecordingChannel:
@@ -66,10 +67,17 @@ def test_messages_survive_the_encoding():
     from engines.core.messages import Failed, Reply
 
     kv = KvExport(KvLayout(1, 1, 1, "float32", 4), (5, 6), 1, bytes(32))
-    request = EngineRequest("r", (1, 2), SamplingParams(max_tokens=3, seed=7, min_tokens=1, stop_token_ids=(9,)),
-                            kv=kv, output_token_ids=(4,), kv_params=b"opaque")
-    out = RequestOutput("r", (7,), (TokenLogprob(7, -0.5, ((7, -0.5), (8, -1.0))),), FinishReason.PREFILLED, 2, 1,
-                        None, 0.25, b"x")
+    request = EngineRequest(
+        "r",
+        (1, 2),
+        SamplingParams(max_tokens=3, seed=7, min_tokens=1, stop_token_ids=(9,)),
+        kv=kv,
+        output_token_ids=(4,),
+        kv_params=b"opaque",
+    )
+    out = RequestOutput(
+        "r", (7,), (TokenLogprob(7, -0.5, ((7, -0.5), (8, -1.0))),), FinishReason.PREFILLED, 2, 1, None, 0.25, b"x"
+    )
     step = StepOutputs([out], EngineStats(*range(13)), [])
     for message in (Add(request), step, Reply(3, kv), Failed(EngineDiedError("gone"))):
         again = decode(encode(message))

@@ -1,11 +1,17 @@
 """Bad input raises a typed error with a clear message, and the engine keeps serving others."""
+
 import asyncio
 import json
 
 import pytest
 
-from engines.base import (EngineRequest, InvalidRequestError, ModelNotFoundError, SamplingParams,
-                          UnsupportedArchitectureError)
+from engines.base import (
+    EngineRequest,
+    InvalidRequestError,
+    ModelNotFoundError,
+    SamplingParams,
+    UnsupportedArchitectureError,
+)
 from engines.core.client import EngineClient
 from engines.native import native_spec
 from engines.native.config import EngineConfig
@@ -14,6 +20,7 @@ from tests.unit.engines.helpers import collect, greedy, started
 
 def NativeEngine(config: EngineConfig) -> EngineClient:
     return EngineClient(native_spec(config))
+
 
 BAD_REQUESTS = [
     ((), greedy(4), "prompt is empty"),

@@ -1,4 +1,5 @@
 """The KV event log: per-worker numbering, bounded replay, snapshots of the live blocks."""
+
 import pytest
 
 from engines.base.block_hash import NONE_HASH
@@ -18,9 +19,11 @@ def test_events_are_numbered_from_one_per_log():
 def test_record_groups_chained_pairs_and_puts_removals_first():
     log = KvEventLog()
     events = log.record(stored=[(NONE_HASH, 1), (1, 2), (2, 3), (7, 8)], removed=[5, 6], tier=KvTier.HOST)
-    assert events == [KvEvent(1, REMOVED, NONE_HASH, (5, 6), KvTier.HOST),
-                      KvEvent(2, STORED, NONE_HASH, (1, 2, 3), KvTier.HOST),
-                      KvEvent(3, STORED, 7, (8,), KvTier.HOST)]
+    assert events == [
+        KvEvent(1, REMOVED, NONE_HASH, (5, 6), KvTier.HOST),
+        KvEvent(2, STORED, NONE_HASH, (1, 2, 3), KvTier.HOST),
+        KvEvent(3, STORED, 7, (8,), KvTier.HOST),
+    ]
     assert log.record(stored=[], removed=[]) == []  # nothing changed: no seq spent
     assert log.last_seq == 3
 
@@ -48,10 +51,12 @@ def test_snapshot_holds_only_live_blocks_chained_per_tier():
     log.stored(1, [2])  # re-stored after eviction: its chain link survives
     snap = log.snapshot()
     assert snap.seq == 5
-    assert snap.events == (KvEvent(5, STORED, NONE_HASH, (1,), KvTier.DEVICE),
-                           KvEvent(5, STORED, 2, (3, 4), KvTier.DEVICE),
-                           KvEvent(5, STORED, 1, (2,), KvTier.DEVICE),
-                           KvEvent(5, STORED, NONE_HASH, (9,), KvTier.DISK))
+    assert snap.events == (
+        KvEvent(5, STORED, NONE_HASH, (1,), KvTier.DEVICE),
+        KvEvent(5, STORED, 2, (3, 4), KvTier.DEVICE),
+        KvEvent(5, STORED, 1, (2,), KvTier.DEVICE),
+        KvEvent(5, STORED, NONE_HASH, (9,), KvTier.DISK),
+    )
     assert log.num_blocks == 5
 
 

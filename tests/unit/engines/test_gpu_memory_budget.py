@@ -1,6 +1,7 @@
 """TANDEM_WORKER_GPU_MEMORY_UTILIZATION, vLLM's meaning: a worker may fill that share of the card, and what is
 already in use there (its own weights, another worker's share) counts against it. The card is faked: only its
 memory figures (torch.cuda.mem_get_info) are replaced, the sizing code is the engine's."""
+
 import pytest
 import torch
 
@@ -30,13 +31,14 @@ def test_two_workers_sharing_a_card_each_keep_to_their_share(card):
 
 
 def test_the_kv_cache_is_sized_from_the_share(card, tmp_path):
-    from engines.base.types import KvLayout
     from engines.base.engine_configs import BatchConfig
+    from engines.base.types import KvLayout
     from engines.native.config import EngineConfig
 
     card["free"] = 72 * GB  # 8 GB in use: this worker's weights
-    config = EngineConfig(model=str(tmp_path), device="cuda:0", gpu_memory_utilization=0.2,
-                          batch=BatchConfig(max_num_seqs=1 << 20))
+    config = EngineConfig(
+        model=str(tmp_path), device="cuda:0", gpu_memory_utilization=0.2, batch=BatchConfig(max_num_seqs=1 << 20)
+    )
     runner = mr.ModelRunner.__new__(mr.ModelRunner)  # NOTE: the sizing alone; nothing is put on the fake card
     runner.config, runner.device, runner.block_size, runner.max_model_len = config, "cuda:0", 16, 8192
     runner.kv_layout = KvLayout(32, 8, 128, "bfloat16", 16)  # Llama-3.1-8B: 2 MiB a block

@@ -1,5 +1,6 @@
 """The disk tier's file format and store on a real filesystem: header and checksum, foreign and corrupt files,
 the start-up scan, a full and an unwritable disk, FP8 blocks written with other scales; the host budget check."""
+
 import os
 import shutil
 import subprocess
@@ -13,8 +14,16 @@ from engines.base.events import KvTier
 from engines.base.types import KvLayout
 from engines.core.tiers.kv_tiers import OnboardBlock, TierSpec
 from engines.native.kv_cache import KvCache, bytes_per_block
-from engines.native.tiers.disk_format import (BlockHeader, BlockIdentity, BlockSeal, CorruptBlockError,
-                                               ForeignBlockError, ForgedBlockError, decode, encode)
+from engines.native.tiers.disk_format import (
+    BlockHeader,
+    BlockIdentity,
+    BlockSeal,
+    CorruptBlockError,
+    ForeignBlockError,
+    ForgedBlockError,
+    decode,
+    encode,
+)
 from engines.native.tiers.disk_store import DirectoryInUseError, DiskStore
 from engines.native.tiers.host_pool import check_host_budget
 from engines.native.tiers.native_tiers import NativeTiers
@@ -57,10 +66,15 @@ def test_a_truncated_file_fails_the_check():
         decode(file_bytes()[:-10], IDENTITY, SEAL)
 
 
-@pytest.mark.parametrize("other", [BlockIdentity("model-b", "float32", 4, (2, 1, 8)),
-                                   BlockIdentity("model-a", "bfloat16", 4, (2, 1, 8)),
-                                   BlockIdentity("model-a", "float32", 8, (2, 1, 8)),
-                                   BlockIdentity("model-a", "float32", 4, (2, 2, 8))])
+@pytest.mark.parametrize(
+    "other",
+    [
+        BlockIdentity("model-b", "float32", 4, (2, 1, 8)),
+        BlockIdentity("model-a", "bfloat16", 4, (2, 1, 8)),
+        BlockIdentity("model-a", "float32", 8, (2, 1, 8)),
+        BlockIdentity("model-a", "float32", 4, (2, 2, 8)),
+    ],
+)
 def test_a_block_of_another_model_dtype_block_size_or_layout_is_foreign(other):
     with pytest.raises(ForeignBlockError):
         decode(file_bytes(header(identity=other)), IDENTITY, SEAL)
@@ -136,8 +150,13 @@ def tiny_filesystem(tmp_path):
     """A 64 KiB tmpfs, really full after a few blocks; skipped where mounting is not allowed."""
     mount = tmp_path / "full"
     mount.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-                                                        str(mount)], capture_output=True).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a small tmpfs needs privileges this machine does not give")
     yield mount
     subprocess.run(["umount", str(mount)], check=False)
@@ -189,15 +208,18 @@ def test_a_host_budget_larger_than_the_machine_is_refused_clearly():
 # -- at rest: authenticated headers, one private directory per worker ------------------------------
 def test_a_header_sealed_with_another_key_or_for_another_directory_is_forged():
     data = file_bytes()
-    for other in (BlockSeal(bytes(32), b"/var/kv/worker-a"), BlockSeal(KEY, b"/var/kv/worker-b"),
-                  BlockSeal(None, b"/var/kv/worker-a")):
+    for other in (
+        BlockSeal(bytes(32), b"/var/kv/worker-a"),
+        BlockSeal(KEY, b"/var/kv/worker-b"),
+        BlockSeal(None, b"/var/kv/worker-a"),
+    ):
         with pytest.raises(ForgedBlockError, match="authentication"):
             decode(data, IDENTITY, other)
 
 
 def test_a_payload_swapped_under_an_authentic_header_is_forged():
     data = bytearray(file_bytes())
-    data[-len(PAYLOAD):] = bytes(reversed(PAYLOAD))  # same length, other bytes
+    data[-len(PAYLOAD) :] = bytes(reversed(PAYLOAD))  # same length, other bytes
     with pytest.raises(ForgedBlockError, match="payload"):
         decode(bytes(data), IDENTITY, SEAL)
 

@@ -1,4 +1,5 @@
 """The native engine publishes its block manager's changes as numbered KV events (engines/base/events.py)."""
+
 import asyncio
 
 import pytest

@@ -1,6 +1,7 @@
 """The native engine's KV tiers on CPU (a tiny random Llama, its loop on a thread): a prefix evicted from the device
 pool comes back from the host tier, from disk, and from disk after a restart with exactly the tokens of an engine
 without tiers, in float32 and with an FP8 cache; a corrupt disk block is recomputed, never served."""
+
 import asyncio
 import time
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from engines.base import EngineRequest
+from engines.base.types import KvLayout
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import bytes_per_block
-from engines.base.types import KvLayout
 from tests.unit.engines.helpers import collect, greedy, started
 
 BS = 16
@@ -63,8 +64,12 @@ async def announced(engine, timeout_s: float = 10.0) -> list:
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
 async def test_a_prefix_evicted_from_the_device_comes_back_from_host_with_the_same_tokens(tiny_llama, kv_dtype):
     expected = await reference(tiny_llama, kv_cache_dtype=kv_dtype)
-    engine = await started(tiny_llama, num_blocks=NUM_BLOCKS, kv_cache_dtype=kv_dtype,
-                           kv_host_gb=block_gb(tiny_llama, 64, "float8_e4m3fn" if kv_dtype == "fp8" else "float32"))
+    engine = await started(
+        tiny_llama,
+        num_blocks=NUM_BLOCKS,
+        kv_cache_dtype=kv_dtype,
+        kv_host_gb=block_gb(tiny_llama, 64, "float8_e4m3fn" if kv_dtype == "fp8" else "float32"),
+    )
     try:
         assert await run(engine, "a") == expected
         await evict(engine)
@@ -82,8 +87,12 @@ async def test_a_prefix_evicted_from_the_device_comes_back_from_host_with_the_sa
 async def test_disk_blocks_serve_after_host_eviction_and_after_a_restart(tiny_llama, tmp_path, kv_dtype):
     kv_layout_dtype = "float8_e4m3fn" if kv_dtype == "fp8" else "float32"
     expected = await reference(tiny_llama, kv_cache_dtype=kv_dtype)
-    tiers = dict(kv_cache_dtype=kv_dtype, kv_host_gb=block_gb(tiny_llama, 4, kv_layout_dtype),
-                 kv_disk_dir=str(tmp_path / "kv"), kv_disk_gb=block_gb(tiny_llama, 64, kv_layout_dtype))
+    tiers = dict(
+        kv_cache_dtype=kv_dtype,
+        kv_host_gb=block_gb(tiny_llama, 4, kv_layout_dtype),
+        kv_disk_dir=str(tmp_path / "kv"),
+        kv_disk_gb=block_gb(tiny_llama, 64, kv_layout_dtype),
+    )
     engine = await started(tiny_llama, num_blocks=NUM_BLOCKS, **tiers)
     try:
         assert await run(engine, "a") == expected
@@ -110,8 +119,9 @@ async def test_disk_blocks_serve_after_host_eviction_and_after_a_restart(tiny_ll
 
 async def test_a_corrupt_disk_block_is_dropped_and_recomputed(tiny_llama, tmp_path):
     expected = await reference(tiny_llama)
-    tiers = dict(kv_host_gb=block_gb(tiny_llama, 4), kv_disk_dir=str(tmp_path / "kv"),
-                 kv_disk_gb=block_gb(tiny_llama, 64))
+    tiers = dict(
+        kv_host_gb=block_gb(tiny_llama, 4), kv_disk_dir=str(tmp_path / "kv"), kv_disk_gb=block_gb(tiny_llama, 64)
+    )
     engine = await started(tiny_llama, num_blocks=NUM_BLOCKS, **tiers)
     try:
         await run(engine, "a")

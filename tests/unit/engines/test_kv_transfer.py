@@ -1,5 +1,6 @@
 """Export a request's KV from one engine, import it into another, continue decoding: the output
 is identical to never having moved it. Held blocks are freed on release and on lease expiry."""
+
 import asyncio
 
 import pytest
@@ -28,8 +29,9 @@ async def test_export_import_continues_identically(tiny_llama):
         kv = await source.export_kv("pre")
         await source.release_kv("pre")
         assert kv.token_ids == tuple(p)
-        rest, last = await collect(target, EngineRequest("dec", tuple(p), greedy(TOTAL), kv=kv,
-                                                         output_token_ids=tuple(first)))
+        rest, last = await collect(
+            target, EngineRequest("dec", tuple(p), greedy(TOTAL), kv=kv, output_token_ids=tuple(first))
+        )
         assert last.num_cached_tokens == kv.num_tokens == last.num_prompt_tokens == len(p)
         assert target.stats().num_prompt_tokens_computed == 0  # nothing of the prompt recomputed on the target
         assert source.stats().num_held == 0

@@ -1,5 +1,6 @@
 """The native engine against Hugging Face transformers on the same checkpoint and dtype (float32):
 greedy generation is token-identical and prompt logits match within a stated tolerance."""
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -23,9 +24,13 @@ def hf_model(model_dir):
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def prompts_for(vocab_size: int, lengths=(3, 17, 40)) -> list[list[int]]:
@@ -64,8 +69,7 @@ async def test_smollm2_greedy_and_logits_match_transformers(smollm2_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     chats = ["What is the capital of France?", "Write a haiku about the sea."]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)
-               for c in chats]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True) for c in chats]
     prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
     engine = await started(smollm2_dir, num_blocks=128)
     try:

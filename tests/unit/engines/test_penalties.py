@@ -1,6 +1,7 @@
 """Logit shaping: logit_bias, presence/frequency (generated tokens only), repetition (prompt + generated), min_p;
 exact on hand-made logits, then through the engine, alone and continued on a second engine as disaggregation
 does (the first token sampled on one engine, the rest on the other, same tokens as one run)."""
+
 import pytest
 import torch
 
@@ -31,8 +32,7 @@ def test_logit_bias_adds_to_the_named_tokens():
 def test_presence_and_frequency_count_generated_tokens_only():
     # prompt (3, 3) is ignored; generated: token 0 twice, token 2 once
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
-    assert shaped(params, history=(3, 3, 0, 2, 0), num_prompt=2) == [4.0 - 0.5 - 0.5, 3.0, -2.0 - 0.5 - 0.25,
-                                                                    1.0, 0.5]
+    assert shaped(params, history=(3, 3, 0, 2, 0), num_prompt=2) == [4.0 - 0.5 - 0.5, 3.0, -2.0 - 0.5 - 0.25, 1.0, 0.5]
 
 
 def test_repetition_divides_positive_and_multiplies_negative_logits_of_every_seen_token():
@@ -75,22 +75,25 @@ def test_logprobs_stay_those_of_the_model():
     assert token == 3 and lp.logprob == pytest.approx(float(LOGITS[0].log_softmax(-1)[3]))
 
 
-@pytest.mark.parametrize("params, message", [
-    (SamplingParams(presence_penalty=2.5), "presence_penalty"),
-    (SamplingParams(frequency_penalty=-3), "frequency_penalty"),
-    (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
-    (SamplingParams(min_p=1.5), "min_p"),
-    (SamplingParams(logit_bias=((2, 1.0), (1, 1.0))), "ascending"),
-    (SamplingParams(logit_bias=((2, 101.0),)), "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (SamplingParams(presence_penalty=2.5), "presence_penalty"),
+        (SamplingParams(frequency_penalty=-3), "frequency_penalty"),
+        (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
+        (SamplingParams(min_p=1.5), "min_p"),
+        (SamplingParams(logit_bias=((2, 1.0), (1, 1.0))), "ascending"),
+        (SamplingParams(logit_bias=((2, 101.0),)), "logit_bias"),
+    ],
+)
 def test_out_of_range_values_are_refused(params, message):
     with pytest.raises(InvalidRequestError, match=message):
         params.validate()
 
 
 def test_an_engine_without_logits_names_what_it_cannot_honour(tiny_llama):
-    from engines.core.runner import RunnerInfo
     from engines.base.types import KvLayout
+    from engines.core.runner import RunnerInfo
 
     info = RunnerInfo(KvLayout(1, 1, 1, "float32", 16), 8, 64, 100, no_logits="sim")
     check_shaping(SamplingParams(temperature=1.0, top_k=5), info)  # randomness knobs are not refused
@@ -102,16 +105,23 @@ def test_an_engine_without_logits_names_what_it_cannot_honour(tiny_llama):
 
 
 def test_the_engine_message_carries_every_sampling_field():
-    params = SamplingParams(max_tokens=9, temperature=0.7, top_k=5, seed=3, presence_penalty=0.5,
-                            frequency_penalty=-0.5, repetition_penalty=1.2, min_p=0.1,
-                            logit_bias=((1, 2.0), (7, -1.0)))
+    params = SamplingParams(
+        max_tokens=9,
+        temperature=0.7,
+        top_k=5,
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        min_p=0.1,
+        logit_bias=((1, 2.0), (7, -1.0)),
+    )
     message = Add(EngineRequest("r", PROMPT, params))
     assert decode(encode(message)) == message
 
 
 async def test_penalties_change_greedy_output_and_survive_a_handover(tiny_llama):
-    params = greedy(16, repetition_penalty=1.5, frequency_penalty=1.0, presence_penalty=0.5,
-                    logit_bias=((7, 3.0),))
+    params = greedy(16, repetition_penalty=1.5, frequency_penalty=1.0, presence_penalty=0.5, logit_bias=((7, 3.0),))
     first_engine, second_engine = await started(tiny_llama), await started(tiny_llama)
     try:
         plain, _ = await collect(first_engine, EngineRequest("plain", PROMPT, greedy(16)))
@@ -119,8 +129,9 @@ async def test_penalties_change_greedy_output_and_survive_a_handover(tiny_llama)
         first, _ = await collect(first_engine, EngineRequest("pre", PROMPT, params, hold_kv=True))
         kv = await first_engine.export_kv("pre")
         await first_engine.release_kv("pre")
-        rest, _ = await collect(second_engine, EngineRequest("rest", PROMPT, params, kv=kv,
-                                                             output_token_ids=tuple(first)))
+        rest, _ = await collect(
+            second_engine, EngineRequest("rest", PROMPT, params, kv=kv, output_token_ids=tuple(first))
+        )
     finally:
         await first_engine.shutdown()
         await second_engine.shutdown()

@@ -1,5 +1,6 @@
 """Sampling: seeded requests reproduce whatever the batch, top-k/top-p limits hold, stop tokens
 end a request, and log-probabilities are those of the model's distribution."""
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,11 +17,18 @@ async def test_seeded_sampling_reproduces_alone_and_in_batch(tiny_llama):
     engine = await started(tiny_llama)
     try:
         alone, _ = await collect(engine, EngineRequest("alone", PROMPT, params))
-        others = [EngineRequest(f"o{i}", (i + 1,) * (i + 3), SamplingParams(max_tokens=24, temperature=1.0))
-                  for i in range(7)]
+        others = [
+            EngineRequest(f"o{i}", (i + 1,) * (i + 3), SamplingParams(max_tokens=24, temperature=1.0)) for i in range(7)
+        ]
         batch = await run_batch(engine, [PROMPT] + [r.prompt_token_ids for r in others], params)
-        other_seed, _ = await collect(engine, EngineRequest("s2", PROMPT, SamplingParams(
-            max_tokens=24, temperature=1.0, top_p=0.9, top_k=50, seed=99, ignore_eos=True)))
+        other_seed, _ = await collect(
+            engine,
+            EngineRequest(
+                "s2",
+                PROMPT,
+                SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, top_k=50, seed=99, ignore_eos=True),
+            ),
+        )
     finally:
         await engine.shutdown()
     assert batch[0] == alone
@@ -67,8 +75,10 @@ async def test_stop_token_ends_request(tiny_llama):
         ref, _ = await collect(engine, EngineRequest("g", PROMPT, greedy(16)))
         stop_at = ref[5]
         first = ref.index(stop_at)
-        tokens, last = await collect(engine, EngineRequest(
-            "s", PROMPT, SamplingParams(max_tokens=16, stop_token_ids=(stop_at,), ignore_eos=True)))
+        tokens, last = await collect(
+            engine,
+            EngineRequest("s", PROMPT, SamplingParams(max_tokens=16, stop_token_ids=(stop_at,), ignore_eos=True)),
+        )
     finally:
         await engine.shutdown()
     assert tokens == ref[: first + 1]
@@ -80,7 +90,9 @@ async def test_logprobs_are_the_models(tiny_llama):
     engine = await started(tiny_llama)
     try:
         tokens, _ = await collect(engine, EngineRequest("lp", PROMPT, greedy(1)))
-        out = [o async for o in engine.add_request(EngineRequest("lp2", PROMPT, greedy(1, logprobs=True, top_logprobs=3)))]
+        out = [
+            o async for o in engine.add_request(EngineRequest("lp2", PROMPT, greedy(1, logprobs=True, top_logprobs=3)))
+        ]
     finally:
         await engine.shutdown()
     with torch.inference_mode():
@@ -99,8 +111,9 @@ async def test_min_tokens_keeps_stop_tokens_out_until_reached(tiny_llama):
         ref, _ = await collect(engine, EngineRequest("g", PROMPT, greedy(16)))
         stop = ref[0]
         at_once, last = await collect(engine, EngineRequest("s", PROMPT, greedy(16, stop_token_ids=(stop,))))
-        held_off, _ = await collect(engine, EngineRequest("m", PROMPT, greedy(16, stop_token_ids=(stop,),
-                                                                                min_tokens=4)))
+        held_off, _ = await collect(
+            engine, EngineRequest("m", PROMPT, greedy(16, stop_token_ids=(stop,), min_tokens=4))
+        )
     finally:
         await engine.shutdown()
     assert at_once == [stop] and last.finish_reason.value == "stop"
@@ -117,8 +130,9 @@ async def test_a_seeded_request_continued_elsewhere_samples_what_one_run_would(t
         first, _ = await collect(first_engine, EngineRequest("pre", PROMPT, params, hold_kv=True))
         kv = await first_engine.export_kv("pre") if with_kv else None
         await first_engine.release_kv("pre")
-        rest, last = await collect(second_engine, EngineRequest("rest", PROMPT, params, kv=kv,
-                                                                output_token_ids=tuple(first)))
+        rest, last = await collect(
+            second_engine, EngineRequest("rest", PROMPT, params, kv=kv, output_token_ids=tuple(first))
+        )
     finally:
         await first_engine.shutdown()
         await second_engine.shutdown()

@@ -1,5 +1,6 @@
 """Verification costs timed at start: one figure per draft length, from a decode step and verifying steps in scratch
 blocks, and the adaptive rule reads them as they are (on a CPU verifying is far from linear in k)."""
+
 import pytest
 
 from engines.core.speculative import SpecConfig, best_draft_len

@@ -1,6 +1,7 @@
 """Speculative sampling keeps the target's distribution: rows that verify prompt-lookup proposals (a point-mass
 draft) on a tiny model's real logits emit tokens distributed as the target's p, checked by chi-square tests at a
 1e-4 level with a fixed seed; the same tests reject a broken rule (a residual that keeps the rejected proposal)."""
+
 import math
 
 import pytest
@@ -98,8 +99,9 @@ def test_the_test_rejects_a_residual_that_keeps_the_proposal(model_rows, monkeyp
 
 
 def test_the_test_rejects_greedy_acceptance(model_rows, monkeypatch):
-    monkeypatch.setattr(sampler, "residual", lambda probs, draft: torch.where(
-        torch.arange(len(probs)) == probs.argmax(), 1.0, 0.0))  # on rejection, always the mode
+    monkeypatch.setattr(
+        sampler, "residual", lambda probs, draft: torch.where(torch.arange(len(probs)) == probs.argmax(), 1.0, 0.0)
+    )  # on rejection, always the mode
     assert check(model_rows)[0] is False
 
 

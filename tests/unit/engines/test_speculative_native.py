@@ -1,6 +1,7 @@
 """Speculative decoding through the native engine: greedy output identical to plain decoding on every supported
 architecture, in batches shared with chunked prefills, with logprobs, penalties, min_tokens and stop tokens applied
 to accepted tokens only."""
+
 import asyncio
 
 import pytest
@@ -9,7 +10,6 @@ import torch
 from engines.base import EngineRequest
 from tests.conftest import TINY_VARIANTS
 from tests.unit.engines.helpers import collect, greedy, run_batch, started
-
 
 # NOTE: the adaptive rule on its fixed costs, not on costs timed at start: what these tests count stays the same
 FIXED_COSTS = {"spec_verify_costs": ()}
@@ -49,8 +49,16 @@ async def test_greedy_output_is_identical_with_prompt_lookup(tiny_model_factory,
 async def test_logprobs_penalties_and_min_tokens_apply_to_accepted_tokens(tiny_llama):
     prompts = copy_heavy_prompts(256)
     stop = 7
-    params = greedy(40, logprobs=True, top_logprobs=2, repetition_penalty=1.3, presence_penalty=0.5,
-                    frequency_penalty=0.3, min_tokens=12, stop_token_ids=(stop,))
+    params = greedy(
+        40,
+        logprobs=True,
+        top_logprobs=2,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        min_tokens=12,
+        stop_token_ids=(stop,),
+    )
     results = {}
     for method in ("", "ngram"):
         engine = await started(tiny_llama, speculative=method, **FIXED_COSTS, max_num_batched_tokens=24)
@@ -109,11 +117,13 @@ async def test_disaggregated_and_migrated_requests_speculate_on_their_decode_eng
         first, _ = await collect(prefill, EngineRequest("pre", tuple(p), greedy(40), hold_kv=True))
         kv = await prefill.export_kv("pre")
         await prefill.release_kv("pre")
-        rest, last = await collect(decode, EngineRequest("dec", tuple(p), greedy(40), kv=kv,
-                                                         output_token_ids=tuple(first)))
+        rest, last = await collect(
+            decode, EngineRequest("dec", tuple(p), greedy(40), kv=kv, output_token_ids=tuple(first))
+        )
         assert last.num_cached_tokens == len(p)
-        migrated, _ = await collect(decode, EngineRequest("mig", tuple(p), greedy(40),
-                                                          output_token_ids=tuple(reference[:9])))
+        migrated, _ = await collect(
+            decode, EngineRequest("mig", tuple(p), greedy(40), output_token_ids=tuple(reference[:9]))
+        )
         assert prefill.stats().num_spec_proposed == 0
         stats = decode.stats()
         assert 0 < stats.num_spec_accepted < stats.num_spec_proposed and stats.num_spec_verify_steps > 0

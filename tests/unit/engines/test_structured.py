@@ -1,6 +1,7 @@
 """Grammar-constrained sampling in the native engine: outputs follow the grammar (even from random weights), a
 request continued after tokens generated elsewhere resumes the grammar where they left it, and engines that cannot
 constrain refuse a structured request by the field's name."""
+
 import asyncio
 import json
 
@@ -18,8 +19,12 @@ from engines.native.sampler import SampleRow, sample
 from engines.zero.runner import ZeroRunner
 from tests.unit.engines.helpers import collect, started
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
-          "properties": {"city": {"type": "string", "maxLength": 12}, "population": {"type": "integer"}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "population"],
+    "properties": {"city": {"type": "string", "maxLength": 12}, "population": {"type": "integer"}},
+}
 
 
 def _text(model_dir, tokens: list[int]) -> str:
@@ -52,10 +57,17 @@ async def test_choice_holds_even_for_random_weights(tiny_llama):
     spec = StructuredSpec("choice", json.dumps(["alpha", "beta", "gamma"]), "structured_outputs")
     engine = await started(tiny_llama)
     try:
-        outs = [await collect(engine, EngineRequest(f"c{i}", _prompt(tiny_llama, f"pick {i}"),
-                                                    SamplingParams(max_tokens=20, temperature=1.0, seed=i,
-                                                                   structured=spec)))
-                for i in range(4)]
+        outs = [
+            await collect(
+                engine,
+                EngineRequest(
+                    f"c{i}",
+                    _prompt(tiny_llama, f"pick {i}"),
+                    SamplingParams(max_tokens=20, temperature=1.0, seed=i, structured=spec),
+                ),
+            )
+            for i in range(4)
+        ]
         stats = engine.stats()
     finally:
         await engine.shutdown()
@@ -73,9 +85,14 @@ async def test_a_finished_grammar_with_ignore_eos_only_repeats_stop_tokens_and_h
     try:
         free = EngineRequest("free", _prompt(tiny_llama, "b"), SamplingParams(max_tokens=12, ignore_eos=True))
         both = await asyncio.gather(
-            collect(engine, EngineRequest("held", _prompt(tiny_llama, "a"),
-                                          SamplingParams(max_tokens=12, ignore_eos=True, structured=spec))),
-            collect(engine, free))
+            collect(
+                engine,
+                EngineRequest(
+                    "held", _prompt(tiny_llama, "a"), SamplingParams(max_tokens=12, ignore_eos=True, structured=spec)
+                ),
+            ),
+            collect(engine, free),
+        )
     finally:
         await engine.shutdown()
     (held, held_last), (other, other_last) = both
@@ -83,13 +100,14 @@ async def test_a_finished_grammar_with_ignore_eos_only_repeats_stop_tokens_and_h
     assert len(held) == 12 and len(other) == 12
     eos = set(engine.info.eos_token_ids)
     answer = [t for t in held if t not in eos]
-    assert _text(tiny_llama, answer) in ("yes", "no") and set(held[len(answer):]) <= eos
+    assert _text(tiny_llama, answer) in ("yes", "no") and set(held[len(answer) :]) <= eos
 
 
 async def test_json_schema_from_smollm2_validates_and_resumes_after_a_first_token(smollm2_dir):
     spec = StructuredSpec("json_schema", json.dumps(SCHEMA))
-    prompt = _prompt(smollm2_dir, "<|im_start|>user\nGive the largest city of France as JSON.<|im_end|>\n"
-                                  "<|im_start|>assistant\n")
+    prompt = _prompt(
+        smollm2_dir, "<|im_start|>user\nGive the largest city of France as JSON.<|im_end|>\n<|im_start|>assistant\n"
+    )
     params = SamplingParams(max_tokens=60, structured=spec)
     engine = await started(smollm2_dir)
     try:

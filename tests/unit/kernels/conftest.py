@@ -1,4 +1,5 @@
 """Kernel tests run Triton's interpreter on CPU (small shapes); on a CUDA machine, the real kernels."""
+
 import os
 
 import torch

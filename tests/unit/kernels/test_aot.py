@@ -1,6 +1,7 @@
 """Every Triton kernel compiled for Hopper (sm_90a) at the engine's Llama-3.1-8B launches, without a GPU:
 no compile error, no spill, tensor-core instructions wherever a kernel has a tl.dot. The build runs in a
 child process (this one imports the kernels under TRITON_INTERPRET=1) with its cache in a pytest tmp dir."""
+
 import json
 import os
 import re
@@ -20,10 +21,19 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("aot")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = str(KERNELS.parents[2])
-    env |= {"TRITON_CACHE_DIR": str(tmp / "triton-cache"), "TRITON_DEFAULT_FP_FUSION": "1",
-            "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-m", "engines.native.kernels.aot", "--json", str(tmp / "aot.json")],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    env |= {
+        "TRITON_CACHE_DIR": str(tmp / "triton-cache"),
+        "TRITON_DEFAULT_FP_FUSION": "1",
+        "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "engines.native.kernels.aot", "--json", str(tmp / "aot.json")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     data = json.loads((tmp / "aot.json").read_text()) if (tmp / "aot.json").exists() else None
     return proc, data
 
@@ -56,8 +66,11 @@ def test_every_kernel_compiles_for_sm90_without_spills_and_with_tensor_cores(bui
 
 def test_the_plan_covers_both_kv_dtypes_and_every_decode_split(built):
     rows = built[1]["rows"]
-    decode = {(r["variant"].split("NUM_SPLITS=")[1].split(",")[0], r["signature"]["k_cache_ptr"])
-              for r in rows if r["kernel"] == "_split_kernel"}
+    decode = {
+        (r["variant"].split("NUM_SPLITS=")[1].split(",")[0], r["signature"]["k_cache_ptr"])
+        for r in rows
+        if r["kernel"] == "_split_kernel"
+    }
     assert decode == {(str(s), kv) for s in (1, 2, 4, 8, 16, 32) for kv in ("*bf16", "*fp8e4nv")}
     prefill = [(r["num_warps"], r["num_stages"]) for r in rows if r["kernel"] == "_prefill_kernel"]
     assert prefill == [(8, 3)] * 2  # tiles_for(128) on a GPU, not the interpreter's
@@ -78,10 +91,12 @@ def test_occupancy_follows_the_sm90_limits():
 
 
 def test_tensor_core_ops_are_read_from_opcodes_not_modifiers(monkeypatch):
-    sass = ("        /*04a0*/                   HFMA2.MMA R11, -RZ, RZ, 1.625, 0 ;\n"
-            "        /*0500*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;\n"
-            "        /*0510*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
-            "        /*0520*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n")
+    sass = (
+        "        /*04a0*/                   HFMA2.MMA R11, -RZ, RZ, 1.625, 0 ;\n"
+        "        /*0500*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;\n"
+        "        /*0510*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
+        "        /*0520*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
+    )
     assert aot._MMA.findall(sass) == ["HGMMA", "HMMA", "HMMA"]
     row = aot.Compiled("_k", "", "k", 1, registers=40, has_dot=True)
     assert row.problems == ["tl.dot without a tensor-core instruction"]

@@ -1,5 +1,6 @@
 """bench/gpu_engine.py's CPU dry run (what CI runs), its ceilings and targets by hand, and
 bench/quant_quality.py on the tiny model."""
+
 import json
 
 import pytest
@@ -17,7 +18,9 @@ def test_gpu_engine_dry_run_writes_every_section(tmp_path, capsys):
     assert sections == {"paged decode kernel", "prefill attention kernel", "decode batch 1", "prefill", "offline"}
     assert len([r for r in data["rows"] if r["section"] == "decode batch 1"]) == 6  # 3 weights x 2 KV dtypes
     assert all(r["value"] > 0 and 0 < r["fraction"] for r in data["rows"])
-    assert {(r["layer"], r["m"]) for r in data["linears"]} == {(n, m) for n in ("qkv_proj", "down_proj") for m in (1, 32)}
+    assert {(r["layer"], r["m"]) for r in data["linears"]} == {
+        (n, m) for n in ("qkv_proj", "down_proj") for m in (1, 32)
+    }
     assert len(data["targets"]) == 8 and all(t["measured"] is not None for t in data["targets"])
     printed = capsys.readouterr().out
     assert "| paged_decode float32 |" in printed and "| nvfp4 never slower |" in printed
@@ -38,16 +41,28 @@ def test_targets_read_their_rows():
     def row(section, config, value, fraction=None):
         return {"section": section, "config": config, "value": value, "fraction": fraction}
 
-    rows = [row("decode batch 1", "weights=bfloat16 kv=bfloat16", 100.0, 0.81),
-            row("decode batch 1", "weights=fp8 kv=bfloat16", 150.0), row("decode batch 1", "weights=nvfp4 kv=bfloat16", 260.0),
-            row("paged decode kernel", "1 x 8192", 2.1e12), row("prefill", "8192 tokens bfloat16", 1.0, 0.7)]
-    got = {t["target"]: t["met"] for t in gpu_ceilings.targets(rows, "bfloat16", ("1 x 8192", "128 x 1024"), 8192,
-                                                                 (("512 x 128/128 weights=fp8 kv=fp8", 14000.0),))}
-    assert got == {"decode batch 1 bfloat16: fraction of the copy ceiling": True,
-                   "decode batch 1 fp8 weights / bfloat16": False, "decode batch 1 nvfp4 weights / bfloat16": True,
-                   "paged decode kernel 1 x 8192: bytes/s": True, "paged decode kernel 128 x 1024: bytes/s": None,
-                   "offline 512 x 128/128 weights=fp8 kv=fp8: output tok/s": None,
-                   "prefill 8192 tokens: fraction of the ceiling": False}
+    rows = [
+        row("decode batch 1", "weights=bfloat16 kv=bfloat16", 100.0, 0.81),
+        row("decode batch 1", "weights=fp8 kv=bfloat16", 150.0),
+        row("decode batch 1", "weights=nvfp4 kv=bfloat16", 260.0),
+        row("paged decode kernel", "1 x 8192", 2.1e12),
+        row("prefill", "8192 tokens bfloat16", 1.0, 0.7),
+    ]
+    got = {
+        t["target"]: t["met"]
+        for t in gpu_ceilings.targets(
+            rows, "bfloat16", ("1 x 8192", "128 x 1024"), 8192, (("512 x 128/128 weights=fp8 kv=fp8", 14000.0),)
+        )
+    }
+    assert got == {
+        "decode batch 1 bfloat16: fraction of the copy ceiling": True,
+        "decode batch 1 fp8 weights / bfloat16": False,
+        "decode batch 1 nvfp4 weights / bfloat16": True,
+        "paged decode kernel 1 x 8192: bytes/s": True,
+        "paged decode kernel 128 x 1024: bytes/s": None,
+        "offline 512 x 128/128 weights=fp8 kv=fp8: output tok/s": None,
+        "prefill 8192 tokens: fraction of the ceiling": False,
+    }
 
 
 def test_quant_quality_on_tiny_model(tiny_llama, tmp_path):
@@ -75,8 +90,11 @@ def test_gpu_engine_offline_through_the_engine_loop_keeps_its_targets(tmp_path):
     assert gpu_engine.main(["--dry-run", "--sections", "offline", "--overlap", "both", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     configs = {r["config"] for r in data["rows"]}
-    assert configs == {f"{n} x {i}/{o} weights={w}{loop}" for n, i, o in gpu_engine.DRY_PLAN.offline
-                       for w in ("float32 kv=float32", "fp8 kv=fp8")
-                       for loop in (" loop overlap=off", " loop overlap=on")}
+    assert configs == {
+        f"{n} x {i}/{o} weights={w}{loop}"
+        for n, i, o in gpu_engine.DRY_PLAN.offline
+        for w in ("float32 kv=float32", "fp8 kv=fp8")
+        for loop in (" loop overlap=off", " loop overlap=on")
+    }
     offline = [t for t in data["targets"] if t["target"].startswith("offline")]
     assert len(offline) == 2 and all("overlap=on" in t["target"] and t["measured"] > 0 for t in offline)

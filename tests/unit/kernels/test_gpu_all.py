@@ -1,5 +1,6 @@
 """bench/gpu_all.sh end to end on CPU (its dry run: every section's code path at tiny sizes, real processes,
 one JSON and the target table), and its report's verdicts when a section fails or runs out of time."""
+
 import json
 import os
 import subprocess
@@ -17,13 +18,15 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_dry_run_runs_every_section_and_writes_one_json_and_the_table(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # each section sets up its own
     env |= {"OUT": str(tmp_path), "PYTHON": sys.executable, "TANDEM_GPU_DRY_RUN": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_all.sh")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1500)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_all.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "gpu-all.json").read_text())
     assert data["dry_run"] and data["device"] == "cpu"
     assert {n: (s["rc"], s["timed_out"]) for n, s in data["sections"].items()} == {
-        n: (0, False) for n in gpu_all_report.SECTIONS}, (tmp_path / "gpu-all.log").read_text()[-3000:]
+        n: (0, False) for n in gpu_all_report.SECTIONS
+    }, (tmp_path / "gpu-all.log").read_text()[-3000:]
     names = [t["target"] for t in data["targets"]]
     assert len(names) == 8 + 8 and len(set(names)) == len(names)  # gpu_engine's 8, then serving, P/D, tiers, tests
     assert all(t["measured"] is not None for t in data["targets"]), data["targets"]
@@ -34,12 +37,15 @@ def test_dry_run_runs_every_section_and_writes_one_json_and_the_table(tmp_path):
 
 
 def test_a_failed_or_timed_out_section_is_reported_not_measured(tmp_path):
-    rows = [{"section": "serve", "rc": 124, "seconds": 75, "limit_s": 75},
-            {"section": "kv_tiers", "rc": 0, "seconds": 3, "limit_s": 25},
-            {"section": "pd", "rc": 1, "seconds": 9, "limit_s": 75}]
+    rows = [
+        {"section": "serve", "rc": 124, "seconds": 75, "limit_s": 75},
+        {"section": "kv_tiers", "rc": 0, "seconds": 3, "limit_s": 25},
+        {"section": "pd", "rc": 1, "seconds": 9, "limit_s": 75},
+    ]
     (tmp_path / "sections.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "kv_tiers.json").write_text(json.dumps({"copy": {"g1_to_g2_gb_per_s": 41.0,
-                                                                 "g2_to_g1_gb_per_s": 12.5}}))
+    (tmp_path / "kv_tiers.json").write_text(
+        json.dumps({"copy": {"g1_to_g2_gb_per_s": 41.0, "g2_to_g1_gb_per_s": 12.5}})
+    )
     by_name = {t["target"]: t for t in gpu_all_report.targets(gpu_all_report.load_sections(tmp_path))}
     assert by_name["serving / in-process engine, output tok/s"]["note"] == "section timed out (75 s)"
     assert by_name["P/D KV import GB/s"]["note"] == "section failed (exit 1)"

@@ -2,6 +2,7 @@
 layer geometry, with the GPU's tiles, its dot operands rounded as the GPU rounds them (bf16 P and
 dequantized weights, FP8 KV values, fp32 accumulation: kernels/operands.py), against the PyTorch reference
 with the bounds test_gpu.py uses (the same check functions). Lengths are cut to keep the interpreter quick."""
+
 import os
 
 import pytest
@@ -36,13 +37,15 @@ def test_attention_in_the_gpu_precision(kv_dtype):
     from engines.native.kernels.paged_prefill import tiles_for
 
     tiles = {k: v for k, v in tiles_for(128, True).items() if k.startswith("block")}
-    results = [checks.check_decode("cpu", BF16, kv_dtype, seq_lens=(1, 129, 1000), **HEADS),
-               checks.check_decode("cpu", BF16, kv_dtype, seq_lens=(1, 129, 1000), num_splits=1, **HEADS),
-               checks.check_prefill("cpu", BF16, kv_dtype, spans=((200, 200), (100, 700)), **HEADS, **tiles),
-               checks.check_write_kv("cpu", BF16, kv_dtype, num_tokens=64, num_kv_heads=8, head_dim=128,
-                                     block_size=16),
-               op_checks.check_rope_kv("cpu", BF16, kv_dtype, num_tokens=16, num_heads=32, num_kv_heads=8,
-                                       head_dim=128, block_size=16)]
+    results = [
+        checks.check_decode("cpu", BF16, kv_dtype, seq_lens=(1, 129, 1000), **HEADS),
+        checks.check_decode("cpu", BF16, kv_dtype, seq_lens=(1, 129, 1000), num_splits=1, **HEADS),
+        checks.check_prefill("cpu", BF16, kv_dtype, spans=((200, 200), (100, 700)), **HEADS, **tiles),
+        checks.check_write_kv("cpu", BF16, kv_dtype, num_tokens=64, num_kv_heads=8, head_dim=128, block_size=16),
+        op_checks.check_rope_kv(
+            "cpu", BF16, kv_dtype, num_tokens=16, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16
+        ),
+    ]
     assert all(r.ok for r in results), results
 
 
@@ -50,14 +53,18 @@ def test_attention_in_the_gpu_precision(kv_dtype):
 def test_quantized_gemms_in_the_gpu_precision(m):
     """The decode GEMV tiles for up to 16 rows, gpu_modules' 64-row tiles above; K at Llama-8B's widths."""
     tiles = {} if m <= 16 else {"block_m": 64, "split_k": 1}
-    results = [op_checks.check_fp8_w8a16("cpu", BF16, m=m, n=128, k=4096, **tiles),
-               op_checks.check_nvfp4_matmul("cpu", BF16, m=m, n=128, k=14336),
-               op_checks.check_fp8_act_quant("cpu", BF16, m=m, k=4096)]
+    results = [
+        op_checks.check_fp8_w8a16("cpu", BF16, m=m, n=128, k=4096, **tiles),
+        op_checks.check_nvfp4_matmul("cpu", BF16, m=m, n=128, k=14336),
+        op_checks.check_fp8_act_quant("cpu", BF16, m=m, k=4096),
+    ]
     assert all(r.ok for r in results), results
 
 
 @pytest.mark.parametrize("quant", [None, "static", "dynamic"])
 def test_small_ops_at_llama_widths(quant):
-    results = [op_checks.check_rms_norm("cpu", BF16, quant, num_tokens=8, hidden=4096),
-               op_checks.check_silu_mul("cpu", BF16, quant, num_tokens=8, n=14336)]
+    results = [
+        op_checks.check_rms_norm("cpu", BF16, quant, num_tokens=8, hidden=4096),
+        op_checks.check_silu_mul("cpu", BF16, quant, num_tokens=8, n=14336),
+    ]
     assert all(r.ok for r in results), results

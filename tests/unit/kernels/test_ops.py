@@ -1,5 +1,6 @@
 """The fused small ops and the quantized GEMM kernels against their PyTorch references
 (engines.native.kernels.op_checks) at tiny shapes, fp32 and bf16, with and without FP8 epilogues."""
+
 import pytest
 import torch
 
@@ -83,7 +84,8 @@ def test_a_wrong_epilogue_scale_fails_its_check(monkeypatch):
 
 @pytest.mark.parametrize("k, split_k", [(80, 1), (80, 2), (272, 3)])
 def test_quantized_gemms_with_a_partial_last_k_tile(k, split_k):
-    results = [op_checks.check_fp8_w8a16(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_k=64),
-               op_checks.check_nvfp4_matmul(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_n=16,
-                                            block_k=64)]
+    results = [
+        op_checks.check_fp8_w8a16(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_k=64),
+        op_checks.check_nvfp4_matmul(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_n=16, block_k=64),
+    ]
     assert all(r.ok for r in results), results

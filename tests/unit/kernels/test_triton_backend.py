@@ -2,6 +2,7 @@
 interpreter otherwise): same logits and the same greedy tokens as the torch reference backend, with
 chunked prefill, prefix-cache hits, GQA, an FP8 KV cache, the fused RoPE + KV write, residual RMSNorm
 and SiLU-mul, and split-KV decode."""
+
 import pytest
 import torch
 
@@ -33,8 +34,15 @@ async def test_greedy_tokens_match_torch_backend(tiny_model_factory):
     prompts = [shared + [40, 41, 42], list(range(50, 57)), shared + [60]]
     tokens = {}
     for backend in ("torch", "triton"):
-        engine = await started(model_dir, device=DEVICE, attention_backend=backend, block_size=4, num_blocks=64,
-                               max_num_batched_tokens=12, cuda_graphs=False)
+        engine = await started(
+            model_dir,
+            device=DEVICE,
+            attention_backend=backend,
+            block_size=4,
+            num_blocks=64,
+            max_num_batched_tokens=12,
+            cuda_graphs=False,
+        )
         try:
             first = await run_batch(engine, prompts[:1], greedy(6), prefix="a")
             rest = await run_batch(engine, prompts[1:], greedy(6), prefix="b")

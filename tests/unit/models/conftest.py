@@ -1,4 +1,5 @@
 """Fixtures for tandem.models tests: the bundled SmolLM2 GGUF converted once per session into a temp cache."""
+
 import importlib.util
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """`tandem model ...`: the checkpoint directory is the last line of stdout; errors exit 2 with a message."""
+
 import json
 
 import pytest
@@ -14,8 +15,19 @@ def last_stdout_line(capsys) -> str:
 
 def test_model_init_prints_dir_and_applies_overrides(tmp_path, capsys):
     out = tmp_path / "m"
-    argv = ["model", "init", str(out), "--arch", "qwen2", "--seed", "3", "--set", "tie_word_embeddings=true",
-            "--set", "num_key_value_heads=1"]
+    argv = [
+        "model",
+        "init",
+        str(out),
+        "--arch",
+        "qwen2",
+        "--seed",
+        "3",
+        "--set",
+        "tie_word_embeddings=true",
+        "--set",
+        "num_key_value_heads=1",
+    ]
     assert main(argv) == 0
     assert last_stdout_line(capsys) == str(out)
     config = json.loads((out / "config.json").read_text())
@@ -52,7 +64,7 @@ def test_model_errors_exit_2(tmp_path, capsys):
 
 
 def test_parse_override():
-    assert parse_override("rope_scaling={\"rope_type\": \"llama3\"}") == ("rope_scaling", {"rope_type": "llama3"})
+    assert parse_override('rope_scaling={"rope_type": "llama3"}') == ("rope_scaling", {"rope_type": "llama3"})
     assert parse_override("hidden_act=gelu") == ("hidden_act", "gelu")
     assert parse_override("rms_norm_eps=1e-5") == ("rms_norm_eps", 1e-5)
     with pytest.raises(ModelError, match="KEY=VALUE"):
@@ -80,8 +92,9 @@ def test_model_quantize_writes_a_copy_the_loader_swaps_in(tmp_path, capsys, fmt)
     assert last_stdout_line(capsys) == str(dst)
     assert json.loads((dst / "tandem_quant.json").read_text())["format"] == fmt
     model = load_model(dst, ModelConfig.from_dir(dst), get_backend("cpu"), torch.float32, "cpu")
-    quantized = [name for name, module in model.named_modules() if type(module).__module__.startswith(
-        "engines.native.quant")]
+    quantized = [
+        name for name, module in model.named_modules() if type(module).__module__.startswith("engines.native.quant")
+    ]
     assert quantized, "no linear layer was swapped for its quantized module"
 
 

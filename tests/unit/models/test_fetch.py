@@ -1,4 +1,5 @@
 """fetch_model's resolution order and errors, and the atomic directory publishing under it. No network."""
+
 import time
 
 import pytest
@@ -29,8 +30,15 @@ def test_unknown_id_offline_is_a_clear_error(tmp_path):
 
 
 def test_unreachable_hub_falls_through_fast(monkeypatch, tmp_path):
-    for name in ("TANDEM_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                 "ALL_PROXY", "all_proxy"):
+    for name in (
+        "TANDEM_OFFLINE",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
     start = time.monotonic()

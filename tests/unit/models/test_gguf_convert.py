@@ -1,4 +1,5 @@
 """The SmolLM2 GGUF converted to a Hugging Face checkpoint: layout, config, tokenizer, and that it still answers."""
+
 import json
 
 import numpy as np
@@ -73,7 +74,7 @@ def test_greedy_answer_says_paris(converted_smollm2):
     inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
 
 

@@ -1,4 +1,5 @@
 """Random-weight checkpoints: every arch loads in transformers, weights follow the config, output is reproducible."""
+
 import json
 import statistics
 
@@ -45,8 +46,17 @@ def test_tiny_config_fields(tiny_model_factory):
     for arch, cls in ARCH_CLASSES.items():
         config = json.loads((tiny_model_factory(arch) / "config.json").read_text())
         assert (config["architectures"], config["model_type"]) == ([cls], arch)
-        shape = [config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                     "num_key_value_heads", "head_dim", "intermediate_size")]
+        shape = [
+            config[k]
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "intermediate_size",
+            )
+        ]
         assert shape == [64, 2, 4, 2, 16, 128]
         assert (config["vocab_size"], config["max_position_embeddings"]) == (512, 512)
         assert (config["bos_token_id"], config["eos_token_id"], config["tie_word_embeddings"]) == (0, 2, False)
@@ -125,11 +135,24 @@ def test_sharded_bf16_weights_load(tmp_path, monkeypatch):
 def test_llama_8b_shape_config_only(tmp_path):
     init_model(tmp_path, "llama", shape="llama-3.1-8b", dtype="bfloat16", config_only=True)
     config = json.loads((tmp_path / "config.json").read_text())
-    dims = [config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                "intermediate_size", "vocab_size", "max_position_embeddings")]
+    dims = [
+        config[k]
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+    ]
     assert dims == [4096, 32, 32, 8, 14336, 128256, 131072]
     assert (config["rope_theta"], config["rope_scaling"]["rope_type"], config["rope_scaling"]["factor"]) == (
-        500000.0, "llama3", 8.0)
+        500000.0,
+        "llama3",
+        8.0,
+    )
     assert config["torch_dtype"] == "bfloat16"
     assert not list(tmp_path.glob("*.safetensors"))
 

@@ -1,5 +1,6 @@
 """`tandem model layer-skip`: a draft made of a checkpoint's first layers keeps their tensors, the embedding, the
 final norm and the head unchanged, speaks the target's tokenizer, and drafts for it with greedy output unchanged."""
+
 import json
 
 import pytest

@@ -1,5 +1,6 @@
 """JSON log records (service, request id, trace and span ids of the current span, extra fields) and the
 OTEL_* switch that turns tracing on and off."""
+
 import io
 import json
 import logging
@@ -51,16 +52,23 @@ def test_an_explicit_req_id_wins_and_odd_values_become_strings():
     assert rec["req_id"] == "cmpl-1" and rec["path"].startswith("<object object")
 
 
-@pytest.mark.parametrize("env, on", [
-    ({}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, True),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317/v1/traces"}, True),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_SDK_DISABLED": "true"}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_TRACES_EXPORTER": "none"}, False),
-])
+@pytest.mark.parametrize(
+    "env, on",
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ],
+)
 def test_tracing_is_on_only_when_otel_says_where_to_send(monkeypatch, env, on):
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
-                 "OTEL_TRACES_EXPORTER"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

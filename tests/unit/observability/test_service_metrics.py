@@ -1,4 +1,5 @@
 """The workers', router's and gateway's Prometheus metrics, read back through the exposition format."""
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,9 +19,21 @@ def samples(registry: CollectorRegistry) -> dict[tuple, float]:
 
 
 def stats(**kw) -> EngineStats:
-    base = dict(num_waiting=3, num_running=5, num_held=1, num_blocks_total=100, num_blocks_used=40,
-                num_blocks_cached_free=7, block_size=16, max_model_len=512, prefix_queries=1000, prefix_hits=250,
-                num_preemptions=2, num_prompt_tokens_computed=750, num_generated_tokens=90)
+    base = dict(
+        num_waiting=3,
+        num_running=5,
+        num_held=1,
+        num_blocks_total=100,
+        num_blocks_used=40,
+        num_blocks_cached_free=7,
+        block_size=16,
+        max_model_len=512,
+        prefix_queries=1000,
+        prefix_hits=250,
+        num_preemptions=2,
+        num_prompt_tokens_computed=750,
+        num_generated_tokens=90,
+    )
     return EngineStats(**{**base, **kw})
 
 
@@ -43,8 +56,11 @@ def test_worker_metrics_read_the_engine_at_scrape_time():
 
 
 def test_worker_exports_the_grammar_mask_counters():
-    m = WorkerMetrics(lambda: stats(num_grammar_masks=40, grammar_mask_seconds=0.25, grammar_wait_seconds=0.01),
-                      lambda: "decode-0", "decode")
+    m = WorkerMetrics(
+        lambda: stats(num_grammar_masks=40, grammar_mask_seconds=0.25, grammar_wait_seconds=0.01),
+        lambda: "decode-0",
+        "decode",
+    )
     labels = (("role", "decode"), ("worker_id", "decode-0"))
     got = samples(m.registry)
     assert got[("tandem_worker_grammar_masks_total", labels)] == 40
@@ -173,9 +189,14 @@ def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
         for status in ("200", "429", "499", "500", "503"):
             assert got[("tandem_gateway_requests_total", (("model", "m"), ("route", route), ("status", status)))] == 0
         assert got[("tandem_gateway_request_duration_seconds_count", (("model", "m"), ("route", route)))] == 0
-    for name in ("tandem_gateway_goodput_requests_total", "tandem_gateway_prompt_tokens_total",
-                 "tandem_gateway_completion_tokens_total", "tandem_gateway_requests_in_flight",
-                 "tandem_gateway_time_to_first_token_seconds_count", "tandem_gateway_inter_token_latency_seconds_count"):
+    for name in (
+        "tandem_gateway_goodput_requests_total",
+        "tandem_gateway_prompt_tokens_total",
+        "tandem_gateway_completion_tokens_total",
+        "tandem_gateway_requests_in_flight",
+        "tandem_gateway_time_to_first_token_seconds_count",
+        "tandem_gateway_inter_token_latency_seconds_count",
+    ):
         assert got[(name, (("model", "m"),))] == 0, name
 
     router = RouterMetrics(lambda: [])
@@ -183,8 +204,12 @@ def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
     got = samples(router.registry)
     for outcome in ("aggregated", "disaggregated", "unavailable"):
         assert got[("tandem_router_decisions_total", (("outcome", outcome), ("policy", "kv")))] == 0
-    for name in ("tandem_router_predicted_cached_tokens_total", "tandem_router_routed_tokens_total",
-                 "tandem_router_route_seconds_count", "tandem_router_predicted_overlap_ratio_count"):
+    for name in (
+        "tandem_router_predicted_cached_tokens_total",
+        "tandem_router_routed_tokens_total",
+        "tandem_router_route_seconds_count",
+        "tandem_router_predicted_overlap_ratio_count",
+    ):
         assert got[(name, (("policy", "kv"),))] == 0, name
 
     worker = WorkerMetrics(stats, lambda: "prefill-0", "prefill")
@@ -199,21 +224,37 @@ def test_every_series_the_dashboards_read_exists_at_zero_from_start_up():
 
 
 def test_kv_tier_series_appear_with_a_host_tier_one_per_tier():
-    assert not any(name.startswith("tandem_worker_kv_tier") for name, _ in samples(
-        WorkerMetrics(stats, lambda: "decode-0", "decode").registry))  # no tiers: no series
-    tiered = stats(num_host_blocks_total=64, num_host_blocks_used=10, num_disk_blocks_total=256,
-                   num_disk_blocks_used=3, kv_block_bytes=1000, prefix_hits_host=48, prefix_hits_disk=16,
-                   num_blocks_offloaded_host=12, num_blocks_offloaded_disk=3, num_blocks_onboarded_host=3,
-                   num_blocks_onboarded_disk=1, num_onboards=2, onboard_seconds=0.5, num_disk_write_errors=1,
-                   prefill_tokens_per_s=1234.0)
+    assert not any(
+        name.startswith("tandem_worker_kv_tier")
+        for name, _ in samples(WorkerMetrics(stats, lambda: "decode-0", "decode").registry)
+    )  # no tiers: no series
+    tiered = stats(
+        num_host_blocks_total=64,
+        num_host_blocks_used=10,
+        num_disk_blocks_total=256,
+        num_disk_blocks_used=3,
+        kv_block_bytes=1000,
+        prefix_hits_host=48,
+        prefix_hits_disk=16,
+        num_blocks_offloaded_host=12,
+        num_blocks_offloaded_disk=3,
+        num_blocks_onboarded_host=3,
+        num_blocks_onboarded_disk=1,
+        num_onboards=2,
+        onboard_seconds=0.5,
+        num_disk_write_errors=1,
+        prefill_tokens_per_s=1234.0,
+    )
     got = samples(WorkerMetrics(lambda: tiered, lambda: "decode-0", "decode").registry)
     base = (("role", "decode"), ("worker_id", "decode-0"))
 
     def tier(name, which):
         return got[(name, tuple(sorted(base + (("tier", which),))))]
 
-    assert (tier("tandem_worker_kv_tier_blocks_used", "host"), tier("tandem_worker_kv_tier_blocks_total", "disk")) \
-        == (10, 256)
+    assert (tier("tandem_worker_kv_tier_blocks_used", "host"), tier("tandem_worker_kv_tier_blocks_total", "disk")) == (
+        10,
+        256,
+    )
     assert tier("tandem_worker_kv_tier_offloaded_bytes_total", "host") == 12_000
     assert tier("tandem_worker_kv_tier_offloaded_bytes_total", "disk") == 3_000  # bytes written to disk
     assert tier("tandem_worker_kv_tier_onboarded_blocks_total", "disk") == 1

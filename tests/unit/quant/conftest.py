@@ -1,4 +1,5 @@
 """Quantized layers run their GPU kernels in Triton's interpreter on CPU (small shapes); the real kernels on CUDA."""
+
 import os
 
 import torch

@@ -1,15 +1,16 @@
 """`tandem model calibrate`: static FP8 scales measured over prompts, written into tandem_quant.json,
 kept by `tandem model quantize`, and used by the FP8 KV cache."""
+
 import shutil
 
 import pytest
 import torch
 
 from engines.native.config import EngineConfig
-from engines.native.runner import build_core, prompt_logits
 from engines.native.quant.calibrate import calibrate
 from engines.native.quant.swap import read_quant_config
 from engines.native.quant.transform import quantize_checkpoint
+from engines.native.runner import build_core, prompt_logits
 from tandem.cli import main
 
 PROMPTS = [list(range(5, 30)), list(range(100, 140))]
@@ -42,7 +43,8 @@ def test_scales_are_each_amax_over_448(model_dir):
     assert config.kv_cache_scales[0] == pytest.approx(max(h["k"] for h in by_hand) / 448, rel=1e-6)
     assert config.kv_cache_scales[1] == pytest.approx(max(h["v"] for h in by_hand) / 448, rel=1e-6)
     assert config.input_scales["model.layers.0.self_attn.qkv_proj"] == pytest.approx(
-        max(h["qkv"] for h in by_hand) / 448, rel=1e-6)
+        max(h["qkv"] for h in by_hand) / 448, rel=1e-6
+    )
     assert len(config.input_scales) == 4 * 2 and config.format is None
 
 
@@ -54,8 +56,11 @@ def test_cli_writes_scales_that_quantize_keeps_and_the_fp8_cache_uses(model_dir,
     assert core.runner.kv_cache.scales.flatten().tolist() == pytest.approx(list(written.kv_cache_scales))
     fp8 = quantize_checkpoint(model_dir, tmp_path / "fp8", "fp8")
     kept = read_quant_config(fp8)
-    assert (kept.format, kept.kv_cache_scales, kept.input_scales) == ("fp8", written.kv_cache_scales,
-                                                                       written.input_scales)
+    assert (kept.format, kept.kv_cache_scales, kept.input_scales) == (
+        "fp8",
+        written.kv_cache_scales,
+        written.input_scales,
+    )
 
 
 def test_calibrated_fp8_cache_tracks_the_float_cache(model_dir):

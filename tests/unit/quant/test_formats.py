@@ -1,4 +1,5 @@
 """FP8 and NVFP4 reference formats: exact codes on representable values, and error bounds elsewhere."""
+
 import pytest
 import torch
 

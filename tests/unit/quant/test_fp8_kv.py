@@ -1,5 +1,6 @@
 """FP8 (E4M3) KV cache: per-layer scales travel with exports, an import with other scales is
 requantized, and an engine with kv_cache_dtype="fp8" stays close to the float cache."""
+
 import dataclasses
 import shutil
 
@@ -9,9 +10,9 @@ import torch
 from engines.base import EngineRequest, KvLayoutMismatchError
 from engines.base.types import KvLayout
 from engines.native.config import EngineConfig
-from engines.native.runner import build_core, prompt_logits
 from engines.native.kv_cache import KvCache, check_importable
 from engines.native.quant.transform import quantize_checkpoint
+from engines.native.runner import build_core, prompt_logits
 from tests.unit.engines.helpers import collect, greedy, started
 
 LAYOUT = KvLayout(num_layers=2, num_kv_heads=1, head_dim=4, dtype="float8_e4m3fn", block_size=2)
@@ -77,8 +78,9 @@ async def test_fp8_kv_disaggregated_equals_local(tiny_llama):
         first, _ = await collect(source, EngineRequest("pre", tuple(PROMPT), greedy(12), hold_kv=True))
         kv = await source.export_kv("pre")
         await source.release_kv("pre")
-        rest, last = await collect(target, EngineRequest("dec", tuple(PROMPT), greedy(12), kv=kv,
-                                                         output_token_ids=tuple(first)))
+        rest, last = await collect(
+            target, EngineRequest("dec", tuple(PROMPT), greedy(12), kv=kv, output_token_ids=tuple(first))
+        )
         assert last.num_cached_tokens == kv.num_tokens
     finally:
         await source.shutdown()

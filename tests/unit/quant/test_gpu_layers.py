@@ -1,15 +1,16 @@
 """The FP8 / NVFP4 GPU layers, run on CPU (their Triton kernels in the interpreter, torch._scaled_mm's
 CPU implementation): each GEMM path they can pick against the CPU reference layers, the fused FP8
 epilogues of RMSNorm and SiLU-mul feeding _scaled_mm, and the per-shape choice itself."""
+
 import pytest
 import torch
 
 from engines.native.config import EngineConfig
-from engines.native.runner import build_core, prompt_logits
 from engines.native.quant import dispatch, gpu_modules, swap
 from engines.native.quant.calibrate import calibrate
 from engines.native.quant.swap import write_quant_config
 from engines.native.quant.transform import quantize_checkpoint
+from engines.native.runner import build_core, prompt_logits
 
 PROMPT = list(range(5, 25))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU layers' kernels: compiled, or interpreted
@@ -45,13 +46,16 @@ def test_nothing_timed_without_a_device_means_the_fallback():
 @pytest.fixture
 def gpu_layers_on_cpu(monkeypatch):
     """swap_linears picks the GPU classes on CPU; `prefer` makes the dispatcher time one path fastest."""
-    monkeypatch.setattr(swap, "_layer_class", lambda fmt, device: {"fp8": gpu_modules.Fp8LinearScaledMm,
-                                                                   "nvfp4": gpu_modules.Nvfp4LinearTriton}[fmt])
+    monkeypatch.setattr(
+        swap,
+        "_layer_class",
+        lambda fmt, device: {"fp8": gpu_modules.Fp8LinearScaledMm, "nvfp4": gpu_modules.Nvfp4LinearTriton}[fmt],
+    )
     dispatch.forget()
 
     def prefer(path: str) -> None:
         dispatch.forget()
-        monkeypatch.setattr(dispatch, "_cuda_timer", lambda: (lambda name, fn: 0.0 if name == path else 1.0))
+        monkeypatch.setattr(dispatch, "_cuda_timer", lambda: lambda name, fn: 0.0 if name == path else 1.0)
 
     yield prefer
     dispatch.forget()
@@ -59,8 +63,9 @@ def gpu_layers_on_cpu(monkeypatch):
 
 def logits(model_dir, backend: str) -> torch.Tensor:
     device = DEVICE if backend == "triton" else "cpu"  # the torch backend's layers: the CPU references
-    config = EngineConfig(model=str(model_dir), device=device, num_blocks=16, attention_backend=backend,
-                          cuda_graphs=False)
+    config = EngineConfig(
+        model=str(model_dir), device=device, num_blocks=16, attention_backend=backend, cuda_graphs=False
+    )
     return prompt_logits(build_core(config), PROMPT).cpu()
 
 
@@ -76,8 +81,11 @@ def test_fp8_paths_track_the_reference(tiny_llama, tmp_path, gpu_layers_on_cpu, 
     # NOTE: the first call of each shape runs unfused (it is the one timed); later ones (a second
     # engine: choices last for the process) take FP8 straight from the RMSNorm / SiLU-mul epilogue
     if path == gpu_modules.SCALED_MM:
-        core = build_core(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
-                                       cuda_graphs=False))
+        core = build_core(
+            EngineConfig(
+                model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton", cuda_graphs=False
+            )
+        )
         ours = prompt_logits(core, PROMPT).cpu()
         gate_up = core.runner.model.model.layers[0].mlp.gate_up_proj
         assert gate_up.input_quant(len(PROMPT)).static_scale is None  # dynamic: one scale per row
@@ -89,8 +97,9 @@ def test_fp8_with_calibrated_static_scales_tracks_the_float_model(tiny_llama, tm
     model_dir = quantize_checkpoint(tiny_llama, tmp_path / "fp8", "fp8")
     write_quant_config(model_dir, calibrate(model_dir, [PROMPT]))
     gpu_layers_on_cpu(gpu_modules.SCALED_MM)
-    core = build_core(EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton",
-                                   cuda_graphs=False))
+    core = build_core(
+        EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton", cuda_graphs=False)
+    )
     qkv = core.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.input_scale is not None and qkv.input_scale.item() > 0
     prompt_logits(core, PROMPT)  # times each shape

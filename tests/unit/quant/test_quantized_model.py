@@ -1,6 +1,7 @@
 """The offline transform plus the runtime swap on a tiny random checkpoint: the right layers are
 swapped, merged shards land in place, and NVFP4 (weight-only) equals the float model run on the
 dequantized weights."""
+
 import json
 import shutil
 
@@ -8,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engines.native.config import EngineConfig
 from engines.core.engine_core import EngineCore
-from engines.native.runner import build_core, prompt_logits
+from engines.native.config import EngineConfig
 from engines.native.quant import formats
 from engines.native.quant.modules import Fp8Linear, Nvfp4Linear
 from engines.native.quant.swap import QUANT_CONFIG, read_quant_config
 from engines.native.quant.transform import quantize_checkpoint
+from engines.native.runner import build_core, prompt_logits
 
 PROMPT = list(range(5, 45))
 # measured on the tiny random model (no trained robustness, 8 GEMMs deep): FP8 W8A8 ~10% relative

@@ -1,5 +1,6 @@
 """The repository's import graph read from its source with ast (nothing is imported): which module imports which,
 its circles, and the arrows from services/ and engines/ up into tandem/. A pure reader for the layering test."""
+
 import ast
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) 
     base = node.module or ""
     if node.level:  # relative: from the importing module's package, `level - 1` packages up
         package = module.split(".") if is_package else module.split(".")[:-1]
-        base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+        base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
     yield base  # NOTE: `from pkg import name` runs pkg/__init__.py and reads from it, even when name is a submodule
     yield from (f"{base}.{alias.name}" for alias in node.names)
 
@@ -98,6 +99,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def upward_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """(importer, imported) for each import from services/ or engines/ of a tandem/ module (the tooling on top)."""
-    return sorted((module, target) for module, targets in graph.items()
-                  if module.split(".")[0] in ("services", "engines")
-                  for target in targets if target.split(".")[0] == "tandem")
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if module.split(".")[0] in ("services", "engines")
+        for target in targets
+        if target.split(".")[0] == "tandem"
+    )

@@ -1,5 +1,6 @@
 """The layering holds: no import circle among the repository's modules and no import from services/ or engines/ up
 into tandem/, read from the source (ast; nothing imported). The reader itself is checked on a tiny fake tree."""
+
 from pathlib import Path
 
 from tests.unit.repo.import_graph import circles, import_graph, upward_arrows
@@ -40,17 +41,20 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_reader_sees_lazy_relative_and_package_imports(tmp_path):
-    root = _tree(tmp_path, {
-        "engines/__init__.py": "",
-        "engines/a.py": "def f():\n    from engines.b import g\n",  # lazy
-        "engines/b.py": "from . import a\n",  # relative, reads engines/__init__.py too
-        "engines/pkg/__init__.py": "from engines.pkg.mod import X\n",
-        "engines/pkg/mod.py": "from engines.pkg import other\n",  # reads pkg/__init__.py: a circle with it
-        "engines/pkg/other.py": "import os\nimport tandem.cli\n",  # outside: ignored; tandem: an upward arrow
-        "tandem/__init__.py": "",
-        "tandem/cli.py": "import engines.a\n",
-        "tandem/v1/common_pb2.py": "import engines.a\n",  # generated: not part of the graph
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "engines/__init__.py": "",
+            "engines/a.py": "def f():\n    from engines.b import g\n",  # lazy
+            "engines/b.py": "from . import a\n",  # relative, reads engines/__init__.py too
+            "engines/pkg/__init__.py": "from engines.pkg.mod import X\n",
+            "engines/pkg/mod.py": "from engines.pkg import other\n",  # reads pkg/__init__.py: a circle with it
+            "engines/pkg/other.py": "import os\nimport tandem.cli\n",  # outside: ignored; tandem: an upward arrow
+            "tandem/__init__.py": "",
+            "tandem/cli.py": "import engines.a\n",
+            "tandem/v1/common_pb2.py": "import engines.a\n",  # generated: not part of the graph
+        },
+    )
     graph = import_graph(root)
     assert graph["engines.a"] == {"engines.b"}
     assert graph["engines.b"] == {"engines", "engines.a"}

@@ -1,5 +1,6 @@
 """The sim engine behind the Engine protocol (its loop on a thread): deterministic tokens, profiled time, held KV
 and real KV events."""
+
 import json
 
 import pytest

@@ -1,5 +1,6 @@
 """The sim runner under the one EngineCore: the real scheduler and block manager priced by a profile, stepped in
 virtual time as the cluster simulator steps it, on hand-computed cases."""
+
 from engines.base.events import KvEventKind
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.core.sequence import Sequence

@@ -1,4 +1,5 @@
 """`tandem certs`: the files it writes, their modes, the identities in them, and what it refuses."""
+
 import stat
 from pathlib import Path
 
@@ -23,8 +24,18 @@ def test_init_writes_a_ca_every_identity_and_the_kv_key_owner_only(tmp_path, cap
     out = tmp_path / "pki"
     assert main(["certs", "init", str(out), "--decode", "2", "--role-wide", "decode"]) == 0
     names = {Path(line).name for line in capsys.readouterr().out.split()}
-    assert names == {"gateway", "planner", "operator", "router", "prefill-0", "decode-0", "decode-1", "decode-any",
-                     "kv-signing.key", "kv-hash.secret"}
+    assert names == {
+        "gateway",
+        "planner",
+        "operator",
+        "router",
+        "prefill-0",
+        "decode-0",
+        "decode-1",
+        "decode-any",
+        "kv-signing.key",
+        "kv-hash.secret",
+    }
     assert _mode(out) == 0o700
     for path in out.rglob("*"):
         assert _mode(path) == (0o700 if path.is_dir() else 0o600), path
@@ -54,8 +65,9 @@ def test_issue_adds_one_identity_from_the_existing_ca_and_replaces_only_its_own(
     assert main(["certs", "issue", str(tmp_path), "decode", "decode-9", "--dns", "decode-9.svc"]) == 0
     leaf = _cert(tmp_path / "decode-9" / "tls.crt")
     leaf.verify_directly_issued_by(ca)
-    assert "decode-9.svc" in leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
-        .get_values_for_type(x509.DNSName)
+    assert "decode-9.svc" in leaf.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    ).value.get_values_for_type(x509.DNSName)
     assert main(["certs", "issue", str(tmp_path), "decode", "decode-9"]) == 0  # rotation: same identity
     assert _cert(tmp_path / "decode-9" / "tls.crt").serial_number != leaf.serial_number
     capsys.readouterr()
@@ -65,12 +77,15 @@ def test_issue_adds_one_identity_from_the_existing_ca_and_replaces_only_its_own(
     assert identity_of_cert((tmp_path / "decode-any" / "tls.crt").read_bytes()).is_role_wide
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["decode"], "give an ID"),
-    (["decode", "x", "--role-wide"], "give an ID"),
-    (["decode", "bad/id"], "must be 1-128"),
-    (["decode", "d", "--days", "0"], "at least 1 day"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["decode"], "give an ID"),
+        (["decode", "x", "--role-wide"], "give an ID"),
+        (["decode", "bad/id"], "must be 1-128"),
+        (["decode", "d", "--days", "0"], "at least 1 day"),
+    ],
+)
 def test_issue_refuses_bad_requests(tmp_path, capsys, argv, message):
     main(["certs", "init", str(tmp_path)])
     capsys.readouterr()
@@ -97,14 +112,17 @@ def test_kv_key_is_new_each_time(tmp_path):
     assert _mode(tmp_path / pki.KV_SIGNING_KEY) == 0o600
 
 
-@pytest.mark.parametrize("uri, expected", [
-    ("spiffe://tandem/decode/decode-0", Identity("decode", "decode-0")),
-    ("spiffe://tandem/decode/*", Identity("decode", "*")),
-    ("spiffe://other/decode/decode-0", None),
-    ("spiffe://tandem/admin/x", None),
-    ("spiffe://tandem/decode/a/b", None),
-    ("https://tandem/decode/x", None),
-])
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("spiffe://tandem/decode/decode-0", Identity("decode", "decode-0")),
+        ("spiffe://tandem/decode/*", Identity("decode", "*")),
+        ("spiffe://other/decode/decode-0", None),
+        ("spiffe://tandem/admin/x", None),
+        ("spiffe://tandem/decode/a/b", None),
+        ("https://tandem/decode/x", None),
+    ],
+)
 def test_parse_uri(uri, expected):
     assert parse_uri(uri) == expected
 

@@ -1,5 +1,6 @@
 """The attacks scenario's judge can fail: an attack let through, one that never ran, a lost legitimate request, no
 request in one phase, or p50 TTFT under attack past 1.2x the quiet one each fail it; a clean run passes."""
+
 import math
 
 import pytest

@@ -1,5 +1,6 @@
 """Every chaos scenario's judge can fail: fed a made-up bad outcome it says so, fed a good one it passes (a fake
 stack stands in for the processes, so only the judges' logic is under test)."""
+
 import math
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -37,11 +38,17 @@ class FakeStack:
         return self.is_idle
 
 
-def result(counts: dict[str, int] | None = None, statuses: dict[str, int] | None = None, migrated: int = 3,
-           recovery_s: float = 0.0, first_token_after_s: float = 0.3) -> ScenarioResult:
+def result(
+    counts: dict[str, int] | None = None,
+    statuses: dict[str, int] | None = None,
+    migrated: int = 3,
+    recovery_s: float = 0.0,
+    first_token_after_s: float = 0.3,
+) -> ScenarioResult:
     full = {COMPLETED: 100, FAILED_CLEANLY: 0, LEFT: 0, LOST: 0, "corrupted": 0, "unclean": 0, **(counts or {})}
-    return ScenarioResult("s", "goal", 10.0, full, statuses or {"200": 100}, migrated, recovery_s,
-                          first_token_after_s, 64)
+    return ScenarioResult(
+        "s", "goal", 10.0, full, statuses or {"200": 100}, migrated, recovery_s, first_token_after_s, 64
+    )
 
 
 def run_with(stack: FakeStack | None = None, **facts) -> Run:
@@ -115,10 +122,14 @@ async def test_overload_fails_on_a_500_on_growing_memory_or_a_limit_never_hit():
     counts = {COMPLETED: 50, FAILED_CLEANLY: 50}
     assert await verdict(sc.judge_overload, run_with(rss_mb_start=100.0, rss_mb_end=105.0), result(counts, ok))
     assert not await verdict(sc.judge_overload, run_with(rss_mb_start=100.0, rss_mb_end=120.0), result(counts, ok))
-    assert not await verdict(sc.judge_overload, run_with(rss_mb_start=100.0, rss_mb_end=100.0),
-                             result(counts, {"200": 50, "429": 30, "500": 20}))
-    assert not await verdict(sc.judge_overload, run_with(rss_mb_start=100.0, rss_mb_end=100.0),
-                             result(counts, {"200": 50, "429": 50}))
+    assert not await verdict(
+        sc.judge_overload,
+        run_with(rss_mb_start=100.0, rss_mb_end=100.0),
+        result(counts, {"200": 50, "429": 30, "500": 20}),
+    )
+    assert not await verdict(
+        sc.judge_overload, run_with(rss_mb_start=100.0, rss_mb_end=100.0), result(counts, {"200": 50, "429": 50})
+    )
 
 
 async def test_fuzz_fails_on_a_failure_or_too_few_cases():

@@ -1,17 +1,41 @@
 """Chaos verdicts: each record classified as a client would judge it; recovery, first token and peak concurrency
 from the records; the table and JSON of a run."""
+
 import json
 import math
 
 from tandem.chaos.client import Record
-from tandem.chaos.outcomes import (COMPLETED, CORRUPTED, FAILED_CLEANLY, LEFT, LOST, UNCLEAN, Check, classify,
-                                   first_token_after_s, max_in_flight, recovery_s, summarize)
+from tandem.chaos.outcomes import (
+    COMPLETED,
+    CORRUPTED,
+    FAILED_CLEANLY,
+    LEFT,
+    LOST,
+    UNCLEAN,
+    Check,
+    classify,
+    first_token_after_s,
+    max_in_flight,
+    recovery_s,
+    summarize,
+)
 from tandem.chaos.report import table, write_json
 
 
 def rec(**kw) -> Record:
-    base = dict(index=0, behaviour="normal", start_s=0.0, end_s=1.0, status=200, has_ended=True, is_done=True,
-                finish_reason="length", num_tokens=4, text="abcd", first_token_s=0.5)
+    base = dict(
+        index=0,
+        behaviour="normal",
+        start_s=0.0,
+        end_s=1.0,
+        status=200,
+        has_ended=True,
+        is_done=True,
+        finish_reason="length",
+        num_tokens=4,
+        text="abcd",
+        first_token_s=0.5,
+    )
     return Record(**{**base, **kw})
 
 
@@ -39,9 +63,12 @@ def test_errors_are_clean_only_with_a_body_and_retry_after_where_due():
 
 
 def test_recovery_first_token_and_peak():
-    records = [rec(start_s=0.0, end_s=2.0), rec(start_s=1.0, end_s=3.0, first_token_s=1.4),
-               rec(start_s=1.5, end_s=1.6, status=503, error={"message": "m", "type": "t"}),
-               rec(start_s=2.5, end_s=4.0, first_token_s=2.6)]
+    records = [
+        rec(start_s=0.0, end_s=2.0),
+        rec(start_s=1.0, end_s=3.0, first_token_s=1.4),
+        rec(start_s=1.5, end_s=1.6, status=503, error={"message": "m", "type": "t"}),
+        rec(start_s=2.5, end_s=4.0, first_token_s=2.6),
+    ]
     outcomes = [(r, classify(r, 4, "abcd")) for r in records]
     assert recovery_s(outcomes, 1.0) == 0.5 and recovery_s(outcomes[:2], 1.0) == 0.0
     assert math.isclose(first_token_after_s(records, 1.0), 0.4)

@@ -1,6 +1,7 @@
 """The chaos client and proxy on loopback against a tiny server that streams SSE: the client records a whole
 stream, an error body with Retry-After, a client that leaves, a hang; the proxy passes bytes, delays them, and
 resets every connection it carries on `drop()`."""
+
 import asyncio
 import json
 import time
@@ -9,15 +10,18 @@ from tandem.chaos.client import Behaviour, Exchange, Record
 from tandem.chaos.proxy import FaultyProxy, ProxyProcess
 
 EVENTS = [{"choices": [{"text": t, "finish_reason": None}]} for t in ("a", "b", "c")] + [
-    {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 3}}]
+    {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 3}}
+]
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mode: str, gap_s: float) -> None:
     await reader.readuntil(b"\r\n\r\n")
     if mode == "busy":
         body = json.dumps({"error": {"message": "every worker is busy", "type": "service_unavailable_error"}})
-        writer.write(f"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        writer.write(
+            f"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
     else:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for payload in [json.dumps(e) for e in EVENTS] + ["[DONE]"]:
@@ -44,12 +48,22 @@ async def test_a_whole_stream_and_an_error_body():
     server, port = await _server("stream")
     rec = await _exchange(port)
     assert (rec.status, rec.text, rec.finish_reason, rec.num_tokens, rec.is_done, rec.has_ended) == (
-        200, "abc", "length", 3, True, True)
+        200,
+        "abc",
+        "length",
+        3,
+        True,
+        True,
+    )
     server.close()
     server, port = await _server("busy")
     rec = await _exchange(port)
-    assert (rec.status, rec.retry_after, rec.error["type"], rec.is_done) == (503, "1", "service_unavailable_error",
-                                                                            False)
+    assert (rec.status, rec.retry_after, rec.error["type"], rec.is_done) == (
+        503,
+        "1",
+        "service_unavailable_error",
+        False,
+    )
     server.close()
 
 
@@ -71,7 +85,9 @@ async def test_the_proxy_passes_delays_and_drops():
     assert (await _exchange(proxied)).text == "abc"
     proxy.delay_s = 0.05
     started = time.monotonic()
-    assert (await _exchange(proxied)).is_done and time.monotonic() - started >= 0.1  # the request's read and the answer's, each delayed
+    assert (
+        await _exchange(proxied)
+    ).is_done and time.monotonic() - started >= 0.1  # the request's read and the answer's, each delayed
     proxy.delay_s = 0.0
     server.close()
     server, port = await _server("hang")

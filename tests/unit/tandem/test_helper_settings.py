@@ -1,4 +1,5 @@
 """The tandem/ helpers read the worker's own settings fields (variable names and defaults), not copies of them."""
+
 from tandem.cli import build_parser
 
 

@@ -1,6 +1,7 @@
 """`tandem up` and the KV signing key: without TANDEM_KV_SIGNING_KEY_FILE each stack has its own (0600, in the
 stack's private certificate directory under the cache directory) and hands it to every child; a key the caller
 names is used as is."""
+
 import json
 import os
 import stat
@@ -13,8 +14,12 @@ from tandem.stack_certs import KV_KEY_ENV, StackPki
 
 def _child_env(stack: Stack, tmp_path) -> dict:
     """The environment a child gets: one that prints it."""
-    proc = stack._popen("decode-0", [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
-                        tmp_path / "env.log", "w")
+    proc = stack._popen(
+        "decode-0",
+        [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+        tmp_path / "env.log",
+        "w",
+    )
     proc.wait(30)
     return json.loads((tmp_path / "env.log").read_text())
 

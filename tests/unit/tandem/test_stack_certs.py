@@ -1,5 +1,6 @@
 """`tandem up`'s certificates: each child's identity and environment, one CA per launcher process, and the operator
 identity the launcher holds only while a stack runs."""
+
 import os
 from pathlib import Path
 
@@ -11,12 +12,18 @@ from tandem import stack_certs
 from tandem.stack_certs import StackPki, identity_for, is_insecure
 
 
-@pytest.mark.parametrize("name, identity", [
-    ("router", Identity("router", "router")), ("router-2", Identity("router", "router-2")),
-    ("prefill-0", Identity("prefill", "prefill-0")), ("decode-13", Identity("decode", "decode-13")),
-    ("gateway", Identity("gateway", "gateway")), ("planner", Identity("planner", "planner")),
-    ("prometheus", None),
-])
+@pytest.mark.parametrize(
+    "name, identity",
+    [
+        ("router", Identity("router", "router")),
+        ("router-2", Identity("router", "router-2")),
+        ("prefill-0", Identity("prefill", "prefill-0")),
+        ("decode-13", Identity("decode", "decode-13")),
+        ("gateway", Identity("gateway", "gateway")),
+        ("planner", Identity("planner", "planner")),
+        ("prometheus", None),
+    ],
+)
 def test_each_child_is_named_by_its_role_and_id(name, identity):
     assert identity_for(name) == identity
 
@@ -47,8 +54,9 @@ def test_the_operator_identity_is_held_while_any_stack_runs_then_restored(tmp_pa
         one.activate()
         two.activate()
         assert tls.process_tls().is_mutual
-        assert identity_of_cert(Path(os.environ["TANDEM_GRPC_TLS_CERT"]).read_bytes()) == Identity("operator",
-                                                                                                    "operator")
+        assert identity_of_cert(Path(os.environ["TANDEM_GRPC_TLS_CERT"]).read_bytes()) == Identity(
+            "operator", "operator"
+        )
         one.deactivate()
         assert tls.process_tls().is_mutual  # the other stack still runs
     finally:

@@ -1,5 +1,6 @@
 """`tandem up`'s KV hash secret: made once per stack directory (0600), kept across restarts, the same for every
 child, and never chosen over one the operator set."""
+
 import stat
 
 from tandem.launcher import KV_HASH_SECRET_ENV, Stack, StackConfig, kv_hash_secret

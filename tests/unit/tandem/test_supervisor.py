@@ -1,5 +1,6 @@
 """The supervisor's decisions under a fake clock with fake children: restarts with doubling backoff, a crash loop
 given up on with the child's name and log, bad settings never retried, a child that stays up forgiven."""
+
 import pytest
 
 from services.common.process import RestartPolicy
@@ -26,8 +27,14 @@ def clock() -> FakeClock:
 
 
 def make(children: Children, clock: FakeClock) -> Supervisor:
-    return Supervisor(lambda: list(children.codes), children.exit_code, children.restart, lambda name: f"{name}: boom\n",
-                      RestartPolicy(initial_backoff_s=0.5, max_backoff_s=4.0, max_restarts=3, window_s=60.0), clock)
+    return Supervisor(
+        lambda: list(children.codes),
+        children.exit_code,
+        children.restart,
+        lambda name: f"{name}: boom\n",
+        RestartPolicy(initial_backoff_s=0.5, max_backoff_s=4.0, max_restarts=3, window_s=60.0),
+        clock,
+    )
 
 
 def test_backoff_doubles_up_to_its_cap():
@@ -94,5 +101,9 @@ def test_bad_settings_are_never_retried(clock):
 
 
 def test_exit_descriptions():
-    assert (describe_exit(0), describe_exit(1), describe_exit(-9), describe_exit(-99)) == \
-           ("code 0", "code 1", "signal SIGKILL", "signal 99")
+    assert (describe_exit(0), describe_exit(1), describe_exit(-9), describe_exit(-99)) == (
+        "code 0",
+        "code 1",
+        "signal SIGKILL",
+        "signal 99",
+    )

@@ -1,5 +1,6 @@
 """Measured step-time tables: exact at the measured points, linear between and past them; a profile built from a
 measurement file runs them; the shipped H100 profile reproduces the H100 measurements."""
+
 import json
 
 import pytest
@@ -8,8 +9,12 @@ from engines.timing.measured import decode_table, interp
 from engines.timing.profile import ProfileError, TimingProfile, load_profile, profile_from_measurements
 from tandem.cli import main
 
-MEASURED = {"device": "GPU X", "model": "m", "prefill_ms": {"100": 10.0, "200": 14.0, "400": 30.0},
-            "decode_step_ms": [[1, 100, 5.0], [9, 100, 7.0], [1, 300, 9.0], [9, 300, 15.0]]}
+MEASURED = {
+    "device": "GPU X",
+    "model": "m",
+    "prefill_ms": {"100": 10.0, "200": 14.0, "400": 30.0},
+    "decode_step_ms": [[1, 100, 5.0], [9, 100, 7.0], [1, 300, 9.0], [9, 300, 15.0]],
+}
 
 
 @pytest.fixture
@@ -65,8 +70,22 @@ def test_the_shipped_h100_profile_is_the_measured_h100(capsys):
 
 def test_tandem_sim_builds_and_saves_a_measured_profile(measured, tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert main(["sim", "--profile-from-measured", str(measured), "--set", "num_blocks=500",
-                 "--set", "min_step_ms=2", "--save-profile", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--profile-from-measured",
+                str(measured),
+                "--set",
+                "num_blocks=500",
+                "--set",
+                "min_step_ms=2",
+                "--save-profile",
+                str(out),
+            ]
+        )
+        == 0
+    )
     p = load_profile(str(out))
     assert p.name == "gpu-x" and p.num_blocks == 500 and p.min_step_ms == 2.0
     assert p.decode_step_s(9, 9 * 300) == pytest.approx(0.015)

@@ -1,4 +1,5 @@
 """TimingProfile: the shipped default loads with the mocker's numbers; bench files fit exact coefficients."""
+
 import json
 
 import pytest
@@ -31,12 +32,21 @@ def test_unknown_profile_names_the_shipped_ones():
 
 def test_profile_from_bench_fits_the_points(tmp_path):
     def entry(n, isl, ttft_ms, itl_ms):
-        return {"num_requests": n, "isl": isl, "osl": 128,
-                "engines": {"native": {"ttft_s_p50": ttft_ms / 1e3, "itl_s_p50": itl_ms / 1e3}}}
+        return {
+            "num_requests": n,
+            "isl": isl,
+            "osl": 128,
+            "engines": {"native": {"ttft_s_p50": ttft_ms / 1e3, "itl_s_p50": itl_ms / 1e3}},
+        }
 
     # prefill ms = 0.01 t + 5 ; decode ms = 2 + 40 u (u = n * blocks / num_blocks)
-    report = {"model": "org/m", "workloads": {"batch1": entry(1, 1024, 15.24, 2.0 + 40 * 17 / 16384),
-                                              "concurrent": entry(8, 512, 45.96, 2.0 + 40 * 8 * 9 / 16384)}}
+    report = {
+        "model": "org/m",
+        "workloads": {
+            "batch1": entry(1, 1024, 15.24, 2.0 + 40 * 17 / 16384),
+            "concurrent": entry(8, 512, 45.96, 2.0 + 40 * 8 * 9 / 16384),
+        },
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(report))
     p = profile_from_bench(path)
@@ -57,8 +67,11 @@ def test_tandem_sim_saves_a_fitted_profile_that_a_sim_worker_runs(tmp_path, caps
     assert main(["sim", "--profile-from-bench", str(bench), "--save-profile", str(saved)]) == 0
     assert f"wrote {saved}" in capsys.readouterr().out
     assert load_profile(str(saved)) == profile_from_bench(bench)
-    spec = engine_spec(WorkerSettings(role="decode", model="m", engine="sim", sim_profile=str(saved),
-                                      sim_time_factor=0.5, worker_id="decode-3"))
+    spec = engine_spec(
+        WorkerSettings(
+            role="decode", model="m", engine="sim", sim_profile=str(saved), sim_time_factor=0.5, worker_id="decode-3"
+        )
+    )
     runner = spec.build().runner  # what the worker's engine process builds
     assert (runner.profile.name, runner.time_factor) == ("bench-org_m", 0.5)
 
@@ -81,8 +94,7 @@ def test_a_negative_sim_time_factor_stops_the_worker_at_start_up():
 def test_speculation_scales_the_decode_part_by_its_cost_over_its_tokens():
     base = load_profile().to_dict()
     plain = TimingProfile.from_dict(base)
-    spec = TimingProfile.from_dict({**base, "spec_num_tokens": 4, "spec_acceptance_rate": 0.5,
-                                    "spec_verify_cost": 0.1})
+    spec = TimingProfile.from_dict({**base, "spec_num_tokens": 4, "spec_acceptance_rate": 0.5, "spec_verify_cost": 0.1})
     factor = 1.4 / (1 + 0.5 + 0.25 + 0.125 + 0.0625)  # 1.4 plain steps' cost for 1.9375 tokens
     assert spec.spec_decode_factor == pytest.approx(factor)
     assert spec.step_s(0, 8, 0.5) == pytest.approx(plain.step_s(0, 8, 0.5) * factor)

@@ -1,5 +1,4 @@
 """BlockManager on CPU: exact block ids, ref counts, free-queue order, cache bookkeeping, events."""
-import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, hash_block
 from engines.base.types import SamplingParams
@@ -220,8 +219,11 @@ def test_allocate_with_revived_hits_takes_them_off_the_free_queue():
     assert b.num_computed_tokens == 8
     assert ref_counts(bm) == [1, 1, 0, 1, 0]
     assert list(bm.free_queue) == [4, 2]
-    assert bm.drain_events().stored == [(NONE_HASH, HA[0], tuple(A[:4])), (HA[0], HA[1], tuple(A[4:8])),
-                                        (HA[1], HA[2], tuple(A[8:]))]  # a's only: hits are not re-stored
+    assert bm.drain_events().stored == [
+        (NONE_HASH, HA[0], tuple(A[:4])),
+        (HA[0], HA[1], tuple(A[4:8])),
+        (HA[1], HA[2], tuple(A[8:])),
+    ]  # a's only: hits are not re-stored
 
 
 def test_prefix_caching_disabled_never_hits():

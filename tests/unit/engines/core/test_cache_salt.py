@@ -1,12 +1,13 @@
 """Tenant isolation in the engine core: a request's hash root (its cache salt, keyed by the deployment secret) enters
 the first block's hash, so tenants never hit each other's cached blocks while each still hits its own."""
+
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, chain_root
+from engines.base.engine_configs import CacheConfig
 from engines.base.events import KvEvent, KvEventKind, KvTier
 from engines.base.types import EngineRequest, SamplingParams
 from engines.core import messages
 from engines.core.block_manager import BlockManager
 from engines.core.sequence import Sequence
-from engines.base.engine_configs import CacheConfig
 from engines.zero.runner import ZeroSpec, build_core
 
 BS = 4
@@ -53,8 +54,11 @@ def test_stored_events_carry_salted_hashes_but_never_the_root():
     _prefill(bm, _seq("a1", ROOT_A))
     stored = bm.drain_events().stored
     hashes = chain_block_hashes(TOKENS, BS, ROOT_A)
-    assert [(parent, h) for parent, h, _ in stored] == [(NONE_HASH, hashes[0]), (hashes[0], hashes[1]),
-                                                         (hashes[1], hashes[2])]
+    assert [(parent, h) for parent, h, _ in stored] == [
+        (NONE_HASH, hashes[0]),
+        (hashes[0], hashes[1]),
+        (hashes[1], hashes[2]),
+    ]
 
 
 def _run(core, request: EngineRequest) -> int:

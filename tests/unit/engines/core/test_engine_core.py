@@ -1,6 +1,7 @@
 """EngineCore through its public API (add, step, abort, a KV load, stats) over a fake runner: what each request
 gets, in which step, with which blocks; preemption under block pressure and the requeue after a load. Also the
 scheduler as the only writer of its queues (an AST scan of every other module)."""
+
 import ast
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +63,12 @@ def request(req_id: str, tokens, max_tokens: int = 2) -> EngineRequest:
 
 def importing(req_id: str, num_tokens: int, num_loaded: int) -> EngineRequest:
     """A request whose first `num_loaded` tokens' KV is loaded from elsewhere (kv_params name the source)."""
-    return EngineRequest(req_id, tuple(range(num_tokens)), SamplingParams(max_tokens=1, ignore_eos=True),
-                         kv_params=str(num_loaded).encode())
+    return EngineRequest(
+        req_id,
+        tuple(range(num_tokens)),
+        SamplingParams(max_tokens=1, ignore_eos=True),
+        kv_params=str(num_loaded).encode(),
+    )
 
 
 def test_add_then_step_prefills_then_decodes_until_max_tokens():
@@ -73,8 +78,9 @@ def test_add_then_step_prefills_then_decodes_until_max_tokens():
     assert [(o.req_id, o.new_token_ids, o.finish_reason) for o in first] == [("a", (NEXT,), None)]
     core.step()
     last = core.step()
-    assert [(o.new_token_ids, o.finish_reason, o.num_prompt_tokens) for o in last] == [((NEXT,), FinishReason.LENGTH,
-                                                                                       10)]
+    assert [(o.new_token_ids, o.finish_reason, o.num_prompt_tokens) for o in last] == [
+        ((NEXT,), FinishReason.LENGTH, 10)
+    ]
     assert core.runner.steps == [[("a", 0, 10)], [("a", 10, 1)], [("a", 11, 1)]]
     assert not core.has_work and core.block_manager.num_free_blocks == 16 and "a" not in core.seqs
 
@@ -127,8 +133,14 @@ def test_block_pressure_preempts_the_latest_admitted_and_requeues_it_at_the_head
     done = {o.req_id: o for o in outs if o.finished}
     assert done["a"].finish_reason is FinishReason.LENGTH and done["b"].finish_reason is FinishReason.LENGTH
     # b comes back when a is done: its first block is a prefix hit, the rest (and its token) is computed again
-    assert core.runner.steps == [[("a", 0, 7), ("b", 0, 7)], [("a", 7, 1), ("b", 7, 1)], [("a", 8, 1)], [("a", 9, 1)],
-                                 [("b", 4, 5)], [("b", 9, 1)]]
+    assert core.runner.steps == [
+        [("a", 0, 7), ("b", 0, 7)],
+        [("a", 7, 1), ("b", 7, 1)],
+        [("a", 8, 1)],
+        [("a", 9, 1)],
+        [("b", 4, 5)],
+        [("b", 9, 1)],
+    ]
 
 
 def test_an_import_loads_off_the_queues_then_requeues_ahead_of_requests_holding_no_blocks():
@@ -179,22 +191,42 @@ def test_stats_count_what_ran():
 
 # -- one owner of the queues -------------------------------------------------------------------
 QUEUES = {"waiting", "running", "loading", "parked"}
-MUTATORS = {"append", "appendleft", "extend", "extendleft", "insert", "pop", "popleft", "remove", "clear",
-            "setdefault", "update", "rotate", "__setitem__", "__delitem__"}
+MUTATORS = {
+    "append",
+    "appendleft",
+    "extend",
+    "extendleft",
+    "insert",
+    "pop",
+    "popleft",
+    "remove",
+    "clear",
+    "setdefault",
+    "update",
+    "rotate",
+    "__setitem__",
+    "__delitem__",
+}
 
 
 def _is_queue(node: ast.AST, aliases: set[str]) -> bool:
     while isinstance(node, ast.Subscript):
         node = node.value
-    return (isinstance(node, ast.Attribute) and node.attr in QUEUES) or (isinstance(node, ast.Name)
-                                                                          and node.id in aliases)
+    return (isinstance(node, ast.Attribute) and node.attr in QUEUES) or (
+        isinstance(node, ast.Name) and node.id in aliases
+    )
 
 
 def queue_writes(tree: ast.AST) -> list[int]:
     """Lines that assign, delete, or call a mutating method on an attribute named like a scheduler queue, an item
     of one, or a local name bound to one (`waiting = self.scheduler.waiting`)."""
-    aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _is_queue(node.value, set())
-               for t in node.targets if isinstance(t, ast.Name)}
+    aliases = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _is_queue(node.value, set())
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     lines = []
     for node in ast.walk(tree):
         targets = []
@@ -209,8 +241,10 @@ def queue_writes(tree: ast.AST) -> list[int]:
 
 
 def test_the_scan_sees_each_kind_of_queue_write():
-    src = ("s.waiting.append(x)\ns.running = []\ns.loading[k] = v\ndel s.parked[k]\ns.waiting.remove(x)\n"
-           "n = len(s.waiting)\nfor x in s.running: pass\nother.append(x)\nw = core.scheduler.waiting\nw.pop()\n")
+    src = (
+        "s.waiting.append(x)\ns.running = []\ns.loading[k] = v\ndel s.parked[k]\ns.waiting.remove(x)\n"
+        "n = len(s.waiting)\nfor x in s.running: pass\nother.append(x)\nw = core.scheduler.waiting\nw.pop()\n"
+    )
     assert queue_writes(ast.parse(src)) == [1, 2, 3, 4, 5, 10]
 
 

@@ -1,6 +1,7 @@
 """KV loads in the engine core: a LOADING sequence holds its blocks and is never scheduled while the batch steps;
 a finished load queues it with the tokens computed, a failed one falls back to computing them, an abort waits for
 the load to end before its blocks go, and a load several sequences share is started once."""
+
 import pytest
 
 from engines.base.errors import InvalidRequestError

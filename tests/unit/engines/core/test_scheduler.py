@@ -1,5 +1,6 @@
 """Scheduler on CPU: token budgets, chunked prefill, prefix hits on admission, preemption by recompute, and the
 commit of a step's tokens (`update_from_output`); every sampled token is NEXT."""
+
 from engines.base.block_hash import NONE_HASH, hash_block
 from engines.base.types import FinishReason, SamplingParams
 from engines.core.block_manager import BlockManager
@@ -16,8 +17,9 @@ def make_sched(num_blocks=16, max_num_batched_tokens=64, max_num_seqs=8, chunked
 
 
 def make_seq(req_id: str, tokens, max_tokens: int = 32, hold_kv: bool = False) -> Sequence:
-    return Sequence(req_id, list(tokens), len(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                    hold_kv=hold_kv)
+    return Sequence(
+        req_id, list(tokens), len(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True), hold_kv=hold_kv
+    )
 
 
 def step(sched: Scheduler) -> list[tuple[str, int, int, bool]]:

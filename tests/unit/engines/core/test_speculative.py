@@ -1,5 +1,6 @@
 """Speculative decoding's pure half: n-gram prompt lookup, the adaptive draft length, and the scheduler's
 proposals and their commit — accepted tokens only, rejected positions' blocks given back, nothing rejected cached."""
+
 import pytest
 
 from engines.base.structured import StructuredSpec
@@ -7,22 +8,24 @@ from engines.base.types import FinishReason, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.scheduler import Scheduler, SchedulerConfig
 from engines.core.sequence import Sequence, SequenceStatus
-from engines.core.speculative import (NgramProposer, SpecConfig, SpecState, Speculator, best_draft_len,
-                                      parse_speculative)
+from engines.core.speculative import NgramProposer, SpecConfig, SpecState, Speculator, best_draft_len, parse_speculative
 
 BS = 4
 NGRAM = SpecConfig("ngram", max_draft_tokens=4, draft_cost=0.0)
 
 
 # -- the proposer ----------------------------------------------------------------------------
-@pytest.mark.parametrize(("tokens", "k", "expected"), [
-    ([1, 2, 3, 4, 1, 2], 3, [3, 4, 1]),  # the trigram misses, the bigram (1, 2) hits
-    ([1, 2, 3, 9, 2, 3, 7, 2, 3], 2, [7, 2]),  # the latest occurrence wins
-    ([5, 6, 7, 8], 4, []),  # nothing repeats
-    ([5, 6, 7, 5], 4, [6, 7, 5]),  # a unigram, and the proposal may run into the suffix itself
-    ([7], 4, []),
-    ([1, 2, 3, 1, 2], 1, [3]),
-])
+@pytest.mark.parametrize(
+    ("tokens", "k", "expected"),
+    [
+        ([1, 2, 3, 4, 1, 2], 3, [3, 4, 1]),  # the trigram misses, the bigram (1, 2) hits
+        ([1, 2, 3, 9, 2, 3, 7, 2, 3], 2, [7, 2]),  # the latest occurrence wins
+        ([5, 6, 7, 8], 4, []),  # nothing repeats
+        ([5, 6, 7, 5], 4, [6, 7, 5]),  # a unigram, and the proposal may run into the suffix itself
+        ([7], 4, []),
+        ([1, 2, 3, 1, 2], 1, [3]),
+    ],
+)
 def test_ngram_proposes_what_followed_the_latest_match(tokens, k, expected):
     assert NgramProposer(1, 3).propose("r", tokens, k) == expected
 
@@ -82,8 +85,7 @@ def test_a_fresh_request_probes_once_even_where_the_prior_does_not_pay():
 
 
 def test_a_sampled_request_weighs_its_own_costs():
-    spec = Speculator(SpecConfig("ngram", max_draft_tokens=4, verify_costs=(0.1,) * 4,
-                                 verify_costs_sampled=(1.2,) * 4))
+    spec = Speculator(SpecConfig("ngram", max_draft_tokens=4, verify_costs=(0.1,) * 4, verify_costs_sampled=(1.2,) * 4))
     greedy, sampled = SpecState(is_fresh=False), SpecState(is_fresh=False)
     assert spec.draft_len(greedy, 4, is_greedy=True) > 0
     assert spec.draft_len(sampled, 4, is_greedy=False) == 0 and sampled.cooldown > 0

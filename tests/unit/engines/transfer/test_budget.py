@@ -1,4 +1,5 @@
 """The gRPC fallback's staging budget: regions of one shared-memory file, a bounded wait for room, chunk copies."""
+
 import asyncio
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Each KvConnector on its own, over a fake engine and a fake puller: what PullKv streams (export), what a decode
 engine's request carries from a verified handle (receive), when a transfer's resources go (landed), and that the
 connector is the one the engine declares."""
+
 import time
 
 import numpy as np
@@ -14,8 +15,13 @@ from engines.transfer.budget import StagingBudget
 from engines.transfer.descriptor import NIXL, KvDescriptor
 from engines.transfer.paged import staging_nbytes
 from services.common.convert import layout_to_pb
-from services.common.kv_connectors import (BytesConnector, NixlConnector, StagingConnector, TrtllmConnector,
-                                           make_connector)
+from services.common.kv_connectors import (
+    BytesConnector,
+    NixlConnector,
+    StagingConnector,
+    TrtllmConnector,
+    make_connector,
+)
 from services.common.protos import common_pb2
 from services.decode.kv_import import assemble
 
@@ -73,9 +79,16 @@ class FakePuller:
 
 
 def handle(engine_params: bytes = b"") -> common_pb2.KvHandle:
-    return common_pb2.KvHandle(worker_id="p0", address="127.0.0.1:1", req_id="held", layout=layout_to_pb(LAYOUT),
-                               num_tokens=8, num_blocks=2, lease_expires_unix_s=time.time() + 60,
-                               engine_params=engine_params)
+    return common_pb2.KvHandle(
+        worker_id="p0",
+        address="127.0.0.1:1",
+        req_id="held",
+        layout=layout_to_pb(LAYOUT),
+        num_tokens=8,
+        num_blocks=2,
+        lease_expires_unix_s=time.time() + 60,
+        engine_params=engine_params,
+    )
 
 
 class Moves(list):
@@ -117,9 +130,14 @@ async def test_bytes_receive_pulls_an_export_that_covers_a_prefix():
     assert incoming.kv is kv and incoming.kv_params == b"" and moves == [("import", 1, transports.BYTES)]
 
 
-@pytest.mark.parametrize("puller", [FakePuller(KvExport(LAYOUT, (1,) * 8, 2, b"x")),  # other tokens
-                                    FakePuller(KvExport(LAYOUT, TOKENS, 3, b"x")),  # not a strict prefix
-                                    FakePuller(error=ValueError("too many bytes"))])
+@pytest.mark.parametrize(
+    "puller",
+    [
+        FakePuller(KvExport(LAYOUT, (1,) * 8, 2, b"x")),  # other tokens
+        FakePuller(KvExport(LAYOUT, TOKENS, 3, b"x")),  # not a strict prefix
+        FakePuller(error=ValueError("too many bytes")),
+    ],
+)
 async def test_bytes_receive_falls_back_to_a_local_prefill(puller):
     incoming = await BytesConnector(FakeEngine(), Moves(), puller).receive(handle(), TOKENS)
     assert incoming.kv is None and incoming.kv_params == b"" and puller.pulls == 1
@@ -183,8 +201,15 @@ async def test_nixl_receive_pulls_through_staging_from_a_source_without_nixl(sta
     assert (await connector.receive(handle(), TOKENS)).kv_params == b"staged@0"
 
 
-@pytest.mark.parametrize("transport, kind", [(transports.BYTES, BytesConnector), (transports.STAGING, StagingConnector),
-                                             (transports.NIXL, NixlConnector), (transports.TRTLLM, TrtllmConnector)])
+@pytest.mark.parametrize(
+    "transport, kind",
+    [
+        (transports.BYTES, BytesConnector),
+        (transports.STAGING, StagingConnector),
+        (transports.NIXL, NixlConnector),
+        (transports.TRTLLM, TrtllmConnector),
+    ],
+)
 def test_the_connector_is_the_one_the_engine_declares(transport, kind):
     connector = make_connector(FakeEngine(transport), Moves(), staging_nbytes(LAYOUT, 2), "tandem-kv-test")
     try:

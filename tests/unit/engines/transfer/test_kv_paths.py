@@ -1,5 +1,6 @@
 """KV moved between two sim engines with real paged caches: by a NIXL READ (prefill engine's descriptor) and by
 the gRPC fallback's staging file; bad descriptors fail one request with a clear error and lose nothing else."""
+
 import time
 
 import pytest
@@ -35,8 +36,11 @@ def prefill(engine, req_id: str, tokens) -> tuple[int, bytes]:
 
 
 def decode(engine, req_id: str, tokens, first: int, kv_params: bytes, max_tokens: int = 8):
-    engine.add(EngineRequest(req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,),
-                             kv_params=kv_params))
+    engine.add(
+        EngineRequest(
+            req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,), kv_params=kv_params
+        )
+    )
 
 
 def run(engine, until: set[str], timeout_s: float = 60.0) -> dict:
@@ -82,11 +86,16 @@ def test_the_staging_fallback_loads_what_the_prefill_engine_exported():
     assert d.stats().num_prompt_tokens_computed == 0
 
 
-@pytest.mark.parametrize("blob, message", [
-    (b"\x93garbage", "not a KV descriptor"),
-    (descriptor.encode(KvDescriptor(STAGING, core("grpc").info.kv_layout, (1, 2), path="/etc/passwd")),
-     "is not a KV staging file"),
-])
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        (b"\x93garbage", "not a KV descriptor"),
+        (
+            descriptor.encode(KvDescriptor(STAGING, core("grpc").info.kv_layout, (1, 2), path="/etc/passwd")),
+            "is not a KV staging file",
+        ),
+    ],
+)
 def test_unreadable_kv_params_refuse_the_request(blob, message):
     d = core("grpc")
     with pytest.raises(InvalidRequestError, match=message):
@@ -99,8 +108,18 @@ def test_a_descriptor_from_an_unknown_agent_fails_its_request_alone():
     p, d = core("nixl"), core("nixl")
     first, good = prefill(p, "good", prompt(1))
     bad = descriptor.decode(good)
-    bad = descriptor.encode(KvDescriptor(NIXL, bad.layout, bad.token_ids, bad.block_ids, "ghost-agent",
-                                         b"not metadata", bad.base, bad.num_pool_blocks))
+    bad = descriptor.encode(
+        KvDescriptor(
+            NIXL,
+            bad.layout,
+            bad.token_ids,
+            bad.block_ids,
+            "ghost-agent",
+            b"not metadata",
+            bad.base,
+            bad.num_pool_blocks,
+        )
+    )
     decode(d, "bad", prompt(1), first, bad)
     decode(d, "good", prompt(1), first, good)
     finished = run(d, {"bad", "good"})
@@ -134,8 +153,15 @@ def test_an_import_waits_for_room_and_never_starves_the_queue():
             first, _ = prefill(p, f"r{i}", tokens)
             n = p.export_kv_to(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
             p.release_kv(f"r{i}")
-            descs.append((tokens, first, descriptor.encode(KvDescriptor(
-                STAGING, layout, tokens, base=i * staging_nbytes(layout, 40), path=staging.path))))
+            descs.append(
+                (
+                    tokens,
+                    first,
+                    descriptor.encode(
+                        KvDescriptor(STAGING, layout, tokens, base=i * staging_nbytes(layout, 40), path=staging.path)
+                    ),
+                )
+            )
             assert n == 30
         for i, (tokens, first, desc) in enumerate(descs):
             decode(d, f"r{i}", tokens, first, desc, max_tokens=128)

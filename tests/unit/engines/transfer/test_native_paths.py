@@ -1,15 +1,15 @@
 """KV moved between two native engines (a tiny random Llama, float32 on CPU): a NIXL READ of the prefill
 engine's blocks straight into the decode engine's paged cache, and the gRPC fallback's staging file. Either
 way the decode engine computes no prompt token and generates exactly what one engine alone generates."""
+
 import pytest
 import torch
 
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.native.config import EngineConfig
 from engines.native.kv_transfer import paged_cache
-from engines.transfer import transports
 from engines.native.runner import build_core
-from engines.transfer import descriptor
+from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.nixl_link import is_available
 from engines.transfer.paged import staging_nbytes
@@ -22,8 +22,9 @@ needs_nixl = pytest.mark.skipif(not is_available(), reason="NIXL is not installe
 
 
 def core(model, transport: str = transports.BYTES, kv_cache_dtype: str = "auto"):
-    return build_core(EngineConfig(model=str(model), num_blocks=32, kv_transport=transport,
-                                   kv_cache_dtype=kv_cache_dtype))
+    return build_core(
+        EngineConfig(model=str(model), num_blocks=32, kv_transport=transport, kv_cache_dtype=kv_cache_dtype)
+    )
 
 
 def generated(engine, req_id: str) -> tuple[int, ...]:
@@ -69,8 +70,14 @@ def test_the_staging_fallback_lands_the_same_kv(tiny_llama, reference):
     staging = StagingFile(staging_nbytes(layout, 4), "tandem-kv-test")
     try:
         assert p.export_kv_to("r", staging.path, 0) == 3
-        decode(d, "r", PROMPT, first, descriptor.encode(KvDescriptor(STAGING, layout, PROMPT, path=staging.path)),
-               max_tokens=MAX_TOKENS)
+        decode(
+            d,
+            "r",
+            PROMPT,
+            first,
+            descriptor.encode(KvDescriptor(STAGING, layout, PROMPT, path=staging.path)),
+            max_tokens=MAX_TOKENS,
+        )
         assert (first,) + generated(d, "r") == reference
     finally:
         staging.close()
@@ -106,8 +113,9 @@ def test_device_cache_copies_blocks_in_and_out_on_its_stream(tiny_llama):
     kv = KvCache(layout, 8, "cuda")
     view = paged_cache(kv)
     assert isinstance(view, DeviceCache) and view.geometry.mem == "VRAM"
-    src = torch.randint(0, 255, (layout.num_layers * 2, 2, staging_nbytes(layout, 1) // (layout.num_layers * 2)),
-                        dtype=torch.uint8)
+    src = torch.randint(
+        0, 255, (layout.num_layers * 2, 2, staging_nbytes(layout, 1) // (layout.num_layers * 2)), dtype=torch.uint8
+    )
     view.write_blocks([5, 1], src.numpy())
     out = torch.empty_like(src)
     view.read_blocks([5, 1], out.numpy())

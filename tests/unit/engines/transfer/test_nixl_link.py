@@ -1,5 +1,6 @@
 """NixlLink between two agents in this process: a READ lands the right bytes in the right blocks, scattered
 block ids included; pieces outside the source's cache fail that READ; the progress setting is checked."""
+
 import time
 
 import numpy as np
@@ -44,10 +45,13 @@ def pair():
 
 
 @needs_nixl
-@pytest.mark.parametrize("src_ids, dst_ids", [
-    ((0, 1, 2, 3), (4, 5, 6, 7)),  # one run per plane
-    ((9, 2, 3, 11, 5), (0, 1, 2, 8, 3)),  # scattered: runs broken on one side or the other
-])
+@pytest.mark.parametrize(
+    "src_ids, dst_ids",
+    [
+        ((0, 1, 2, 3), (4, 5, 6, 7)),  # one run per plane
+        ((9, 2, 3, 11, 5), (0, 1, 2, 8, 3)),  # scattered: runs broken on one side or the other
+    ],
+)
 def test_a_read_lands_every_plane_of_every_block_where_it_belongs(pair, src_ids, dst_ids):
     src, src_link, dst, dst_link = pair
     dst.blocks[:] = 0

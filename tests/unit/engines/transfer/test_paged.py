@@ -1,4 +1,5 @@
 """The paged cache's NIXL pieces and their merging into runs contiguous on both sides: pure, exact."""
+
 import numpy as np
 import pytest
 
@@ -13,8 +14,13 @@ def rows(*triples) -> np.ndarray:
 
 def region_table(g: Geometry) -> np.ndarray:
     """Every (plane, block) piece of the pool, plane-major, built row by row: the reference `pieces` must match."""
-    return rows(*[(g.base + (p * g.num_blocks + b) * g.block_bytes, g.block_bytes, g.device_id)
-                  for p in range(g.num_planes) for b in range(g.num_blocks)])
+    return rows(
+        *[
+            (g.base + (p * g.num_blocks + b) * g.block_bytes, g.block_bytes, g.device_id)
+            for p in range(g.num_planes)
+            for b in range(g.num_blocks)
+        ]
+    )
 
 
 def test_pieces_are_the_region_table_rows_of_the_blocks_plane_major():

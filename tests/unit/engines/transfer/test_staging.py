@@ -1,5 +1,6 @@
 """Staging files are named by their owner's pid, and a file whose owner died (SIGKILL: no close) is removed when
 the next staging file is made."""
+
 import os
 import subprocess
 import sys

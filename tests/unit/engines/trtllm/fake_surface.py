@@ -1,6 +1,7 @@
 """Holds the fake tensorrt_llm (fake_trtllm.py), and the adapter's own TensorRT-LLM names, to a snapshot of the
 release's source (engines/trtllm/api_surface.json): every class, field, enum member, method parameter, LLM
 argument, attribute and KV event key they use must exist there, with a default where the fake gives one."""
+
 import ast
 import dataclasses
 import enum
@@ -22,8 +23,11 @@ def mismatches(snapshot: dict) -> list[str]:
     problems += [f"LLM has no attribute {a}" for a in fake.LLM_ATTRIBUTES if a not in llm["attributes"]]
     executor = classes.get("GenerationExecutor", {"methods": {}})
     problems += _method_problems("GenerationExecutor", fake.EXECUTOR_METHODS, executor["methods"])
-    problems += [f"GenerationExecutor has no attribute {a}" for a in fake.EXECUTOR_ATTRIBUTES
-                 if a not in executor.get("attributes", [])]
+    problems += [
+        f"GenerationExecutor has no attribute {a}"
+        for a in fake.EXECUTOR_ATTRIBUTES
+        if a not in executor.get("attributes", [])
+    ]
     problems += [f"LLM(...) takes no {arg}" for arg in fake.LLM_ARGS if arg not in llm_arguments(classes)]
     results = result_names(classes)
     problems += [f"GenerationResult has no {n}" for n in fake.RESULT_NAMES if n not in results]
@@ -42,8 +46,9 @@ def adapter_mismatches(classes: dict) -> list[str]:
     problems = [f"QuantAlgo has no {algo}" for algo in sorted(set(build._QUANT.values())) if algo not in members]
     backend = classes.get("CacheTransceiverConfig", {}).get("fields", {}).get("backend")
     allowed = literal_values(backend["annotation"]) if backend else set()
-    return problems + [f"CacheTransceiverConfig.backend takes no {b!r}" for b in TRTLLM_TRANSCEIVERS
-                       if b != "off" and b not in allowed]
+    return problems + [
+        f"CacheTransceiverConfig.backend takes no {b!r}" for b in TRTLLM_TRANSCEIVERS if b != "off" and b not in allowed
+    ]
 
 
 def llm_arguments(classes: dict) -> set[str]:
@@ -98,11 +103,13 @@ def _method_problems(owner: str, wanted: dict, methods: dict) -> list[str]:
         if real is None:
             problems.append(f"{owner} has no method {method}")
             continue
-        problems += [f"{owner}.{method} takes no {p}" for p in params
-                     if p not in real["params"] and not real["var_keyword"]]
+        problems += [
+            f"{owner}.{method} takes no {p}" for p in params if p not in real["params"] and not real["var_keyword"]
+        ]
         required = [p for p in real["params"] if p not in real["optional"]]
-        problems += [f"{owner}.{method} needs {p}, which the adapter does not pass" for p in required
-                     if p not in params]
+        problems += [
+            f"{owner}.{method} needs {p}, which the adapter does not pass" for p in required if p not in params
+        ]
     return problems
 
 

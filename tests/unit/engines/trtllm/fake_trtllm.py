@@ -9,6 +9,7 @@ whose KV moves through a fake cache transceiver (a registry shared by every LLM 
 Its executor can die as TensorRT-LLM's does (LLM.fail). The tables at the end of the fake objects say which
 names of the real package the adapter uses; test_trtllm_fake_matches_real holds them, and every field the fake
 offers, to the snapshot of the release's source (engines/trtllm/api_surface.json)."""
+
 import asyncio
 import dataclasses
 import datetime
@@ -17,7 +18,7 @@ import hashlib
 import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 from engines.trtllm.api import TrtllmApi
 
@@ -27,20 +28,20 @@ VOCAB = 512  # the tiny test checkpoint's
 # ---- tensorrt_llm.sampling_params ----
 @dataclass(slots=True, kw_only=True)
 class SamplingParams:
-    end_id: Optional[int] = None
-    pad_id: Optional[int] = None
+    end_id: int | None = None
+    pad_id: int | None = None
     max_tokens: int = 32
-    stop_token_ids: Optional[list[int]] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    seed: Optional[int] = None
-    temperature: Optional[float] = None
-    min_tokens: Optional[int] = None
-    logprobs: Optional[int] = None
+    stop_token_ids: list[int] | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    min_tokens: int | None = None
+    logprobs: int | None = None
     ignore_eos: bool = False
     detokenize: bool = True
     return_perf_metrics: bool = False
-    guided_decoding: Optional[Any] = None
+    guided_decoding: Any | None = None
 
     def __post_init__(self):
         if self.top_p is not None and not 0 <= self.top_p <= 1:
@@ -52,25 +53,25 @@ class SamplingParams:
 # ---- tensorrt_llm.sampling_params ----
 @dataclass(slots=True, kw_only=True)
 class GuidedDecodingParams:
-    json: Optional[Any] = None
-    regex: Optional[str] = None
-    grammar: Optional[str] = None
+    json: Any | None = None
+    regex: str | None = None
+    grammar: str | None = None
     json_object: bool = False
-    structural_tag: Optional[str] = None
+    structural_tag: str | None = None
 
 
 # ---- tensorrt_llm.disaggregated_params ----
 @dataclass(slots=True, kw_only=True)
 class DisaggregatedParams:
-    request_type: Optional[str] = None
-    first_gen_tokens: Optional[list[int]] = None
-    first_gen_log_probs: Optional[list] = None
-    ctx_request_id: Optional[int] = None
-    opaque_state: Optional[bytes] = None
-    draft_tokens: Optional[list[int]] = None
-    disagg_request_id: Optional[int] = None
-    ctx_dp_rank: Optional[int] = None
-    ctx_info_endpoint: Optional[str] = None
+    request_type: str | None = None
+    first_gen_tokens: list[int] | None = None
+    first_gen_log_probs: list | None = None
+    ctx_request_id: int | None = None
+    opaque_state: bytes | None = None
+    draft_tokens: list[int] | None = None
+    disagg_request_id: int | None = None
+    ctx_dp_rank: int | None = None
+    ctx_info_endpoint: str | None = None
 
     def __post_init__(self):
         if self.request_type not in (None, "context_only", "generation_only", "context_and_generation"):
@@ -81,8 +82,8 @@ class DisaggregatedParams:
 @dataclass(kw_only=True)
 class KvCacheConfig:
     enable_block_reuse: bool = True
-    max_tokens: Optional[int] = None
-    free_gpu_memory_fraction: Optional[float] = 0.9
+    max_tokens: int | None = None
+    free_gpu_memory_fraction: float | None = 0.9
     event_buffer_max_size: int = 0
     dtype: str = "auto"
     tokens_per_block: int = 32
@@ -90,8 +91,8 @@ class KvCacheConfig:
 
 @dataclass(kw_only=True)
 class CacheTransceiverConfig:
-    backend: Optional[str] = None
-    max_tokens_in_buffer: Optional[int] = None
+    backend: str | None = None
+    max_tokens_in_buffer: int | None = None
 
 
 # ---- tensorrt_llm.quantization.mode / tensorrt_llm.models.modeling_utils ----
@@ -102,27 +103,27 @@ class QuantAlgo(str, enum.Enum):
 
 @dataclass(kw_only=True)
 class QuantConfig:
-    quant_algo: Optional[QuantAlgo] = None
-    kv_cache_quant_algo: Optional[QuantAlgo] = None
+    quant_algo: QuantAlgo | None = None
+    kv_cache_quant_algo: QuantAlgo | None = None
 
 
 # ---- tensorrt_llm.executor.result ----
 @dataclass(slots=True)
 class Logprob:
     logprob: float
-    rank: Optional[int] = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str = ""
-    token_ids: Optional[list[int]] = field(default_factory=list)
-    logprobs: Optional[list] = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Any] = None
-    disaggregated_params: Optional[DisaggregatedParams] = None
-    request_perf_metrics: Optional[Any] = None
+    token_ids: list[int] | None = field(default_factory=list)
+    logprobs: list | None = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: Any | None = None
+    disaggregated_params: DisaggregatedParams | None = None
+    request_perf_metrics: Any | None = None
 
 
 class RequestError(RuntimeError):
@@ -145,28 +146,69 @@ class GenerationExecutor:
         self.doing_shutdown = True
 
 
-FAKED = ("SamplingParams", "DisaggregatedParams", "KvCacheConfig", "CacheTransceiverConfig", "QuantConfig",
-         "QuantAlgo", "Logprob", "CompletionOutput", "RequestError", "GenerationExecutor",
-         "GuidedDecodingParams")  # classes, as named there
+FAKED = (
+    "SamplingParams",
+    "DisaggregatedParams",
+    "KvCacheConfig",
+    "CacheTransceiverConfig",
+    "QuantConfig",
+    "QuantAlgo",
+    "Logprob",
+    "CompletionOutput",
+    "RequestError",
+    "GenerationExecutor",
+    "GuidedDecodingParams",
+)  # classes, as named there
 EXPORTS = {  # where engines/trtllm/api.py imports each name from (the package's __init__ files)
     "__init__.py": ("LLM", "SamplingParams"),
-    "llmapi/__init__.py": ("DisaggregatedParams", "GuidedDecodingParams", "KvCacheConfig", "CacheTransceiverConfig",
-                           "QuantConfig", "QuantAlgo"),
+    "llmapi/__init__.py": (
+        "DisaggregatedParams",
+        "GuidedDecodingParams",
+        "KvCacheConfig",
+        "CacheTransceiverConfig",
+        "QuantConfig",
+        "QuantAlgo",
+    ),
     "_tensorrt_engine/__init__.py": ("LLM",),
 }
 LLM_METHODS = {  # LLM (BaseLLM) method -> the parameters the adapter passes (tensorrt_llm/llmapi/llm.py)
     "generate_async": ("inputs", "sampling_params", "streaming", "disaggregated_params", "cache_salt"),
-    "get_stats_async": ("timeout",), "get_kv_cache_events_async": ("timeout",), "shutdown": (),
+    "get_stats_async": ("timeout",),
+    "get_kv_cache_events_async": ("timeout",),
+    "shutdown": (),
 }
-LLM_ARGS = ("model", "dtype", "tensor_parallel_size", "max_batch_size", "max_num_tokens", "max_seq_len",
-            "kv_cache_config", "cache_transceiver_config", "enable_iter_perf_stats", "quant_config",
-            "guided_decoding_backend")
+LLM_ARGS = (
+    "model",
+    "dtype",
+    "tensor_parallel_size",
+    "max_batch_size",
+    "max_num_tokens",
+    "max_seq_len",
+    "kv_cache_config",
+    "cache_transceiver_config",
+    "enable_iter_perf_stats",
+    "quant_config",
+    "guided_decoding_backend",
+)
 LLM_ATTRIBUTES = ("_executor",)  # what api.executor_failure reads
 RESULT_NAMES = ("outputs", "finished", "disaggregated_params", "abort", "__aiter__")  # read off a GenerationResult
 EXECUTOR_METHODS = {"is_shutdown": ()}
 EXECUTOR_ATTRIBUTES = ("_error_queue",)
-KV_EVENT_KEYS = ("event_id", "data", "window_size", "type", "parent_hash", "blocks", "block_hash", "tokens",
-                 "token_id", "cache_level", "block_hashes", "new_value", "old_value")  # tensorrt_llm/_utils.py
+KV_EVENT_KEYS = (
+    "event_id",
+    "data",
+    "window_size",
+    "type",
+    "parent_hash",
+    "blocks",
+    "block_hash",
+    "tokens",
+    "token_id",
+    "cache_level",
+    "block_hashes",
+    "new_value",
+    "old_value",
+)  # tensorrt_llm/_utils.py
 KV_EVENT_TYPES = ("created", "stored", "stored_block", "removed", "updated", "event_diff", "unique_token")
 
 
@@ -178,7 +220,7 @@ def next_token(last: int) -> int:
     return (last * 7 + 3) % VOCAB
 
 
-def trt_block_hash(parent: Optional[int], tokens: list[int]) -> int:
+def trt_block_hash(parent: int | None, tokens: list[int]) -> int:
     """Not tandem's hash, on purpose: the adapter must rehash."""
     digest = hashlib.blake2b(f"{parent}:{tokens}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
@@ -186,6 +228,7 @@ def trt_block_hash(parent: Optional[int], tokens: list[int]) -> int:
 
 class _Transceiver:
     """The KV of finished context-only requests, waiting for a generation-only request (any LLM here)."""
+
     held: dict[int, tuple[tuple[int, ...], list[int]]] = {}
     next_id = 1000
 
@@ -209,16 +252,22 @@ class _Cache:
         """Store the prompt's blocks; returns how many full blocks of its prefix were cached already."""
         parent, first_parent, reused, stored, bs = None, None, 0, [], self.block_size
         for start in range(0, len(tokens), bs):
-            chunk = list(tokens[start:start + bs])
+            chunk = list(tokens[start : start + bs])
             h = trt_block_hash(parent, chunk)
             if len(chunk) == bs and h in self.blocks and not stored:
                 reused += 1
                 self.blocks[h] = self.blocks.pop(h)  # most recently used
             else:
                 first_parent = parent if not stored else first_parent
-                stored.append({"type": "stored_block", "block_hash": h, "cache_level": 0, "priority": 35,
-                               "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0}
-                                          for t in chunk]})
+                stored.append(
+                    {
+                        "type": "stored_block",
+                        "block_hash": h,
+                        "cache_level": 0,
+                        "priority": 35,
+                        "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in chunk],
+                    }
+                )
                 if len(chunk) == bs:
                     self.blocks[h] = None
             parent = h
@@ -236,15 +285,22 @@ class _Cache:
             self._emit({"type": "removed", "block_hashes": gone})
 
     def offload(self, trt_hash: int) -> None:
-        self._emit({"type": "updated", "block_hash": trt_hash, "priority": None,
-                    "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0}})
+        self._emit(
+            {
+                "type": "updated",
+                "block_hash": trt_hash,
+                "priority": None,
+                "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0},
+            }
+        )
 
 
 class GenerationResult:
     """Streams itself, as TensorRT-LLM's does: the same object, its outputs[0] growing."""
 
-    def __init__(self, llm: "LLM", request_id: int, prompt: list[int], params: SamplingParams,
-                 disagg: Optional[DisaggregatedParams]):
+    def __init__(
+        self, llm: "LLM", request_id: int, prompt: list[int], params: SamplingParams, disagg: DisaggregatedParams | None
+    ):
         self.llm, self.request_id, self.prompt_token_ids = llm, request_id, list(prompt)
         self.params, self.disagg = params, disagg
         self.outputs = [CompletionOutput(0)]
@@ -275,7 +331,8 @@ class GenerationResult:
             reused = llm.cache.store(tuple(self.prompt_token_ids))
         out.request_perf_metrics = SimpleNamespace(
             kv_cache_metrics=SimpleNamespace(num_reused_blocks=reused),
-            timing_metrics=SimpleNamespace(arrival_time=arrival, first_scheduled_time=arrival + llm.queue_delay))
+            timing_metrics=SimpleNamespace(arrival_time=arrival, first_scheduled_time=arrival + llm.queue_delay),
+        )
         while True:
             await asyncio.sleep(llm.step_delay)
             if isinstance(llm.failure, _Silence):
@@ -291,8 +348,12 @@ class GenerationResult:
             token = next_token(last) if last not in llm.forced else llm.forced[last]
             out.token_ids.append(token)
             if p.logprobs:
-                out.logprobs.append({token: Logprob(-0.25, 1), **{(token + i) % VOCAB: Logprob(-1.0 - i, i + 1)
-                                                                    for i in range(1, p.logprobs)}})
+                out.logprobs.append(
+                    {
+                        token: Logprob(-0.25, 1),
+                        **{(token + i) % VOCAB: Logprob(-1.0 - i, i + 1) for i in range(1, p.logprobs)},
+                    }
+                )
             out.finish_reason = self._finish(token, len(out.token_ids))
             if kind == "context_only" and out.finish_reason is None:
                 out.finish_reason = "length"
@@ -304,7 +365,7 @@ class GenerationResult:
             if self.finished:
                 return
 
-    def _finish(self, token: int, n: int) -> Optional[str]:
+    def _finish(self, token: int, n: int) -> str | None:
         p = self.params
         if token in (p.stop_token_ids or ()):
             return "stop"
@@ -321,12 +382,17 @@ class GenerationResult:
         ctx_id = _Transceiver.next_id
         _Transceiver.held[ctx_id] = (tuple(self.prompt_token_ids), list(out.token_ids))
         out.disaggregated_params = DisaggregatedParams(
-            request_type="context_only", first_gen_tokens=list(out.token_ids), ctx_request_id=ctx_id,
-            opaque_state=b"\x00\x01fake-ucx-endpoint", disagg_request_id=ctx_id * 10)
+            request_type="context_only",
+            first_gen_tokens=list(out.token_ids),
+            ctx_request_id=ctx_id,
+            opaque_state=b"\x00\x01fake-ucx-endpoint",
+            disagg_request_id=ctx_id * 10,
+        )
 
 
 class LLM:
     """tensorrt_llm.LLM (and _tensorrt_engine.LLM): the keyword arguments the adapter passes are kept."""
+
     instances: list["LLM"] = []
 
     def __init__(self, model: str, **kwargs):
@@ -340,16 +406,25 @@ class LLM:
         self.forced: dict[int, int] = {}  # last token -> next token, to steer the toy model in a test
         self.live: list[GenerationResult] = []
         self.stats: list[dict] = []
-        self.submitted: list[tuple[list[int], SamplingParams, Optional[DisaggregatedParams]]] = []
-        self.cache_salts: list[Optional[str]] = []  # generate_async's cache_salt, per request
+        self.submitted: list[tuple[list[int], SamplingParams, DisaggregatedParams | None]] = []
+        self.cache_salts: list[str | None] = []  # generate_async's cache_salt, per request
         self.is_shut_down = False
-        self._executor: Optional[GenerationExecutor] = GenerationExecutor()
-        self.failure: Optional[BaseException] = None  # fail(): what live requests raise at their next step
+        self._executor: GenerationExecutor | None = GenerationExecutor()
+        self.failure: BaseException | None = None  # fail(): what live requests raise at their next step
         self._ids = 0
         LLM.instances.append(self)
 
-    def generate_async(self, inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
-                       streaming=False, kv_cache_retention_config=None, disaggregated_params=None, cache_salt=None):
+    def generate_async(
+        self,
+        inputs,
+        sampling_params=None,
+        lora_request=None,
+        prompt_adapter_request=None,
+        streaming=False,
+        kv_cache_retention_config=None,
+        disaggregated_params=None,
+        cache_salt=None,
+    ):
         if self._executor is None or self._executor.is_shutdown():
             raise RuntimeError("LLM is shutting down")  # as the real generate_async does
         if not isinstance(inputs, list) or not inputs:
@@ -364,18 +439,27 @@ class LLM:
     def iteration(self, running: GenerationResult) -> None:
         active = [r for r in self.live if not r.finished]
         used = len(self.cache.blocks)
-        self.stats.append({"iter": len(self.stats), "numActiveRequests": len(active), "numQueuedRequests": 0,
-                           "inflightBatchingStats": {"numPausedRequests": 0, "numContextRequests": 0},
-                           "kvCacheStats": {"maxNumBlocks": self.cache.capacity, "usedNumBlocks": used,
-                                            "freeNumBlocks": self.cache.capacity - used,
-                                            "tokensPerBlock": self.block_size}})
+        self.stats.append(
+            {
+                "iter": len(self.stats),
+                "numActiveRequests": len(active),
+                "numQueuedRequests": 0,
+                "inflightBatchingStats": {"numPausedRequests": 0, "numContextRequests": 0},
+                "kvCacheStats": {
+                    "maxNumBlocks": self.cache.capacity,
+                    "usedNumBlocks": used,
+                    "freeNumBlocks": self.cache.capacity - used,
+                    "tokensPerBlock": self.block_size,
+                },
+            }
+        )
 
-    async def get_stats_async(self, timeout: Optional[float] = 2):
+    async def get_stats_async(self, timeout: float | None = 2):
         """An async iterable of what is queued (TensorRT-LLM's IterationResult ends once its timeout passes)."""
         while self.stats:
             yield self.stats.pop(0)
 
-    async def get_kv_cache_events_async(self, timeout: Optional[float] = 2):
+    async def get_kv_cache_events_async(self, timeout: float | None = 2):
         while self.cache.events:
             yield self.cache.events.pop(0)
 
@@ -385,7 +469,7 @@ class LLM:
             self._executor.shutdown()
             self._executor = None
 
-    def fail(self, error: Optional[BaseException] = None, queued: bool = False) -> None:
+    def fail(self, error: BaseException | None = None, queued: bool = False) -> None:
         """The executor dies as on a background error: it shuts down (or, `queued`, its worker process's error
         only waits in its error queue, as TensorRT-LLM leaves it until the next request); live requests raise
         `error` at their next step, or (None) are never answered again, as when the worker process is gone."""
@@ -397,10 +481,18 @@ class LLM:
 
 
 def fake_api(total_gpu_bytes: int = 80 << 30) -> TrtllmApi:
-    return TrtllmApi(LLM=LLM, TrtLLM=LLM, SamplingParams=SamplingParams, DisaggregatedParams=DisaggregatedParams,
-                     GuidedDecodingParams=GuidedDecodingParams, KvCacheConfig=KvCacheConfig, CacheTransceiverConfig=CacheTransceiverConfig,
-                     QuantConfig=QuantConfig, QuantAlgo=QuantAlgo,
-                     gpu_memory=lambda: (total_gpu_bytes // 2, total_gpu_bytes))
+    return TrtllmApi(
+        LLM=LLM,
+        TrtLLM=LLM,
+        SamplingParams=SamplingParams,
+        DisaggregatedParams=DisaggregatedParams,
+        GuidedDecodingParams=GuidedDecodingParams,
+        KvCacheConfig=KvCacheConfig,
+        CacheTransceiverConfig=CacheTransceiverConfig,
+        QuantConfig=QuantConfig,
+        QuantAlgo=QuantAlgo,
+        gpu_memory=lambda: (total_gpu_bytes // 2, total_gpu_bytes),
+    )
 
 
 def fields_of(cls) -> list[str]:

@@ -1,15 +1,24 @@
 """TrtllmEngine over the fake tensorrt_llm: streaming, stop rules, abort, prefill -> decode handover through
 TensorRT-LLM's own transceiver, held KV, stats and KV events as the worker and router read them."""
+
 import asyncio
 import importlib.util
 
 import pytest
 
-from engines.base import (Engine, EngineError, EngineRequest, EngineUnavailableError, FinishReason,
-                          InvalidRequestError, RequestNotFoundError, SamplingParams)
+from engines.base import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    EngineUnavailableError,
+    FinishReason,
+    InvalidRequestError,
+    RequestNotFoundError,
+    SamplingParams,
+)
 from engines.base.block_hash import chain_block_hashes
-from engines.base.events import KvEventKind
 from engines.base.engine_configs import CacheConfig
+from engines.base.events import KvEventKind
 from engines.trtllm import TrtllmConfig, TrtllmEngine
 from tests.unit.engines.trtllm import fake_trtllm
 from tests.unit.engines.trtllm.fake_trtllm import fake_api, next_token
@@ -107,8 +116,9 @@ async def test_prefill_then_decode_on_another_engine_gives_the_tokens_of_one_run
     assert len(held) == 1 and held[0].finish_reason is FinishReason.PREFILLED and held[0].kv_params
     assert prefill.stats().num_held == 1
     first = held[0].new_token_ids
-    rest = await collect(decode, EngineRequest("r", PROMPT, params, output_token_ids=first,
-                                               kv_params=held[0].kv_params))
+    rest = await collect(
+        decode, EngineRequest("r", PROMPT, params, output_token_ids=first, kv_params=held[0].kv_params)
+    )
     whole = await collect(alone, EngineRequest("r", PROMPT, params))
     assert list(first) + tokens_of(rest) == tokens_of(whole) and rest[-1].finish_reason is FinishReason.LENGTH
     assert all(o.num_cached_tokens == 40 for o in rest)  # the prompt's KV came over, none computed
@@ -136,8 +146,9 @@ async def test_a_decode_whose_kv_is_gone_fails_clearly(tiny_llama):
     prefill, decode = await make(tiny_llama), await make(tiny_llama)
     held = (await collect(prefill, EngineRequest("r", PROMPT, greedy(4), hold_kv=True)))[-1]
     fake_trtllm._Transceiver.held.clear()  # e.g. the prefill worker restarted
-    outs = await collect(decode, EngineRequest("r", PROMPT, greedy(4), output_token_ids=held.new_token_ids,
-                                               kv_params=held.kv_params))
+    outs = await collect(
+        decode, EngineRequest("r", PROMPT, greedy(4), output_token_ids=held.new_token_ids, kv_params=held.kv_params)
+    )
     assert outs[-1].finish_reason is FinishReason.ERROR and "no KV to receive" in outs[-1].error
     await prefill.shutdown()
     await decode.shutdown()
@@ -151,14 +162,17 @@ async def test_without_a_cache_transceiver_it_neither_holds_nor_takes_kv(tiny_ll
     await engine.shutdown()
 
 
-@pytest.mark.parametrize("request_,message", [
-    (EngineRequest("r", (), greedy(4)), "prompt is empty"),
-    (EngineRequest("r", tuple(range(512)), greedy(4)), "context holds 512"),
-    (EngineRequest("r", tuple(range(500)), greedy(20), output_token_ids=tuple(range(12))), "fill the context"),
-    (EngineRequest("r", PROMPT, SamplingParams(max_tokens=4, min_tokens=2)), "min_tokens"),
-    (EngineRequest("r", (1, 512), greedy(4)), r"prompt token ids must be in \[0, 512\)"),
-    (EngineRequest("r", (1, 2), greedy(4), output_token_ids=(-1,)), r"must be in \[0, 512\)"),
-])
+@pytest.mark.parametrize(
+    "request_,message",
+    [
+        (EngineRequest("r", (), greedy(4)), "prompt is empty"),
+        (EngineRequest("r", tuple(range(512)), greedy(4)), "context holds 512"),
+        (EngineRequest("r", tuple(range(500)), greedy(20), output_token_ids=tuple(range(12))), "fill the context"),
+        (EngineRequest("r", PROMPT, SamplingParams(max_tokens=4, min_tokens=2)), "min_tokens"),
+        (EngineRequest("r", (1, 512), greedy(4)), r"prompt token ids must be in \[0, 512\)"),
+        (EngineRequest("r", (1, 2), greedy(4), output_token_ids=(-1,)), r"must be in \[0, 512\)"),
+    ],
+)
 async def test_bad_requests_are_refused_at_once(tiny_llama, request_, message):
     engine = await make(tiny_llama)
     with pytest.raises(InvalidRequestError, match=message):
@@ -206,7 +220,9 @@ async def test_not_started_and_export_kv_are_clear_errors(tiny_llama):
 
 def test_a_host_without_tensorrt_llm_is_told_what_to_install(tiny_llama, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt_llm" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt_llm" else real(name, *a)
+    )
     with pytest.raises(EngineUnavailableError) as info:
         TrtllmEngine(TrtllmConfig(model="/does/not/matter"))
     message = str(info.value)

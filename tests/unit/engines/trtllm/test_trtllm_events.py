@@ -1,5 +1,6 @@
 """TensorRT-LLM's KV event dicts (their format in the pinned release) -> tandem's KvEvents, rehashed with
 tandem's chained hash so the router's index matches what it computes for a prompt."""
+
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEventKind, KvTier
 from engines.trtllm.events import TrtllmKvEvents
@@ -8,13 +9,21 @@ BS = 4
 
 
 def block(trt_hash, tokens, level=0):
-    return {"type": "stored_block", "block_hash": trt_hash, "cache_level": level, "priority": 35,
-            "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens]}
+    return {
+        "type": "stored_block",
+        "block_hash": trt_hash,
+        "cache_level": level,
+        "priority": 35,
+        "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens],
+    }
 
 
 def stored(event_id, parent, *blocks, window=4096):
-    return {"event_id": event_id, "window_size": window,
-            "data": {"type": "stored", "parent_hash": parent, "blocks": list(blocks)}}
+    return {
+        "event_id": event_id,
+        "window_size": window,
+        "data": {"type": "stored", "parent_hash": parent, "blocks": list(blocks)},
+    }
 
 
 def removed(event_id, *hashes):
@@ -22,14 +31,24 @@ def removed(event_id, *hashes):
 
 
 def moved(event_id, trt_hash, new, old):
-    return {"event_id": event_id, "window_size": 4096,
-            "data": {"type": "updated", "block_hash": trt_hash, "priority": None,
-                     "cache_level": {"type": "event_diff", "new_value": new, "old_value": old}}}
+    return {
+        "event_id": event_id,
+        "window_size": 4096,
+        "data": {
+            "type": "updated",
+            "block_hash": trt_hash,
+            "priority": None,
+            "cache_level": {"type": "event_diff", "new_value": new, "old_value": old},
+        },
+    }
 
 
 def created(event_id=0, window=4096):
-    return {"event_id": event_id, "window_size": window,
-            "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]}}
+    return {
+        "event_id": event_id,
+        "window_size": window,
+        "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]},
+    }
 
 
 TOKENS = list(range(100, 112))  # three full blocks of 4
@@ -38,10 +57,17 @@ H = chain_block_hashes(TOKENS, BS)  # what the router computes for this prompt
 
 def test_stored_blocks_carry_tandems_chained_hashes_and_partial_blocks_are_not_announced():
     m = TrtllmKvEvents(BS)
-    events = m.ingest([created(), stored(1, None, block(901, TOKENS[:4]), block(902, TOKENS[4:8]),
-                                         block(903, TOKENS[8:]), block(904, [7, 8]))])
+    events = m.ingest(
+        [
+            created(),
+            stored(
+                1, None, block(901, TOKENS[:4]), block(902, TOKENS[4:8]), block(903, TOKENS[8:]), block(904, [7, 8])
+            ),
+        ]
+    )
     assert [(e.kind, e.parent_hash, e.block_hashes, e.tier) for e in events] == [
-        (KvEventKind.STORED, NONE_HASH, tuple(H), KvTier.DEVICE)]
+        (KvEventKind.STORED, NONE_HASH, tuple(H), KvTier.DEVICE)
+    ]
     more = m.ingest([stored(2, 902, block(905, TOKENS[8:]))])  # a child of a known block chains on tandem's hash
     assert more[0].parent_hash == H[1] and more[0].block_hashes == (H[2],)
 
@@ -71,7 +97,9 @@ def test_a_block_moved_to_host_memory_changes_tier():
     m.ingest([stored(1, None, block(901, TOKENS[:4]), block(902, TOKENS[4:8]))])
     events = m.ingest([moved(2, 902, 1, 0)])
     assert [(e.kind, e.parent_hash, e.block_hashes, e.tier) for e in events] == [
-        (KvEventKind.REMOVED, NONE_HASH, (H[1],), KvTier.DEVICE), (KvEventKind.STORED, H[0], (H[1],), KvTier.HOST)]
+        (KvEventKind.REMOVED, NONE_HASH, (H[1],), KvTier.DEVICE),
+        (KvEventKind.STORED, H[0], (H[1],), KvTier.HOST),
+    ]
     assert [e.kind for e in m.ingest([removed(3, 902)])] == [KvEventKind.REMOVED]
     assert m.log.snapshot().events[0].tier is KvTier.DEVICE and len(m.log.snapshot().events) == 1
 

@@ -2,6 +2,7 @@
 test finds in the release): wait_failed returns, live streams end with ABORT so the gateway moves them, held KV is
 dropped, new requests get EngineDiedError (gRPC UNAVAILABLE); a request error alone, or our own shutdown, is not a
 death. The decode servicer turns it into what the gateway migrates on."""
+
 import asyncio
 
 import grpc
@@ -123,8 +124,9 @@ async def test_any_other_runtime_error_on_submission_is_an_engine_error(tiny_lla
 
 async def test_held_kv_is_let_go_with_the_executor(tiny_llama):
     engine, llm = await make(tiny_llama)
-    outs = await rest_of(engine.add_request(EngineRequest("p", PROMPT, SamplingParams(max_tokens=4, ignore_eos=True),
-                                                hold_kv=True)))
+    outs = await rest_of(
+        engine.add_request(EngineRequest("p", PROMPT, SamplingParams(max_tokens=4, ignore_eos=True), hold_kv=True))
+    )
     assert outs[-1].finish_reason is FinishReason.PREFILLED and engine.stats().num_held == 1
     llm.fail()
     await asyncio.wait_for(engine.wait_failed(), 2)
@@ -141,8 +143,9 @@ async def test_a_request_error_fails_that_request_only(tiny_llama):
     last = (await rest_of(stream))[-1]
     assert last.finish_reason is FinishReason.ERROR and "this request is bad" in last.error
     llm.failure = None
-    assert (await rest_of(engine.add_request(EngineRequest("b", PROMPT, SamplingParams(max_tokens=3)))))[-1] \
-        .finish_reason is FinishReason.LENGTH
+    assert (await rest_of(engine.add_request(EngineRequest("b", PROMPT, SamplingParams(max_tokens=3)))))[
+        -1
+    ].finish_reason is FinishReason.LENGTH
     await asyncio.sleep(0.05)
     assert not watcher.done()
     watcher.cancel()

@@ -1,5 +1,6 @@
 """tandem's request -> TensorRT-LLM's: the prompt it is given, SamplingParams one to one (built here with the
 fake of the pinned release's class, so every keyword is a real field), the disaggregation mode, kv_params."""
+
 import dataclasses
 
 import pytest
@@ -19,13 +20,31 @@ def plan(params=SamplingParams(max_tokens=8), eos=EOS, **kw):
 
 
 def test_every_sampling_parameter_maps_one_to_one():
-    p = SamplingParams(max_tokens=7, temperature=0.7, top_k=40, top_p=0.9, seed=11, stop_token_ids=(3, 4),
-                       logprobs=True, top_logprobs=5)
+    p = SamplingParams(
+        max_tokens=7,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        seed=11,
+        stop_token_ids=(3, 4),
+        logprobs=True,
+        top_logprobs=5,
+    )
     got = plan(p)
     assert got.inputs == PROMPT and got.disaggregated is None and not got.holds_kv and got.skip_tokens == ()
-    assert got.sampling == {"max_tokens": 7, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 11,
-                            "stop_token_ids": [3, 4, 9], "ignore_eos": False, "end_id": 2, "logprobs": 5,
-                            "detokenize": False, "return_perf_metrics": True}
+    assert got.sampling == {
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_k": 40,
+        "top_p": 0.9,
+        "seed": 11,
+        "stop_token_ids": [3, 4, 9],
+        "ignore_eos": False,
+        "end_id": 2,
+        "logprobs": 5,
+        "detokenize": False,
+        "return_perf_metrics": True,
+    }
     built = TrtSamplingParams(**got.sampling)  # every keyword is a field of the release's SamplingParams
     assert (built.end_id, built.pad_id, built.stop_token_ids) == (2, 2, [3, 4, 9])
 
@@ -72,13 +91,20 @@ def test_hold_kv_whose_only_token_is_its_last_holds_nothing():
 
 
 def test_kv_params_make_a_generation_only_request_that_repeats_the_first_token():
-    blob = encode_kv_params(DisaggregatedParams(request_type="context_only", first_gen_tokens=[42],
-                                                ctx_request_id=7, opaque_state=b"\x00\xffstate"))
+    blob = encode_kv_params(
+        DisaggregatedParams(
+            request_type="context_only", first_gen_tokens=[42], ctx_request_id=7, opaque_state=b"\x00\xffstate"
+        )
+    )
     got = plan(SamplingParams(max_tokens=8, min_tokens=3), eos=(2,), output_token_ids=(42,), kv_params=blob)
     assert got.inputs == PROMPT and got.imported and got.skip_tokens == (42,)
     assert got.sampling["max_tokens"] == 8 and got.sampling["min_tokens"] == 3  # both count the first token
-    assert got.disaggregated == {"request_type": "generation_only", "first_gen_tokens": [42],
-                                 "ctx_request_id": 7, "opaque_state": b"\x00\xffstate"}
+    assert got.disaggregated == {
+        "request_type": "generation_only",
+        "first_gen_tokens": [42],
+        "ctx_request_id": 7,
+        "opaque_state": b"\x00\xffstate",
+    }
     DisaggregatedParams(**got.disaggregated)
 
 
@@ -96,23 +122,40 @@ def test_output_tokens_without_kv_become_prompt_and_count_against_max_tokens():
         plan(SamplingParams(max_tokens=2), output_token_ids=(11, 12))
 
 
-@pytest.mark.parametrize("kw,message", [
-    ({"kv": KvExport(KvLayout(1, 1, 1, "float32", 16), (5,), 1, b"")}, "only as kv_params"),
-    ({"hold_kv": True, "output_token_ids": (3,)}, "prompt alone"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"kv": KvExport(KvLayout(1, 1, 1, "float32", 16), (5,), 1, b"")}, "only as kv_params"),
+        ({"hold_kv": True, "output_token_ids": (3,)}, "prompt alone"),
+    ],
+)
 def test_requests_the_engine_cannot_serve_are_refused(kw, message):
     with pytest.raises(InvalidRequestError, match=message):
         plan(**kw)
 
 
 def test_kv_params_round_trip_and_reject_what_is_not_theirs():
-    params = DisaggregatedParams(request_type="context_only", first_gen_tokens=[1, 2], ctx_request_id=3,
-                                 opaque_state=bytes(range(256)), draft_tokens=[4], disagg_request_id=5,
-                                 ctx_dp_rank=0, ctx_info_endpoint="tcp://10.0.0.1:1", first_gen_log_probs=[[{}]])
+    params = DisaggregatedParams(
+        request_type="context_only",
+        first_gen_tokens=[1, 2],
+        ctx_request_id=3,
+        opaque_state=bytes(range(256)),
+        draft_tokens=[4],
+        disagg_request_id=5,
+        ctx_dp_rank=0,
+        ctx_info_endpoint="tcp://10.0.0.1:1",
+        first_gen_log_probs=[[{}]],
+    )
     back = decode_kv_params(encode_kv_params(params))
-    assert back == {"first_gen_tokens": [1, 2], "ctx_request_id": 3, "opaque_state": bytes(range(256)),
-                    "draft_tokens": [4], "disagg_request_id": 5, "ctx_dp_rank": 0,
-                    "ctx_info_endpoint": "tcp://10.0.0.1:1"}
+    assert back == {
+        "first_gen_tokens": [1, 2],
+        "ctx_request_id": 3,
+        "opaque_state": bytes(range(256)),
+        "draft_tokens": [4],
+        "disagg_request_id": 5,
+        "ctx_dp_rank": 0,
+        "ctx_info_endpoint": "tcp://10.0.0.1:1",
+    }
     for bad in (b"", b"not json", b'{"v": 2, "trtllm": {}}', b'{"v": 1}', b"[1]"):
         with pytest.raises(InvalidRequestError, match="not a trtllm prefill worker's"):
             decode_kv_params(bad)
@@ -121,11 +164,21 @@ def test_kv_params_round_trip_and_reject_what_is_not_theirs():
 def test_logit_shaping_is_passed_through_under_trtllm_names():
     import torch
 
-    params = SamplingParams(max_tokens=8, presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
-                            min_p=0.05, logit_bias=((1, 2.0), (3, -1.0)))
+    params = SamplingParams(
+        max_tokens=8,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.1,
+        min_p=0.05,
+        logit_bias=((1, 2.0), (3, -1.0)),
+    )
     sampling = plan(params).sampling
-    assert (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"],
-            sampling["min_p"]) == (0.5, -0.25, 1.1, 0.05)
+    assert (
+        sampling["presence_penalty"],
+        sampling["frequency_penalty"],
+        sampling["repetition_penalty"],
+        sampling["min_p"],
+    ) == (0.5, -0.25, 1.1, 0.05)
     logits = torch.zeros(1, 5)
     sampling["logits_processor"]("r", logits, [[1, 2]], None, None)
     assert logits.tolist() == [[0.0, 2.0, 0.0, -1.0, 0.0]]

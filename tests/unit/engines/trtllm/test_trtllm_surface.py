@@ -1,5 +1,6 @@
 """engines/trtllm/surface.py on a tiny stand-in tensorrt_llm (written here, as a directory and as a wheel): what
 it extracts from the source, and its command line (write, --check, a source without a file it needs)."""
+
 import json
 import sys
 import zipfile
@@ -15,30 +16,30 @@ STAND_IN = {
     "llmapi/__init__.py": "from .llm_args import KvCacheConfig, CacheTransceiverConfig\n",
     "_tensorrt_engine/__init__.py": "from tensorrt_llm.llmapi.llm import _TrtLLM as LLM\n",
     "sampling_params.py": "@dataclass\nclass SamplingParams:\n    max_tokens: int = 32\n    end_id: Optional[int]\n"
-                          "class GuidedDecodingParams:\n    json: Optional[str] = None\n",
+    "class GuidedDecodingParams:\n    json: Optional[str] = None\n",
     "disaggregated_params.py": "class DisaggregatedParams:\n    request_type: Optional[str] = None\n",
     "llmapi/llm_args.py": "class KvCacheConfig(StrictBaseModel):\n    tokens_per_block: int = Field(default=32)\n"
-                          "class CacheTransceiverConfig(StrictBaseModel):\n"
-                          "    backend: Optional[Literal['UCX', 'NIXL']] = Field(default=None)\n"
-                          "class BaseLlmArgs(StrictBaseModel):\n    model: str = Field(description='')\n"
-                          "class TorchLlmArgs(BaseLlmArgs):\n    enable_iter_perf_stats: bool = False\n"
-                          "class TrtLlmArgs(BaseLlmArgs):\n    quant_config: QuantConfig = None\n",
+    "class CacheTransceiverConfig(StrictBaseModel):\n"
+    "    backend: Optional[Literal['UCX', 'NIXL']] = Field(default=None)\n"
+    "class BaseLlmArgs(StrictBaseModel):\n    model: str = Field(description='')\n"
+    "class TorchLlmArgs(BaseLlmArgs):\n    enable_iter_perf_stats: bool = False\n"
+    "class TrtLlmArgs(BaseLlmArgs):\n    quant_config: QuantConfig = None\n",
     "models/modeling_utils.py": "class QuantConfig:\n    quant_algo: Optional[QuantAlgo] = None\n",
     "quantization/mode.py": "class QuantAlgo(StrEnum):\n    FP8 = auto()\n    NVFP4 = auto()\n",
     "executor/result.py": "class Logprob:\n    logprob: float\nclass CompletionOutput:\n    index: int\n"
-                          "class GenerationResultBase:\n    @property\n    def outputs(self):\n        pass\n"
-                          "class GenerationResult(GenerationResultBase):\n    def abort(self):\n        pass\n",
+    "class GenerationResultBase:\n    @property\n    def outputs(self):\n        pass\n"
+    "class GenerationResult(GenerationResultBase):\n    def abort(self):\n        pass\n",
     "executor/utils.py": "class RequestError(RuntimeError):\n    pass\n",
     "executor/executor.py": "class GenerationExecutor(ABC):\n    def __init__(self):\n"
-                            "        self.doing_shutdown = False\n"
-                            "    def is_shutdown(self) -> bool:\n        return self.doing_shutdown\n",
+    "        self.doing_shutdown = False\n"
+    "    def is_shutdown(self) -> bool:\n        return self.doing_shutdown\n",
     "llmapi/llm.py": "class BaseLLM:\n    def __init__(self, model, dtype='auto', **kwargs):\n"
-                     "        self._executor: Optional[GenerationExecutor] = None\n        self.args = kwargs\n"
-                     "    def generate_async(self, inputs, sampling_params=None, *, streaming=False):\n        pass\n"
-                     "    async def get_stats_async(self, timeout=2):\n        pass\n",
+    "        self._executor: Optional[GenerationExecutor] = None\n        self.args = kwargs\n"
+    "    def generate_async(self, inputs, sampling_params=None, *, streaming=False):\n        pass\n"
+    "    async def get_stats_async(self, timeout=2):\n        pass\n",
     "_utils.py": "class KVCacheEventSerializer:\n    def to_json(self, e):\n"
-                 "        out = {'event_id': e.id, 'type': 'stored'}\n"
-                 "        out['attention_dp_rank'] = 0\n        return {'type': 'removed', 'block_hashes': []}\n",
+    "        out = {'event_id': e.id, 'type': 'stored'}\n"
+    "        out['attention_dp_rank'] = 0\n        return {'type': 'removed', 'block_hashes': []}\n",
 }
 
 
@@ -54,22 +55,29 @@ def test_extract_reads_fields_members_signatures_attributes_exports_and_event_ke
     snap = surface.extract(surface.Source.at(write_stand_in(tmp_path)), "stand-in")
     classes = snap["classes"]
     assert snap["tensorrt_llm_version"] == "9.9.9" and snap["source"] == "stand-in"
-    assert classes["SamplingParams"]["fields"] == {"max_tokens": {"annotation": "int", "default": True},
-                                                   "end_id": {"annotation": "Optional[int]", "default": False}}
+    assert classes["SamplingParams"]["fields"] == {
+        "max_tokens": {"annotation": "int", "default": True},
+        "end_id": {"annotation": "Optional[int]", "default": False},
+    }
     assert classes["QuantAlgo"]["members"] == ["FP8", "NVFP4"]
     assert classes["RequestError"]["bases"] == ["RuntimeError"]
     assert list(classes["GenerationResultBase"]["methods"]) == ["outputs"]
     assert classes["GenerationResult"]["bases"] == ["GenerationResultBase"]
     assert classes["BaseLLM"]["attributes"] == ["_executor", "args"]
     assert classes["BaseLLM"]["methods"]["generate_async"] == {
-        "params": ["inputs", "sampling_params", "streaming"], "optional": ["sampling_params", "streaming"],
-        "var_keyword": False, "is_async": False}
+        "params": ["inputs", "sampling_params", "streaming"],
+        "optional": ["sampling_params", "streaming"],
+        "var_keyword": False,
+        "is_async": False,
+    }
     assert classes["BaseLLM"]["methods"]["__init__"]["var_keyword"] is True
     assert classes["BaseLLM"]["methods"]["get_stats_async"]["is_async"] is True
     assert snap["exports"]["__init__.py"] == ["LLM", "SamplingParams", "X"]
     assert snap["exports"]["_tensorrt_engine/__init__.py"] == ["LLM"]
-    assert snap["kv_events"] == {"keys": ["attention_dp_rank", "block_hashes", "event_id", "type"],
-                                 "types": ["removed", "stored"]}
+    assert snap["kv_events"] == {
+        "keys": ["attention_dp_rank", "block_hashes", "event_id", "type"],
+        "types": ["removed", "stored"],
+    }
 
 
 def test_a_wheel_reads_as_its_directory_does(tmp_path):

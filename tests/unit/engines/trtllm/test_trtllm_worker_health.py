@@ -1,6 +1,7 @@
 """A whole decode worker (services/common/worker_base.serve_worker, real gRPC server and health service) over a
 TrtllmEngine on the fake: it serves, and once TensorRT-LLM's executor dies it reports NOT_SERVING, as a worker
 whose native engine process died does. Only the engine factory and the signal wait are replaced."""
+
 import asyncio
 import dataclasses
 import socket
@@ -36,8 +37,9 @@ async def health(port: int) -> int:
 async def until(port: int, status: int, timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while await health(port) != status:
-        assert asyncio.get_running_loop().time() < deadline, \
+        assert asyncio.get_running_loop().time() < deadline, (
             f"health never became {health_pb2.HealthCheckResponse.ServingStatus.Name(status)}"
+        )
         await asyncio.sleep(0.02)
 
 
@@ -47,8 +49,13 @@ async def test_a_worker_whose_executor_dies_reports_not_serving(tiny_llama, monk
     settings = parse_worker_settings("decode", ["--model", str(tiny_llama), "--engine", "trtllm", "--device", "cuda"])
     port = free_port()
     settings = dataclasses.replace(settings, port=port, router_address=f"127.0.0.1:{free_port()}")  # no router
-    monkeypatch.setattr(worker_base, "make_engine", lambda s: TrtllmEngine(
-        TrtllmConfig(model=s.model, device="cuda", cache=CacheConfig(num_blocks=64)), api=fake_api()))
+    monkeypatch.setattr(
+        worker_base,
+        "make_engine",
+        lambda s: TrtllmEngine(
+            TrtllmConfig(model=s.model, device="cuda", cache=CacheConfig(num_blocks=64)), api=fake_api()
+        ),
+    )
     signalled = asyncio.Event()
 
     async def until_signalled(start, stop):

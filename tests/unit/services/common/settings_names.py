@@ -1,6 +1,7 @@
 """Records which TANDEM_* variables and which flags each service's settings loader reads, by running the loader
 itself (not by reading its declarations), so a refactor of the loaders can be checked against what they did before.
 `python -m tests.unit.services.common.settings_names > tests/unit/services/common/settings_names.json`"""
+
 import argparse
 import contextlib
 import json
@@ -11,8 +12,12 @@ from collections.abc import Callable, Iterator
 from services.common.roles import WorkerRole
 
 # what each service needs to start at all (everything else stays at its default)
-REQUIRED = {"gateway": {"TANDEM_MODEL": "m"}, "prefill": {"TANDEM_MODEL": "m"}, "decode": {"TANDEM_MODEL": "m"},
-            "scaler": {"TANDEM_SCALER_PROJECT": "p", "TANDEM_SCALER_TOKEN_FILE": "t"}}
+REQUIRED = {
+    "gateway": {"TANDEM_MODEL": "m"},
+    "prefill": {"TANDEM_MODEL": "m"},
+    "decode": {"TANDEM_MODEL": "m"},
+    "scaler": {"TANDEM_SCALER_PROJECT": "p", "TANDEM_SCALER_TOKEN_FILE": "t"},
+}
 
 
 class _RecordingEnv(dict):

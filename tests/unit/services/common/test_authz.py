@@ -1,5 +1,6 @@
 """Per-method authorization: the table covers every RPC in the protos, says what issue 24 says, and the interceptor
 enforces it on a real mTLS server (GrpcServer, as every service builds it) for each kind of caller."""
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -19,9 +20,12 @@ from services.common.protos import (
 )
 from tandem.certs import pki
 
-ALL = [(service.full_name, method.name)
-       for module in (router_pb2, worker_pb2, planner_pb2)
-       for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods]
+ALL = [
+    (service.full_name, method.name)
+    for module in (router_pb2, worker_pb2, planner_pb2)
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+]
 
 
 def test_every_rpc_in_the_protos_has_an_entry_and_every_entry_is_an_rpc():
@@ -30,23 +34,29 @@ def test_every_rpc_in_the_protos_has_an_entry_and_every_entry_is_an_rpc():
     assert not missing, f"add these to services/common/authz.py's TABLE: {missing}"
     tandem_entries = {(s, m) for s, methods in authz.TABLE.items() if s.startswith("tandem.") for m in methods}
     assert tandem_entries == set(ALL)
-    assert all(roles and roles <= {"gateway", "router", "prefill", "decode", "planner", "operator"}
-               for methods in authz.TABLE.values() for roles in methods.values())
+    assert all(
+        roles and roles <= {"gateway", "router", "prefill", "decode", "planner", "operator"}
+        for methods in authz.TABLE.values()
+        for roles in methods.values()
+    )
 
 
-@pytest.mark.parametrize("method, roles", [
-    ("/tandem.v1.Router/Register", {"prefill", "decode"}),
-    ("/tandem.v1.Router/Heartbeat", {"prefill", "decode"}),
-    ("/tandem.v1.Router/Deregister", {"prefill", "decode"}),
-    ("/tandem.v1.Router/Route", {"gateway"}),
-    ("/tandem.v1.Router/Complete", {"gateway"}),
-    ("/tandem.v1.Router/ReportFailure", {"gateway"}),
-    ("/tandem.v1.PrefillWorker/Prefill", {"gateway"}),
-    ("/tandem.v1.DecodeWorker/Generate", {"gateway"}),
-    ("/tandem.v1.PrefillWorker/PullKv", {"decode"}),
-    ("/tandem.v1.WorkerControl/ResetPrefixCache", {"planner", "operator"}),
-    ("/tandem.v1.Planner/GetPlan", {"planner", "operator"}),
-])
+@pytest.mark.parametrize(
+    "method, roles",
+    [
+        ("/tandem.v1.Router/Register", {"prefill", "decode"}),
+        ("/tandem.v1.Router/Heartbeat", {"prefill", "decode"}),
+        ("/tandem.v1.Router/Deregister", {"prefill", "decode"}),
+        ("/tandem.v1.Router/Route", {"gateway"}),
+        ("/tandem.v1.Router/Complete", {"gateway"}),
+        ("/tandem.v1.Router/ReportFailure", {"gateway"}),
+        ("/tandem.v1.PrefillWorker/Prefill", {"gateway"}),
+        ("/tandem.v1.DecodeWorker/Generate", {"gateway"}),
+        ("/tandem.v1.PrefillWorker/PullKv", {"decode"}),
+        ("/tandem.v1.WorkerControl/ResetPrefixCache", {"planner", "operator"}),
+        ("/tandem.v1.Planner/GetPlan", {"planner", "operator"}),
+    ],
+)
 def test_the_table_says_what_the_issue_says(method, roles):
     assert authz.allowed_roles(method) == roles
     for role in ("gateway", "router", "prefill", "decode", "planner", "operator"):
@@ -81,9 +91,17 @@ def certs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pki")
     ca = pki.new_authority()
     pki.save_authority(root, ca)
-    files = {f"{i.role}/{i.id}": pki.write_identity(root, ca, i) for i in [
-        Identity("router", "router"), Identity("gateway", "gateway"), Identity("decode", "decode-0"),
-        Identity("decode", "*"), Identity("operator", "operator"), Identity("prefill", "prefill-0")]}
+    files = {
+        f"{i.role}/{i.id}": pki.write_identity(root, ca, i)
+        for i in [
+            Identity("router", "router"),
+            Identity("gateway", "gateway"),
+            Identity("decode", "decode-0"),
+            Identity("decode", "*"),
+            Identity("operator", "operator"),
+            Identity("prefill", "prefill-0"),
+        ]
+    }
     rogue_root = tmp_path_factory.mktemp("rogue")
     files["rogue"] = pki.write_identity(rogue_root, pki.new_authority("rogue"), Identity("operator", "operator"))
     return files
@@ -131,10 +149,12 @@ async def test_interceptor_admits_roles_in_the_table_and_refuses_the_rest(server
     assert await _code(as_["prefill/prefill-0"].Register(_register("prefill-0"), timeout=5)) == "PERMISSION_DENIED"
     assert await _code(as_["gateway/gateway"].Register(_register("gateway"), timeout=5)) == "PERMISSION_DENIED"
     assert await _code(as_["operator/operator"].ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) == "OK"
-    assert await _code(as_["router/router"].ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) \
-        == "PERMISSION_DENIED"
-    denied = registry.get_sample_value("tandem_grpc_denied_total", {"service": "tandem.v1.Router",
-                                                                      "method": "Register", "role": "gateway"})
+    assert (
+        await _code(as_["router/router"].ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)) == "PERMISSION_DENIED"
+    )
+    denied = registry.get_sample_value(
+        "tandem_grpc_denied_total", {"service": "tandem.v1.Router", "method": "Register", "role": "gateway"}
+    )
     assert denied == 1.0
 
 
@@ -146,7 +166,9 @@ async def test_streams_are_guarded_too_and_health_stays_open(server, certs):
     gateway = worker_pb2_grpc.WorkerControlStub(_channel(address, certs["gateway/gateway"], ca))
     assert await _code(_drain(gateway.StreamLoad(worker_pb2.StreamLoadRequest(), timeout=5))) == "PERMISSION_DENIED"
     health = health_pb2_grpc.HealthStub(_channel(address, certs["gateway/gateway"], ca))
-    assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    ).status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def _drain(call) -> None:
@@ -200,8 +222,9 @@ async def test_reflection_only_when_asked_for(monkeypatch, enabled):
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-            call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                             timeout=5)
+            call = stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
             try:
                 names = [s.name async for reply in call for s in reply.list_services_response.service]
                 code = "OK"

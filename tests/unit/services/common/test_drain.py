@@ -1,5 +1,6 @@
 """Drain on a real grpc.aio server: streams are counted while they run, finish on their own while the drain waits,
 and at hand-back end with UNAVAILABLE (what makes the gateway migrate them), their work cancelled."""
+
 import asyncio
 
 import grpc

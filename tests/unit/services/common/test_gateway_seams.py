@@ -1,4 +1,5 @@
 """The gateway's gRPC seams become domain types at the boundary (services/common/convert.py), field by field."""
+
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
 from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta, WorkerRef
@@ -21,22 +22,35 @@ def test_a_prefill_answer_keeps_its_handle_as_it_came():
     assert first == Prefilled(7, TokenLogprob(7, -0.5, ((7, -0.5),)), None, 2, kv)
     request = convert.generate_request_to_pb("r", [1, 2], SamplingParams(max_tokens=4), first.kv, [7])
     assert request.kv == kv and list(request.output_token_ids) == [7] and request.params.max_tokens == 4
-    done = convert.prefilled_from_pb(worker_pb2.PrefillResponse(first_token_id=2,
-                                                                finish_reason=common_pb2.FINISH_REASON_STOP))
+    done = convert.prefilled_from_pb(
+        worker_pb2.PrefillResponse(first_token_id=2, finish_reason=common_pb2.FINISH_REASON_STOP)
+    )
     assert done == Prefilled(2, None, FinishReason.STOP, 0, None)
     assert not convert.generate_request_to_pb("r", [1], SamplingParams(), done.kv).HasField("kv")
 
 
 def test_a_generate_response_is_a_token_delta():
-    msg = worker_pb2.GenerateResponse(token_ids=[5, 6], finish_reason=common_pb2.FINISH_REASON_LENGTH,
-                                      num_cached_tokens=4)
+    msg = worker_pb2.GenerateResponse(
+        token_ids=[5, 6], finish_reason=common_pb2.FINISH_REASON_LENGTH, num_cached_tokens=4
+    )
     assert convert.delta_from_pb(msg) == TokenDelta((5, 6), (), FinishReason.LENGTH, 4)
 
 
 def test_listed_workers_read_role_model_length_block_size_and_lease():
-    info = router_pb2.WorkerInfo(worker_id="d", role=common_pb2.WORKER_ROLE_DECODE, model="m", max_model_len=99,
-                                 layout=common_pb2.KvLayout(block_size=16))
-    listing = router_pb2.ListWorkersResponse(workers=[router_pb2.WorkerStatus(worker=info, lease_expires_in_s=3),
-                                                      router_pb2.WorkerStatus(worker=router_pb2.WorkerInfo())])
-    assert convert.listed_workers_from_pb(listing) == [ListedWorker(WorkerRole.DECODE, "m", 99, 16, True),
-                                                       ListedWorker(None, "", 0, 0, False)]
+    info = router_pb2.WorkerInfo(
+        worker_id="d",
+        role=common_pb2.WORKER_ROLE_DECODE,
+        model="m",
+        max_model_len=99,
+        layout=common_pb2.KvLayout(block_size=16),
+    )
+    listing = router_pb2.ListWorkersResponse(
+        workers=[
+            router_pb2.WorkerStatus(worker=info, lease_expires_in_s=3),
+            router_pb2.WorkerStatus(worker=router_pb2.WorkerInfo()),
+        ]
+    )
+    assert convert.listed_workers_from_pb(listing) == [
+        ListedWorker(WorkerRole.DECODE, "m", 99, 16, True),
+        ListedWorker(None, "", 0, 0, False),
+    ]

@@ -1,5 +1,6 @@
 """Per-service gRPC limits: the table replaces the shared message sizes, and a live server refuses a request past
 its service's receive limit with RESOURCE_EXHAUSTED before parsing it, and a call past its calls-at-once limit."""
+
 import asyncio
 
 import grpc
@@ -25,8 +26,9 @@ async def test_a_decode_server_refuses_a_request_past_its_receive_limit():
     server = GrpcServer("127.0.0.1:0", ["tandem.v1.DecodeWorker"], limits="decode")
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}",
-                                             options=[("grpc.max_send_message_length", 64 * MIB)]) as channel:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{server.port}", options=[("grpc.max_send_message_length", 64 * MIB)]
+        ) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             ok = await stub.Check(health_pb2.HealthCheckRequest(service="tandem.v1.DecodeWorker"), timeout=5)
             assert ok.status == health_pb2.HealthCheckResponse.SERVING
@@ -50,8 +52,9 @@ def test_stream_limits_stay_above_the_largest_gateway_in_flight_limit():
 
 
 async def test_a_server_refuses_calls_past_its_calls_at_once_limit(monkeypatch):
-    monkeypatch.setitem(LIMITS, "decode", GrpcLimits(8 * MIB, 8 * MIB, max_streams_per_connection=8,
-                                                     max_concurrent_rpcs=2))
+    monkeypatch.setitem(
+        LIMITS, "decode", GrpcLimits(8 * MIB, 8 * MIB, max_streams_per_connection=8, max_concurrent_rpcs=2)
+    )
     server = GrpcServer("127.0.0.1:0", ["tandem.v1.DecodeWorker"], limits="decode")
     await server.start()
     try:

@@ -1,26 +1,35 @@
 """KV events on the wire: the proto round trip, snapshots as CLEARED-led batches, and the worker's
 StreamKvEvents servicer over a real in-process gRPC server."""
+
 import asyncio
 
 import grpc
 import pytest
 
-from engines.base.events import KvEvent, KvEventKind, KvEventLog, KvSnapshot, KvTier
-from services.common.convert import (kv_batch_from_pb, kv_event_from_pb, kv_event_to_pb, kv_events_to_pb,
-                                     kv_snapshot_to_pb)
-from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from engines.base.engine import EngineCapabilities
+from engines.base.events import KvEvent, KvEventKind, KvEventLog, KvSnapshot, KvTier
+from services.common.convert import (
+    kv_batch_from_pb,
+    kv_event_from_pb,
+    kv_event_to_pb,
+    kv_events_to_pb,
+    kv_snapshot_to_pb,
+)
+from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
 from services.decode.server import DecodeService
 
 BIG = 2**64 - 1  # hashes are full uint64
 
 
-@pytest.mark.parametrize("event", [
-    KvEvent(1, KvEventKind.STORED, 0, (BIG, 7), KvTier.DEVICE),
-    KvEvent(2, KvEventKind.STORED, BIG, (3,), KvTier.HOST),
-    KvEvent(3, KvEventKind.REMOVED, 0, (7,), KvTier.DISK),
-    KvEvent(4, KvEventKind.CLEARED),
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        KvEvent(1, KvEventKind.STORED, 0, (BIG, 7), KvTier.DEVICE),
+        KvEvent(2, KvEventKind.STORED, BIG, (3,), KvTier.HOST),
+        KvEvent(3, KvEventKind.REMOVED, 0, (7,), KvTier.DISK),
+        KvEvent(4, KvEventKind.CLEARED),
+    ],
+)
 def test_event_round_trip(event):
     assert kv_event_from_pb(kv_event_to_pb(event)) == event
 

@@ -1,5 +1,6 @@
 """The KV signing key in a worker's settings: read from TANDEM_KV_SIGNING_KEY_FILE, checked at start; a worker that
 listens beyond loopback without one refuses to start unless plaintext mode is explicit; the disk tier gets it."""
+
 import pytest
 
 from services.common.engine_factory import engine_spec
@@ -52,7 +53,13 @@ def test_a_bad_key_file_stops_the_worker(tmp_path, text, error):
 
 
 def test_the_native_engines_disk_tier_gets_the_key(key_file, tmp_path):
-    settings = WorkerSettings(role="decode", model="m", kv_signing_key_file=key_file, kv_host_gb=0.1,
-                              kv_disk_dir=str(tmp_path / "kv"), kv_disk_gb=0.1)
+    settings = WorkerSettings(
+        role="decode",
+        model="m",
+        kv_signing_key_file=key_file,
+        kv_host_gb=0.1,
+        kv_disk_dir=str(tmp_path / "kv"),
+        kv_disk_gb=0.1,
+    )
     config = engine_spec(settings).config
     assert config.kv_disk_key == KEY and "kv_disk_key" not in repr(config)

@@ -1,14 +1,22 @@
 """Signed KV handles: what a decode worker's verifier accepts and what it refuses, each refusal with its reason."""
+
 import os
 
 import pytest
 
+from engines.base.types import KvLayout
 from engines.transfer import descriptor
 from engines.transfer.descriptor import NIXL, KvDescriptor
-from engines.base.types import KvLayout
 from services.common.errors import status_for
-from services.common.kv_signing import (HandleInvalid, HandleNotTrusted, KvSigner, KvVerifier, ReplayGuard,
-                                        parse_key, prompt_hash)
+from services.common.kv_signing import (
+    HandleInvalid,
+    HandleNotTrusted,
+    KvSigner,
+    KvVerifier,
+    ReplayGuard,
+    parse_key,
+    prompt_hash,
+)
 from services.common.protos import common_pb2
 
 KEY = bytes(range(32))
@@ -22,11 +30,16 @@ def nixl_params(block_ids=(7, 8, 9)) -> bytes:
 
 
 def handle(key=KEY, tokens=TOKENS, expires=NOW + 30, **fields) -> common_pb2.KvHandle:
-    h = common_pb2.KvHandle(worker_id="prefill-0", address="127.0.0.1:5001", req_id="r1", num_tokens=len(tokens),
-                            num_blocks=-(-len(tokens) // 16), lease_expires_unix_s=expires,
-                            engine_params=nixl_params(),
-                            layout=common_pb2.KvLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32",
-                                                       block_size=16))
+    h = common_pb2.KvHandle(
+        worker_id="prefill-0",
+        address="127.0.0.1:5001",
+        req_id="r1",
+        num_tokens=len(tokens),
+        num_blocks=-(-len(tokens) // 16),
+        lease_expires_unix_s=expires,
+        engine_params=nixl_params(),
+        layout=common_pb2.KvLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", block_size=16),
+    )
     for name, value in fields.items():
         setattr(h, name, value)
     KvSigner(key).seal(h, tokens)
@@ -58,14 +71,17 @@ def test_handle_signed_with_a_foreign_key_is_not_trusted():
     assert (exc.reason, status_for(exc).name) == ("bad_signature", "PERMISSION_DENIED")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("address", "10.0.0.66:5001"),  # the attacker's address under an honest signature
-    ("worker_id", "prefill-9"),
-    ("req_id", "r2"),
-    ("num_tokens", 32),
-    ("lease_expires_unix_s", NOW + 3600),  # a longer lease
-    ("engine_params", nixl_params(block_ids=(0, 1, 2))),  # other blocks of the source's cache
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("address", "10.0.0.66:5001"),  # the attacker's address under an honest signature
+        ("worker_id", "prefill-9"),
+        ("req_id", "r2"),
+        ("num_tokens", 32),
+        ("lease_expires_unix_s", NOW + 3600),  # a longer lease
+        ("engine_params", nixl_params(block_ids=(0, 1, 2))),  # other blocks of the source's cache
+    ],
+)
 def test_any_field_changed_after_signing_breaks_the_signature(field, value):
     h = handle()
     setattr(h, field, value)

@@ -1,5 +1,6 @@
 """The KV transport a worker's engine moves KV with: TANDEM_KV_TRANSPORT reaches the native and sim engines
 (auto: NIXL when it imports), and a bad NIXL setting stops the worker at start with a clear message."""
+
 import pytest
 
 from engines.transfer.nixl_link import is_available
@@ -9,8 +10,10 @@ from services.common.settings import SettingsError
 from services.common.worker_settings import WorkerSettings, parse_worker_settings
 
 
-@pytest.mark.parametrize("setting, expected", [("grpc", "grpc"), ("nixl", "nixl"), ("bytes", "bytes"),
-                                               ("auto", "nixl" if is_available() else "grpc")])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [("grpc", "grpc"), ("nixl", "nixl"), ("bytes", "bytes"), ("auto", "nixl" if is_available() else "grpc")],
+)
 def test_the_native_engine_gets_the_transport(setting, expected):
     assert engine_spec(WorkerSettings(role="prefill", model="m", kv_transport=setting)).config.kv_transport == expected
 

@@ -1,5 +1,6 @@
 """`observed` counts an RPC by its final status and tags its log records with the request id, also for a
 response stream that a cancelled call closes from another task (as grpc.aio does)."""
+
 import asyncio
 from types import SimpleNamespace
 

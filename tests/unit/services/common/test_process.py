@@ -1,5 +1,6 @@
 """The shared restart policy and parent-death handling: exits counted in a sliding window, a crash loop past the
 limit, and a child that exits at once when the launcher that named it is already gone."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,13 @@ def test_more_exits_than_allowed_in_the_window_is_a_crash_loop():
 
 def _child(env: dict[str, str]) -> subprocess.CompletedProcess:
     code = "from services.common.process import die_with_parent; die_with_parent(); print('alive')"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
 
 
 def test_a_child_of_a_live_parent_lives_and_a_child_of_a_gone_one_exits():
@@ -37,7 +43,15 @@ def test_a_child_of_a_live_parent_lives_and_a_child_of_a_gone_one_exits():
 
 def test_outside_a_launcher_it_is_a_no_op():
     env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}
-    done = subprocess.run([sys.executable, "-c", "from services.common.process import die_with_parent; "
-                           "die_with_parent(); print('alive')"], capture_output=True, text=True, timeout=60,
-                          env={**env, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from services.common.process import die_with_parent; die_with_parent(); print('alive')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
     assert done.stdout.strip() == "alive"

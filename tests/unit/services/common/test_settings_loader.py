@@ -1,5 +1,6 @@
 """The one settings loader: every service reads the same variables and flags as before it (a recorded set), the
 names derive from the fields, flags win over variables, and a bad value is a SettingsError naming the variable."""
+
 import argparse
 import json
 from dataclasses import dataclass
@@ -43,9 +44,13 @@ def parse(argv: list[str]) -> Demo:
 
 def test_names_derive_from_the_fields_unless_declared():
     got = {s.name: (s.env, s.flags) for s in SOURCE.settings()}
-    assert got == {"port": ("TANDEM_DEMO_PORT", ("--port",)), "rate_s": ("TANDEM_DEMO_RATE_S", ("--rate-s",)),
-                   "name": ("TANDEM_NAME", ("--name",)), "is_on": ("TANDEM_DEMO_IS_ON", ("--is-on",)),
-                   "enable_cache": ("TANDEM_DEMO_ENABLE_CACHE", ("--no-cache",))}
+    assert got == {
+        "port": ("TANDEM_DEMO_PORT", ("--port",)),
+        "rate_s": ("TANDEM_DEMO_RATE_S", ("--rate-s",)),
+        "name": ("TANDEM_NAME", ("--name",)),
+        "is_on": ("TANDEM_DEMO_IS_ON", ("--is-on",)),
+        "enable_cache": ("TANDEM_DEMO_ENABLE_CACHE", ("--no-cache",)),
+    }
 
 
 def test_flag_over_variable_over_default(monkeypatch):
@@ -102,19 +107,28 @@ def _main(module: str):
     return importlib.import_module(module).main
 
 
-@pytest.mark.parametrize("service,variable,value", [
-    ("gateway", "TANDEM_GATEWAY_PORT", "http"), ("router", "TANDEM_ROUTER_LEASE_TTL_S", "soon"),
-    ("planner", "TANDEM_PLANNER_TICK_S", "-1"), ("scaler", "TANDEM_SCALER_PORT", "x"),
-    ("decode", "TANDEM_WORKER_MAX_NUM_SEQS", "many"),
-])
+@pytest.mark.parametrize(
+    "service,variable,value",
+    [
+        ("gateway", "TANDEM_GATEWAY_PORT", "http"),
+        ("router", "TANDEM_ROUTER_LEASE_TTL_S", "soon"),
+        ("planner", "TANDEM_PLANNER_TICK_S", "-1"),
+        ("scaler", "TANDEM_SCALER_PORT", "x"),
+        ("decode", "TANDEM_WORKER_MAX_NUM_SEQS", "many"),
+    ],
+)
 def test_a_bad_variable_stops_every_service_with_one_line_and_exit_2(service, variable, value, monkeypatch, capsys):
     monkeypatch.setenv("TANDEM_MODEL", "/m")
     monkeypatch.setenv("TANDEM_SCALER_PROJECT", "p")
     monkeypatch.setenv("TANDEM_SCALER_TOKEN_FILE", "/nonexistent/token")
     monkeypatch.setenv(variable, value)
-    main = {"gateway": lambda: _main("services.gateway.server"), "router": lambda: _main("services.router.server"),
-            "scaler": lambda: _main("services.scaler.server"), "planner": lambda: _planner_main,
-            "decode": lambda: _worker_main}[service]()
+    main = {
+        "gateway": lambda: _main("services.gateway.server"),
+        "router": lambda: _main("services.router.server"),
+        "scaler": lambda: _main("services.scaler.server"),
+        "planner": lambda: _planner_main,
+        "decode": lambda: _worker_main,
+    }[service]()
     assert main([]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert variable in line or variable.removeprefix("TANDEM_").split("_", 1)[1].lower() in line

@@ -1,6 +1,7 @@
 """A secret setting may come as a file (TANDEM_KV_HASH_SECRET_FILE, what compose's volumes and Kubernetes' Secrets
 hand over); the value in the environment wins; an unreadable file stops the service with its name; other settings
 never read a _FILE twin."""
+
 import pytest
 
 from services.common.settings import SettingsError, env

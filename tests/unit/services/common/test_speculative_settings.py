@@ -1,5 +1,6 @@
 """Speculative decoding's worker settings: TANDEM_WORKER_SPECULATIVE / --speculative reach the native engine, a bad
 value or another engine stops the worker at start, and the engine's counters reach /metrics."""
+
 import pytest
 
 from engines.base import EngineStats
@@ -12,14 +13,17 @@ from tests.unit.observability.test_service_metrics import samples, stats
 
 
 def test_the_flag_and_the_environment_reach_the_native_engine(monkeypatch):
-    s = parse_worker_settings(WorkerRole.DECODE, ["--model", "m", "--speculative", "ngram",
-                                                  "--num-speculative-tokens", "6"])
+    s = parse_worker_settings(
+        WorkerRole.DECODE, ["--model", "m", "--speculative", "ngram", "--num-speculative-tokens", "6"]
+    )
     config = engine_spec(s).config
     assert (config.speculative, config.num_speculative_tokens) == ("ngram", 6)
     monkeypatch.setenv("TANDEM_WORKER_SPECULATIVE", "ngram")
     assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).speculative == "ngram"
     assert engine_spec(WorkerSettings(role="decode", model="m")).config.speculative == ""
-    assert WorkerSettings(role="decode", model="m", speculative="draft:/models/small").speculative == "draft:/models/small"
+    assert (
+        WorkerSettings(role="decode", model="m", speculative="draft:/models/small").speculative == "draft:/models/small"
+    )
 
 
 def test_bad_values_are_refused_at_start():
@@ -34,8 +38,11 @@ def test_bad_values_are_refused_at_start():
 
 
 def test_the_counters_reach_the_metrics():
-    m = WorkerMetrics(lambda: stats(num_spec_proposed=40, num_spec_accepted=30, num_spec_verify_steps=12),
-                      lambda: "decode-0", "decode")
+    m = WorkerMetrics(
+        lambda: stats(num_spec_proposed=40, num_spec_accepted=30, num_spec_verify_steps=12),
+        lambda: "decode-0",
+        "decode",
+    )
     got = samples(m.registry)
     labels = (("role", "decode"), ("worker_id", "decode-0"))
     assert got[("tandem_worker_spec_proposed_tokens_total", labels)] == 40

@@ -1,4 +1,5 @@
 """coalesced(): deltas that pile up while the consumer is busy travel as one; closing aborts."""
+
 import asyncio
 
 import pytest
@@ -63,14 +64,16 @@ async def test_engine_failure_reaches_the_consumer():
 
 
 def test_merge_keeps_last_status():
-    merged = merge([RequestOutput("r", (1, 2)), RequestOutput("r", (3,), finish_reason=FinishReason.STOP,
-                                                               num_cached_tokens=16)])
+    merged = merge(
+        [RequestOutput("r", (1, 2)), RequestOutput("r", (3,), finish_reason=FinishReason.STOP, num_cached_tokens=16)]
+    )
     assert merged.new_token_ids == (1, 2, 3)
     assert merged.finish_reason is FinishReason.STOP and merged.num_cached_tokens == 16
 
 
 def test_merge_keeps_the_engines_queue_time_for_the_trace():
-    merged = merge([RequestOutput("r", (1,), queue_s=0.25), RequestOutput("r", (2,), queue_s=0.25),
-                    RequestOutput("r", (3,))])
+    merged = merge(
+        [RequestOutput("r", (1,), queue_s=0.25), RequestOutput("r", (2,), queue_s=0.25), RequestOutput("r", (3,))]
+    )
     assert merged.queue_s == 0.25
     assert merge([RequestOutput("r", (1,)), RequestOutput("r", (2,))]).queue_s is None

@@ -1,11 +1,12 @@
 """The KV tier settings reach every engine's spec, and `tandem up` gives each worker its own disk directory."""
+
 from pathlib import Path
 
 import pytest
 
 from services.common.engine_factory import engine_spec
-from services.common.worker_settings import WorkerSettings, parse_worker_settings
 from services.common.roles import WorkerRole
+from services.common.worker_settings import WorkerSettings, parse_worker_settings
 from tandem.launcher import Stack, StackConfig
 
 TIERS = dict(kv_host_gb=2.0, kv_disk_dir="/var/kv", kv_disk_gb=8.0)

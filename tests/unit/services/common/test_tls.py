@@ -1,5 +1,6 @@
 """TLS and mTLS on a real gRPC server (GrpcServer, as every service builds it) with certificates made here: who gets
 through and who does not, and the settings' own checks."""
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -14,8 +15,13 @@ from tests.tls_certs import make_authority, tls_env
 def pki(tmp_path_factory):
     root = tmp_path_factory.mktemp("pki")
     ca, rogue = make_authority(root / "ca"), make_authority(root / "rogue", "rogue-ca")
-    return {"ca": ca, "server": ca.issue("server"), "client": ca.issue("client"), "rogue": rogue.issue("intruder"),
-            "rogue_ca": rogue}
+    return {
+        "ca": ca,
+        "server": ca.issue("server"),
+        "client": ca.issue("client"),
+        "rogue": rogue.issue("intruder"),
+        "rogue_ca": rogue,
+    }
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """A worker's warm-up runs one dummy request through its engine's real loop and leaves the engine idle."""
+
 from engines.core.client import EngineClient
 from engines.sim import sim_spec
 from services.common.worker_base import warm_up

@@ -1,5 +1,6 @@
 """A stopping worker drains: it waits until its engine holds no waiting, running or held (KV not yet pulled)
 request, bounded by the drain time."""
+
 import pytest
 
 from engines.base.types import EngineStats
@@ -14,9 +15,21 @@ class Engine:
     def stats(self) -> EngineStats:
         waiting, running, held = self.loads[min(self.calls, len(self.loads) - 1)]
         self.calls += 1
-        return EngineStats(waiting, running, held, num_blocks_total=64, num_blocks_used=8, num_blocks_cached_free=0,
-                           block_size=16, max_model_len=512, prefix_queries=0, prefix_hits=0, num_preemptions=0,
-                           num_prompt_tokens_computed=0, num_generated_tokens=0)
+        return EngineStats(
+            waiting,
+            running,
+            held,
+            num_blocks_total=64,
+            num_blocks_used=8,
+            num_blocks_cached_free=0,
+            block_size=16,
+            max_model_len=512,
+            prefix_queries=0,
+            prefix_hits=0,
+            num_preemptions=0,
+            num_prompt_tokens_computed=0,
+            num_generated_tokens=0,
+        )
 
 
 async def test_it_waits_for_running_requests_and_held_kv():
@@ -100,9 +113,17 @@ def test_the_prestop_command_signals_the_worker_and_says_why_it_cannot(monkeypat
 
     assert main(["worker", "drain", "--worker-id", ""]) == 2
     assert "the worker's id is required" in capsys.readouterr().err
-    worker = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\nprint('up', flush=True)\n"
-                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\nprint('up', flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert worker.stdout.readline() == "up\n"
     monkeypatch.setattr(worker_drain, "router_worker_ids", lambda address: lambda: set())
     assert main(["worker", "drain", "--worker-id", "decode-a", "--pid", str(worker.pid)]) == 0

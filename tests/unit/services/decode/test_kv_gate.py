@@ -1,5 +1,6 @@
 """The decode worker's KV gate: a verified handle must also name a prefill worker the router has registered at that
 address; the router's pool is cached and asked again only when stale or on a rate-limited miss."""
+
 import pytest
 
 from services.common.kv_signing import HandleNotTrusted, KvSigner, KvVerifier
@@ -17,9 +18,12 @@ class FakeRouter:
 
     async def ListWorkers(self, request, timeout):
         self.num_calls += 1
-        return router_pb2.ListWorkersResponse(workers=[
-            router_pb2.WorkerStatus(worker=router_pb2.WorkerInfo(worker_id=w, role=role, address=a))
-            for w, a, role in self.workers])
+        return router_pb2.ListWorkersResponse(
+            workers=[
+                router_pb2.WorkerStatus(worker=router_pb2.WorkerInfo(worker_id=w, role=role, address=a))
+                for w, a, role in self.workers
+            ]
+        )
 
 
 class Clock:
@@ -37,8 +41,15 @@ def pool_with(router, clock) -> PrefillPool:
 
 
 def handle(worker_id="prefill-0", address="127.0.0.1:5001", req_id="r1") -> common_pb2.KvHandle:
-    h = common_pb2.KvHandle(worker_id=worker_id, address=address, req_id=req_id, num_tokens=20, num_blocks=2,
-                            lease_expires_unix_s=2e9, layout=common_pb2.KvLayout(block_size=16))
+    h = common_pb2.KvHandle(
+        worker_id=worker_id,
+        address=address,
+        req_id=req_id,
+        num_tokens=20,
+        num_blocks=2,
+        lease_expires_unix_s=2e9,
+        layout=common_pb2.KvLayout(block_size=16),
+    )
     KvSigner(KEY).seal(h, TOKENS)
     return h
 
@@ -54,11 +65,14 @@ async def test_a_registered_prefill_worker_passes_and_the_pool_is_cached():
     assert router.num_calls == 1
 
 
-@pytest.mark.parametrize("worker_id,address", [
-    ("prefill-0", "127.0.0.1:6666"),  # a signed handle naming an unregistered address
-    ("prefill-7", "127.0.0.1:5001"),  # another id at a registered address
-    ("decode-0", "127.0.0.1:5002"),  # a registered worker, but not a prefill worker
-])
+@pytest.mark.parametrize(
+    "worker_id,address",
+    [
+        ("prefill-0", "127.0.0.1:6666"),  # a signed handle naming an unregistered address
+        ("prefill-7", "127.0.0.1:5001"),  # another id at a registered address
+        ("decode-0", "127.0.0.1:5002"),  # a registered worker, but not a prefill worker
+    ],
+)
 async def test_a_source_the_router_does_not_list_as_a_prefill_worker_is_refused(worker_id, address):
     router = FakeRouter([("prefill-0", "127.0.0.1:5001", PREFILL), ("decode-0", "127.0.0.1:5002", DECODE)])
     gate = KvGate(KvVerifier(KEY), pool_with(router, Clock()), clock=lambda: 1e9)

@@ -1,5 +1,6 @@
 """A KV pull is held to its handle: a handle naming more blocks than the request's tokens fill is refused before any
 pull, and a prefill peer streaming more bytes than the handle's blocks hold is cut off."""
+
 import grpc
 import pytest
 
@@ -11,21 +12,26 @@ BLOCK_BYTES = 2 * 2 * 4 * 1 * 4 * 4  # layers x (k, v) x block_size x heads x he
 
 
 def _handle(address: str = "", num_tokens: int = 6, num_blocks: int = 2) -> common_pb2.KvHandle:
-    return common_pb2.KvHandle(worker_id="p0", address=address, req_id="r", layout=LAYOUT, num_tokens=num_tokens,
-                               num_blocks=num_blocks)
+    return common_pb2.KvHandle(
+        worker_id="p0", address=address, req_id="r", layout=LAYOUT, num_tokens=num_tokens, num_blocks=num_blocks
+    )
 
 
 def test_the_handle_bounds_the_bytes_of_a_pull():
     assert handle_nbytes(_handle(), num_tokens=7) == 2 * BLOCK_BYTES
 
 
-@pytest.mark.parametrize("num_tokens,num_blocks,request_tokens", [
-    (6, 3, 7),  # more blocks than 6 tokens fill
-    (6, 1, 7),  # fewer
-    (7, 2, 7),  # not a strict prefix of the request
-    (0, 0, 7),
-    (2**31, 2**29, 7),  # a huge handle for a short request
-], ids=["extra-block", "missing-block", "whole-request", "empty", "huge"])
+@pytest.mark.parametrize(
+    "num_tokens,num_blocks,request_tokens",
+    [
+        (6, 3, 7),  # more blocks than 6 tokens fill
+        (6, 1, 7),  # fewer
+        (7, 2, 7),  # not a strict prefix of the request
+        (0, 0, 7),
+        (2**31, 2**29, 7),  # a huge handle for a short request
+    ],
+    ids=["extra-block", "missing-block", "whole-request", "empty", "huge"],
+)
 def test_a_handle_that_does_not_fit_the_request_is_refused(num_tokens, num_blocks, request_tokens):
     with pytest.raises(ValueError):
         handle_nbytes(_handle(num_tokens=num_tokens, num_blocks=num_blocks), request_tokens)
@@ -40,8 +46,9 @@ class Flooding(worker_pb2_grpc.PrefillWorkerServicer):
     async def PullKv(self, request, context):
         while self.num_sent < 1000:
             self.num_sent += 1
-            yield worker_pb2.KvChunk(layout=LAYOUT, first_block=0, num_blocks=1, total_blocks=2,
-                                     data=b"\0" * BLOCK_BYTES)
+            yield worker_pb2.KvChunk(
+                layout=LAYOUT, first_block=0, num_blocks=1, total_blocks=2, data=b"\0" * BLOCK_BYTES
+            )
 
 
 async def test_a_peer_sending_past_the_handle_is_cut_off():

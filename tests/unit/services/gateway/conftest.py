@@ -1,5 +1,6 @@
 """The gateway under test: a real uvicorn server on a free port, dialing a fake router whose routes point at
 fake prefill and decode workers, all on loopback; the tiny checkpoint's ChatML tokenizer."""
+
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -73,14 +74,18 @@ class Stack:
 async def serve_stack(model_dir, tokens: list[int], **overrides) -> AsyncIterator[Stack]:
     router, decode, prefill = FakeRouter(), FakeWorker(tokens), FakeWorker(tokens)
     servers = {}
-    for name, add, servicer in (("router", router_pb2_grpc.add_RouterServicer_to_server, router),
-                                ("decode", add_worker, decode), ("prefill", add_worker, prefill)):
+    for name, add, servicer in (
+        ("router", router_pb2_grpc.add_RouterServicer_to_server, router),
+        ("decode", add_worker, decode),
+        ("prefill", add_worker, prefill),
+    ):
         servers[name], servicer.address = await start_server(add, servicer)
     router.decode_address = decode.address
     settings = GatewaySettings(model_dir=str(model_dir), router_address=router.address, **overrides)
     router.model = settings.router_model
-    uv = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning",
-                                       timeout_graceful_shutdown=1))
+    uv = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1)
+    )
     task = asyncio.create_task(uv.serve())
     while not uv.started:
         await asyncio.sleep(0.01)

@@ -3,6 +3,7 @@
 They record what the gateway asked for (routes, prefills, generates, aborts, releases, completions,
 cancellations) so tests can assert the exact calls.
 """
+
 import asyncio
 
 import grpc
@@ -40,13 +41,15 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.completed.extend(request.completed_req_ids)
         if self.route_error is not None:
             await context.abort(self.route_error, "no worker can take this request")
-        candidates = [w for w in [("d0", self.decode_address), *self.spare_decode]
-                      if w[0] not in request.exclude_worker_ids]
+        candidates = [
+            w for w in [("d0", self.decode_address), *self.spare_decode] if w[0] not in request.exclude_worker_ids
+        ]
         if not candidates:  # as the real router: the request's excluded workers are never chosen
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no live decode worker (all excluded)")
         worker_id, address = candidates[0]
-        response = router_pb2.RouteResponse(decode=router_pb2.WorkerRef(worker_id=worker_id, address=address),
-                                            policy="fake")
+        response = router_pb2.RouteResponse(
+            decode=router_pb2.WorkerRef(worker_id=worker_id, address=address), policy="fake"
+        )
         if self.prefill_address is not None:
             response.prefill.CopyFrom(router_pb2.WorkerRef(worker_id="p0", address=self.prefill_address))
         return response
@@ -61,8 +64,13 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         return router_pb2.ReportFailureResponse(quarantine_s=5.0)
 
     async def ListWorkers(self, request, context):
-        info = router_pb2.WorkerInfo(worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, address=self.decode_address,
-                                     model=self.model, max_model_len=self.max_model_len)
+        info = router_pb2.WorkerInfo(
+            worker_id="d0",
+            role=common_pb2.WORKER_ROLE_DECODE,
+            address=self.decode_address,
+            model=self.model,
+            max_model_len=self.max_model_len,
+        )
         if self.block_size:
             info.layout.CopyFrom(common_pb2.KvLayout(block_size=self.block_size))
         workers = [router_pb2.WorkerStatus(worker=info, lease_expires_in_s=5.0)] * self.live_decode_workers
@@ -71,13 +79,17 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
 
 def add_worker(servicer, server) -> None:
     """One fake answers every worker service (a real worker serves its role's and WorkerControl)."""
-    for add in (worker_pb2_grpc.add_PrefillWorkerServicer_to_server, worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
-                worker_pb2_grpc.add_WorkerControlServicer_to_server):
+    for add in (
+        worker_pb2_grpc.add_PrefillWorkerServicer_to_server,
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
+        worker_pb2_grpc.add_WorkerControlServicer_to_server,
+    ):
         add(servicer, server)
 
 
-class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWorkerServicer,
-                 worker_pb2_grpc.WorkerControlServicer):
+class FakeWorker(
+    worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWorkerServicer, worker_pb2_grpc.WorkerControlServicer
+):
     """Generate streams `tokens` (continuing after the prompt's already-made tokens), one per message."""
 
     def __init__(self, tokens: list[int]):
@@ -100,7 +112,7 @@ class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWo
     async def Generate(self, request, context):
         self.generate_requests.append(request)
         done = len(request.output_token_ids)  # a prefill worker made these already
-        stream = self.tokens[done:request.params.max_tokens]  # NOTE: max_tokens counts them too
+        stream = self.tokens[done : request.params.max_tokens]  # NOTE: max_tokens counts them too
         try:
             for i, token_id in enumerate(stream):
                 if self.token_delay_s:
@@ -110,10 +122,13 @@ class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWo
                     await abort_with(context, EngineError("engine blew up"))  # as the decode worker does
                 is_last = i == len(stream) - 1
                 yield worker_pb2.GenerateResponse(
-                    token_ids=[token_id], logprobs=_logprobs(token_id, done + i, request.params),
+                    token_ids=[token_id],
+                    logprobs=_logprobs(token_id, done + i, request.params),
                     finish_reason=_finish(is_last, done + i + 1 == len(self.tokens)),
-                    num_prompt_tokens=len(request.token_ids), kv_imported=request.HasField("kv") and i == 0,
-                    num_cached_tokens=self.num_cached_tokens)
+                    num_prompt_tokens=len(request.token_ids),
+                    kv_imported=request.HasField("kv") and i == 0,
+                    num_cached_tokens=self.num_cached_tokens,
+                )
                 self.sent[request.req_id] = i + 1
         except (asyncio.CancelledError, GeneratorExit):  # cancelled while stalled, or between messages
             self.cancelled.append(request.req_id)
@@ -136,13 +151,21 @@ class FakeWorker(worker_pb2_grpc.PrefillWorkerServicer, worker_pb2_grpc.DecodeWo
         if self.prefill_error is not None:
             await context.abort(self.prefill_error, "prefill failed")
         finish = _finish(True, len(self.tokens) == 1) if min(request.params.max_tokens, len(self.tokens)) == 1 else 0
-        response = worker_pb2.PrefillResponse(first_token_id=self.tokens[0], finish_reason=finish,
-                                              num_cached_tokens=self.num_cached_tokens)
+        response = worker_pb2.PrefillResponse(
+            first_token_id=self.tokens[0], finish_reason=finish, num_cached_tokens=self.num_cached_tokens
+        )
         if request.params.logprobs:
             response.first_logprob.CopyFrom(_logprobs(self.tokens[0], 0, request.params)[0])
         if not finish:
-            response.kv.CopyFrom(common_pb2.KvHandle(worker_id="p0", address=self.address, req_id=request.req_id,
-                                                     num_tokens=len(request.token_ids), num_blocks=1))
+            response.kv.CopyFrom(
+                common_pb2.KvHandle(
+                    worker_id="p0",
+                    address=self.address,
+                    req_id=request.req_id,
+                    num_tokens=len(request.token_ids),
+                    num_blocks=1,
+                )
+            )
         return response
 
     async def Abort(self, request, context):

@@ -1,4 +1,5 @@
 """The in-flight count: one process's, and the one several gateway processes share through shared memory."""
+
 import multiprocessing
 
 import pytest
@@ -44,4 +45,3 @@ def test_admission_slots_release_once():
         admission.acquire()
     second.release()
     assert isinstance(admission.inflight, LocalInflight) and admission.num_inflight == 1
-

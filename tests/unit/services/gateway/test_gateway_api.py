@@ -1,4 +1,5 @@
 """The whole gateway over HTTP, driven by the official openai client, against fake router and workers."""
+
 import asyncio
 import json
 
@@ -54,7 +55,8 @@ async def test_route_carries_the_prompts_block_hashes_once_the_block_size_is_kno
 
 async def test_chat_stream_with_usage(stack, tokenizer, reply_ids):
     stream = await stack.client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, max_tokens=100)
+        model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, max_tokens=100
+    )
     chunks = [c async for c in stream]
     *content_chunks, usage_chunk = chunks
     assert content_chunks[0].choices[0].delta.role == "assistant"
@@ -64,7 +66,9 @@ async def test_chat_stream_with_usage(stack, tokenizer, reply_ids):
     assert all(c.usage is None for c in content_chunks)
     assert usage_chunk.choices == []
     assert (usage_chunk.usage.prompt_tokens, usage_chunk.usage.completion_tokens) == (
-        len(chat_prompt(tokenizer)), len(reply_ids))
+        len(chat_prompt(tokenizer)),
+        len(reply_ids),
+    )
 
 
 async def test_completion_whole_and_streamed(stack, tokenizer, reply_ids):
@@ -72,8 +76,9 @@ async def test_completion_whole_and_streamed(stack, tokenizer, reply_ids):
     assert out.object == "text_completion" and out.id.startswith("cmpl-")
     assert out.choices[0].text == tokenizer.decode(reply_ids[:16]) and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(tokenizer.encode(PROMPT)), 16)
-    stream = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100, stream=True,
-                                                   stream_options={"include_usage": True})
+    stream = await stack.client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=100, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].text for c in chunks if c.choices) == REPLY
     assert chunks[-1].usage.completion_tokens == len(reply_ids)
@@ -198,8 +203,9 @@ async def test_stop_string_is_cut_and_worker_aborted(stack):
 
 
 async def test_stop_string_streamed_never_leaks(stack):
-    stream = await stack.client.completions.create(model=MODEL, prompt=PROMPT, stop="world!", stream=True,
-                                                   max_tokens=100)
+    stream = await stack.client.completions.create(
+        model=MODEL, prompt=PROMPT, stop="world!", stream=True, max_tokens=100
+    )
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].text for c in chunks) == "Hello "
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -335,13 +341,16 @@ async def test_ignore_eos_and_min_tokens_reach_the_workers(stack):
     assert continued.params.ignore_eos and continued.HasField("kv")
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}),
-    ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 4, "min_tokens": 5}),
-    ("/v1/chat/completions", {"messages": MESSAGES, "min_tokens": 100_000}),  # more than the context leaves
-    ("/v1/completions", {"prompt": PROMPT, "min_tokens": -1}),
-    ("/v1/completions", {"prompt": PROMPT, "ignore_eos": "yes"}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 4, "min_tokens": 5}),
+        ("/v1/chat/completions", {"messages": MESSAGES, "min_tokens": 100_000}),  # more than the context leaves
+        ("/v1/completions", {"prompt": PROMPT, "min_tokens": -1}),
+        ("/v1/completions", {"prompt": PROMPT, "ignore_eos": "yes"}),
+    ],
+)
 async def test_bad_min_tokens_or_ignore_eos_are_clear_400s(stack, path, body):
     reply = await stack.http.post(path, json={"model": MODEL, **body})
     assert reply.status_code == 400
@@ -354,8 +363,9 @@ async def test_cached_tokens_in_whole_and_streamed_usage(stack):
     stack.decode.num_cached_tokens = 7
     out = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
     assert out.usage.prompt_tokens_details.cached_tokens == 7
-    stream = await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True,
-                                                        stream_options={"include_usage": True})
+    stream = await stack.client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [c async for c in stream]
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 7
 
@@ -366,6 +376,7 @@ async def test_cached_tokens_come_from_the_prefill_worker_when_disaggregated(sta
     stack.prefill.num_cached_tokens, stack.decode.num_cached_tokens = 3, 99
     out = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=2)
     assert out.usage.prompt_tokens_details.cached_tokens == 3
-    stream = await stack.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True,
-                                                   stream_options={"include_usage": True})
+    stream = await stack.client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
     assert [c async for c in stream][-1].usage.prompt_tokens_details.cached_tokens == 3

@@ -1,5 +1,6 @@
 """Incremental detokenization on the tiny checkpoint's byte-level BPE: emoji and CJK characters span several
 tokens, and no delta may carry a half character (U+FFFD); the deltas add up to tokenizer.decode."""
+
 import pytest
 
 from services.gateway.detokenizer import IncrementalDetokenizer, TokenBytes
@@ -9,7 +10,7 @@ TEXTS = ["naïve café 😀👍🏽 中文字符 and 日本語 — done", "🎉�
 
 def deltas(tokenizer, ids: list[int], step: int = 1, prompt: list[int] = ()) -> list[str]:
     detok = IncrementalDetokenizer(tokenizer, prompt)
-    out = [detok.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+    out = [detok.push(ids[i : i + step]) for i in range(0, len(ids), step)]
     return [*out, detok.flush()]
 
 
@@ -35,8 +36,9 @@ def test_special_tokens_are_skipped(tokenizer):
 
 
 def test_prompt_context_is_not_emitted(tokenizer):
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi 中"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi 中"}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     ids = tokenizer.encode(" world 文", add_special_tokens=False)
     assert "".join(deltas(tokenizer, ids, prompt=prompt_ids)) == " world 文"
@@ -56,7 +58,7 @@ def test_long_output_in_uneven_deltas(tokenizer):
     for size in [1, 2, 7, 3, 5] * 1000:
         if i >= len(ids):
             break
-        out.append(detok.push(ids[i:i + size]))
+        out.append(detok.push(ids[i : i + size]))
         i += size
     out.append(detok.flush())
     assert "".join(out) == tokenizer.decode(ids) and len(ids) > 400

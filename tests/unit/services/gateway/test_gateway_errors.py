@@ -1,4 +1,5 @@
 """Every error status the gateway produces, with OpenAI's body `{"error": {message, type, param, code}}`."""
+
 import grpc
 import openai
 import pytest
@@ -23,15 +24,15 @@ async def test_400_unknown_and_unsupported_fields_are_named(stack):
         await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"typical_p": 0.5})
     assert info.value.status_code == 400 and info.value.param == "typical_p" and "typical_p" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
-        await stack.client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, functions=[{"name": "f"}])
+        await stack.client.chat.completions.create(model=MODEL, messages=MESSAGES, functions=[{"name": "f"}])
     assert info.value.param == "functions"
     assert stack.router.routes == []  # bad input never reaches the router
 
 
 async def test_400_bad_json_and_bad_values(stack):
-    response = await stack.http.post("/v1/chat/completions", content=b"{not json",
-                                     headers={"content-type": "application/json"})
+    response = await stack.http.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and error_of(response)["type"] == "invalid_request_error"
     response = await stack.http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "temperature": "hot"})
     assert response.status_code == 400 and error_of(response)["param"] == "temperature"
@@ -115,13 +116,19 @@ async def test_429_when_inflight_limit_is_hit(stack_with):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(("route_status", "code"), [(grpc.StatusCode.UNAVAILABLE, "no_worker_available"),
-                                                   (grpc.StatusCode.RESOURCE_EXHAUSTED, "workers_busy"),
-                                                   (grpc.StatusCode.DEADLINE_EXCEEDED, "no_worker_available")])
+@pytest.mark.parametrize(
+    ("route_status", "code"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "no_worker_available"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "workers_busy"),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "no_worker_available"),
+    ],
+)
 async def test_503_when_no_worker_is_available_or_every_one_is_busy(stack, stream, route_status, code):
     stack.router.route_error = route_status
-    response = await stack.http.post("/v1/chat/completions",
-                                     json={"model": MODEL, "messages": MESSAGES, "stream": stream})
+    response = await stack.http.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "stream": stream}
+    )
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert error_of(response)["code"] == code
     assert error_of(response)["type"] == "service_unavailable_error"

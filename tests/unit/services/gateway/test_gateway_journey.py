@@ -1,5 +1,6 @@
 """Journey's decisions: routed around before the first token (3 workers at most), migrated after it (up to the
 limit), and the tokens the next worker must hold."""
+
 from services.gateway.journey import MAX_ROUTE_ATTEMPTS, Journey
 
 

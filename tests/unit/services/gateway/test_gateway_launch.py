@@ -1,4 +1,5 @@
 """`tandem up --gateway-workers N` reaches the gateway's command line; without it the environment decides."""
+
 import tandem.launcher as launcher
 import tandem.stack_run as stack_run
 from tandem.cli import main

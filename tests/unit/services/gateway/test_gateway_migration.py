@@ -1,6 +1,7 @@
 """Token-level migration through the real gateway: a decode worker that fails mid-stream is reported, and another
 continues from the prompt plus the tokens already sent, so the client's text and logprobs go on with no gap and no
 repeat (across a character split over tokens and a stop string too); the limit holds."""
+
 import contextlib
 import json
 
@@ -56,8 +57,9 @@ def _migrations(metrics_text: str) -> float:
 async def test_a_stream_whose_worker_fails_goes_on_elsewhere_without_gap_or_repeat(stack, reply_ids, tokenizer, code):
     stack.decode.generate_error = (3, code)  # 3 tokens out, then the worker is gone
     async with spares(stack, reply_ids) as (d1,):
-        text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
-                                                     "seed": 7, "temperature": 0.8})
+        text, _, error = await _stream_text(
+            stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "seed": 7, "temperature": 0.8}
+        )
     assert error is None and text == REPLY
     (first,), (second,) = stack.decode.generate_requests, d1.generate_requests
     assert second.params == first.params and second.params.seed == 7  # seeded by token index: it samples on
@@ -74,8 +76,9 @@ async def test_a_stream_whose_worker_fails_goes_on_elsewhere_without_gap_or_repe
 async def test_logprobs_go_on_where_they_stopped(stack, reply_ids):
     stack.decode.generate_error = (4, grpc.StatusCode.UNAVAILABLE)
     async with spares(stack, reply_ids):
-        _, chunks, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
-                                                      "logprobs": 0})
+        _, chunks, error = await _stream_text(
+            stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "logprobs": 0}
+        )
     assert error is None
     values = [v for c in chunks if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"]["token_logprobs"]]
     assert values == [-0.25 * (i + 1) for i in range(len(reply_ids))]  # the fake's logprob of token i
@@ -93,8 +96,9 @@ async def test_a_stop_string_spanning_the_failure_still_stops(stack, reply_ids, 
     cut = next(i for i in range(1, len(reply_ids)) if tokenizer.decode(reply_ids[:i]).endswith("wor"))
     stack.decode.generate_error = (cut, grpc.StatusCode.UNAVAILABLE)
     async with spares(stack, reply_ids):
-        text, chunks, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
-                                                         "stop": ["world!"]})
+        text, chunks, error = await _stream_text(
+            stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "stop": ["world!"]}
+        )
     assert error is None and text == "Hello " and chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
@@ -149,8 +153,9 @@ async def test_no_worker_left_to_migrate_to_is_a_clean_503_event(stack):
 async def test_a_migrated_request_keeps_its_cache_salt(stack, reply_ids):
     stack.decode.generate_error = (3, grpc.StatusCode.UNAVAILABLE)
     async with spares(stack, reply_ids) as (d1,):
-        text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100,
-                                                     "cache_salt": "team-x"})
+        text, _, error = await _stream_text(
+            stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "cache_salt": "team-x"}
+        )
     assert error is None and d1.generate_requests
     assert [r.params.cache_salt for r in stack.decode.generate_requests + d1.generate_requests] == ["team-x"] * 2
     assert [r.cache_salt for r in stack.router.routes] == ["team-x"] * 2  # routed again under the same salt

@@ -1,6 +1,7 @@
 """The gateway's OpenAPI document: served at /openapi.json, it names every route the app has, and the gateway
 holds to it under fuzzing (schemathesis: valid and invalid requests, against fake router and workers) — never a
 5xx, only documented statuses and bodies."""
+
 import asyncio
 
 from services.gateway.openapi import build_schema

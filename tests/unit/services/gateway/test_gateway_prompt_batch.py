@@ -1,5 +1,6 @@
 """/v1/completions beyond one prompt: a list of prompts (one choice per prompt x n, indexed in order, whole and
 streamed, each choice its own worker request on its own prompt; usage counts every prompt), and a grammar."""
+
 import json
 
 import pytest
@@ -49,8 +50,9 @@ async def test_a_batch_of_token_id_prompts_gets_n_choices_each_in_order(stack, r
 
 async def test_a_batch_of_text_prompts_streamed(stack, tokenizer, reply_ids):
     prompts = ["The capital of France is", "Once upon a time"]
-    stream = await stack.client.completions.create(model=MODEL, prompt=prompts, max_tokens=100, stream=True,
-                                                   stream_options={"include_usage": True})
+    stream = await stack.client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=100, stream=True, stream_options={"include_usage": True}
+    )
     texts, finishes, usage = {}, {}, None
     async for chunk in stream:
         usage = chunk.usage or usage
@@ -71,10 +73,12 @@ async def test_one_bad_prompt_in_a_batch_is_a_400_and_sends_nothing(stack):
 
 async def test_structured_outputs_on_completions_reach_every_choice(stack):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    await stack.client.completions.create(model=MODEL, prompt=[[5, 6], [7]], max_tokens=2,
-                                          extra_body={"structured_outputs": {"json": schema}})
+    await stack.client.completions.create(
+        model=MODEL, prompt=[[5, 6], [7]], max_tokens=2, extra_body={"structured_outputs": {"json": schema}}
+    )
     specs = [r.params.structured for r in stack.decode.generate_requests]
     assert len(specs) == 2 and all(json.loads(s.value) == schema for s in specs)
-    response = await stack.http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
-                                                              "structured_outputs": {"regex": "[0-"}})
+    response = await stack.http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "[0-"}}
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "structured_outputs"

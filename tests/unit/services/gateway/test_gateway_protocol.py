@@ -1,4 +1,5 @@
 """Request validation: every field the server does not support is a 400 naming it; the rest map exactly."""
+
 import json
 
 import pytest
@@ -25,42 +26,65 @@ def rejected(parse, fields: dict) -> InvalidRequestError:
     return info.value
 
 
-@pytest.mark.parametrize("name, value", [
-    ("functions", [{"name": "f"}]),
-    ("function_call", "auto"),
-    ("presence_penalty", 2.5),  # out of OpenAI's [-2, 2]
-    ("frequency_penalty", -3),
-    ("audio", {"voice": "alloy"}),
-    ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}),
-    ("store", True),
-    ("metadata", {"k": "v"}),
-    ("reasoning_effort", "high"),
-    ("service_tier", "flex"),
-    ("web_search_options", {"search_context_size": "low"}),
-    ("typical_p", 0.5),  # not an OpenAI field, nor one tandem honours
-    ("top_k", -2),  # vLLM's field: -1 and 0 are off, below is nothing
-    ("echo", True),  # a completions field
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
+        ("presence_penalty", 2.5),  # out of OpenAI's [-2, 2]
+        ("frequency_penalty", -3),
+        ("audio", {"voice": "alloy"}),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("store", True),
+        ("metadata", {"k": "v"}),
+        ("reasoning_effort", "high"),
+        ("service_tier", "flex"),
+        ("web_search_options", {"search_context_size": "low"}),
+        ("typical_p", 0.5),  # not an OpenAI field, nor one tandem honours
+        ("top_k", -2),  # vLLM's field: -1 and 0 are off, below is nothing
+        ("echo", True),  # a completions field
+    ],
+)
 def test_chat_rejects_by_name(name, value):
     err = rejected(chat, {name: value})
     assert err.param == name and name in err.message
 
 
-@pytest.mark.parametrize("name, value", [
-    ("echo", True), ("best_of", 3), ("suffix", "tail"), ("repetition_penalty", 0), ("presence_penalty", 3),
-    ("messages", []), ("tools", []),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("echo", True),
+        ("best_of", 3),
+        ("suffix", "tail"),
+        ("repetition_penalty", 0),
+        ("presence_penalty", 3),
+        ("messages", []),
+        ("tools", []),
+    ],
+)
 def test_completion_rejects_by_name(name, value):
     err = rejected(completion, {name: value})
     assert err.param == name
 
 
-@pytest.mark.parametrize("name, value", [
-    ("temperature", 2.5), ("temperature", -0.1), ("top_p", 0), ("top_p", 1.5), ("n", 0), ("n", 17),
-    ("max_tokens", 0), ("max_completion_tokens", 0), ("top_logprobs", 21), ("stop", [""]),
-    ("stop", [str(i) for i in range(17)]), ("stream", "sometimes"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("n", 0),
+        ("n", 17),
+        ("max_tokens", 0),
+        ("max_completion_tokens", 0),
+        ("top_logprobs", 21),
+        ("stop", [""]),
+        ("stop", [str(i) for i in range(17)]),
+        ("stream", "sometimes"),
+    ],
+)
 def test_bad_values_name_the_field(name, value):
     assert rejected(chat, {name: value}).param == name
 
@@ -94,15 +118,31 @@ def test_completion_prompts():
 
 
 def test_off_values_are_accepted():
-    req = chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={}, tool_choice="none",
-               response_format={"type": "text"}, store=False, service_tier="auto", user="u1")
+    req = chat(
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        tool_choice="none",
+        response_format={"type": "text"},
+        store=False,
+        service_tier="auto",
+        user="u1",
+    )
     assert req.user == "u1"
     assert completion(echo=False, best_of=1, suffix=None).echo is False
 
 
 def test_sampling_params_mapping():
-    req = chat(temperature=0.3, top_p=0.9, seed=11, logprobs=True, top_logprobs=4, stop="END",
-               max_tokens=5, max_completion_tokens=7)
+    req = chat(
+        temperature=0.3,
+        top_p=0.9,
+        seed=11,
+        logprobs=True,
+        top_logprobs=4,
+        stop="END",
+        max_tokens=5,
+        max_completion_tokens=7,
+    )
     params = req.sampling_params(req.requested_max_tokens())
     assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (7, 0.3, 0.9, 11)
     assert (params.logprobs, params.top_logprobs) == (True, 4)
@@ -124,8 +164,17 @@ def test_ignore_eos_and_min_tokens_map_to_sampling_params(parse):
 
 
 @pytest.mark.parametrize("parse", [chat, completion])
-@pytest.mark.parametrize("fields", [{"min_tokens": 9, "max_tokens": 8}, {"min_tokens": -1}, {"min_tokens": 1.5},
-                                    {"min_tokens": "3"}, {"ignore_eos": "maybe"}, {"ignore_eos": None}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"min_tokens": 9, "max_tokens": 8},
+        {"min_tokens": -1},
+        {"min_tokens": 1.5},
+        {"min_tokens": "3"},
+        {"ignore_eos": "maybe"},
+        {"ignore_eos": None},
+    ],
+)
 def test_bad_ignore_eos_or_min_tokens_are_400s(parse, fields):
     err = rejected(parse, fields)
     assert err.param == ("ignore_eos" if "ignore_eos" in fields else "min_tokens")

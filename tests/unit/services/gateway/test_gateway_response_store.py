@@ -1,5 +1,6 @@
 """The response store's two backends against the same contract — SQLite in a file, and a real redis-server:
 round trips, absence, deletion, expiry, two gateways sharing one store; and the API's 503 when the store is down."""
+
 import asyncio
 import time
 
@@ -73,8 +74,7 @@ async def test_a_response_expires_after_its_ttl(open_store):
 
 def test_the_setting_picks_the_backend(tmp_path):
     assert isinstance(make_store("sqlite", path=tmp_path / "s", redis_url="", ttl_s=1), SqliteStore)
-    assert isinstance(make_store("redis", path=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", ttl_s=1),
-                      RedisStore)
+    assert isinstance(make_store("redis", path=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", ttl_s=1), RedisStore)
 
 
 async def test_a_store_that_is_down_is_a_503_not_a_500(stack_with):
@@ -82,8 +82,13 @@ async def test_a_store_that_is_down_is_a_503_not_a_500(stack_with):
     async with stack_with(response_store="redis", redis_url=url) as s:
         reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi"})
         assert_error(reply, 503, type="service_unavailable_error", code="store_unavailable", retry_after="1")
-        assert_error(await s.http.get("/v1/responses/resp_x"), 503, type="service_unavailable_error",
-                     code="store_unavailable", retry_after="1")
+        assert_error(
+            await s.http.get("/v1/responses/resp_x"),
+            503,
+            type="service_unavailable_error",
+            code="store_unavailable",
+            retry_after="1",
+        )
         ok = await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "store": False})
         assert ok.status_code == 200 and ok.json()["status"] == "completed"  # nothing to store: it still answers
 
@@ -106,13 +111,23 @@ def test_store_settings_from_env_and_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_RESPONSE_STORE", "redis")
     monkeypatch.setenv("TANDEM_REDIS_URL", "redis://cache:6379/2")
     settings = parse_args(["--model", "/m", "--response-ttl-s", "60"])
-    assert (settings.response_store, settings.redis_url, settings.response_ttl_s) == ("redis", "redis://cache:6379/2",
-                                                                                      60.0)
-    assert parse_args(["--model", "/m", "--response-store", "sqlite", "--response-store-path", "/x/r.db"]
-                      ).response_store_file.as_posix() == "/x/r.db"
-    for bad, words in (({"response_store": "mongo"}, "response_store"), ({"response_store": "redis"}, "redis-url"),
-                       ({"response_store": "redis", "redis_url": "cache:6379"}, "redis://"),
-                       ({"response_ttl_s": 0}, "response_ttl_s")):
+    assert (settings.response_store, settings.redis_url, settings.response_ttl_s) == (
+        "redis",
+        "redis://cache:6379/2",
+        60.0,
+    )
+    assert (
+        parse_args(
+            ["--model", "/m", "--response-store", "sqlite", "--response-store-path", "/x/r.db"]
+        ).response_store_file.as_posix()
+        == "/x/r.db"
+    )
+    for bad, words in (
+        ({"response_store": "mongo"}, "response_store"),
+        ({"response_store": "redis"}, "redis-url"),
+        ({"response_store": "redis", "redis_url": "cache:6379"}, "redis://"),
+        ({"response_ttl_s": 0}, "response_ttl_s"),
+    ):
         with pytest.raises(SettingsError, match=words):
             GatewaySettings(model_dir="/m", **bad)
 

@@ -1,4 +1,5 @@
 """OpenAI response shapes built from choice deltas."""
+
 import json
 
 import pytest
@@ -26,8 +27,12 @@ def test_chat_chunks_and_whole(tokenizer):
     total.add(ChoiceDelta(0, "!", 1, (), "stop"))
     whole = fmt.whole([total], 3, 2, num_cached_tokens=1)
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hi!"}
-    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                              "prompt_tokens_details": {"cached_tokens": 1}}
+    assert whole["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
     assert fmt.usage_chunk(3, 2, 2)["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
 
 
@@ -35,8 +40,11 @@ def test_chat_chunks_and_whole(tokenizer):
 def test_chunk_json_from_a_template_is_the_chunk_encoded(tokenizer, kind):
     """The streaming fast path splices text into a per-request template; it must say exactly what json.dumps says."""
     fmt = kind("id-1", 'model "50%" %s', TokenBytes(tokenizer), wants_logprobs=False)
-    deltas = [ChoiceDelta(0, 'say "hi" \\ 100% %d %s\n中文 😀', 1), ChoiceDelta(2, "", 0, finish_reason="length"),
-              ChoiceDelta(15, "\u0000index", 3, finish_reason="stop")]
+    deltas = [
+        ChoiceDelta(0, 'say "hi" \\ 100% %d %s\n中文 😀', 1),
+        ChoiceDelta(2, "", 0, finish_reason="length"),
+        ChoiceDelta(15, "\u0000index", 3, finish_reason="stop"),
+    ]
     for delta in deltas:
         for is_first in (True, False):
             assert fmt.chunk_json(delta, is_first) == json.dumps(fmt.chunk(delta, is_first))
@@ -55,5 +63,9 @@ def test_completion_text_offsets_continue_across_chunks(tokenizer):
     tokens = a["tokens"] + b["tokens"]
     assert "".join(tokens) == "Hello world again"
     assert a["text_offset"] + b["text_offset"] == [len("".join(tokens[:i])) for i in range(len(tokens))]
-    assert CompletionFormat("c", "m", TokenBytes(tokenizer), False).chunk(
-        ChoiceDelta(0, "x", 1), True)["choices"][0]["logprobs"] is None
+    assert (
+        CompletionFormat("c", "m", TokenBytes(tokenizer), False).chunk(ChoiceDelta(0, "x", 1), True)["choices"][0][
+            "logprobs"
+        ]
+        is None
+    )

@@ -1,16 +1,20 @@
 """/v1/responses against the gateway on fake workers, through the official `openai` client: whole and streamed
 answers in OpenAI's shapes and event order, previous_response_id replaying the stored conversation into the chat
 prompt, retrieve and delete, owners kept apart, and clear 400s/404s for what is wrong or absent."""
+
 import openai
 import pytest
 
 from tests.integration.helpers import assert_error
 from tests.unit.services.gateway.conftest import MODEL, REPLY
 
-TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
-               "response.content_part.added"]
-CLOSE_EVENTS = ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                "response.completed"]
+TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+CLOSE_EVENTS = [
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
 
 
 @pytest.fixture
@@ -36,8 +40,10 @@ async def test_a_response_is_the_chat_answer_in_the_responses_shape(responses_st
         assert s.decode.generate_requests[-1].req_id == f"{response.id}-0"
         usage = response.usage
         assert usage.input_tokens == len(s.decode.generate_requests[-1].token_ids)
-        assert usage.output_tokens == len(s.decode.tokens) and usage.total_tokens == usage.input_tokens + \
-            usage.output_tokens
+        assert (
+            usage.output_tokens == len(s.decode.tokens)
+            and usage.total_tokens == usage.input_tokens + usage.output_tokens
+        )
 
 
 async def test_a_streamed_response_sends_openais_events_in_order(responses_stack):
@@ -68,8 +74,7 @@ async def test_the_sdk_stream_helper_accumulates_the_final_response(responses_st
 async def test_previous_response_id_continues_the_conversation(responses_stack, tokenizer):
     async with responses_stack() as s:
         first = await s.client.responses.create(model=MODEL, input="My name is Ada.", instructions="Be brief.")
-        second = await s.client.responses.create(model=MODEL, input="What is my name?",
-                                                 previous_response_id=first.id)
+        second = await s.client.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id)
         assert second.previous_response_id == first.id and second.instructions is None
         prompt = prompt_text(s, tokenizer)
         assert "Be brief." not in prompt  # NOTE: instructions are not carried over, as OpenAI's are not
@@ -84,12 +89,15 @@ async def test_retrieve_and_delete(responses_stack):
         assert (await s.client.responses.retrieve(response.id)).model_dump() == response.model_dump()
         deleted = await s.http.delete(f"/v1/responses/{response.id}")
         assert deleted.json() == {"id": response.id, "object": "response.deleted", "deleted": True}
-        assert_error(await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
-                     code="not_found")
-        assert_error(await s.http.delete(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
-                     code="not_found")
-        reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "x",
-                                                         "previous_response_id": response.id})
+        assert_error(
+            await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error", code="not_found"
+        )
+        assert_error(
+            await s.http.delete(f"/v1/responses/{response.id}"), 404, type="invalid_request_error", code="not_found"
+        )
+        reply = await s.http.post(
+            "/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": response.id}
+        )
         assert_error(reply, 404, type="invalid_request_error", code="not_found", param="previous_response_id")
 
 
@@ -97,21 +105,35 @@ async def test_store_false_keeps_nothing(responses_stack):
     async with responses_stack() as s:
         response = await s.client.responses.create(model=MODEL, input="Hi", store=False)
         assert response.output_text == REPLY and response.store is False
-        assert_error(await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error",
-                     code="not_found")
+        assert_error(
+            await s.http.get(f"/v1/responses/{response.id}"), 404, type="invalid_request_error", code="not_found"
+        )
 
 
 async def test_another_keys_response_is_not_found(responses_stack):
     async with responses_stack(api_keys=("key-a", "key-b")) as s:
         response = await s.client.responses.create(model=MODEL, input="Hi")
         other = {"authorization": "Bearer key-b"}
-        assert_error(await s.http.get(f"/v1/responses/{response.id}", headers=other), 404,
-                     type="invalid_request_error", code="not_found")
-        assert_error(await s.http.delete(f"/v1/responses/{response.id}", headers=other), 404,
-                     type="invalid_request_error", code="not_found")
+        assert_error(
+            await s.http.get(f"/v1/responses/{response.id}", headers=other),
+            404,
+            type="invalid_request_error",
+            code="not_found",
+        )
+        assert_error(
+            await s.http.delete(f"/v1/responses/{response.id}", headers=other),
+            404,
+            type="invalid_request_error",
+            code="not_found",
+        )
         body = {"model": MODEL, "input": "x", "previous_response_id": response.id}
-        assert_error(await s.http.post("/v1/responses", json=body, headers=other), 404,
-                     type="invalid_request_error", code="not_found", param="previous_response_id")
+        assert_error(
+            await s.http.post("/v1/responses", json=body, headers=other),
+            404,
+            type="invalid_request_error",
+            code="not_found",
+            param="previous_response_id",
+        )
         assert (await s.client.responses.retrieve(response.id)).id == response.id  # its own key still reads it
         assert (await s.http.get(f"/v1/responses/{response.id}")).status_code == 401
 
@@ -121,21 +143,25 @@ async def test_max_output_tokens_makes_an_incomplete_response(responses_stack):
         response = await s.client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
         assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
         assert response.usage.output_tokens == 2 and response.output[0].status == "incomplete"
-        events = [e async for e in await s.client.responses.create(model=MODEL, input="Hi", max_output_tokens=2,
-                                                                    stream=True)]
+        events = [
+            e async for e in await s.client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, stream=True)
+        ]
         assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
-    ({"frobnicate": 1}, "frobnicate", "Unrecognized"),
-    ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input", "image_generation_call"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input[0]"),
-    ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "no tools"),
-    ({"text": {"format": {"type": "json_schema"}}}, "text", "name and a schema"),
-    ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
-    ({"tools": [{"type": "web_search"}]}, "tools", "tools"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
+        ({"frobnicate": 1}, "frobnicate", "Unrecognized"),
+        ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input", "image_generation_call"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input[0]"),
+        ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "no tools"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text", "name and a schema"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
+        ({"tools": [{"type": "web_search"}]}, "tools", "tools"),
+    ],
+)
 async def test_bad_requests_are_a_400_naming_the_field(responses_stack, body, param, words):
     async with responses_stack() as s:
         reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", **body})
@@ -187,8 +213,12 @@ async def test_a_worker_failing_mid_stream_fails_the_response(responses_stack):
         assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
         assert events[-1].response.error.message and events[-2].type == "response.output_text.delta"
         assert [e.sequence_number for e in events] == list(range(len(events)))
-        assert_error(await s.http.get(f"/v1/responses/{events[0].response.id}"), 404,
-                     type="invalid_request_error", code="not_found")  # a failed response is not stored
+        assert_error(
+            await s.http.get(f"/v1/responses/{events[0].response.id}"),
+            404,
+            type="invalid_request_error",
+            code="not_found",
+        )  # a failed response is not stored
 
 
 async def test_an_openai_agents_agent_streams_and_continues_a_conversation(responses_stack, tokenizer):
@@ -196,8 +226,9 @@ async def test_an_openai_agents_agent_streams_and_continues_a_conversation(respo
 
     set_tracing_disabled(True)  # NOTE: its tracing would export to api.openai.com
     async with responses_stack() as s:
-        agent = Agent(name="a", instructions="Be brief.", model=OpenAIResponsesModel(model=MODEL,
-                                                                                     openai_client=s.client))
+        agent = Agent(
+            name="a", instructions="Be brief.", model=OpenAIResponsesModel(model=MODEL, openai_client=s.client)
+        )
         streamed = Runner.run_streamed(agent, "Hi there")
         kinds = {event.type async for event in streamed.stream_events()}
         assert streamed.final_output == REPLY and "raw_response_event" in kinds
@@ -210,10 +241,16 @@ async def test_an_openai_agents_agent_streams_and_continues_a_conversation(respo
 
 async def test_input_items_list_what_the_response_was_given(responses_stack):
     async with responses_stack() as s:
-        given = [{"role": "user", "content": "Weather?"},
-                 {"type": "message", "role": "assistant", "id": "msg_1",
-                  "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]},
-                 {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]}]
+        given = [
+            {"role": "user", "content": "Weather?"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_1",
+                "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}],
+            },
+            {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        ]
         reply = await s.http.post("/v1/responses", json={"model": MODEL, "input": given})
         response_id = reply.json()["id"]
         listed = await s.client.responses.input_items.list(response_id, order="asc")
@@ -223,15 +260,27 @@ async def test_input_items_list_what_the_response_was_given(responses_stack):
         assert all(item.id for item in listed.data)
         newest = (await s.http.get(f"/v1/responses/{response_id}/input_items", params={"limit": 1})).json()
         assert newest["data"][0]["id"] == listed.data[-1].id and newest["has_more"] is True
-        rest = (await s.http.get(f"/v1/responses/{response_id}/input_items",
-                                 params={"limit": 100, "after": newest["last_id"]})).json()
+        rest = (
+            await s.http.get(
+                f"/v1/responses/{response_id}/input_items", params={"limit": 100, "after": newest["last_id"]}
+            )
+        ).json()
         assert [i["id"] for i in rest["data"]] == [i.id for i in listed.data[-2::-1]] and rest["has_more"] is False
-        for params, param in (({"limit": 0}, "limit"), ({"order": "up"}, "order"), ({"after": "x"}, "after"),
-                              ({"page": 2}, "page")):
-            assert_error(await s.http.get(f"/v1/responses/{response_id}/input_items", params=params), 400,
-                         type="invalid_request_error", param=param)
-        assert_error(await s.http.get("/v1/responses/resp_none/input_items"), 404, type="invalid_request_error",
-                     code="not_found")
+        for params, param in (
+            ({"limit": 0}, "limit"),
+            ({"order": "up"}, "order"),
+            ({"after": "x"}, "after"),
+            ({"page": 2}, "page"),
+        ):
+            assert_error(
+                await s.http.get(f"/v1/responses/{response_id}/input_items", params=params),
+                400,
+                type="invalid_request_error",
+                param=param,
+            )
+        assert_error(
+            await s.http.get("/v1/responses/resp_none/input_items"), 404, type="invalid_request_error", code="not_found"
+        )
 
 
 async def test_responses_are_counted_under_their_route_refused_or_not(responses_stack):

@@ -1,4 +1,5 @@
 """The SSE event stream's bookkeeping: however it ends, the request is counted once, with the right status."""
+
 from services.gateway.admission import Admission
 from services.gateway.choices import ChoiceDelta
 from services.gateway.metrics import GatewayMetrics

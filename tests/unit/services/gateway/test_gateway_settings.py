@@ -1,4 +1,5 @@
 """Gateway settings from TANDEM_* variables and flags."""
+
 import pytest
 
 from services.common.settings import SettingsError

@@ -1,4 +1,5 @@
 """Stop strings over deltas: never emitted, even split across deltas; a false alarm is released unchanged."""
+
 from services.gateway.stop import StopMatcher
 
 

@@ -1,4 +1,5 @@
 """The supervisor's housekeeping: metrics directories left by supervisors that were killed outright go."""
+
 import os
 import subprocess
 

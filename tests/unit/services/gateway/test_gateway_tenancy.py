@@ -1,5 +1,6 @@
 """Tenants at the gateway: keyed tenant ids, the cache salt each request carries to the router and workers, per-key
 concurrency and token-rate limits (429 with Retry-After), `n` taking one slot per choice, and the per-request caps."""
+
 import asyncio
 
 import pytest
@@ -90,18 +91,23 @@ def test_admission_takes_n_slots_of_both_limits_or_none():
 
 def _chat(**kw) -> bytes:
     import json
+
     return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw}).encode()
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
-    ({"stop": [str(i) for i in range(17)]}, "stop"),
-    ({"max_tokens": 2**32}, "max_tokens"),
-    ({"max_tokens": 2**64}, "max_tokens"),
-    ({"n": 17}, "n"),
-    ({"cache_salt": ""}, "cache_salt"),
-    ({"cache_salt": "s" * 257}, "cache_salt"),
-], ids=["stop-too-long", "too-many-stops", "max-tokens-2^32", "max-tokens-2^64", "n-17", "empty-salt", "long-salt"])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
+        ({"stop": [str(i) for i in range(17)]}, "stop"),
+        ({"max_tokens": 2**32}, "max_tokens"),
+        ({"max_tokens": 2**64}, "max_tokens"),
+        ({"n": 17}, "n"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"cache_salt": "s" * 257}, "cache_salt"),
+    ],
+    ids=["stop-too-long", "too-many-stops", "max-tokens-2^32", "max-tokens-2^64", "n-17", "empty-salt", "long-salt"],
+)
 def test_oversize_fields_are_400s(body, param):
     with pytest.raises(InvalidRequestError) as caught:
         parse_request(ChatCompletionRequest, _chat(**body))
@@ -120,8 +126,15 @@ def test_text_past_the_character_cap_is_refused_before_tokenizing():
     assert caught.value.param == "messages"
 
 
-@pytest.mark.parametrize("bad", [{"cache_sharing": "none"}, {"max_inflight_per_key": -1},
-                                 {"tokens_per_minute_per_key": -5}, {"max_prompt_chars": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"cache_sharing": "none"},
+        {"max_inflight_per_key": -1},
+        {"tokens_per_minute_per_key": -5},
+        {"max_prompt_chars": 0},
+    ],
+)
 def test_bad_tenancy_settings_stop_the_gateway(bad):
     with pytest.raises(SettingsError):
         GatewaySettings(model_dir="m", **bad)
@@ -136,8 +149,11 @@ async def test_each_key_salts_its_prompts_and_the_router_gets_the_salted_hashes(
     async with stack_with(api_keys=KEYS, kv_hash_secret="sec") as s:
         s.router.block_size = 4
         for key in (KEYS[0], KEYS[1], KEYS[0]):
-            reply = await s.http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
-                {"role": "user", "content": "the same prompt"}]}, headers={"Authorization": f"Bearer {key}"})
+            reply = await s.http.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "the same prompt"}]},
+                headers={"Authorization": f"Bearer {key}"},
+            )
             assert reply.status_code == 200, reply.text
         salts = [r.params.cache_salt for r in s.decode.generate_requests]
         assert salts == [tenant_id(KEYS[0], "sec"), tenant_id(KEYS[1], "sec"), tenant_id(KEYS[0], "sec")]
@@ -161,8 +177,11 @@ async def test_one_key_at_its_limit_gets_429_while_another_key_is_served(stack_w
         s.decode.token_delay_s = 0.2
 
         def post(key: str, n: int = 1):
-            return s.http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "n": n},
-                               headers={"Authorization": f"Bearer {key}"})
+            return s.http.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "n": n},
+                headers={"Authorization": f"Bearer {key}"},
+            )
 
         flood = await asyncio.gather(*(post(KEYS[0]) for _ in range(6)), post(KEYS[1]), post(KEYS[1]))
         statuses = [r.status_code for r in flood[:6]]
@@ -176,9 +195,13 @@ async def test_one_key_at_its_limit_gets_429_while_another_key_is_served(stack_w
 
 async def test_a_key_past_its_token_rate_waits_while_another_key_is_served(stack_with, reply_ids):
     async with stack_with(api_keys=KEYS, tokens_per_minute_per_key=60) as s:
+
         def post(key: str):
-            return s.http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                               json={"model": MODEL, "prompt": list(range(1, 41)), "max_tokens": 30})
+            return s.http.post(
+                "/v1/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": MODEL, "prompt": list(range(1, 41)), "max_tokens": 30},
+            )
 
         first = await post(KEYS[0])
         assert first.status_code == 200, first.text
@@ -192,8 +215,11 @@ async def test_a_key_past_its_token_rate_waits_while_another_key_is_served(stack
 async def test_a_disaggregated_request_carries_its_salt_to_both_workers(stack_with):
     async with stack_with(api_keys=KEYS) as s:
         s.disaggregate()
-        reply = await s.http.post("/v1/completions", headers={"Authorization": f"Bearer {KEYS[1]}"},
-                                  json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+        reply = await s.http.post(
+            "/v1/completions",
+            headers={"Authorization": f"Bearer {KEYS[1]}"},
+            json={"model": MODEL, "prompt": "hi", "max_tokens": 3},
+        )
         assert reply.status_code == 200, reply.text
         (prefill,), (generate,) = s.prefill.prefill_requests, s.decode.generate_requests
         assert prefill.params.cache_salt == generate.params.cache_salt == tenant_id(KEYS[1])

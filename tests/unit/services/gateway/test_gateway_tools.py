@@ -1,5 +1,6 @@
 """Tool parsers, the choice splitter (content / reasoning / tool calls, whole and streamed) and the chat plan:
 exact outputs for each format, streaming that never leaks a marker into content, and grammars that compile."""
+
 import json
 
 import llguidance
@@ -10,12 +11,16 @@ from services.gateway.chat_output import ChoiceSplitter, split_message
 from services.gateway.chat_plan import plan_chat
 from services.gateway.errors import InvalidRequestError
 from services.gateway.openai_protocol import ChatCompletionRequest, parse_request
-from services.gateway.tool_parsers import (HermesParser, Llama3JsonParser, MistralParser, ParsedCall,
-                                           parser_for)
+from services.gateway.tool_parsers import HermesParser, Llama3JsonParser, MistralParser, ParsedCall, parser_for
 
 ARGS = '{"city": "Paris"}'
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}},
+    },
+}
 SMOL_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
@@ -62,7 +67,7 @@ def _stream(splitter: ChoiceSplitter, pieces: list[str]):
 
 def test_streamed_calls_never_leak_the_marker_into_content():
     call = HermesParser().render_call("get_weather", ARGS)
-    pieces = ["Sure", ". <tool", "_call>\n{\"name\": ", call[len("<tool_call>\n{\"name\": "):]]
+    pieces = ["Sure", ". <tool", '_call>\n{"name": ', call[len('<tool_call>\n{"name": ') :]]
     parts, reason = _stream(ChoiceSplitter(HermesParser(), False), pieces)
     assert "".join(p.content for p in parts) == "Sure. " and reason == "tool_calls"
     head, args = parts[-1].tool_calls
@@ -96,8 +101,12 @@ def test_plan_forces_calls_by_a_grammar_that_compiles_and_accepts_a_call():
     assert plan.messages[0]["role"] == "system" and "get_weather" in plan.messages[0]["content"]
     grammar = grammar_text(plan.spec)
     assert llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0] is False
-    named = plan_chat(chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-                      SMOL_TEMPLATE, HermesParser(), False)
+    named = plan_chat(
+        chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+        SMOL_TEMPLATE,
+        HermesParser(),
+        False,
+    )
     assert "get_weather" in named.spec.value
     assert plan_chat(chat(tools=[TOOL]), SMOL_TEMPLATE, HermesParser(), False).spec is None  # auto: free
     none = plan_chat(chat(tools=[TOOL], tool_choice="none"), SMOL_TEMPLATE, HermesParser(), False)
@@ -105,10 +114,17 @@ def test_plan_forces_calls_by_a_grammar_that_compiles_and_accepts_a_call():
 
 
 def test_history_with_calls_and_results_renders_as_text_for_templates_without_tools():
-    messages = [{"role": "user", "content": "weather?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "21C"}]
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21C"},
+    ]
     plan = plan_chat(chat(messages=messages, tools=[TOOL]), SMOL_TEMPLATE, HermesParser(), False)
     assert plan.messages[2] == {"role": "assistant", "content": HermesParser().render_call("get_weather", ARGS)}
     assert plan.messages[3] == {"role": "user", "content": "<tool_response>\n21C\n</tool_response>"}
@@ -116,15 +132,18 @@ def test_history_with_calls_and_results_renders_as_text_for_templates_without_to
     assert native.tools and native.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
-    ({"tools": [TOOL, TOOL]}, "tools"),
-    ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
-    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
-    ({"response_format": {"type": "json_schema"}}, "response_format"),
-    ({"response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
+        ({"tools": [TOOL, TOOL]}, "tools"),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
+    ],
+)
 def test_bad_combinations_are_400s_naming_the_field(fields, param):
     with pytest.raises(InvalidRequestError) as info:
         plan_chat(chat(**fields), SMOL_TEMPLATE, HermesParser(), False)

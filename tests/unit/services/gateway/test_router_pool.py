@@ -1,6 +1,7 @@
 """Router replicas seen from the gateway: Route calls spread over them in turn, a dead replica is skipped, a
 router's refusal is not retried elsewhere, and Complete goes to the replica that routed the request; router
 addresses as a comma list or every record of a DNS name."""
+
 import asyncio
 import socket
 
@@ -60,8 +61,11 @@ def test_addresses_from_a_list_and_from_dns():
         assert (host, port, type) == ("routers.ns.svc", 50051, socket.SOCK_STREAM)
         return [(0, 0, 0, "", ("10.0.0.9", port)), (0, 0, 0, "", ("10.0.0.2", port)), (0, 0, 0, "", ("fd00::1", port))]
 
-    assert router_addresses("dns:///routers.ns.svc:50051", fake_dns) == ["10.0.0.2:50051", "10.0.0.9:50051",
-                                                                         "[fd00::1]:50051"]
+    assert router_addresses("dns:///routers.ns.svc:50051", fake_dns) == [
+        "10.0.0.2:50051",
+        "10.0.0.9:50051",
+        "[fd00::1]:50051",
+    ]
     with pytest.raises(RouterAddressError, match="no router address"):
         router_addresses(" , ")
     with pytest.raises(RouterAddressError, match="expected dns:NAME:PORT"):
@@ -75,8 +79,13 @@ async def test_replicas_named_by_dns_are_looked_up_again_when_one_fails():
         server, address = await start_server(router_pb2_grpc.add_RouterServicer_to_server, router)
         routers.append(router), servers.append(server), addresses.append(address)
     answers = [addresses[:2]]  # what the name resolves to: replicas 0 and 1, later 1 and 2
-    pool = RouterPool([grpc.aio.insecure_channel(a) for a in addresses[:2]], lambda: answers[-1],
-                      grpc.aio.insecure_channel, addresses[:2], min_resolve_interval_s=0)
+    pool = RouterPool(
+        [grpc.aio.insecure_channel(a) for a in addresses[:2]],
+        lambda: answers[-1],
+        grpc.aio.insecure_channel,
+        addresses[:2],
+        min_resolve_interval_s=0,
+    )
     await servers[0].stop(None)  # its pod is replaced: the name now lists replica 2 instead
     answers.append(addresses[1:])
     for i in range(4):  # replica 0 fails, another answers, and the name is looked up again meanwhile
@@ -100,8 +109,13 @@ async def test_a_single_replica_that_moved_is_found_again():
         server, address = await start_server(router_pb2_grpc.add_RouterServicer_to_server, router)
         routers.append(router), servers.append(server), addresses.append(address)
     answers = [addresses[:1]]
-    pool = RouterPool([grpc.aio.insecure_channel(addresses[0])], lambda: answers[-1], grpc.aio.insecure_channel,
-                      addresses[:1], min_resolve_interval_s=0)
+    pool = RouterPool(
+        [grpc.aio.insecure_channel(addresses[0])],
+        lambda: answers[-1],
+        grpc.aio.insecure_channel,
+        addresses[:1],
+        min_resolve_interval_s=0,
+    )
     await servers[0].stop(None)
     answers.append(addresses[1:])
     await pool.route(route("r0"), timeout_s=1)  # waits for the old one, looks the name up, asks the new one

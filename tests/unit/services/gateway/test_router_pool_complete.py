@@ -1,5 +1,6 @@
 """How the gateway tells a router that requests finished: on the next Route to the replica that routed them, or as
 one batched Complete when no Route follows in time; held ones are sent again after a failed Route and on close."""
+
 import asyncio
 
 import grpc

@@ -1,6 +1,7 @@
 """The sampling surface clients send, through the real gateway to fake workers: penalties, logit_bias, top_k, min_p
 reach both workers of a disaggregated request; vLLM's benchmark fields are accepted; usage in every chunk; the
 x-request-id header is the id and comes back; a max_tokens the context cannot hold is a 400 naming it."""
+
 import json
 
 import pytest
@@ -8,8 +9,14 @@ import pytest
 from tests.unit.services.gateway.conftest import MODEL
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
-SHAPING = {"presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.25, "top_k": 40,
-           "min_p": 0.05, "logit_bias": {"7": 5.0, "3": -100}}
+SHAPING = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.25,
+    "repetition_penalty": 1.25,
+    "top_k": 40,
+    "min_p": 0.05,
+    "logit_bias": {"7": 5.0, "3": -100},
+}
 
 
 def body(**kw) -> dict:
@@ -33,30 +40,43 @@ async def test_shaping_fields_reach_the_prefill_and_the_decode_worker(stack):
 
 
 async def test_vllm_bench_serve_fields_are_accepted_at_their_off_values(stack):
-    fields = {"repetition_penalty": 1.0, "top_k": -1, "min_p": 0.0, "top_p": 1.0, "temperature": 0.0,
-              "ignore_eos": True, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
-    response = await stack.http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4,
-                                                              **fields})
+    fields = {
+        "repetition_penalty": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "top_p": 1.0,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+    }
+    response = await stack.http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4, **fields}
+    )
     assert response.status_code == 200, response.text
     (generate,) = stack.decode.generate_requests
     assert not generate.params.HasField("repetition_penalty") and generate.params.top_k == 0
     assert not generate.params.logit_bias and generate.params.presence_penalty == 0.0
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"frequency_penalty": -2.5}, "frequency_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"top_k": -2}, "top_k"),
-    ({"min_p": 1.5}, "min_p"),
-    ({"logit_bias": {"x": 1.0}}, "logit_bias"),
-    ({"logit_bias": {"5": 101}}, "logit_bias"),
-    ({"logit_bias": {"99999999": 1}}, "logit_bias"),  # past the vocabulary
-    ({"max_tokens": 2**32}, "max_tokens"),  # once a uint32 overflow and a 500
-    ({"max_tokens": 10_000}, "max_tokens"),  # past the context left after the prompt
-    ({"max_completion_tokens": 10_000, "max_tokens": None}, "max_completion_tokens"),
-    ({"min_tokens": 2**32}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logit_bias": {"x": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias"),  # past the vocabulary
+        ({"max_tokens": 2**32}, "max_tokens"),  # once a uint32 overflow and a 500
+        ({"max_tokens": 10_000}, "max_tokens"),  # past the context left after the prompt
+        ({"max_completion_tokens": 10_000, "max_tokens": None}, "max_completion_tokens"),
+        ({"min_tokens": 2**32}, "min_tokens"),
+    ],
+)
 async def test_bad_values_are_a_400_naming_the_field(stack, fields, param):
     response = await stack.http.post("/v1/chat/completions", json=body(**fields))
     assert response.status_code == 400, response.text
@@ -73,8 +93,9 @@ async def test_max_tokens_exactly_the_context_left_is_served(stack, tokenizer):
 
 async def test_continuous_usage_stats_put_usage_in_every_chunk(stack, reply_ids):
     options = {"include_usage": True, "continuous_usage_stats": True}
-    async with stack.http.stream("POST", "/v1/chat/completions",
-                                 json=body(max_tokens=100, stream=True, stream_options=options)) as response:
+    async with stack.http.stream(
+        "POST", "/v1/chat/completions", json=body(max_tokens=100, stream=True, stream_options=options)
+    ) as response:
         lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     chunks = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
     *content, last = chunks

@@ -1,5 +1,6 @@
 """The model's speed corrected from the workers' busy-time counters, and the SLA judged by the share of feasible
 requests that missed it: each alone, and inside PlannerCore."""
+
 from dataclasses import replace
 
 import pytest
@@ -16,8 +17,16 @@ NOW = CalibrationConfig(weight=1.0, min_predicted_s=0.1)  # each interval's rati
 
 def decode(busy_s, num_steps, num_tokens, worker_id="d0"):
     # 100 of 20,000 blocks used: 1,000 tokens of context (10 ms a step for one sequence, 20 ms for 101 by the model)
-    return WorkerSample(worker_id, D, num_running=1, num_blocks_used=100, num_blocks_total=20_000, busy_s=busy_s,
-                        num_steps=num_steps, num_generated_tokens=num_tokens)
+    return WorkerSample(
+        worker_id,
+        D,
+        num_running=1,
+        num_blocks_used=100,
+        num_blocks_total=20_000,
+        busy_s=busy_s,
+        num_steps=num_steps,
+        num_generated_tokens=num_tokens,
+    )
 
 
 def test_decode_steps_slower_than_the_model_raise_its_decode_scale():
@@ -53,9 +62,17 @@ def test_an_optimistic_model_sizes_as_the_truth_once_calibrated():
 
     def sized(model, calibration):
         core = PlannerCore(replace(CONFIG, calibration=calibration), model)
-        ticks = [obs(**heavy, workers=(decode(1.0 * i, 100 * i, 100 * i),  # 10 ms steps of one sequence
-                                       WorkerSample("p0", P, busy_s=0.45 * i)),  # 5 prompts of 90 ms a tick
-                     finished=(RequestOutcome(900, 0.2, 0.02),) * 5) for i in range(5)]
+        ticks = [
+            obs(
+                **heavy,
+                workers=(
+                    decode(1.0 * i, 100 * i, 100 * i),  # 10 ms steps of one sequence
+                    WorkerSample("p0", P, busy_s=0.45 * i),
+                ),  # 5 prompts of 90 ms a tick
+                finished=(RequestOutcome(900, 0.2, 0.02),) * 5,
+            )
+            for i in range(5)
+        ]
         return run(core, ticks)[-1].targets
 
     truth = sized(MODEL, NOW)

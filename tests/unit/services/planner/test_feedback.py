@@ -1,5 +1,6 @@
 """Headroom from the observed SLO error: SloFeedback alone, and inside PlannerCore, where it corrects a model wrong in
 either direction; the fast loop's proportional step on a climb."""
+
 import pytest
 
 from services.planner.feedback import FeedbackConfig, FeedbackError, SloFeedback
@@ -10,8 +11,10 @@ from tests.unit.services.planner.helpers import round_profile
 from tests.unit.services.planner.test_state_machine import CONFIG, HEAVY, MODEL, SLO, obs, run
 
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
-BUSY = (WorkerSample("p0", P, num_waiting=3, num_running=1), WorkerSample("d0", D, num_running=1,
-                                                                          num_blocks_used=1, num_blocks_total=100))
+BUSY = (
+    WorkerSample("p0", P, num_waiting=3, num_running=1),
+    WorkerSample("d0", D, num_running=1, num_blocks_used=1, num_blocks_total=100),
+)
 ON = FeedbackConfig(up_gain=1.0, down_factor=0.5, min_calm_share=0.75, min_factor=0.25, max_factor=3.0, min_judged=1)
 
 
@@ -50,8 +53,16 @@ def test_one_impossible_request_in_a_small_interval_moves_nothing():
 def test_disabled_feedback_and_bad_settings():
     feedback = SloFeedback(FeedbackConfig(is_enabled=False), (D,))
     assert feed(feedback, D, [(100, 100, False)] * 4) == {D: 1.0}
-    for bad in ({"up_gain": -1.0}, {"down_factor": 0.0}, {"down_factor": 1.5}, {"min_factor": 1.5},
-                {"max_factor": 0.5}, {"min_calm_share": 0.0}, {"budget": 0.0}, {"min_judged": 0}):
+    for bad in (
+        {"up_gain": -1.0},
+        {"down_factor": 0.0},
+        {"down_factor": 1.5},
+        {"min_factor": 1.5},
+        {"max_factor": 0.5},
+        {"min_calm_share": 0.0},
+        {"budget": 0.0},
+        {"min_judged": 0},
+    ):
         with pytest.raises(FeedbackError):
             FeedbackConfig(**bad)
 
@@ -77,9 +88,16 @@ def test_an_optimistic_model_is_corrected_by_the_violations_it_causes():
 
 def test_a_pessimistic_model_gives_workers_back_while_one_fewer_stays_calm():
     core = _core(MODEL, feedback=ON, down_stabilization=1)
-    calm = obs(rate=30.0, isl=900.0, osl=200.0, prefill=6, decode=2, ttft_s=0.05, itl_s=0.005,
-               workers=(WorkerSample("p0", P), WorkerSample("d0", D, num_running=1, num_blocks_used=1,
-                                                             num_blocks_total=100)))
+    calm = obs(
+        rate=30.0,
+        isl=900.0,
+        osl=200.0,
+        prefill=6,
+        decode=2,
+        ttft_s=0.05,
+        itl_s=0.005,
+        workers=(WorkerSample("p0", P), WorkerSample("d0", D, num_running=1, num_blocks_used=1, num_blocks_total=100)),
+    )
     run(core, [calm] * 9)
     assert core.feedback.factors[P] < 1.0 and core.feedback.factors[D] < 1.0
     assert core.targets()[P] < 6  # the model alone sizes 6 prefill workers for HEAVY

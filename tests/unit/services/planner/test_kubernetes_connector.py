@@ -2,6 +2,7 @@
 worker Deployments of deploy/k8s as rendered. The test serves the scale subresource and drives status and pods
 itself (the emulator sets no status and answers a GET /scale with the Deployment); every body the connector sends
 is validated against the official schema, and every call it makes must be one the rendered Role allows."""
+
 import asyncio
 import copy
 import logging
@@ -21,8 +22,10 @@ from tests.unit.deploy.test_k8s_render import K8S_VERSIONS  # the oldest and new
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
 OVERLAY = "gpu"
 PLANNER_CONFIG = next(c["data"] for n, c in of_kind(OVERLAY, "ConfigMap").items() if n.startswith("tandem-planner-"))
-DEPLOYMENTS = {P: PLANNER_CONFIG["TANDEM_PLANNER_K8S_PREFILL_DEPLOYMENT"],
-               D: PLANNER_CONFIG["TANDEM_PLANNER_K8S_DECODE_DEPLOYMENT"]}
+DEPLOYMENTS = {
+    P: PLANNER_CONFIG["TANDEM_PLANNER_K8S_PREFILL_DEPLOYMENT"],
+    D: PLANNER_CONFIG["TANDEM_PLANNER_K8S_DECODE_DEPLOYMENT"],
+}
 RENDERED = {name: of_kind(OVERLAY, "Deployment")[name] for name in DEPLOYMENTS.values()}
 (NS,) = {d["metadata"]["namespace"] for d in RENDERED.values()}
 
@@ -63,15 +66,22 @@ class Cluster:
         stored = copy.deepcopy(RENDERED[name])
         stored["metadata"]["resourceVersion"] = str(s["rv"])
         stored["spec"]["replicas"] = s["replicas"]
-        stored["status"] = {"replicas": max(s["replicas"], len(self.pods[name])), "updatedReplicas": s["updated"],
-                            "readyReplicas": s["ready"]}
+        stored["status"] = {
+            "replicas": max(s["replicas"], len(self.pods[name])),
+            "updatedReplicas": s["updated"],
+            "readyReplicas": s["ready"],
+        }
         self.mock.objects["apps/v1/deployments", NS, name] = stored
 
     def _scale(self, name: str) -> dict:
         s = self.state[name]
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {"name": name, "namespace": NS, "resourceVersion": str(s["rv"])},
-                "spec": {"replicas": s["replicas"]}, "status": {"replicas": s["ready"]}}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": str(s["rv"])},
+            "spec": {"replicas": s["replicas"]},
+            "status": {"replicas": s["ready"]},
+        }
 
     def _patch(self, name: str, req) -> object:
         for version in K8S_VERSIONS:
@@ -91,12 +101,24 @@ class Cluster:
     def _list_pods(self, req) -> dict:
         """Every worker pod the selector matches, each labelled as its Deployment's template labels it."""
         selector = dict(part.split("=") for part in req.params["labelSelector"].split(","))
-        pods = [{"metadata": {"name": f"{name}-{i}", "namespace": NS,
-                              "labels": RENDERED[name]["spec"]["template"]["metadata"]["labels"]},
-                 "status": {"phase": phase}}
-                for name, phases in self.pods.items() for i, phase in enumerate(phases)]
-        return {"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                "items": [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]}
+        pods = [
+            {
+                "metadata": {
+                    "name": f"{name}-{i}",
+                    "namespace": NS,
+                    "labels": RENDERED[name]["spec"]["template"]["metadata"]["labels"],
+                },
+                "status": {"phase": phase},
+            }
+            for name, phases in self.pods.items()
+            for i, phase in enumerate(phases)
+        ]
+        return {
+            "apiVersion": "v1",
+            "kind": "PodList",
+            "metadata": {},
+            "items": [p for p in pods if selector.items() <= p["metadata"]["labels"].items()],
+        }
 
 
 @pytest.fixture
@@ -133,9 +155,14 @@ async def test_scaling_patches_the_scale_subresource_and_waits_for_ready(kmock, 
     c = connector(kmock, clock)
     await call(c.replicas)
     await call(c.scale, D, 4)
-    assert cluster.bodies == [{"apiVersion": "autoscaling/v1", "kind": "Scale",
-                               "metadata": {"name": "tandem-decode", "namespace": NS, "resourceVersion": "1"},
-                               "spec": {"replicas": 4}}]
+    assert cluster.bodies == [
+        {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": "tandem-decode", "namespace": NS, "resourceVersion": "1"},
+            "spec": {"replicas": 4},
+        }
+    ]
     assert (await call(c.replicas))[D] == Replicas(ready=2, starting=2)
     cluster.status("tandem-decode", updated=4, ready=4)
     assert (await call(c.replicas))[D] == Replicas(ready=4)
@@ -199,8 +226,12 @@ async def test_a_hand_edit_racing_a_patch_is_a_conflict_then_a_hold(kmock, clust
 
 async def test_a_missing_deployment_is_a_404_connector_error(kmock, cluster, clock):
     api = client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/")))
-    c = KubernetesConnector(KubernetesTarget(NS, {D: "no-such-deployment"}), client.AppsV1Api(api),
-                            client.CoreV1Api(api), lambda: clock["now"])
+    c = KubernetesConnector(
+        KubernetesTarget(NS, {D: "no-such-deployment"}),
+        client.AppsV1Api(api),
+        client.CoreV1Api(api),
+        lambda: clock["now"],
+    )
     with pytest.raises(ConnectorError, match="not found") as failed:
         await call(c.replicas)
     assert failed.value.status == 404
@@ -209,7 +240,7 @@ async def test_a_missing_deployment_is_a_404_connector_error(kmock, cluster, clo
 def write_kubeconfig(kmock, path):
     path.write_text(f"""apiVersion: v1
 kind: Config
-clusters: [{{name: kmock, cluster: {{server: "{str(kmock.url).rstrip('/')}"}}}}]
+clusters: [{{name: kmock, cluster: {{server: "{str(kmock.url).rstrip("/")}"}}}}]
 users: [{{name: planner, user: {{token: test-token}}}}]
 contexts: [{{name: kmock, context: {{cluster: kmock, user: planner, namespace: {NS}}}}}]
 current-context: kmock
@@ -233,7 +264,7 @@ def calls(kmock) -> list[tuple[str, str, str, str | None]]:
         parts = request.url.path.strip("/").split("/")  # api/v1 or apis/<group>/v1, namespaces/NS/<resource>/...
         at = parts.index("namespaces")
         assert parts[at + 1] == NS
-        name_and_sub = parts[at + 3:]
+        name_and_sub = parts[at + 3 :]
         verb = "list" if not name_and_sub and request.method == "GET" else verbs[str(request.method).split(".")[-1]]
         group = parts[1] if parts[0] == "apis" else ""
         found.append((group, "/".join([parts[at + 2], *name_and_sub[1:]]), verb, (name_and_sub or [None])[0]))
@@ -242,8 +273,13 @@ def calls(kmock) -> list[tuple[str, str, str, str | None]]:
 
 def is_allowed(rules: list[dict], group: str, resource: str, verb: str, name: str | None) -> bool:
     """RBAC's rule match: a rule with resourceNames allows only requests for one of those names (never a list)."""
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
+    return any(
+        group in r["apiGroups"]
+        and resource in r["resources"]
+        and verb in r["verbs"]
+        and (not r.get("resourceNames") or name in r["resourceNames"])
+        for r in rules
+    )
 
 
 async def test_the_calls_it_makes_are_exactly_the_ones_its_role_must_grant(kmock, cluster, clock):
@@ -264,13 +300,15 @@ def test_the_rule_check_refuses_what_the_role_does_not_grant():
     assert not is_allowed(role["rules"], "", "pods", "delete", "tandem-decode-0")
 
 
-async def test_the_planner_as_deployed_scales_its_workers_within_its_role_and_gpu_budget(kmock, cluster, tmp_path,
-                                                                                        monkeypatch):
+async def test_the_planner_as_deployed_scales_its_workers_within_its_role_and_gpu_budget(
+    kmock, cluster, tmp_path, monkeypatch
+):
     """The connector the rendered planner pod builds from its own settings (only pointed at kmock by a kubeconfig,
     where the pod would use its ServiceAccount): every call it makes is one the rendered Role allows."""
     container = main_container(OVERLAY, "planner")
-    env = container_env(OVERLAY, container) | {"TANDEM_PLANNER_K8S_KUBECONFIG": str(write_kubeconfig(
-        kmock, tmp_path / "config"))}
+    env = container_env(OVERLAY, container) | {
+        "TANDEM_PLANNER_K8S_KUBECONFIG": str(write_kubeconfig(kmock, tmp_path / "config"))
+    }
     settings = check_command(command(container, env), env, monkeypatch)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     c = make_connector(settings)

@@ -1,5 +1,6 @@
 """The local connector against the launcher's real control endpoint over a fake stack: counts read, scaling
 starts workers or drains the newest first, bad requests get 400, an unreachable launcher is a ConnectorError."""
+
 import httpx
 import pytest
 
@@ -27,9 +28,10 @@ class FakeStack:
         self.draining.append(name)
 
     def worker_counts(self):
-        return {role: {"ready": len(names), "starting": 0,
-                       "draining": sum(1 for d in self.draining if d.startswith(role))}
-                for role, names in self.live.items()}
+        return {
+            role: {"ready": len(names), "starting": 0, "draining": sum(1 for d in self.draining if d.startswith(role))}
+            for role, names in self.live.items()
+        }
 
 
 @pytest.fixture

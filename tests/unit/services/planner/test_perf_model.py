@@ -1,4 +1,5 @@
 """PerfModel: replicas from a profile, exact on round numbers; SLO budgets from a worker's own load."""
+
 import pytest
 
 from services.planner.perf_model import PerfModel, Sizing, Slo

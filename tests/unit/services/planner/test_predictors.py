@@ -1,10 +1,16 @@
 """Predictors: constant and moving average exactly; Holt-Winters (statsmodels) follows a trend and a season."""
+
 import math
 
 import pytest
 
-from services.planner.predictors import (MIN_POINTS_TO_FIT, ConstantPredictor, HoltWintersPredictor,
-                                         MovingAveragePredictor, make_predictor)
+from services.planner.predictors import (
+    MIN_POINTS_TO_FIT,
+    ConstantPredictor,
+    HoltWintersPredictor,
+    MovingAveragePredictor,
+    make_predictor,
+)
 
 
 def fed(predictor, values):

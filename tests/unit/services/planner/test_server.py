@@ -1,5 +1,6 @@
 """The planner's service shell over a fake connector and source: decisions reach the connector, a failing
 connector is retried and counted, missing metrics hold, GetPlan answers over real gRPC, bad settings exit 2."""
+
 import subprocess
 import sys
 from dataclasses import replace
@@ -46,13 +47,13 @@ class FakeSource:
 def settings(tmp_path, **kw) -> PlannerSettings:
     profile = tmp_path / "round.json"
     profile.write_text(__import__("json").dumps(round_profile().to_dict()))
-    return PlannerSettings(host="127.0.0.1", port=0, profile=str(profile), connector_backoff_s=0.01,
-                           up_ticks=2, **kw)
+    return PlannerSettings(host="127.0.0.1", port=0, profile=str(profile), connector_backoff_s=0.01, up_ticks=2, **kw)
 
 
 def slow(itl_s: float) -> Observation:
-    return Observation(5.0, 20, 990.0, itl_s=itl_s, ttft_s=0.1, num_output_tokens=400,
-                       workers=(WorkerSample("d0", D, num_running=1),))
+    return Observation(
+        5.0, 20, 990.0, itl_s=itl_s, ttft_s=0.1, num_output_tokens=400, workers=(WorkerSample("d0", D, num_running=1),)
+    )
 
 
 def metric(service, name, **labels) -> float:
@@ -117,14 +118,22 @@ async def test_missing_metrics_or_replicas_hold_every_count(tmp_path):
     assert metric(broken, "tandem_planner_connector_failures_total", connector="fake", operation="replicas") == 3
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"TANDEM_PLANNER_MIN_DECODE": "0"}, "need 1 <= min_decode <= max_decode"),
-    ({"TANDEM_PLANNER_SOURCE": "graphite"}, "source must be one of router, prometheus"),
-    ({"TANDEM_PLANNER_PROFILE": "/nonexistent.json"}, "no profile"),
-    ({"TANDEM_PLANNER_FEEDBACK_DOWN_FACTOR": "1.5"}, "feedback_*: need up_gain >= 0, down_factor in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"TANDEM_PLANNER_MIN_DECODE": "0"}, "need 1 <= min_decode <= max_decode"),
+        ({"TANDEM_PLANNER_SOURCE": "graphite"}, "source must be one of router, prometheus"),
+        ({"TANDEM_PLANNER_PROFILE": "/nonexistent.json"}, "no profile"),
+        ({"TANDEM_PLANNER_FEEDBACK_DOWN_FACTOR": "1.5"}, "feedback_*: need up_gain >= 0, down_factor in (0, 1]"),
+    ],
+)
 def test_a_bad_setting_is_one_line_and_exit_2(env, message):
-    done = subprocess.run([sys.executable, "-m", "tandem.cli", "serve", "planner"], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", **env}, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "serve", "planner"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr

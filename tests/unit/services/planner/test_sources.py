@@ -1,5 +1,6 @@
 """Observation sources: the router source against a real Router service and a worker's GetStats over gRPC;
 the Prometheus source's queries and parsing against canned answers of the Prometheus HTTP API; bucket maths."""
+
 import asyncio
 import math
 
@@ -37,10 +38,15 @@ async def router_and_worker():
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
         stub = router_pb2_grpc.RouterStub(channel)
-        info = router_pb2.WorkerInfo(worker_id="d1", role=common_pb2.WORKER_ROLE_DECODE, address=f"127.0.0.1:{port}",
-                                     model="m", max_num_seqs=8)
-        await stub.Register(router_pb2.RegisterRequest(worker=info, load=common_pb2.WorkerLoad(
-            num_waiting=2, num_running=3, num_blocks_used=10, num_blocks_total=100)))
+        info = router_pb2.WorkerInfo(
+            worker_id="d1", role=common_pb2.WORKER_ROLE_DECODE, address=f"127.0.0.1:{port}", model="m", max_num_seqs=8
+        )
+        await stub.Register(
+            router_pb2.RegisterRequest(
+                worker=info,
+                load=common_pb2.WorkerLoad(num_waiting=2, num_running=3, num_blocks_used=10, num_blocks_total=100),
+            )
+        )
         yield router, worker, stub
     await server.stop(0)
     await router.stop(0)
@@ -60,7 +66,8 @@ async def test_the_router_source_turns_counters_into_a_window(router_and_worker)
     assert (obs.window_s, obs.num_requests, obs.mean_isl, obs.num_output_tokens) == (10.0, 4, 50.0, 800)
     assert obs.ttft_s is None and obs.itl_s is None  # this source observes no latency
     assert [(w.worker_id, w.role, w.num_waiting, w.num_running) for w in obs.workers] == [
-        ("d1", WorkerRole.DECODE, 2, 3)]
+        ("d1", WorkerRole.DECODE, 2, 3)
+    ]
     await source.close()
 
 
@@ -72,8 +79,13 @@ async def test_the_router_source_adds_up_every_replica_and_skips_one_that_is_dow
     source = RouterSource(f"127.0.0.1:{router.port},127.0.0.1:{other.port}", clock=lambda: clock["now"])
     async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as channel:
         stub2 = router_pb2_grpc.RouterStub(channel)
-        await stub2.Register(router_pb2.RegisterRequest(worker=router_pb2.WorkerInfo(
-            worker_id="d1", role=common_pb2.WORKER_ROLE_DECODE, address="127.0.0.1:1", model="m", max_num_seqs=8)))
+        await stub2.Register(
+            router_pb2.RegisterRequest(
+                worker=router_pb2.WorkerInfo(
+                    worker_id="d1", role=common_pb2.WORKER_ROLE_DECODE, address="127.0.0.1:1", model="m", max_num_seqs=8
+                )
+            )
+        )
         assert (await source.observe(REPLICAS)).num_requests == 0  # the baseline of both
         for i, replica in enumerate([stub, stub, stub, stub2, stub2]):  # each replica counts only its own routes
             await replica.Route(router_pb2.RouteRequest(req_id=f"r{i}", model="m", token_ids=range(10 * (i + 1))))
@@ -101,8 +113,9 @@ def prometheus(answers: dict[str, list], seen: list[str]) -> httpx.AsyncClient:
         seen.append(expr)
         for needle, result in answers.items():
             if needle in expr:
-                return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector",
-                                                                               "result": result}})
+                return httpx.Response(
+                    200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
+                )
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
 
     return httpx.AsyncClient(transport=httpx.MockTransport(handle))
@@ -114,13 +127,17 @@ def vector(value: float, **labels) -> dict:
 
 async def test_the_prometheus_source_reads_the_gateway_and_the_workers():
     buckets = [vector(n, le=le) for le, n in (("0.05", 10), ("0.5", 90), ("1.0", 100), ("+Inf", 100))]
-    answers = {"tandem_gateway_requests_total": [vector(120)], "prompt_tokens": [vector(120_000)],
-               "completion_tokens": [vector(24_000)], "time_to_first_token": buckets,
-               "inter_token_latency": [vector(1000, le="0.05"), vector(1000, le="+Inf")],
-               "requests_waiting": [vector(4, worker_id="p0", role="prefill")],
-               "requests_running": [vector(2, worker_id="p0", role="prefill")],
-               "kv_blocks_used": [vector(5, worker_id="p0", role="prefill")],
-               "kv_blocks_total": [vector(50, worker_id="p0", role="prefill")]}
+    answers = {
+        "tandem_gateway_requests_total": [vector(120)],
+        "prompt_tokens": [vector(120_000)],
+        "completion_tokens": [vector(24_000)],
+        "time_to_first_token": buckets,
+        "inter_token_latency": [vector(1000, le="0.05"), vector(1000, le="+Inf")],
+        "requests_waiting": [vector(4, worker_id="p0", role="prefill")],
+        "requests_running": [vector(2, worker_id="p0", role="prefill")],
+        "kv_blocks_used": [vector(5, worker_id="p0", role="prefill")],
+        "kv_blocks_total": [vector(50, worker_id="p0", role="prefill")],
+    }
     seen: list[str] = []
     source = PrometheusSource("http://prom:9090/", 30.0, Slo(0.5, 0.05), 0.95, prometheus(answers, seen))
     obs = await source.observe(REPLICAS)
@@ -130,7 +147,8 @@ async def test_the_prometheus_source_reads_the_gateway_and_the_workers():
     assert obs.ttft_s == pytest.approx(0.5 + 0.5 * (95 - 90) / 10)  # inside the (0.5, 1.0] bucket
     assert obs.attainment == {"ttft": 0.9, "itl": 1.0}
     assert [(w.worker_id, w.role, w.num_waiting, w.num_running, w.num_blocks_total) for w in obs.workers] == [
-        ("p0", WorkerRole.PREFILL, 4, 2, 50)]
+        ("p0", WorkerRole.PREFILL, 4, 2, 50)
+    ]
 
 
 async def test_a_failing_prometheus_is_a_missing_observation():

@@ -1,5 +1,6 @@
 """PlannerCore, pure and on an injected clock: the adjustment loop follows predicted load through the perf model,
 the fast loop moves one replica with hysteresis, bounds hold, missing metrics hold every count."""
+
 from dataclasses import replace
 
 from services.planner.feedback import FeedbackConfig
@@ -12,20 +13,29 @@ P, D = WorkerRole.PREFILL, WorkerRole.DECODE
 SLO = Slo(ttft_s=0.5, itl_s=0.05)
 # 20 ms decode steps (101 sequences of 1,000 tokens: 5,050 tokens/s); prefill busy at most half the time
 MODEL = PerfModel(round_profile(), SLO, Sizing(itl_headroom=0.4, prefill_max_utilization=0.5))
-CONFIG = PlannerConfig(adjustment_interval_s=10.0, prefill=RoleBounds(1, 6), decode=RoleBounds(1, 6),
-                       up_ticks=2, down_ticks=3, predictor="constant", down_stabilization=1,
-                       feedback=FeedbackConfig(is_enabled=False), is_proportional_up=False)  # the model alone
+CONFIG = PlannerConfig(
+    adjustment_interval_s=10.0,
+    prefill=RoleBounds(1, 6),
+    decode=RoleBounds(1, 6),
+    up_ticks=2,
+    down_ticks=3,
+    predictor="constant",
+    down_stabilization=1,
+    feedback=FeedbackConfig(is_enabled=False),
+    is_proportional_up=False,
+)  # the model alone
 
 
 def obs(rate=4.0, isl=990.0, osl=20.0, prefill=1, decode=1, window=5.0, **kw):
     """One 5-second window of `rate` arrivals/s (4: one worker of each role is the model's count), `osl` tokens
     generated per arrival, calm workers."""
     replicas = kw.pop("replicas", {P: Replicas(prefill), D: Replicas(decode)})
-    workers = kw.pop("workers", (WorkerSample("p0", P), WorkerSample("d0", D, num_running=1, num_blocks_used=1,
-                                                                          num_blocks_total=100)))
+    workers = kw.pop(
+        "workers",
+        (WorkerSample("p0", P), WorkerSample("d0", D, num_running=1, num_blocks_used=1, num_blocks_total=100)),
+    )
     n = round(rate * window)
-    return Observation(window, n, isl, osl, num_output_tokens=round(osl * n), replicas=replicas, workers=workers,
-                       **kw)
+    return Observation(window, n, isl, osl, num_output_tokens=round(osl * n), replicas=replicas, workers=workers, **kw)
 
 
 HEAVY = obs(rate=30.0, isl=900.0, osl=200.0)
@@ -50,7 +60,9 @@ def test_the_adjustment_loop_sizes_from_predicted_load_after_a_warm_up_interval(
     assert results[2].decisions == ()  # the first interval only observes
     assert results[2].predicted.request_rate == 30.0 and results[2].predicted.osl == 200.0
     assert {(d.role, d.current, d.target, d.reason) for d in results[4].decisions} == {
-        (P, 1, 6, "predicted load"), (D, 1, 2, "predicted load")}
+        (P, 1, 6, "predicted load"),
+        (D, 1, 2, "predicted load"),
+    }
 
 
 def test_bounds_hold_and_no_role_ever_goes_to_zero():
@@ -63,8 +75,16 @@ def test_bounds_hold_and_no_role_ever_goes_to_zero():
 def test_missing_metrics_hold_every_count():
     core = PlannerCore(CONFIG, MODEL)
     missing = Observation(5.0, None, replicas={P: Replicas(2), D: Replicas(2)})
-    results = run(core, [obs(prefill=2, decode=2), missing, obs(rate=0.0, prefill=2, decode=2),
-                         obs(rate=0.0, prefill=2, decode=2), obs(rate=0.0, prefill=2, decode=2)])
+    results = run(
+        core,
+        [
+            obs(prefill=2, decode=2),
+            missing,
+            obs(rate=0.0, prefill=2, decode=2),
+            obs(rate=0.0, prefill=2, decode=2),
+            obs(rate=0.0, prefill=2, decode=2),
+        ],
+    )
     assert results[1].decisions == () and "missing" in results[1].warnings[0]
     assert "missing" in results[2].warnings[0]  # the interval that saw the gap is not trusted
     assert all(r.decisions == () for r in results)

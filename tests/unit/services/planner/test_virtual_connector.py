@@ -1,5 +1,6 @@
 """The virtual connector over a fake cluster: starts after the delay, drains before retiring, counts GPU time
 from the ask to the end of the drain, and gives up starting replicas before serving ones."""
+
 from services.planner.connectors.virtual import VirtualConnector
 from services.planner.types import Replicas, WorkerRole
 

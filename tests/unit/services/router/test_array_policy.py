@@ -1,5 +1,6 @@
 """The array-scored kv path decides exactly as today's per-view one: the slot index's depths against the prefix
 index's match, recent routes against the approximate index, and whole routers fed the same random history."""
+
 import os
 import random
 import subprocess
@@ -27,8 +28,11 @@ BS = 4
 def chains(rng: random.Random, num_roots: int = 3, length: int = 12) -> list[list[int]]:
     """Prompts sharing a few roots, so workers hold overlapping prefixes of different lengths."""
     roots = [[rng.randrange(50) for _ in range(BS * length)] for _ in range(num_roots)]
-    return [r[: BS * rng.randrange(1, length + 1)] + [rng.randrange(50) for _ in range(BS * rng.randrange(3))]
-            for r in roots for _ in range(4)]
+    return [
+        r[: BS * rng.randrange(1, length + 1)] + [rng.randrange(50) for _ in range(BS * rng.randrange(3))]
+        for r in roots
+        for _ in range(4)
+    ]
 
 
 def feed(indexes, rng: random.Random, worker_ids: list[str], prompts: list[list[int]], steps: int) -> None:
@@ -41,7 +45,9 @@ def feed(indexes, rng: random.Random, worker_ids: list[str], prompts: list[list[
         if roll < 0.75:
             event = KvEvent(seq[worker_id] + 1, KvEventKind.STORED, NONE_HASH, hashes[: rng.randrange(len(hashes) + 1)])
         elif roll < 0.95:
-            event = KvEvent(seq[worker_id] + 1, KvEventKind.REMOVED, NONE_HASH, hashes[rng.randrange(len(hashes) + 1):])
+            event = KvEvent(
+                seq[worker_id] + 1, KvEventKind.REMOVED, NONE_HASH, hashes[rng.randrange(len(hashes) + 1) :]
+            )
         else:
             event = KvEvent(seq[worker_id] + 1, KvEventKind.CLEARED)
         seq[worker_id] += 1
@@ -187,8 +193,10 @@ def decide(core: RouterCore, request: RouteInput) -> tuple:
 
 
 # the router's defaults shed load past 2 sequences per slot: 0.5 here makes every worker busy now and then
-@pytest.mark.parametrize("gateway_hashes,busy", [(False, BusyThresholds()), (True, BusyThresholds()),
-                                                 (True, BusyThresholds(load=0.5, kv=0.9))])
+@pytest.mark.parametrize(
+    "gateway_hashes,busy",
+    [(False, BusyThresholds()), (True, BusyThresholds()), (True, BusyThresholds(load=0.5, kv=0.9))],
+)
 def test_whole_routers_decide_alike_over_a_random_history(gateway_hashes, busy):
     rng, clock = random.Random(10), FakeClock()  # a history in which every worker is busy now and then
     worker_ids = [f"w{i}" for i in range(6)]
@@ -265,8 +273,13 @@ def test_no_decision_compiles_a_kernel():
     """The kernels compiled when the policy is made cover every argument type a decision passes (hashes made here,
     a gateway's); a missing one would compile inside a live Route (seconds). In a fresh process, so no other test's
     calls have compiled it already."""
-    out = subprocess.run([sys.executable, "-c", _ROUTES_IN_A_FRESH_PROCESS], check=True, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _ROUTES_IN_A_FRESH_PROCESS],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ).stdout.split()
     assert int(out[0]) >= 4 and out[0] == out[1]
 
 
@@ -287,11 +300,14 @@ def test_a_route_request_decides_alike_with_its_ids_left_in_the_message():
     assert not isinstance(request.token_ids, tuple) and len(request.token_ids) == 40
     assert chain_block_hashes(request.token_ids, BS) == chain_block_hashes(tokens, BS)
     clock = FakeClock()
-    cores = [make_core(ArrayKvPolicy(SlotIndex(), clock, config=KvPolicyConfig(block_size=BS)), clock, ["w1", "w2"])
-             for _ in range(2)]
+    cores = [
+        make_core(ArrayKvPolicy(SlotIndex(), clock, config=KvPolicyConfig(block_size=BS)), clock, ["w1", "w2"])
+        for _ in range(2)
+    ]
     for core in cores:
-        core.policy.index.apply("w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH,
-                                               tuple(chain_block_hashes(tokens[:12], BS)))])
+        core.policy.index.apply(
+            "w2", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(chain_block_hashes(tokens[:12], BS)))]
+        )
     a, b = cores[0].route(request), cores[1].route(RouteInput("r", "m", tuple(tokens)))
     assert (a.decode.worker_id, a.num_cached_tokens) == (b.decode.worker_id, b.num_cached_tokens) == ("w2", 12)
 
@@ -302,7 +318,10 @@ def test_an_empty_decode_pool_is_refused_alike_on_both_paths():
     clock = FakeClock()
     config = KvPolicyConfig(block_size=BS)
     refusals = []
-    for policy in (KvAwarePolicy(PrefixIndex(), clock, config=config), ArrayKvPolicy(SlotIndex(), clock, config=config)):
+    for policy in (
+        KvAwarePolicy(PrefixIndex(), clock, config=config),
+        ArrayKvPolicy(SlotIndex(), clock, config=config),
+    ):
         with pytest.raises(Exception) as raised:
             make_core(policy, clock, []).route(RouteInput("r0", "m", tuple(range(2 * BS))))
         refusals.append(type(raised.value))

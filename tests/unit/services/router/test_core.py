@@ -1,11 +1,17 @@
 """Whole routing decisions over a real registry: liveness, exclusion, errors, recorded in-flight load."""
+
 import pytest
 
 from services.router.core import RouterCore
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.registry import Registry
-from services.router.types import (InvalidArgumentError, NoWorkerAvailableError, RouteInput, UnknownModelError,
-                                   WorkerLoad)
+from services.router.types import (
+    InvalidArgumentError,
+    NoWorkerAvailableError,
+    RouteInput,
+    UnknownModelError,
+    WorkerLoad,
+)
 from tests.unit.services.router.helpers import DECODE, PREFILL, FakeClock, info
 
 

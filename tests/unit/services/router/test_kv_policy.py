@@ -1,5 +1,6 @@
 """KV-aware routing with exact expected choices: the Dynamo docs example, the overlap/load trade-off,
 deterministic ties, softmax draws, the router's own predictions, sibling bursts and expired workers."""
+
 import itertools
 
 import pytest
@@ -57,8 +58,11 @@ def docs_example() -> tuple[KvAwarePolicy, list]:
 def test_dynamo_docs_example_costs_and_choice():
     policy, candidates = docs_example()
     scores = policy.scores(req(), candidates)
-    assert [(s.view.worker_id, s.cost, s.num_overlap_blocks) for s in scores] == \
-        [("w2", 10.0, 5), ("w3", 11.0, 8), ("w1", 18.0, 2)]
+    assert [(s.view.worker_id, s.cost, s.num_overlap_blocks) for s in scores] == [
+        ("w2", 10.0, 5),
+        ("w3", 11.0, 8),
+        ("w1", 18.0, 2),
+    ]
     assert policy.choose(req(), candidates).worker_id == "w2"
 
 
@@ -125,8 +129,9 @@ def test_host_and_disk_blocks_save_less_than_device_blocks():
 
 
 def tiered(worker_id: str, prefill: float, host: float = 0.0, disk: float = 0.0, per_token: float = 1000.0):
-    load = WorkerLoad(prefill_tokens_per_s=prefill, kv_bytes_per_token=per_token, kv_host_bytes_per_s=host,
-                      kv_disk_bytes_per_s=disk)
+    load = WorkerLoad(
+        prefill_tokens_per_s=prefill, kv_bytes_per_token=per_token, kv_host_bytes_per_s=host, kv_disk_bytes_per_s=disk
+    )
     return WorkerView(info(worker_id), load)
 
 
@@ -148,8 +153,9 @@ def test_tier_credit_falls_back_to_the_default_until_a_worker_reports():
     load = WorkerLoad(prefill_tokens_per_s=10_000, kv_bytes_per_token=1000)
     assert tier_credit(load, KvTier.HOST, 0.75) == 0.75  # no bandwidth measured yet
     assert tier_credit(WorkerLoad(kv_host_bytes_per_s=1e9), KvTier.HOST, 0.75) == 0.75
-    assert tier_credit(WorkerLoad(prefill_tokens_per_s=1e4, kv_bytes_per_token=1e3, kv_disk_bytes_per_s=4e7),
-                       KvTier.DISK, 0.25) == pytest.approx(0.75)
+    assert tier_credit(
+        WorkerLoad(prefill_tokens_per_s=1e4, kv_bytes_per_token=1e3, kv_disk_bytes_per_s=4e7), KvTier.DISK, 0.25
+    ) == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize("draw, chosen", [(0.0, "w2"), (0.5, "w3"), (0.99, "w1")])

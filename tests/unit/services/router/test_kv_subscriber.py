@@ -1,5 +1,6 @@
 """KvSubscriber against scripted in-process workers: events reach the index, a gap brings a snapshot,
 an old worker (UNIMPLEMENTED) is left alone, and a worker that left is forgotten."""
+
 import asyncio
 
 import grpc

@@ -1,6 +1,7 @@
 """The load stream: a worker sends its load when its queue changes, the registry records it as a heartbeat's load
 (routes before it count as reflected) without renewing the lease, and the disaggregation check then reads the real
 queue instead of every route since the last heartbeat."""
+
 import asyncio
 
 from services.common.kv_events import load_changes

@@ -1,5 +1,6 @@
 """The compiled hash -> slot-mask table against a dict of sets: random sets and clears on a table small enough to
 collide, wrap around, grow and widen, with depths checked against a walk done by hand."""
+
 import random
 
 import numpy as np

@@ -1,10 +1,10 @@
 """Routing and disaggregation policies on hand-built worker views, with exact expected choices."""
+
 import itertools
 
 import pytest
 
-from services.router.policy import (DisaggregationPolicy, LeastLoadedPolicy, RoundRobinPolicy, load_of,
-                                    make_policy)
+from services.router.policy import DisaggregationPolicy, LeastLoadedPolicy, RoundRobinPolicy, load_of, make_policy
 from services.router.types import RouteInput
 from tests.unit.services.router.helpers import PREFILL, view
 
@@ -43,9 +43,11 @@ def test_load_counts_running_waiting_unreflected_per_slot():
 
 
 def test_least_loaded_normalises_by_max_num_seqs():
-    candidates = [view("w1", running=2, max_num_seqs=4),  # 0.5
-                  view("w2", running=1, waiting=1, max_num_seqs=8),  # 0.25
-                  view("w3", unreflected=3, max_num_seqs=4)]  # 0.75: routed, not yet reported
+    candidates = [
+        view("w1", running=2, max_num_seqs=4),  # 0.5
+        view("w2", running=1, waiting=1, max_num_seqs=8),  # 0.25
+        view("w3", unreflected=3, max_num_seqs=4),
+    ]  # 0.75: routed, not yet reported
     assert LeastLoadedPolicy().choose(req(), candidates).worker_id == "w2"
 
 
@@ -56,8 +58,12 @@ def test_least_loaded_counts_unreflected_routes():
 
 @pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
 def test_least_loaded_ties_break_on_blocks_then_worker_id(order):
-    candidates = [view("w4", running=1, blocks=3), view("w3", running=1, blocks=3),
-                  view("w2", running=1, blocks=5), view("w1", running=2, blocks=0)]
+    candidates = [
+        view("w4", running=1, blocks=3),
+        view("w3", running=1, blocks=3),
+        view("w2", running=1, blocks=5),
+        view("w1", running=2, blocks=0),
+    ]
     chosen = LeastLoadedPolicy().choose(req(), [candidates[i] for i in order])
     assert chosen.worker_id == "w3"  # w1 is busier; w2 holds more blocks; w3 < w4
 
@@ -101,8 +107,10 @@ def test_disagg_extremes_force_either_mode():
 def test_disagg_picks_least_loaded_prefill():
     workers = [prefill("p1", waiting=3), prefill("p2", waiting=1), prefill("p3", waiting=1, running=1)]
     decision = DisaggregationPolicy(min_tokens=1, max_waiting=4).decide(req(), workers)
-    assert (decision.prefill.worker_id, decision.reason) == ("p2", "disaggregated: 8 uncached tokens >= 1; "
-                                                                   "p2 has 1 waiting")
+    assert (decision.prefill.worker_id, decision.reason) == (
+        "p2",
+        "disaggregated: 8 uncached tokens >= 1; p2 has 1 waiting",
+    )
 
 
 @pytest.mark.parametrize("waiting,unreflected", [(4, 0), (2, 2), (9, 0)])

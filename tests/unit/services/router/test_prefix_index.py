@@ -1,4 +1,5 @@
 """The router's prefix index on hand-made event streams: longest prefix per worker, gaps, resync, churn, bounds."""
+
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes

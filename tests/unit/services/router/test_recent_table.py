@@ -1,5 +1,6 @@
 """The recent routes' compiled table answers exactly as their dicts (the per-view path's `overlap`) through records,
 records made later, the newest-half cut, expiry, removed workers, the clock stepping back, and table rebuilds."""
+
 import random
 
 import numpy as np

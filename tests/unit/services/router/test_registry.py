@@ -1,4 +1,5 @@
 """The registry: leases under a fake clock, heartbeats, re-registration, in-flight load and its expiry."""
+
 import pytest
 
 from services.router.registry import Registry

@@ -1,5 +1,6 @@
 """The registry when workers fail: quarantine, lapsed leases extended or evicted, and an evicted worker that comes
 back with its in-flight requests."""
+
 import pytest
 
 from services.router.registry import Registry

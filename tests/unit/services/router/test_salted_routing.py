@@ -1,5 +1,6 @@
 """The router hashes a prompt under the request's cache salt (and the deployment secret), as the workers do: a
 tenant's own cached prefix counts, another tenant's identical prompt does not."""
+
 from engines.base.block_hash import NONE_HASH, chain_block_hashes, chain_root
 from engines.base.events import KvEvent, KvEventKind, KvTier
 from services.common.protos import router_pb2
@@ -17,8 +18,9 @@ ROOT_A = chain_root("tenant-a", SECRET)
 
 def _policy() -> KvAwarePolicy:
     index = PrefixIndex()  # w1 holds tenant a's prompt, as its worker's salted events say
-    index.apply("w1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(chain_block_hashes(PROMPT, BS, ROOT_A)),
-                               KvTier.DEVICE)])
+    index.apply(
+        "w1", [KvEvent(1, KvEventKind.STORED, NONE_HASH, tuple(chain_block_hashes(PROMPT, BS, ROOT_A)), KvTier.DEVICE)]
+    )
     return KvAwarePolicy(index, FakeClock(), None, KvPolicyConfig(block_size=BS, use_events=True))
 
 

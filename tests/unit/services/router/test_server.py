@@ -1,4 +1,5 @@
 """The Router servicer over a real in-process grpc.aio server on a free loopback port, via a real stub."""
+
 import asyncio
 
 import grpc
@@ -36,8 +37,15 @@ async def stub(service):
 
 def worker(worker_id: str, role: int = DECODE, model: str = "m") -> router_pb2.WorkerInfo:
     layout = common_pb2.KvLayout(num_layers=2, num_kv_heads=1, head_dim=8, dtype="float32", block_size=16)
-    return router_pb2.WorkerInfo(worker_id=worker_id, role=role, address=f"{worker_id}:1", model=model,
-                                 layout=layout, max_num_seqs=4, max_model_len=512)
+    return router_pb2.WorkerInfo(
+        worker_id=worker_id,
+        role=role,
+        address=f"{worker_id}:1",
+        model=model,
+        layout=layout,
+        max_num_seqs=4,
+        max_model_len=512,
+    )
 
 
 async def register_pool(stub) -> None:
@@ -46,8 +54,9 @@ async def register_pool(stub) -> None:
 
 
 async def route(stub, req_id: str, exclude=(), model="m") -> router_pb2.RouteResponse:
-    return await stub.Route(router_pb2.RouteRequest(req_id=req_id, model=model, token_ids=range(32),
-                                                    exclude_worker_ids=exclude))
+    return await stub.Route(
+        router_pb2.RouteRequest(req_id=req_id, model=model, token_ids=range(32), exclude_worker_ids=exclude)
+    )
 
 
 async def test_register_route_complete(stub):
@@ -112,27 +121,38 @@ async def test_no_decode_worker_is_unavailable(stub):
 
 async def test_all_excluded_is_unavailable_and_unknown_model_not_found(stub):
     await register_pool(stub)
-    await expect_error(route(stub, "r1", exclude=["d1", "d2"]), grpc.StatusCode.UNAVAILABLE,
-                       "no live decode worker for model 'm' (excluding d1, d2)")
-    await expect_error(route(stub, "r1", model="llama"), grpc.StatusCode.NOT_FOUND,
-                       "model 'llama' is not served by any worker")
+    await expect_error(
+        route(stub, "r1", exclude=["d1", "d2"]),
+        grpc.StatusCode.UNAVAILABLE,
+        "no live decode worker for model 'm' (excluding d1, d2)",
+    )
+    await expect_error(
+        route(stub, "r1", model="llama"), grpc.StatusCode.NOT_FOUND, "model 'llama' is not served by any worker"
+    )
 
 
 async def test_bad_registration_is_invalid_argument(stub):
-    await expect_error(stub.Register(router_pb2.RegisterRequest(worker=worker("d1", role=0))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "worker role must be PREFILL or DECODE, got 0")
-    await expect_error(stub.Register(router_pb2.RegisterRequest(worker=worker(""))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "worker worker_id is required")
+    await expect_error(
+        stub.Register(router_pb2.RegisterRequest(worker=worker("d1", role=0))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "worker role must be PREFILL or DECODE, got 0",
+    )
+    await expect_error(
+        stub.Register(router_pb2.RegisterRequest(worker=worker(""))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "worker worker_id is required",
+    )
 
 
 async def test_block_hashes_that_do_not_fit_the_prompt_are_invalid_argument(stub):
     await register_pool(stub)
-    bad = router_pb2.RouteRequest(req_id="r1", model="m", token_ids=range(32), block_hashes=[1, 2],
-                                  hash_block_size=4)
-    await expect_error(stub.Route(bad), grpc.StatusCode.INVALID_ARGUMENT,
-                       "2 block hashes do not fit 32 tokens in blocks of 4")
-    good = router_pb2.RouteRequest(req_id="r2", model="m", token_ids=range(32), hash_block_size=4,
-                                   block_hashes=chain_block_hashes(range(32), 4))
+    bad = router_pb2.RouteRequest(req_id="r1", model="m", token_ids=range(32), block_hashes=[1, 2], hash_block_size=4)
+    await expect_error(
+        stub.Route(bad), grpc.StatusCode.INVALID_ARGUMENT, "2 block hashes do not fit 32 tokens in blocks of 4"
+    )
+    good = router_pb2.RouteRequest(
+        req_id="r2", model="m", token_ids=range(32), hash_block_size=4, block_hashes=chain_block_hashes(range(32), 4)
+    )
     assert (await stub.Route(good)).decode.worker_id == "d1"
 
 
@@ -188,8 +208,9 @@ async def test_every_worker_busy_is_resource_exhausted(stub):
     load = common_pb2.WorkerLoad(num_running=4, num_waiting=4)  # 2x its 4 slots: the default busy threshold
     for worker_id in ("d1", "d2"):
         await stub.Heartbeat(router_pb2.HeartbeatRequest(worker_id=worker_id, load=load))
-    await expect_error(route(stub, "r1"), grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       "all 2 decode workers for model 'm' are busy")
+    await expect_error(
+        route(stub, "r1"), grpc.StatusCode.RESOURCE_EXHAUSTED, "all 2 decode workers for model 'm' are busy"
+    )
 
 
 async def test_after_a_restart_an_empty_pool_is_waited_on_while_workers_register_again(clock):
@@ -206,8 +227,11 @@ async def test_after_a_restart_an_empty_pool_is_waited_on_while_workers_register
             await stub.Register(router_pb2.RegisterRequest(worker=worker("d1")))
             assert (await pending).decode.worker_id == "d1"
             await asyncio.sleep(1.5)  # past the grace: an empty pool is an error at once
-            await expect_error(route(stub, "r2", exclude=["d1"]), grpc.StatusCode.UNAVAILABLE,
-                               "no live decode worker for model 'm' (excluding d1)")
+            await expect_error(
+                route(stub, "r2", exclude=["d1"]),
+                grpc.StatusCode.UNAVAILABLE,
+                "no live decode worker for model 'm' (excluding d1)",
+            )
     finally:
         await service.stop(grace_s=0)
 

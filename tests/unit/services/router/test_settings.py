@@ -1,4 +1,5 @@
 """Router settings: defaults, TANDEM_ROUTER_* variables, CLI flags over them, clear errors for bad values."""
+
 import pytest
 
 from services.common.settings import SettingsError
@@ -29,15 +30,18 @@ def test_settings_are_frozen():
         RouterSettings().port = 1
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"policy": "nope"}, "policy must be one of kv, least_loaded, round_robin, got 'nope'"),
-    ({"kv_temperature": -1.0}, "need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0"),
-    ({"kv_index_max_entries": 0}, "kv_index_max_entries >= 1"),
-    ({"port": 70000}, r"port must be in \[0, 65535\]"),
-    ({"lease_ttl_s": 0.0}, "lease_ttl_s must be > 0"),
-    ({"heartbeat_interval_s": 10.0}, r"heartbeat_interval_s \(10.0\) must be below lease_ttl_s \(10.0\)"),
-    ({"prefill_max_waiting": 0}, "prefill_max_waiting >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"policy": "nope"}, "policy must be one of kv, least_loaded, round_robin, got 'nope'"),
+        ({"kv_temperature": -1.0}, "need kv_overlap_weight, kv_inflight_weight and kv_temperature >= 0"),
+        ({"kv_index_max_entries": 0}, "kv_index_max_entries >= 1"),
+        ({"port": 70000}, r"port must be in \[0, 65535\]"),
+        ({"lease_ttl_s": 0.0}, "lease_ttl_s must be > 0"),
+        ({"heartbeat_interval_s": 10.0}, r"heartbeat_interval_s \(10.0\) must be below lease_ttl_s \(10.0\)"),
+        ({"prefill_max_waiting": 0}, "prefill_max_waiting >= 1"),
+    ],
+)
 def test_bad_values_raise_clear_errors(kwargs, message):
     with pytest.raises(SettingsError, match=message):
         RouterSettings(**kwargs)

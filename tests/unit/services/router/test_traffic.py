@@ -1,4 +1,5 @@
 """Router.GetTraffic: cumulative routes, prompt tokens and completions, what the planner turns into rates."""
+
 import grpc
 import pytest
 
@@ -32,6 +33,8 @@ async def test_completions_carried_by_route_count_before_its_decision(stub):
     assert (await stub.Route(carried)).decode.worker_id == "d2"  # d2 was freed first: d1 still holds r1
     await stub.Complete(router_pb2.CompleteRequest(req_id="r1", more_req_ids=["r3", "r3"]))  # a batch; idempotent
     listed = (await stub.ListWorkers(router_pb2.ListWorkersRequest())).workers
-    assert [(s.worker.worker_id, s.num_inflight) for s in listed if s.worker.worker_id != "p1"] == [("d1", 0),
-                                                                                                   ("d2", 0)]
+    assert [(s.worker.worker_id, s.num_inflight) for s in listed if s.worker.worker_id != "p1"] == [
+        ("d1", 0),
+        ("d2", 0),
+    ]
     assert (await stub.GetTraffic(router_pb2.GetTrafficRequest())).num_completed == 4

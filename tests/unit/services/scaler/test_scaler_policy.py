@@ -1,5 +1,6 @@
 """The scaler's pure parts: the allow-list it parses, the bounds it enforces, the compose commands it builds and
 how it reads `docker compose ps` (no Docker engine runs here)."""
+
 import json
 
 import pytest
@@ -22,8 +23,14 @@ def test_the_allow_list_parses_and_refuses_what_is_not_service_min_max():
 def test_only_allowed_services_of_its_own_project_within_bounds():
     POLICY.check_scale("tandem", "decode", 4)
     POLICY.check_scale("tandem", "prefill", 0)
-    refusals = [("other", "decode", 2, 403), ("tandem", "gateway", 1, 403), ("tandem", "grafana", 0, 403),
-                ("tandem", "decode", 0, 422), ("tandem", "decode", 5, 422), ("tandem", "prefill", 3, 422)]
+    refusals = [
+        ("other", "decode", 2, 403),
+        ("tandem", "gateway", 1, 403),
+        ("tandem", "grafana", 0, 403),
+        ("tandem", "decode", 0, 422),
+        ("tandem", "decode", 5, 422),
+        ("tandem", "prefill", 3, 422),
+    ]
     for project, service, replicas, status in refusals:
         with pytest.raises(ScaleRefused) as refused:
             POLICY.check_scale(project, service, replicas)
@@ -33,19 +40,43 @@ def test_only_allowed_services_of_its_own_project_within_bounds():
 def test_settings_need_a_project_and_a_token_file_and_a_valid_allow_list():
     good = ScalerSettings(project="tandem", token_file="/t")
     assert good.policy.allowed["decode"] == Bounds(1, 8)
-    for kwargs in ({"token_file": "/t"}, {"project": "tandem"},
-                   {"project": "tandem", "token_file": "/t", "services": "decode=9:1"}):
+    for kwargs in (
+        {"token_file": "/t"},
+        {"project": "tandem"},
+        {"project": "tandem", "token_file": "/t", "services": "decode=9:1"},
+    ):
         with pytest.raises(SettingsError):
             ScalerSettings(**kwargs)
 
 
 def test_the_two_compose_commands_it_may_run():
     project = ComposeProject("docker compose", "/opt/tandem/compose.yaml", "tandem")
-    assert project.scale_argv("decode", 3) == ["docker", "compose", "-f", "/opt/tandem/compose.yaml", "-p", "tandem",
-                                               "up", "--detach", "--no-deps", "--no-recreate", "--scale", "decode=3",
-                                               "decode"]
+    assert project.scale_argv("decode", 3) == [
+        "docker",
+        "compose",
+        "-f",
+        "/opt/tandem/compose.yaml",
+        "-p",
+        "tandem",
+        "up",
+        "--detach",
+        "--no-deps",
+        "--no-recreate",
+        "--scale",
+        "decode=3",
+        "decode",
+    ]
     assert ComposeProject("docker-compose", "compose.yaml", "").ps_argv(["prefill", "decode"]) == [
-        "docker-compose", "-f", "compose.yaml", "ps", "--all", "--format", "json", "prefill", "decode"]
+        "docker-compose",
+        "-f",
+        "compose.yaml",
+        "ps",
+        "--all",
+        "--format",
+        "json",
+        "prefill",
+        "decode",
+    ]
 
 
 PS_LINES = [  # docker compose v2.21+ prints one JSON object per container

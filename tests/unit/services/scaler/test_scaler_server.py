@@ -1,6 +1,7 @@
 """The scaler's HTTP service with the planner's compose connector as its client (the real FastAPI app, the real
 connector; only `docker compose` is a recorder): the token is required, the policy refuses before any command
 runs, and the connector sees the counts compose reports."""
+
 import json
 import os
 
@@ -8,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.common.settings import SettingsError
-from services.planner.connectors.compose import ComposeConnector, ComposeProject as PlannerProject, scaler_client
+from services.planner.connectors.compose import ComposeConnector, scaler_client
+from services.planner.connectors.compose import ComposeProject as PlannerProject
 from services.planner.types import ConnectorError, Replicas, WorkerRole
 from services.scaler.compose_cli import ComposeError, ComposeProject
 from services.scaler.policy import Bounds, ScalePolicy
@@ -16,9 +18,11 @@ from services.scaler.server import create_app, load_or_create_token
 
 TOKEN = "t" * 32
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
-PS = [{"Service": "decode", "State": "running", "Health": "healthy"},
-      {"Service": "decode", "State": "running", "Health": "starting"},
-      {"Service": "prefill", "State": "running", "Health": "healthy"}]
+PS = [
+    {"Service": "decode", "State": "running", "Health": "healthy"},
+    {"Service": "decode", "State": "running", "Health": "starting"},
+    {"Service": "prefill", "State": "running", "Health": "healthy"},
+]
 
 
 class Recorder:
@@ -49,20 +53,28 @@ def test_the_planner_scales_and_counts_through_the_scaler():
     assert planner.replicas() == {D: Replicas(ready=1, starting=1), P: Replicas(ready=1)}
     planner.scale(D, 3)
     base = ["docker", "compose", "-f", "/opt/tandem/compose.yaml", "-p", "tandem"]
-    assert runner.argvs == [[*base, "ps", "--all", "--format", "json", "prefill", "decode"],
-                            [*base, "up", "--detach", "--no-deps", "--no-recreate", "--scale", "decode=3", "decode"]]
+    assert runner.argvs == [
+        [*base, "ps", "--all", "--format", "json", "prefill", "decode"],
+        [*base, "up", "--detach", "--no-deps", "--no-recreate", "--scale", "decode=3", "decode"],
+    ]
 
 
 def test_no_token_or_a_wrong_one_is_401_and_runs_nothing():
     runner = Recorder()
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-                    {"Authorization": TOKEN}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+    ):
         http = scaler(runner)
         http.headers.clear()
         reply = http.post("/v1/scale", json={"project": "tandem", "service": "decode", "replicas": 2}, headers=headers)
         assert reply.status_code == 401 and reply.json()["error"]["type"] == "authentication_error", headers
-        assert http.get("/v1/replicas", params={"project": "tandem", "service": "decode"},
-                        headers=headers).status_code == 401
+        assert (
+            http.get("/v1/replicas", params={"project": "tandem", "service": "decode"}, headers=headers).status_code
+            == 401
+        )
     with pytest.raises(ConnectorError, match="401"):
         connector(scaler(runner, token="x" * 32)).scale(D, 2)
     assert runner.argvs == []
@@ -72,12 +84,14 @@ def test_no_token_or_a_wrong_one_is_401_and_runs_nothing():
 def test_the_policy_refuses_before_any_command_runs():
     runner = Recorder()
     http = scaler(runner)
-    cases = [({"project": "tandem", "service": "gateway", "replicas": 1}, 403),
-             ({"project": "other", "service": "decode", "replicas": 2}, 403),
-             ({"project": "tandem", "service": "decode", "replicas": 9}, 422),
-             ({"project": "tandem", "service": "decode", "replicas": -1}, 422),
-             ({"project": "tandem", "service": "decode"}, 422),
-             ({"project": "tandem", "service": "decode", "replicas": "many"}, 422)]
+    cases = [
+        ({"project": "tandem", "service": "gateway", "replicas": 1}, 403),
+        ({"project": "other", "service": "decode", "replicas": 2}, 403),
+        ({"project": "tandem", "service": "decode", "replicas": 9}, 422),
+        ({"project": "tandem", "service": "decode", "replicas": -1}, 422),
+        ({"project": "tandem", "service": "decode"}, 422),
+        ({"project": "tandem", "service": "decode", "replicas": "many"}, 422),
+    ]
     for body, status in cases:
         assert http.post("/v1/scale", json=body).status_code == status, body
     assert http.get("/v1/replicas", params={"project": "tandem", "service": ["decode", "alloy"]}).status_code == 403

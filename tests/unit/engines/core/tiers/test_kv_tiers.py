@@ -1,4 +1,5 @@
 """TierPool and KvTiers on CPU: exact slots, LRU order, pins, dedup, disk admission, the prefix walk, events."""
+
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
@@ -13,8 +14,10 @@ HA = chain_block_hashes(A, BS)
 
 def blocks_of(tokens, hashes, first_block_id=0):
     """(block id, parent, hash, tokens) per full block, as the core hands completed blocks to `offload`."""
-    return [(first_block_id + i, hashes[i - 1] if i else NONE_HASH, h, tuple(tokens[i * BS:(i + 1) * BS]))
-            for i, h in enumerate(hashes)]
+    return [
+        (first_block_id + i, hashes[i - 1] if i else NONE_HASH, h, tuple(tokens[i * BS : (i + 1) * BS]))
+        for i, h in enumerate(hashes)
+    ]
 
 
 # -- TierPool ----------------------------------------------------------------------------------
@@ -136,8 +139,9 @@ def test_disk_eviction_drops_the_evicted_files():
 
 def test_restore_disk_indexes_a_previous_runs_blocks_and_announces_them():
     tiers = KvTiers(TierSpec(num_host_blocks=4, num_disk_blocks=2, block_bytes=100), BS)
-    tiers.restore_disk([(HA[0], NONE_HASH, tuple(A[:4])), (HA[1], HA[0], tuple(A[4:8])),
-                        (HA[2], HA[1], tuple(A[8:12]))])
+    tiers.restore_disk(
+        [(HA[0], NONE_HASH, tuple(A[:4])), (HA[1], HA[0], tuple(A[4:8])), (HA[2], HA[1], tuple(A[8:12]))]
+    )
     assert list(tiers.disk.blocks) == [HA[1], HA[2]]  # the oldest did not fit
     assert tiers.take_disk_drops() == [HA[0]]
     assert tiers.drain()[KvTier.DISK] == ([(NONE_HASH, HA[0]), (HA[0], HA[1]), (HA[1], HA[2])], [HA[0]])
@@ -149,8 +153,10 @@ def test_match_walks_host_then_disk_and_stops_at_the_first_miss():
     tiers.offload(blocks_of(A, HA)[:1])
     tiers.restore_disk([(HA[1], HA[0], tuple(A[4:8])), (HA[3], HA[2], tuple(A[12:16]))])
     found = tiers.match(HA, A, 0, 4)
-    assert found == [OnboardBlock(KvTier.HOST, 0, HA[0], NONE_HASH, tuple(A[:4])),
-                     OnboardBlock(KvTier.DISK, -1, HA[1], HA[0], tuple(A[4:8]))]
+    assert found == [
+        OnboardBlock(KvTier.HOST, 0, HA[0], NONE_HASH, tuple(A[:4])),
+        OnboardBlock(KvTier.DISK, -1, HA[1], HA[0], tuple(A[4:8])),
+    ]
     assert tiers.match(HA, A, 1, 4) == found[1:]
     assert tiers.match(HA, A, 0, 4, frozenset({KvTier.HOST})) == found[:1]  # disk left out by the cost check
     assert tiers.match(HA, A, 0, 1) == found[:1]

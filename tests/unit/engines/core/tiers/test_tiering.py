@@ -1,18 +1,19 @@
 """KV tiers in the engine core (modelled tiers, a fake runner, a test clock): write-through after a step, onboarding
 from host and disk as a KV load while the batch steps, one load per block (no convoy), the cost check, failed and
 aborted loads, per-tier events and stats."""
+
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
 from engines.base.events import KvEventKind, KvTier
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
-from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec
 from engines.core.loads import LoadDone
-from engines.core.tiers.modelled_tiers import ModelledTiers
 from engines.core.runner import Done, RunnerInfo
-from engines.core.step import SchedulerOutput
 from engines.core.sequence import SequenceStatus
+from engines.core.step import SchedulerOutput
+from engines.core.tiers.kv_tiers import Onboard, OnboardBlock, TierSpec
+from engines.core.tiers.modelled_tiers import ModelledTiers
 
 BS = 4
 NEXT = 7
@@ -56,8 +57,11 @@ class TierRunner:
 def make_core(num_blocks=8, host=8, disk=0, fail=False, max_num_seqs=8):
     clock = Clock()
     spec = TierSpec(num_host_blocks=host, num_disk_blocks=disk, block_bytes=BLOCK_BYTES)
-    core = EngineCore(CoreConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64),
-                      TierRunner(clock, num_blocks, spec, fail), clock)
+    core = EngineCore(
+        CoreConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64),
+        TierRunner(clock, num_blocks, spec, fail),
+        clock,
+    )
     return core, clock
 
 
@@ -237,8 +241,9 @@ def test_a_block_leaves_the_device_tier_but_stays_announced_in_host():
     events = core.drain_kv_events()
     removed = {h for e in events if e.kind is KvEventKind.REMOVED for h in e.block_hashes if e.tier is KvTier.DEVICE}
     assert set(HA) <= removed
-    assert not any(e.kind is KvEventKind.REMOVED and e.tier is KvTier.HOST and set(HA) & set(e.block_hashes)
-                   for e in events)
+    assert not any(
+        e.kind is KvEventKind.REMOVED and e.tier is KvTier.HOST and set(HA) & set(e.block_hashes) for e in events
+    )
     assert {h for (h, tier) in core.kv_events._live if tier is KvTier.HOST} >= set(HA)
 
 
@@ -262,9 +267,13 @@ def test_an_onboard_source_names_each_blocks_slot_and_tokens():
     core.add(request("a2", A))
     core.step()
     source = core.runner.started[-1].source
-    assert source == Onboard((OnboardBlock(KvTier.HOST, 0, HA[0], NONE_HASH, tuple(A[0:4])),
-                              OnboardBlock(KvTier.HOST, 1, HA[1], HA[0], tuple(A[4:8])),
-                              OnboardBlock(KvTier.HOST, 2, HA[2], HA[1], tuple(A[8:12]))))
+    assert source == Onboard(
+        (
+            OnboardBlock(KvTier.HOST, 0, HA[0], NONE_HASH, tuple(A[0:4])),
+            OnboardBlock(KvTier.HOST, 1, HA[1], HA[0], tuple(A[4:8])),
+            OnboardBlock(KvTier.HOST, 2, HA[2], HA[1], tuple(A[8:12])),
+        )
+    )
 
 
 def test_a_loaded_request_goes_back_ahead_of_requests_holding_no_blocks():
@@ -375,7 +384,6 @@ def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_comput
     assert not any(name == "a2" and start == 0 for step in core.runner.steps for name, start, _ in step)
     assert {o.num_cached_tokens for o in outs if o.req_id == "a2"} == {12}
     assert core.stats().num_preemptions == 0
-
 
 
 def test_a_request_waiting_for_room_to_load_is_not_computed_while_a_loaded_request_is_about_to_run():
