@@ -317,7 +317,13 @@ class Pipeline:
         )
 
     async def _complete(self, req_id: str) -> None:
-        self._routers.complete(req_id)  # NOTE: on the next Route, or batched: services/gateway/router_pool.py
+        await self._quietly(
+            self._routers.done(req_id).Complete(
+                router_pb2.CompleteRequest(req_id=req_id), timeout=self._route_timeout_s
+            ),
+            "complete",
+            req_id,
+        )
 
     @staticmethod
     async def _quietly(call, what: str, req_id: str) -> None:

@@ -1,7 +1,6 @@
 """The gateway's router replicas: Route calls spread over them in turn and fail over to the next on a transport
 error; a request's Complete and failure reports go to the replica that routed it (its in-flight account lives
-there): finished requests ride on the next Route to that replica, or go as one batched Complete when no Route
-follows within `complete_delay_s` (a unary call is what mutual TLS makes dear). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
+there). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
 when one fails (a replaced pod has a new address). No decisions: routers make them.
 """
 
@@ -22,10 +21,6 @@ log = logging.getLogger(__name__)
 FAILOVER_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
 )
-# NOTE: how stale the router's in-flight count may get when no Route follows a finished request (an idle gateway);
-# under load the next Route carries it at once
-COMPLETE_DELAY_S = 0.05
-COMPLETE_TIMEOUT_S = 5.0
 
 
 class RouterPool:
@@ -39,7 +34,6 @@ class RouterPool:
         connect: Callable[[str], grpc.aio.Channel] | None = None,
         addresses: list[str] | None = None,
         min_resolve_interval_s: float = 1.0,
-        complete_delay_s: float = COMPLETE_DELAY_S,
     ):
         if not channels:
             raise ValueError("need at least one router channel")
@@ -50,10 +44,6 @@ class RouterPool:
         self._refreshing: asyncio.Task | None = None
         self._turn = itertools.count()
         self._routed_by: dict[str, router_pb2_grpc.RouterStub] = {}  # req_id -> the replica that routed it
-        self._complete_delay_s = complete_delay_s
-        self._finished: dict[router_pb2_grpc.RouterStub, list[str]] = {}  # replica -> req_ids not yet told
-        self._flushes: dict[router_pb2_grpc.RouterStub, asyncio.Task] = {}  # replica -> its waiting batched Complete
-        self._sending: set[asyncio.Task] = set()  # batched Completes under way
 
     @classmethod
     def from_addresses(cls, raw: str, connect: Callable[[str], grpc.aio.Channel]) -> "RouterPool":
@@ -80,7 +70,7 @@ class RouterPool:
         if len(order) > 1:
             for stub in order:
                 try:
-                    reply = await self._route_on(stub, request, timeout=timeout_s)
+                    reply = await stub.Route(request, timeout=timeout_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in FAILOVER_CODES:
                         raise
@@ -88,58 +78,9 @@ class RouterPool:
                     continue
                 self._routed_by[request.req_id] = stub
                 return reply
-        reply = await self._route_on(order[0], request, timeout=timeout_s, wait_for_ready=True)
+        reply = await order[0].Route(request, timeout=timeout_s, wait_for_ready=True)
         self._routed_by[request.req_id] = order[0]
         return reply
-
-    async def _route_on(
-        self, stub: router_pb2_grpc.RouterStub, request: router_pb2.RouteRequest, **call
-    ) -> router_pb2.RouteResponse:
-        """One Route call carrying the replica's finished requests; they are kept for a resend when it fails (a
-        Complete is idempotent, so one the router took before failing does no harm when sent again)."""
-        finished = self._finished.pop(stub, [])
-        del request.completed_req_ids[:]
-        request.completed_req_ids.extend(finished)
-        try:
-            return await stub.Route(request, **call)
-        except grpc.aio.AioRpcError:
-            self._hold(stub, finished)
-            raise
-        finally:
-            del request.completed_req_ids[:]
-
-    def complete(self, req_id: str) -> None:
-        """`req_id` is finished: tell the replica that routed it with its next Route, or after `complete_delay_s`."""
-        self._hold(self.done(req_id), [req_id], resent=False)
-
-    def _hold(self, stub: router_pb2_grpc.RouterStub, req_ids: list[str], resent: bool = True) -> None:
-        if not req_ids:
-            return
-        held = self._finished.get(stub, [])
-        self._finished[stub] = req_ids + held if resent else held + req_ids  # NOTE: in the order they finished
-        task = self._flushes.get(stub)
-        if task is None or task.done():
-            self._flushes[stub] = asyncio.get_running_loop().create_task(self._flush_later(stub))
-
-    async def _flush_later(self, stub: router_pb2_grpc.RouterStub) -> None:
-        await asyncio.sleep(self._complete_delay_s)
-        task = self._flushes.pop(stub)  # NOTE: from here a newly finished request needs a flush of its own
-        self._sending.add(task)
-        try:
-            await self._flush(stub)
-        finally:
-            self._sending.discard(task)
-
-    async def _flush(self, stub: router_pb2_grpc.RouterStub) -> None:
-        finished = self._finished.pop(stub, [])
-        if not finished:
-            return  # a Route took them
-        request = router_pb2.CompleteRequest(req_id=finished[0], more_req_ids=finished[1:])
-        try:
-            await stub.Complete(request, timeout=COMPLETE_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            # NOTE: as a lost Complete always was: the router drops them after its in-flight TTL
-            log.warning("complete of %d requests not delivered: %s", len(finished), exc.code().name)
 
     async def refresh(self) -> bool:
         """Look the replicas up again (unless done within the interval); True when the set changed."""
@@ -167,11 +108,6 @@ class RouterPool:
             self._refreshing = asyncio.get_running_loop().create_task(self.refresh())
 
     async def close(self) -> None:
-        for task in self._flushes.values():  # NOTE: all still sleeping: what they hold goes now, below
-            task.cancel()
-        await asyncio.gather(
-            *(self._flush(stub) for stub in list(self._finished)), *self._sending, return_exceptions=True
-        )
         if self._refreshing is not None:
             await asyncio.gather(self._refreshing, return_exceptions=True)
         for channel in self.channels.values():

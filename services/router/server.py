@@ -128,7 +128,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Route(self, request, context):
         token = request_id.set(request.req_id)
         try:
-            self._complete(request.completed_req_ids)  # NOTE: first: the decision sees the load they freed
             start = time.perf_counter()
             try:
                 decision = await self._decide(route_input_from_pb(request, self.settings.kv_hash_secret))
@@ -173,13 +172,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.ListWorkersResponse(workers=statuses)
 
     async def Complete(self, request, context):
-        self._complete([request.req_id, *request.more_req_ids])
+        self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
+        self.traffic.num_completed += 1
         return router_pb2.CompleteResponse()
-
-    def _complete(self, req_ids) -> None:
-        for req_id in req_ids:
-            self.registry.complete(req_id)  # NOTE: idempotent; an unknown req_id already expired (or was resent)
-        self.traffic.num_completed += len(req_ids)
 
     async def GetTraffic(self, request, context):
         reply = router_pb2.Traffic()

@@ -31,14 +31,12 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         self.max_model_len = 512  # what the fake's workers report (the tiny test model's context)
         self.block_size = 0  # the KV block size the fake's workers report (0: no layout)
         self.routes: list[router_pb2.RouteRequest] = []
-        self.completed: list[str] = []  # from Complete calls and from Route's completed_req_ids, in arrival order
-        self.num_complete_calls = 0
+        self.completed: list[str] = []
         self.reported: list[tuple[str, str]] = []  # (worker_id, req_id) of ReportFailure calls
         self.spare_decode: list[tuple[str, str]] = []  # (worker_id, address) of decode workers after "d0"
 
     async def Route(self, request, context):
         self.routes.append(request)
-        self.completed.extend(request.completed_req_ids)
         if self.route_error is not None:
             await context.abort(self.route_error, "no worker can take this request")
         candidates = [
@@ -55,8 +53,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         return response
 
     async def Complete(self, request, context):
-        self.num_complete_calls += 1
-        self.completed.extend([request.req_id, *request.more_req_ids])
+        self.completed.append(request.req_id)
         return router_pb2.CompleteResponse()
 
     async def ReportFailure(self, request, context):

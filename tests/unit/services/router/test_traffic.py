@@ -24,17 +24,3 @@ async def test_a_failed_route_is_not_traffic(stub):
         await route(stub, "r1", model="nobody-serves-this")
     assert failed.value.code() is grpc.StatusCode.UNAVAILABLE  # no worker at all
     assert (await stub.GetTraffic(router_pb2.GetTrafficRequest())).num_routed == 0
-
-
-async def test_completions_carried_by_route_count_before_its_decision(stub):
-    await register_pool(stub)
-    assert [(await route(stub, r)).decode.worker_id for r in ("r1", "r2")] == ["d1", "d2"]
-    carried = router_pb2.RouteRequest(req_id="r3", model="m", token_ids=range(32), completed_req_ids=["r2"])
-    assert (await stub.Route(carried)).decode.worker_id == "d2"  # d2 was freed first: d1 still holds r1
-    await stub.Complete(router_pb2.CompleteRequest(req_id="r1", more_req_ids=["r3", "r3"]))  # a batch; idempotent
-    listed = (await stub.ListWorkers(router_pb2.ListWorkersRequest())).workers
-    assert [(s.worker.worker_id, s.num_inflight) for s in listed if s.worker.worker_id != "p1"] == [
-        ("d1", 0),
-        ("d2", 0),
-    ]
-    assert (await stub.GetTraffic(router_pb2.GetTrafficRequest())).num_completed == 4
