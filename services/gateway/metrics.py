@@ -13,31 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
-# 5 ms to 10 minutes: a cached short prompt on a GPU up to a long generation on a CPU
-LATENCY_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-)
+from services.common.metrics import LATENCY_BUCKETS as WORKER_LATENCY_BUCKETS
+
+# 5 ms to 10 minutes: the workers' latency buckets from 5 ms on
+LATENCY_BUCKETS = WORKER_LATENCY_BUCKETS[WORKER_LATENCY_BUCKETS.index(0.005) :]
 # the routes and statuses every request series starts with, at zero, so dashboards have data from start-up
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 KNOWN_STATUSES = ("200", "400", "429", "499", "500", "503")
