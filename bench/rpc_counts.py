@@ -62,7 +62,7 @@ def run(model: Path, num_requests: int, counts_dir: Path) -> dict:
         time.sleep(1.0)
         before = read_counts(counts_dir, pids)
         phase = asyncio.run(ov._run_http(stack.url, cfg, prompts, 16, 1, pids, ports))
-        time.sleep(1.5)  # NOTE: the hook writes every 0.5 s; late Completes (batched after 50 ms) land first
+        time.sleep(1.5)  # NOTE: the hook writes every 0.5 s; the last Completes land first
         after = read_counts(counts_dir, pids)
     finally:
         stack.stop()
