@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class Report:
     checks: list = field(default_factory=list)
     rows: list = field(default_factory=list)  # (section, config, value, unit, ceiling, fraction)
     linears: list = field(default_factory=list)  # gpu_kernels.linear_layers rows
+    save: Callable = field(default=lambda report: None, repr=False)  # after each row: a timed-out run keeps them
 
     def add(self, section: str, config: str, value: float, unit: str, ceiling: float | None, **extra) -> None:
         frac = value / ceiling if ceiling else None
@@ -114,6 +116,7 @@ class Report:
                 **extra,
             }
         )
+        self.save(self)
 
 
 # -- card ceilings ---------------------------------------------------------------------------
@@ -191,8 +194,10 @@ def make_checkpoints(plan: Plan, root: Path) -> dict[str, Path]:
     from engines.native.quant.transform import quantize_checkpoint
     from tandem.models.init import init_model
 
-    base = init_model(root / "bf16", "llama", tiny=plan.shape is None, shape=plan.shape, dtype=plan.dtype)
     quant_device = plan.device if plan.device.startswith("cuda") else "cpu"
+    base = init_model(
+        root / "bf16", "llama", tiny=plan.shape is None, shape=plan.shape, dtype=plan.dtype, device=quant_device
+    )
     return {
         "base": base,
         "fp8": quantize_checkpoint(base, root / "fp8", "fp8", device=quant_device),
@@ -352,14 +357,15 @@ def free_memory(device: str) -> None:
 SECTIONS = ("kernels", "decode", "prefill", "offline")
 
 
-def run(plan: Plan, sections: list[str], overlaps: tuple = (None,)) -> Report:
-    report = Report()
+def run(plan: Plan, sections: list[str], overlaps: tuple = (None,), save=lambda report: None) -> Report:
+    """`save(report)` after the checks and each row, so a run stopped at its time limit keeps what it measured."""
+    report = Report(save=save)
     report.ceilings["copy_bytes_per_s"] = copy_bandwidth(plan)
     report.ceilings["matmul_flops_per_s"] = matmul_rate(plan)
     report.ceilings["fp8_matmul_flops_per_s"] = matmul_rate(plan, fp8=True)
     report.checks = [c.to_dict() for c in gpu_kernels.kernel_checks(plan)]
-    if not all(c["ok"] for c in report.checks):
-        return report  # NOTE: no timings from kernels that compute the wrong thing
+    report.save(report)
+    # NOTE: timed even when a check fails (a lent GPU is rare); the JSON and the table name the failed checks
     if "kernels" in sections:
         bench_kernels(plan, report)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TANDEM_BENCH_TMP")) as tmp:
@@ -404,33 +410,43 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device; use --dry-run on CPU")
     plan = DRY_PLAN if args.dry_run else GPU_PLAN
     overlaps = {"core": (None,), "off": (False,), "on": (True,), "both": (False, True)}[args.overlap]
-    report = run(plan, args.sections, overlaps)
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
     offline = tuple(
         (offline_config(num, n_in, n_out, "weights=fp8 kv=fp8", overlaps[-1]), goal)
         for (num, n_in, n_out), goal in zip(plan.offline, plan.offline_goals)
     )
-    goals = gpu_ceilings.targets(report.rows, plan.dtype, plan.target_kernels, max(plan.prefill_lens), offline)
+
+    def targets(report: Report) -> list:
+        return gpu_ceilings.targets(report.rows, plan.dtype, plan.target_kernels, max(plan.prefill_lens), offline)
+
+    def save(report: Report) -> None:
+        if args.json:
+            write_json(args.json, device, plan, report, targets(report))
+
+    report = run(plan, args.sections, overlaps, save)
+    save(report)
+    failed = [c["name"] for c in report.checks if not c["ok"]]
     print(f"device: {device}  dtype: {plan.dtype}  shape: {plan.shape or 'tiny'}")
-    print(gpu_report.render(report.ceilings, report.checks, report.rows, report.linears, goals))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "device": device,
-                    "plan": repr(plan),
-                    "ceilings": report.ceilings,
-                    "checks": report.checks,
-                    "rows": report.rows,
-                    "linears": report.linears,
-                    "targets": goals,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
-    return 0 if all(c["ok"] for c in report.checks) else 1
+    print(gpu_report.render(report.ceilings, report.checks, report.rows, report.linears, targets(report)))
+    if failed:
+        print(f"FAILED kernel checks (the timings above include these kernels): {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def write_json(path: Path, device: str, plan: Plan, report: Report, goals: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checks_failed = [c["name"] for c in report.checks if not c["ok"]]
+    body = {
+        "device": device,
+        "plan": repr(plan),
+        "ceilings": report.ceilings,
+        "checks": report.checks,
+        "checks_failed": checks_failed,
+        "rows": report.rows,
+        "linears": report.linears,
+        "targets": goals,
+    }
+    path.write_text(json.dumps(body, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -179,7 +179,8 @@ def kernel_checks(plan) -> list:
     for m, (_, n, k) in [(m, shape) for m in (1, 16, 256) for shape in plan.linears[:1]] if big else [(3, (0, 40, 96))]:
         results.append(op_checks.check_fp8_w8a16(dev, dtype, m, n, k))
         results.append(op_checks.check_nvfp4_matmul(dev, dtype, m, n, k))
-    results.append(op_checks.check_fp8_act_quant(dev, dtype, m=256 if big else 6, k=4096 if big else 96))
+    steps = 1 if dev.startswith("cuda") else 0  # a GPU's approximate division: one E4M3 step at a boundary
+    results.append(op_checks.check_fp8_act_quant(dev, dtype, m=256 if big else 6, k=4096 if big else 96, steps=steps))
     results.append(op_checks.check_nvfp4_dequant(dev, dtype))
     return results
 

@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 def _random_model(out: Path, tiny: bool, dtype: str) -> Path:
     from tandem.models.init import init_model
 
-    return init_model(out, "llama", tiny=tiny, shape=None if tiny else "llama-3.1-8b", dtype=dtype)
+    shape, device = (None, "cpu") if tiny else ("llama-3.1-8b", "cuda")  # NOTE: cuda draws 8B numbers in seconds
+    return init_model(out, "llama", tiny=tiny, shape=shape, dtype=dtype, device=device)
 
 
 if __name__ == "__main__":

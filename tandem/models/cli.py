@@ -35,6 +35,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     init.add_argument("--config-only", action="store_true", help="write config and tokenizer, no weights")
+    init.add_argument("--device", default="cpu", help="draw the random weights there (cuda is faster for 8B shapes)")
     init.add_argument(
         "--set",
         dest="overrides",
@@ -113,6 +114,7 @@ def _run_init(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         overrides=overrides,
         config_only=args.config_only,
+        device=args.device,
     )
     print(out)
     return 0

@@ -53,3 +53,28 @@ def test_a_failed_or_timed_out_section_is_reported_not_measured(tmp_path):
     assert by_name["host tier G1 -> G2 GB/s"]["met"] is True and by_name["host tier G2 -> G1 GB/s"]["met"] is False
     table = gpu_all_report.render(gpu_all_report.load_sections(tmp_path), list(by_name.values()))
     assert "| serve | 124 (timeout) | 75 | 75 |" in table and "not measured: section failed (exit 1)" in table
+
+
+def test_sections_named_in_the_skip_list_do_not_run(tmp_path):
+    """A rerun on a lent GPU leaves out what it has already measured (TANDEM_GPU_SKIP): those read 'did not run'."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    skip = " ".join(gpu_all_report.SECTIONS)
+    env |= {"OUT": str(tmp_path), "PYTHON": sys.executable, "TANDEM_GPU_DRY_RUN": "1", "TANDEM_GPU_SKIP": skip}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_all.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "skipped (TANDEM_GPU_SKIP)" in proc.stderr, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu-all.json").read_text())
+    assert all(s["rc"] is None for s in data["sections"].values()), data["sections"]
+    assert all(t["met"] is None and "did not run" in t["note"] for t in data["targets"]), data["targets"]
+
+
+def test_the_engine_bench_saves_its_report_after_each_row():
+    """A section stopped at its time limit keeps the rows it measured (gpu_engine.Report calls save on each add)."""
+    from bench.gpu_engine import Report
+
+    saved = []
+    report = Report(save=lambda r: saved.append(len(r.rows)))
+    report.add("decode batch 1", "weights=bfloat16", 190.0, "tok/s", 280.0)
+    report.add("prefill", "2048 tokens", 9.7e4, "tok/s", 4.8e4)
+    assert saved == [1, 2]

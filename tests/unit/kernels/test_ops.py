@@ -89,3 +89,14 @@ def test_quantized_gemms_with_a_partial_last_k_tile(k, split_k):
         op_checks.check_nvfp4_matmul(DEVICE, torch.float32, m=2, n=24, k=k, split_k=split_k, block_n=16, block_k=64),
     ]
     assert all(r.ok for r in results), results
+
+
+def test_e4m3_steps_counts_the_codes_between_two_tensors():
+    """The check's distance: 0 for the same bytes, 1 for neighbours, across zero as well as within a sign."""
+    values = torch.tensor([1.0, -1.0, 0.0, 448.0]).to(torch.float8_e4m3fn)
+    assert op_checks._e4m3_steps(values, values.clone()) == 0.0
+    up = (values.view(torch.uint8) + torch.tensor([1, 1, 1, 0], dtype=torch.uint8)).view(torch.float8_e4m3fn)
+    assert op_checks._e4m3_steps(values, up) == 1.0  # 1.0 -> 1.125, -1.0 -> -1.125, 0 -> the smallest subnormal
+    neg_zero = torch.tensor([-0.0]).to(torch.float8_e4m3fn)
+    smallest = torch.tensor([2.0**-9]).to(torch.float8_e4m3fn)
+    assert op_checks._e4m3_steps(neg_zero, smallest) == 1.0
