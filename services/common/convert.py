@@ -5,7 +5,7 @@ import dataclasses
 from engines.base.events import KvEvent, KvEventKind, KvSnapshot, KvTier
 from engines.base.structured import StructuredSpec
 from engines.base.types import EngineStats, FinishReason, KvLayout, SamplingParams, TokenLogprob
-from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta, WorkerRef
+from services.common.domain import FailureReport, ListedWorker, Prefilled, Route, RouteRequest, TokenDelta, WorkerRef
 from services.common.protos import common_pb2 as pb
 from services.common.protos import router_pb2, worker_pb2
 from services.common.roles import WorkerRole
@@ -181,17 +181,15 @@ def kv_batch_from_pb(msg: worker_pb2.KvEventBatch) -> list[KvEvent] | KvSnapshot
 
 
 # -- the gateway's seams (services/common/domain.py) -----------------------------------------------
-def route_request_to_pb(
-    req_id: str, model: str, prompt: list[int], excluded: list[str], hashes: list[int], block_size: int, salt: str
-) -> router_pb2.RouteRequest:
+def route_request_to_pb(r: RouteRequest) -> router_pb2.RouteRequest:
     return router_pb2.RouteRequest(
-        req_id=req_id,
-        model=model,
-        token_ids=prompt,
-        exclude_worker_ids=excluded,
-        block_hashes=hashes,
-        hash_block_size=block_size if hashes else 0,
-        cache_salt=salt,
+        req_id=r.req_id,
+        model=r.model,
+        token_ids=r.token_ids,
+        exclude_worker_ids=r.exclude_worker_ids,
+        block_hashes=r.block_hashes,
+        hash_block_size=r.block_size if r.block_hashes else 0,
+        cache_salt=r.cache_salt,
     )
 
 
@@ -239,3 +237,23 @@ def listed_workers_from_pb(msg: router_pb2.ListWorkersResponse) -> list[ListedWo
 
 def prefill_request_to_pb(req_id: str, prompt: list[int], params: SamplingParams) -> worker_pb2.PrefillRequest:
     return worker_pb2.PrefillRequest(req_id=req_id, token_ids=prompt, params=params_to_pb(params))
+
+
+def list_workers_request_to_pb() -> router_pb2.ListWorkersRequest:
+    return router_pb2.ListWorkersRequest()
+
+
+def failure_report_to_pb(report: FailureReport) -> router_pb2.ReportFailureRequest:
+    return router_pb2.ReportFailureRequest(worker_id=report.worker_id, req_id=report.req_id, reason=report.reason)
+
+
+def complete_request_to_pb(req_id: str) -> router_pb2.CompleteRequest:
+    return router_pb2.CompleteRequest(req_id=req_id)
+
+
+def abort_request_to_pb(req_id: str) -> worker_pb2.AbortRequest:
+    return worker_pb2.AbortRequest(req_id=req_id)
+
+
+def release_kv_request_to_pb(req_id: str) -> worker_pb2.ReleaseKvRequest:
+    return worker_pb2.ReleaseKvRequest(req_id=req_id)

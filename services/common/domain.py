@@ -1,6 +1,8 @@
-"""Domain types of the gateway's gRPC seams: a route, a prefill's outcome, a listed worker, a token delta.
-services/common/convert.py makes them from protobuf at the boundary; nothing here knows a protobuf message."""
+"""Domain types of the gateway's gRPC seams: what it asks (a route, a failure report) and what it reads (a route, a
+prefill's outcome, a listed worker, a token delta). services/common/convert.py turns them into protobuf and back at
+the boundary; nothing here knows a protobuf message."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.base.types import FinishReason, TokenLogprob
@@ -11,6 +13,28 @@ from services.common.roles import WorkerRole
 class WorkerRef:
     worker_id: str
     address: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the gateway asks the router. The sequences are the caller's own (never copied on the way to the wire)."""
+
+    req_id: str
+    model: str
+    token_ids: Sequence[int]  # the prompt, plus the tokens already streamed when a request migrates
+    exclude_worker_ids: Sequence[str] = ()  # workers that already failed this request
+    block_hashes: Sequence[int] = ()  # the prompt's chained block hashes, when the workers' block size is known
+    block_size: int = 0  # the block size of `block_hashes`
+    cache_salt: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureReport:
+    """A worker that failed a request, told to the router so it stops routing there at once."""
+
+    worker_id: str
+    req_id: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

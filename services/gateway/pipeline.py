@@ -1,6 +1,7 @@
 """The request path over gRPC: Route, then Prefill on a prefill worker and Generate with its KV handle on the
 decode worker, or Generate alone; a worker failing mid-stream hands the request to another (journey.py). Yields
-token deltas; a cancelled or closed stream aborts the work it started. Knows nothing of HTTP, text or OpenAI."""
+token deltas; a cancelled or closed stream aborts the work it started. Knows nothing of HTTP, text or OpenAI, nor of
+protobuf: it speaks domain types to RouterPool and WorkerClients, which hold the stubs."""
 
 import asyncio
 import logging
@@ -12,16 +13,14 @@ import grpc
 
 from engines.base.block_hash import chain_block_hashes, chain_root
 from engines.base.types import FinishReason, SamplingParams
-from services.common import convert
-from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta
+from services.common.domain import FailureReport, ListedWorker, Prefilled, Route, RouteRequest, TokenDelta
 from services.common.errors import detail_of
-from services.common.grpc_server import make_channel
-from services.common.protos import router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.roles import WorkerRole
 from services.common.tracing import span
 from services.gateway import errors
 from services.gateway.journey import Journey
 from services.gateway.router_pool import RouterPool
+from services.gateway.worker_clients import TokenStream, WorkerClients
 
 log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
@@ -50,7 +49,7 @@ class Pipeline:
         self._model = model
         self._max_migrations, self._on_migration = max_migrations, on_migration
         self._request_timeout_s, self._route_timeout_s = request_timeout_s, route_timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._workers = WorkerClients()
         self._background: set[asyncio.Task] = set()
         self._max_model_len, self._listed_at = 0, -WORKER_LIST_TTL_S
         self._block_size = 0  # the decode workers' one KV block size (0: unknown or mixed): the router's hashes
@@ -136,11 +135,7 @@ class Pipeline:
         return self._max_model_len
 
     async def _list_workers(self) -> list[ListedWorker]:
-        listing = convert.listed_workers_from_pb(
-            await self._routers.any(
-                lambda stub: stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=self._route_timeout_s)
-            )
-        )
+        listing = await self._routers.list_workers(self._route_timeout_s)
         lengths = [w.max_model_len for w in listing if w.model == self._model and w.is_live and w.max_model_len]
         if lengths:  # NOTE: none listed says nothing new: the last known context stands
             self._max_model_len = min(lengths)
@@ -153,18 +148,16 @@ class Pipeline:
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(self._background, timeout=CLEANUP_TIMEOUT_S)
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._workers.close()
 
     async def _route(self, req_id: str, prompt: list[int], excluded: list[str], salt: str = "") -> Route:
         # NOTE: the prompt's block hashes go along once the workers' block size is known: the router skips hashing
         root = chain_root(salt, self._kv_hash_secret)
         hashes = chain_block_hashes(prompt, self._block_size, root) if self._block_size else []
-        request = convert.route_request_to_pb(req_id, self._model, prompt, excluded, hashes, self._block_size, salt)
+        request = RouteRequest(req_id, self._model, prompt, excluded, hashes, self._block_size, salt)
         with span("route", **{"tandem.req_id": req_id, "tandem.excluded": len(excluded)}) as current:
             try:  # NOTE: the pool fails over between replicas, and waits for a restarting one (up to the timeout)
-                route = convert.route_from_pb(await self._routers.route(request, self._route_timeout_s))
+                route = await self._routers.route(request, self._route_timeout_s)
             except grpc.aio.AioRpcError as exc:
                 raise errors.from_rpc_error(exc, "route") from None
             current.set_attribute("tandem.decode_worker", route.decode.worker_id)
@@ -214,10 +207,8 @@ class Pipeline:
 
     async def _prefill(self, route: Route, req_id: str, prompt: list[int], params: SamplingParams) -> Prefilled | None:
         address = route.prefill.address
-        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
-        request = convert.prefill_request_to_pb(req_id, prompt, params)
         try:
-            return convert.prefilled_from_pb(await stub.Prefill(request, timeout=self._request_timeout_s))
+            return await self._workers.prefill(address, req_id, prompt, params, self._request_timeout_s)
         except asyncio.CancelledError:
             self._spawn(self._abort(address, req_id))
             raise
@@ -245,16 +236,13 @@ class Pipeline:
         params: SamplingParams,
         kv: object | None = None,
         output_token_ids: list[int] = (),
-    ) -> grpc.aio.UnaryStreamCall:
-        request = convert.generate_request_to_pb(req_id, prompt, params, kv, output_token_ids)
-        return self._decode_stub(address).Generate(request, timeout=self._request_timeout_s)
+    ) -> TokenStream:
+        return self._workers.generate(address, req_id, prompt, params, self._request_timeout_s, kv, output_token_ids)
 
-    async def _stream(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall) -> AsyncIterator[TokenDelta]:
+    async def _stream(self, address: str, req_id: str, call: TokenStream) -> AsyncIterator[TokenDelta]:
         is_over = False  # finished, or failed: nothing left to abort
-        responses = aiter(call)
         try:
-            async for response in responses:
-                delta = convert.delta_from_pb(response)
+            async for delta in call:
                 is_over = delta.finish_reason is not None
                 yield _checked(delta)  # NOTE: raises when the worker failed the request
                 if is_over:
@@ -269,26 +257,13 @@ class Pipeline:
         finally:
             if not is_over:  # the client left, or a stop string ended it: stop the worker now
                 self._stop(address, req_id, call)
-            if hasattr(responses, "aclose"):  # NOTE: now, not at garbage collection: ends its client span
-                await responses.aclose()
+            await call.aclose()  # NOTE: now, not at garbage collection: ends its client span
 
-    def _stop(self, address: str, req_id: str, call: grpc.aio.UnaryStreamCall | None) -> None:
+    def _stop(self, address: str, req_id: str, call: TokenStream | None) -> None:
         """Cancel a Generate call (the worker aborts on cancellation) and send Abort to be sure."""
         if call is not None:
             call.cancel()
             self._spawn(self._abort(address, req_id))
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = make_channel(address)
-        return channel
-
-    def _decode_stub(self, address: str) -> worker_pb2_grpc.DecodeWorkerStub:
-        return worker_pb2_grpc.DecodeWorkerStub(self._channel(address))
-
-    def _control(self, address: str) -> worker_pb2_grpc.WorkerControlStub:
-        return worker_pb2_grpc.WorkerControlStub(self._channel(address))
 
     def _spawn(self, work: Coroutine) -> None:
         """Cleanup that must outlive a cancelled request; errors are logged, never raised."""
@@ -297,33 +272,18 @@ class Pipeline:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, address: str, req_id: str) -> None:
-        await self._quietly(
-            self._control(address).Abort(worker_pb2.AbortRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S),
-            "abort",
-            req_id,
-        )
+        await self._quietly(self._workers.abort(address, req_id, CLEANUP_TIMEOUT_S), "abort", req_id)
 
     async def _release(self, address: str, req_id: str) -> None:
-        stub = worker_pb2_grpc.PrefillWorkerStub(self._channel(address))
-        await self._quietly(
-            stub.ReleaseKv(worker_pb2.ReleaseKvRequest(req_id=req_id), timeout=CLEANUP_TIMEOUT_S), "release kv", req_id
-        )
+        await self._quietly(self._workers.release_kv(address, req_id, CLEANUP_TIMEOUT_S), "release kv", req_id)
 
     async def _report(self, worker_id: str, req_id: str, reason: str) -> None:
         """Tell the router at once, so that it stops routing there before the worker's lease runs out."""
-        request = router_pb2.ReportFailureRequest(worker_id=worker_id, req_id=req_id, reason=reason)
-        await self._quietly(
-            self._routers.of(req_id).ReportFailure(request, timeout=self._route_timeout_s), "report", req_id
-        )
+        report = FailureReport(worker_id, req_id, reason)
+        await self._quietly(self._routers.report_failure(report, self._route_timeout_s), "report", req_id)
 
     async def _complete(self, req_id: str) -> None:
-        await self._quietly(
-            self._routers.done(req_id).Complete(
-                router_pb2.CompleteRequest(req_id=req_id), timeout=self._route_timeout_s
-            ),
-            "complete",
-            req_id,
-        )
+        await self._quietly(self._routers.complete(req_id, self._route_timeout_s), "complete", req_id)
 
     @staticmethod
     async def _quietly(call, what: str, req_id: str) -> None:

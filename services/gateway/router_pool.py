@@ -1,7 +1,8 @@
 """The gateway's router replicas: Route calls spread over them in turn and fail over to the next on a transport
 error; a request's Complete and failure reports go to the replica that routed it (its in-flight account lives
 there). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
-when one fails (a replaced pod has a new address). No decisions: routers make them.
+when one fails (a replaced pod has a new address). It speaks domain types; the protobuf stays inside (convert.py
+builds and reads it). No decisions: routers make them.
 """
 
 import asyncio
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 import grpc
 
+from services.common import convert
+from services.common.domain import FailureReport, ListedWorker, Route, RouteRequest
 from services.common.protos import router_pb2, router_pb2_grpc
 from services.common.router_addresses import RouterAddressError, router_addresses
 
@@ -38,7 +41,7 @@ class RouterPool:
         if not channels:
             raise ValueError("need at least one router channel")
         self.channels = dict(zip(addresses or range(len(channels)), channels))  # address -> channel
-        self.stubs = [router_pb2_grpc.RouterStub(c) for c in channels]
+        self._stubs = [router_pb2_grpc.RouterStub(c) for c in channels]
         self._resolve, self._connect = resolve, connect
         self._min_interval_s, self._resolved_at = min_resolve_interval_s, time.monotonic()
         self._refreshing: asyncio.Task | None = None
@@ -52,34 +55,52 @@ class RouterPool:
         resolve = (lambda: router_addresses(raw)) if "dns:" in raw else None
         return cls([connect(a) for a in addresses], resolve, connect, addresses)
 
-    async def route(self, request: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
+    async def route(self, request: RouteRequest, timeout_s: float) -> Route:
         """The next replica's answer; on a transport error the one after it, and so on. With one replica, or when
         all failed, one last call that waits for a replica to be ready (a restart), up to the timeout. When that
         fails too and the replicas' addresses have changed since, once more over the new ones."""
+        message = convert.route_request_to_pb(request)
         try:
-            return await self._route(request, timeout_s)
+            return convert.route_from_pb(await self._route(request.req_id, message, timeout_s))
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in FAILOVER_CODES or not await self.refresh():
                 raise
-        return await self._route(request, timeout_s)
+        return convert.route_from_pb(await self._route(request.req_id, message, timeout_s))
 
-    async def _route(self, request: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
-        stubs = self.stubs
+    async def list_workers(self, timeout_s: float) -> list[ListedWorker]:
+        """The workers one replica lists (each in turn until one answers; the last error when none does)."""
+        message = convert.list_workers_request_to_pb()
+        return convert.listed_workers_from_pb(
+            await self._any(lambda stub: stub.ListWorkers(message, timeout=timeout_s))
+        )
+
+    async def report_failure(self, report: FailureReport, timeout_s: float) -> None:
+        """To the replica that routed the request (the first one for a request never routed)."""
+        stub = self._routed_by.get(report.req_id, self._stubs[0])
+        await stub.ReportFailure(convert.failure_report_to_pb(report), timeout=timeout_s)
+
+    async def complete(self, req_id: str, timeout_s: float) -> None:
+        """To the replica that routed the request, which then forgets it."""
+        stub = self._routed_by.pop(req_id, self._stubs[0])
+        await stub.Complete(convert.complete_request_to_pb(req_id), timeout=timeout_s)
+
+    async def _route(self, req_id: str, message: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
+        stubs = self._stubs
         start = next(self._turn) % len(stubs)
         order = stubs[start:] + stubs[:start]
         if len(order) > 1:
             for stub in order:
                 try:
-                    reply = await stub.Route(request, timeout=timeout_s)
+                    reply = await stub.Route(message, timeout=timeout_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in FAILOVER_CODES:
                         raise
                     self._refresh_soon()
                     continue
-                self._routed_by[request.req_id] = stub
+                self._routed_by[req_id] = stub
                 return reply
-        reply = await order[0].Route(request, timeout=timeout_s, wait_for_ready=True)
-        self._routed_by[request.req_id] = order[0]
+        reply = await order[0].Route(message, timeout=timeout_s, wait_for_ready=True)
+        self._routed_by[req_id] = order[0]
         return reply
 
     async def refresh(self) -> bool:
@@ -96,7 +117,7 @@ class RouterPool:
             return False
         old = self.channels
         self.channels = {a: old.get(a) or self._connect(a) for a in addresses}
-        self.stubs = [router_pb2_grpc.RouterStub(c) for c in self.channels.values()]
+        self._stubs = [router_pb2_grpc.RouterStub(c) for c in self.channels.values()]
         log.info("router replicas now %s", ", ".join(addresses))
         for address, channel in old.items():
             if address not in self.channels:
@@ -113,19 +134,11 @@ class RouterPool:
         for channel in self.channels.values():
             await channel.close()
 
-    def of(self, req_id: str) -> router_pb2_grpc.RouterStub:
-        """The replica that routed `req_id` (the first one for a request never routed)."""
-        return self._routed_by.get(req_id, self.stubs[0])
-
-    def done(self, req_id: str) -> router_pb2_grpc.RouterStub:
-        """As `of`, and forget the request."""
-        return self._routed_by.pop(req_id, self.stubs[0])
-
-    async def any(self, call):
+    async def _any(self, call):
         """`call(stub)` on each replica in turn until one answers; the last error when none does."""
-        start = next(self._turn) % len(self.stubs)
+        start = next(self._turn) % len(self._stubs)
         last = None
-        for stub in self.stubs[start:] + self.stubs[:start]:
+        for stub in self._stubs[start:] + self._stubs[:start]:
             try:
                 return await call(stub)
             except grpc.aio.AioRpcError as exc:

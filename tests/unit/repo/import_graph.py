@@ -40,17 +40,22 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) 
     yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every dotted name the module at `path` imports, inside or outside the repository, lazily or not."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update(_imported(node, module, path.name == "__init__.py"))
+    return names
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the repository's modules it imports, at the top or inside a function alike (a lazy import still
     ties two modules together)."""
     modules = module_files(root)
     graph = {}
     for module, path in modules.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                for name in _imported(node, module, path.name == "__init__.py"):
-                    targets.add(name if name in modules else _owner(name, modules))
+        targets = {name if name in modules else _owner(name, modules) for name in imported_names(path, module)}
         graph[module] = targets - {"", module}
     return graph
 

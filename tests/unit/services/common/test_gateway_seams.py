@@ -2,7 +2,7 @@
 
 from engines.base.types import FinishReason, SamplingParams, TokenLogprob
 from services.common import convert
-from services.common.domain import ListedWorker, Prefilled, Route, TokenDelta, WorkerRef
+from services.common.domain import FailureReport, ListedWorker, Prefilled, Route, RouteRequest, TokenDelta, WorkerRef
 from services.common.protos import common_pb2, router_pb2, worker_pb2
 from services.common.roles import WorkerRole
 
@@ -54,3 +54,21 @@ def test_listed_workers_read_role_model_length_block_size_and_lease():
         ListedWorker(WorkerRole.DECODE, "m", 99, 16, True),
         ListedWorker(None, "", 0, 0, False),
     ]
+
+
+def test_a_route_request_with_and_without_block_hashes():
+    msg = convert.route_request_to_pb(RouteRequest("r", "m", [1, 2, 3], ["d1"], [11, 12], 2, "salt"))
+    assert (msg.req_id, msg.model, list(msg.token_ids), list(msg.exclude_worker_ids)) == ("r", "m", [1, 2, 3], ["d1"])
+    assert (list(msg.block_hashes), msg.hash_block_size, msg.cache_salt) == ([11, 12], 2, "salt")
+    # NOTE: a block size with no hashes says nothing to the router: it hashes the prompt itself
+    bare = convert.route_request_to_pb(RouteRequest("r", "m", [1], block_size=16))
+    assert (list(bare.block_hashes), bare.hash_block_size, bare.cache_salt) == ([], 0, "")
+
+
+def test_the_cleanup_calls_carry_their_request_and_worker():
+    report = convert.failure_report_to_pb(FailureReport("d1", "r", "UNAVAILABLE"))
+    assert report == router_pb2.ReportFailureRequest(worker_id="d1", req_id="r", reason="UNAVAILABLE")
+    assert convert.complete_request_to_pb("r") == router_pb2.CompleteRequest(req_id="r")
+    assert convert.abort_request_to_pb("r") == worker_pb2.AbortRequest(req_id="r")
+    assert convert.release_kv_request_to_pb("r") == worker_pb2.ReleaseKvRequest(req_id="r")
+    assert convert.list_workers_request_to_pb() == router_pb2.ListWorkersRequest()

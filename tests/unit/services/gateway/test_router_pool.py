@@ -1,6 +1,6 @@
 """Router replicas seen from the gateway: Route calls spread over them in turn, a dead replica is skipped, a
-router's refusal is not retried elsewhere, and Complete goes to the replica that routed the request; router
-addresses as a comma list or every record of a DNS name."""
+router's refusal is not retried elsewhere, and Complete and failure reports go to the replica that routed the
+request; the pool speaks domain types; router addresses as a comma list or every record of a DNS name."""
 
 import asyncio
 import socket
@@ -8,7 +8,9 @@ import socket
 import grpc
 import pytest
 
-from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.domain import FailureReport, ListedWorker, Route, RouteRequest, WorkerRef
+from services.common.protos import router_pb2_grpc
+from services.common.roles import WorkerRole
 from services.common.router_addresses import RouterAddressError, router_addresses
 from services.gateway.router_pool import RouterPool
 from tests.unit.services.gateway.fakes import FakeRouter, start_server
@@ -23,18 +25,23 @@ async def replicas(n: int):
     return routers, servers, channels
 
 
-def route(req_id: str) -> router_pb2.RouteRequest:
-    return router_pb2.RouteRequest(req_id=req_id, model="m", token_ids=[1, 2, 3])
+def route(req_id: str) -> RouteRequest:
+    return RouteRequest(req_id, "m", [1, 2, 3])
 
 
 async def test_routes_spread_and_complete_where_routed():
     routers, servers, channels = await replicas(3)
+    for router in routers:
+        router.decode_address = "d:1"
     pool = RouterPool(channels)
     for i in range(6):
-        await pool.route(route(f"r{i}"), timeout_s=5)
+        assert await pool.route(route(f"r{i}"), timeout_s=5) == Route(WorkerRef("d0", "d:1"))
     assert [[r.req_id for r in router.routes] for router in routers] == [["r0", "r3"], ["r1", "r4"], ["r2", "r5"]]
-    await pool.done("r4").Complete(router_pb2.CompleteRequest(req_id="r4"))
-    assert [router.completed for router in routers] == [[], ["r4"], []]
+    await pool.report_failure(FailureReport("d0", "r4", "UNAVAILABLE"), timeout_s=5)
+    await pool.complete("r4", timeout_s=5)
+    await pool.complete("r4", timeout_s=5)  # forgotten once completed: a second goes to the first replica
+    assert [router.reported for router in routers] == [[], [("d0", "r4")], []]
+    assert [router.completed for router in routers] == [["r4"], ["r4"], []]
     for server in servers:
         await server.stop(None)
 
@@ -46,7 +53,10 @@ async def test_a_dead_replica_is_skipped_and_a_refusal_is_final():
     for i in range(4):
         await pool.route(route(f"r{i}"), timeout_s=5)
     assert [r.req_id for r in routers[1].routes] == ["r0", "r1", "r2", "r3"]
-    assert pool.of("r0") is pool.stubs[1]
+    await pool.complete("r0", timeout_s=5)
+    assert routers[1].completed == ["r0"]
+    routers[1].model, routers[1].block_size = "m", 16
+    assert await pool.list_workers(timeout_s=5) == [ListedWorker(WorkerRole.DECODE, "m", 512, 16, True)]
     routers[1].route_error = grpc.StatusCode.RESOURCE_EXHAUSTED  # busy: the other replica would say the same
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await pool.route(route("r9"), timeout_s=5)
