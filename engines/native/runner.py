@@ -99,15 +99,7 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
 
 def core_config(config: EngineConfig) -> CoreConfig:
     spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
-    batch = config.batch
-    return CoreConfig(
-        batch.max_num_seqs,
-        batch.max_num_batched_tokens,
-        config.enable_chunked_prefill,
-        batch.enable_prefix_caching,
-        config.held_kv_ttl_s,
-        spec,
-    )
+    return CoreConfig(config.batch, config.enable_chunked_prefill, config.held_kv_ttl_s, spec)
 
 
 def build_core(config: EngineConfig) -> EngineCore:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.base.engine_configs import CacheConfig
+from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
@@ -207,9 +207,10 @@ def sim_core(
     vocab_size: int = VOCAB_SIZE,
 ) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
-    config = CoreConfig(
-        profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching, held_kv_ttl_s
+    batch = BatchConfig(
+        profile.max_num_seqs, profile.max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching
     )
+    config = CoreConfig(batch, True, held_kv_ttl_s)
     runner = SimRunner(
         profile,
         time_factor,
