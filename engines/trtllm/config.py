@@ -3,7 +3,8 @@
 
 from dataclasses import dataclass
 
-from engines.base.engine_configs import BatchConfig, CacheConfig
+from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
+from engines.transfer import transports
 
 # the release this adapter is written against (docker/worker-trtllm.Dockerfile pins the same image)
 TRTLLM_VERSION = "1.2.1"
@@ -19,7 +20,9 @@ class TrtllmConfig:
     # tokens_per_block (the router hashes prompts in blocks of it); num_blocks > 0: exactly this many, 0: sized
     # from gpu_memory_utilization (vLLM's meaning: the share of the whole card); its own tiers (no G2/G3 here)
     cache: CacheConfig = CacheConfig()
-    held_kv_ttl_s: float = 30.0  # a prefilled request's KV no decode worker took is let go after this long
+    # kv_transport: always TensorRT-LLM's own transceiver; held_kv_ttl_s: a prefilled request's KV no decode worker
+    # took is let go after this long
+    transfer: TransferConfig = TransferConfig(transports.TRTLLM)
     backend: str = "auto"  # "pytorch" | "tensorrt" | "auto" (tensorrt for an engine directory)
     quant: str = ""  # "" | "fp8" | "nvfp4": weights
     kv_cache_dtype: str = "auto"  # "auto" | "fp8"

@@ -48,13 +48,13 @@ def test_engine_trtllm_and_its_settings_from_env_and_flags(monkeypatch):
         2,
     )
     assert (s.trtllm_kv_cache_dtype, s.trtllm_cache_transceiver, s.trtllm_options) == ("fp8", "UCX", "/o.json")
-    assert s.gpu_memory_utilization == 0.8
+    assert s.cache.gpu_memory_utilization == 0.8
 
 
 def test_defaults():
     s = parse_worker_settings("prefill", ["--model", "/m"])
     assert (
-        s.gpu_memory_utilization,
+        s.cache.gpu_memory_utilization,
         s.trtllm_backend,
         s.trtllm_quant,
         s.trtllm_kv_cache_dtype,
