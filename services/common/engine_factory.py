@@ -93,12 +93,7 @@ def make_engine(s: WorkerSettings) -> Engine:
                 batch=s.batch,
                 cache=s.cache,
                 transfer=TransferConfig(transports.TRTLLM, s.kv_lease_s + HELD_KV_GRACE_S),
-                backend=s.trtllm_backend,
-                quant=s.trtllm_quant,
-                kv_cache_dtype=s.trtllm_kv_cache_dtype,
-                cache_transceiver=s.trtllm_cache_transceiver,
-                tensor_parallel_size=s.trtllm_tensor_parallel_size,
-                options_file=s.trtllm_options,
+                trtllm=s.trtllm,
                 kv_hash_root=chain_root("", s.kv_hash_secret),
             )
         )

@@ -41,6 +41,7 @@ class Source:
     fixed: tuple[str, ...] = ()  # fields the caller passes (a worker's role), never read
     negated: tuple[str, ...] = ()  # booleans given by one --no-... flag
     kept: tuple[str, ...] = ()  # sub-config fields this service never reads: they keep the sub-config's default
+    prefixed: Mapping[str, str] = field(default_factory=dict)  # sub-config field -> what its fields' names take first
 
     def settings(self) -> tuple[Setting, ...]:
         out: list[Setting] = []
@@ -51,27 +52,29 @@ class Source:
             if sub is None:
                 out.append(self._setting(f, f.default))
             else:  # NOTE: one level deep, each field named as if it were the settings' own
+                pre = self.prefixed.get(f.name, "")
                 out += [
-                    self._setting(g, getattr(sub, g.name), f.name)
+                    self._setting(g, getattr(sub, g.name), f.name, pre)
                     for g in dataclasses.fields(sub)
                     if g.name not in self.kept
                 ]
         return tuple(out)
 
-    def _setting(self, f: dataclasses.Field, default: Any, group: str = "") -> Setting:
+    def _setting(self, f: dataclasses.Field, default: Any, group: str = "", pre: str = "") -> Setting:
         default = default if default is not dataclasses.MISSING else ""
-        dashed = f.name.replace("_", "-")
-        flags = self.flags.get(f.name) or (
-            (f"--no-{dashed.removeprefix('enable-')}",) if f.name in self.negated else (f"--{dashed}",)
+        name = pre + f.name
+        dashed = name.replace("_", "-")
+        flags = self.flags.get(name) or (
+            (f"--no-{dashed.removeprefix('enable-')}",) if name in self.negated else (f"--{dashed}",)
         )
         return Setting(
-            f.name,
-            self.env.get(f.name, self.prefix + f.name.upper()),
+            name,
+            self.env.get(name, self.prefix + name.upper()),
             flags,
-            self.casts.get(f.name) or _cast_of(default),
+            self.casts.get(name) or _cast_of(default),
             default,
-            self.help.get(f.name, ""),
-            f.name in self.negated,
+            self.help.get(name, ""),
+            name in self.negated,
             group,
         )
 
@@ -106,7 +109,8 @@ class Source:
             sub = sub_config(f)
             if sub is None:
                 continue
-            own = {s.name: out.pop(s.name) for s in self.settings() if s.group == f.name and s.name in out}
+            pre = self.prefixed.get(f.name, "")
+            own = {s.name[len(pre) :]: out.pop(s.name) for s in self.settings() if s.group == f.name and s.name in out}
             try:
                 out[f.name] = dataclasses.replace(sub, **own)
             except ValueError as exc:

@@ -11,6 +11,7 @@ from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
+from engines.trtllm.config import TRTLLM_BACKENDS, TRTLLM_KV_DTYPES, TRTLLM_TRANSCEIVERS, TrtllmOptions
 from services.common.kv_signing import parse_key
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError, env
@@ -18,10 +19,6 @@ from services.common.settings_loader import Source
 
 ENGINES = ("native", "zero", "sim", "trtllm")
 OVERLAP = ("auto", "on", "off")  # auto: on for CUDA devices, where a step runs asynchronously to the host
-TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
-TRTLLM_QUANT = ("", "fp8", "nvfp4")
-TRTLLM_KV_DTYPES = ("auto", "fp8")
-TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
 KV_TRANSPORTS = transports.SETTINGS  # auto: nixl when it imports
 KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
 INSECURE_ENV = "TANDEM_GRPC_INSECURE"
@@ -51,12 +48,7 @@ class WorkerSettings:
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
-    trtllm_backend: str = "auto"  # auto: "tensorrt" for a prebuilt engine directory, else "pytorch"
-    trtllm_quant: str = ""  # weights: "fp8" / "nvfp4" (pytorch: a ModelOpt checkpoint; tensorrt: at build)
-    trtllm_kv_cache_dtype: str = "auto"  # "fp8": FP8 KV cache
-    trtllm_cache_transceiver: str = "DEFAULT"  # how TensorRT-LLM moves KV between workers; "off": no transfer
-    trtllm_tensor_parallel_size: int = 1
-    trtllm_options: str = ""  # a JSON file of further tensorrt_llm.LLM keyword arguments (applied last)
+    trtllm: TrtllmOptions = TrtllmOptions()  # engine trtllm's own knobs, each read as trtllm_<field>
     overlap: str = "auto"  # the engine loop sends step N-1's outputs while step N runs on the device
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
@@ -99,7 +91,6 @@ class WorkerSettings:
                 "engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
                 "--trtllm-options instead of --kv-host-gb / --kv-disk-gb"
             )
-        self._check_trtllm()
         self._check_kv_key()
         self._check_speculative()
 
@@ -129,18 +120,6 @@ class WorkerSettings:
             raise SettingsError(str(exc)) from None
         if self.speculative and self.engine != "native":
             raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
-
-    def _check_trtllm(self) -> None:
-        for name, allowed in (
-            ("trtllm_backend", TRTLLM_BACKENDS),
-            ("trtllm_quant", TRTLLM_QUANT),
-            ("trtllm_kv_cache_dtype", TRTLLM_KV_DTYPES),
-            ("trtllm_cache_transceiver", TRTLLM_TRANSCEIVERS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.trtllm_tensor_parallel_size < 1:
-            raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
 
     def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
         """The transport as asked ("auto" resolved by the engine factory); blocks held a grace past the lease."""
@@ -221,6 +200,7 @@ SOURCE = Source(
     help=_HELP,
     fixed=("role",),
     negated=("enable_prefix_caching",),
+    prefixed={"trtllm": "trtllm_"},
     kept=("kv_cache_memory_fraction", "held_kv_ttl_s"),  # native's CPU share; the lease's TTL (transfer_config)
 )
 

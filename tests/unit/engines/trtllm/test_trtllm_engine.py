@@ -21,6 +21,7 @@ from engines.base.engine_configs import CacheConfig, TransferConfig
 from engines.base.events import KvEventKind
 from engines.transfer import transports
 from engines.trtllm import TrtllmConfig, TrtllmEngine
+from engines.trtllm.config import TrtllmOptions
 from tests.unit.engines.trtllm import fake_trtllm
 from tests.unit.engines.trtllm.fake_trtllm import fake_api, next_token
 
@@ -156,7 +157,7 @@ async def test_a_decode_whose_kv_is_gone_fails_clearly(tiny_llama):
 
 
 async def test_without_a_cache_transceiver_it_neither_holds_nor_takes_kv(tiny_llama):
-    engine = await make(tiny_llama, cache_transceiver="off")
+    engine = await make(tiny_llama, trtllm=TrtllmOptions(cache_transceiver="off"))
     with pytest.raises(InvalidRequestError, match="without a cache transceiver"):
         engine.add_request(EngineRequest("r", PROMPT, greedy(4), hold_kv=True))
     assert "cache_transceiver_config" not in fake_trtllm.LLM.instances[0].kwargs

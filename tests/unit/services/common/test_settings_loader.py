@@ -168,3 +168,21 @@ def test_a_sub_configs_own_check_is_a_settings_error(monkeypatch):
     monkeypatch.setenv("TANDEM_DEMO_MAX_ITEMS", "0")
     with pytest.raises(SettingsError, match="max_items must be >= 1, got 0"):
         NESTED.load()
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    mode: str = "a"
+
+
+@dataclass(frozen=True, slots=True)
+class WithBackend:
+    backend: Backend = Backend()
+
+
+def test_a_prefixed_sub_configs_fields_take_its_prefix(monkeypatch):
+    source = Source(WithBackend, "TANDEM_DEMO_", prefixed={"backend": "be_"})
+    (s,) = source.settings()
+    assert (s.name, s.env, s.flags, s.group) == ("be_mode", "TANDEM_DEMO_BE_MODE", ("--be-mode",), "backend")
+    monkeypatch.setenv("TANDEM_DEMO_BE_MODE", "b")
+    assert source.load() == WithBackend(Backend("b"))
