@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from engines.base.engine_configs import CacheConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench import gpu_ceilings, gpu_kernels, gpu_report  # noqa: E402
@@ -217,7 +219,7 @@ def engine(plan: Plan, model_dir: Path, kv: str = "auto", max_num_seqs: int = 1,
             device=plan.device,
             kv_cache_dtype=kv,
             batch=BatchConfig(max_num_seqs, batched, plan.max_model_len),
-            kv_cache_memory_fraction=0.85,
+            cache=CacheConfig(gpu_memory_utilization=0.0, kv_cache_memory_fraction=0.85),
         )
     )
 

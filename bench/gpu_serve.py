@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from engines.base.engine_configs import CacheConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.gpu_pd import wait_ready  # noqa: E402
@@ -38,7 +40,7 @@ def in_process(model: Path, device: str, dtype: str, n: int, isl: int, osl: int)
             dtype=dtype,
             device=device,
             batch=BatchConfig(n, 8192, isl + osl + 16),
-            kv_cache_memory_fraction=0.85,
+            cache=CacheConfig(gpu_memory_utilization=0.0, kv_cache_memory_fraction=0.85),
         )
     )
     gen = torch.Generator().manual_seed(0)

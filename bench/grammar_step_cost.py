@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from engines.base.block_hash import num_blocks_for
+from engines.base.engine_configs import CacheConfig
 from engines.base.structured import StructuredSpec
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.structured_bench import round_order, story_schema
@@ -59,9 +60,8 @@ def measure(model: str, concurrencies: tuple[int, ...], rounds: int, isl: int, o
             model=model,
             dtype="float32",
             num_threads=1,
-            block_size=16,
             batch=BatchConfig(top, 4096),
-            num_blocks=2 * top * (num_blocks_for(isl + osl, 16) + 1),
+            cache=CacheConfig(block_size=16, num_blocks=2 * top * (num_blocks_for(isl + osl, 16) + 1)),
         )
     )
     spec = StructuredSpec("json_schema", json.dumps(story_schema(osl)))

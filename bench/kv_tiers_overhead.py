@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import EngineRequest, SamplingParams
 from engines.core.scheduler import Scheduler
 from engines.core.tiers.tiering import Tiering
@@ -58,7 +59,11 @@ class TierClock:
 def run(model: Path, host_gb: float, prompts: list[list[int]], osl: int, concurrency: int) -> dict:
     """Serve `prompts` `concurrency` at a time; wall time, TTFT per request, and time in tier work."""
     core = build_core(
-        EngineConfig(str(model), num_blocks=len(prompts[0]) // 16 * concurrency * 2, num_threads=1, kv_host_gb=host_gb)
+        EngineConfig(
+            str(model),
+            num_threads=1,
+            cache=CacheConfig(num_blocks=len(prompts[0]) // 16 * concurrency * 2, kv_host_gb=host_gb),
+        )
     )
     clock = TierClock() if host_gb else None
     pending, ttft, start = list(enumerate(prompts)), {}, time.perf_counter()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engines.base.engine_configs import CacheConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from engines.native.config import EngineConfig  # noqa: E402
@@ -74,7 +76,7 @@ def prompt_ids(model_dir: Path, prompts=PROMPTS) -> list[list[int]]:
 
 def run_logits(model_dir: Path, token_ids: list[list[int]], dtype: str, **engine) -> tuple[list[torch.Tensor], float]:
     start = time.perf_counter()
-    core = build_core(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=64, **engine))
+    core = build_core(EngineConfig(model=str(model_dir), dtype=dtype, **engine, cache=CacheConfig(num_blocks=64)))
     logits = [prompt_logits(core, ids) for ids in token_ids]
     return logits, time.perf_counter() - start
 

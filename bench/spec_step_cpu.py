@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engines.base.block_hash import num_blocks_for
-from engines.base.engine_configs import BatchConfig
+from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.base.types import EngineRequest
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
@@ -31,10 +31,9 @@ def make_core(model: Path, speculative: str, max_len: int):
         model=str(model),
         dtype="float32",
         num_threads=1,
-        block_size=BLOCK_SIZE,
         batch=BatchConfig(1, 4096),
-        num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1)),
         speculative=speculative,
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1))),
     )
     return build_core(config)
 

@@ -41,6 +41,7 @@ DRY_PLAN = TrtPlan(16, 8, (32, 64), ((4, 8, 8), (2, 16, 16)), 4, 128, 128)
 def engine_for(model: Path, plan: TrtPlan, api=None, dtype: str = "bfloat16", kv: str = "auto"):
     from engines.base.engine_configs import BatchConfig, CacheConfig
     from engines.trtllm import TrtllmConfig, TrtllmEngine
+    from engines.trtllm.config import TrtllmOptions
 
     batch = BatchConfig(plan.max_num_seqs, plan.max_num_batched_tokens, plan.max_model_len)
     config = TrtllmConfig(
@@ -48,8 +49,7 @@ def engine_for(model: Path, plan: TrtPlan, api=None, dtype: str = "bfloat16", kv
         dtype=dtype,
         batch=batch,
         cache=CacheConfig(block_size=32),
-        kv_cache_dtype=kv,
-        cache_transceiver="off",
+        trtllm=TrtllmOptions(kv_cache_dtype=kv, cache_transceiver="off"),
     )
     return TrtllmEngine(config, api=api)
 

@@ -1,6 +1,7 @@
 """Writes docs/configuration.md from the services' settings Sources: each field's variable, flags, default and
 meaning (the Source's help, else the field's comment in its class). Pure text out; it reads no environment."""
 
+import dataclasses
 import importlib
 import inspect
 import io
@@ -9,7 +10,7 @@ import sys
 import tokenize
 from pathlib import Path
 
-from services.common.settings_loader import Setting, Source
+from services.common.settings_loader import Setting, Source, sub_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 # section title -> the module whose SOURCE it documents
@@ -92,6 +93,9 @@ def _up_section() -> str:
 
 def _section(title: str, source: Source) -> str:
     comments = field_comments(source.cls)
+    for f in dataclasses.fields(source.cls):  # a sub-config's fields are documented where they are declared
+        sub = sub_config(f)
+        comments |= field_comments(type(sub)) if sub is not None else {}
     rows = [
         f"## {title}\n",
         f"`{source.cls.__name__}`; variables `{source.prefix}*` unless named.\n",

@@ -4,7 +4,9 @@ fields. Validation only: no I/O, no torch, nothing measured is written back."""
 
 from dataclasses import dataclass
 
-KV_TRANSPORTS = ("auto", "nixl", "grpc", "")  # auto: nixl when it imports; "": bytes in the message (native)
+from engines.transfer import transports
+
+KV_TRANSPORTS = (*transports.SETTINGS, transports.TRTLLM)  # auto: resolved by the worker before an engine is built
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +35,18 @@ class CacheConfig:
     kv_host_gb: float = 0.0  # G2: host memory for KV blocks beyond the device pool; 0: none
     kv_disk_dir: str = ""  # G3: local disk for KV blocks seen twice, kept across restarts; "": none
     kv_disk_gb: float = 0.0
+    # CPU (or no GPU share): the device pool is this share of the memory available when num_blocks is 0
+    kv_cache_memory_fraction: float = 0.3
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.num_blocks < 0:
             raise ValueError(f"block_size must be >= 1 and num_blocks >= 0, got {self.block_size}, {self.num_blocks}")
         if not 0 <= self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in [0, 1], got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], or 0 for no card share, got {self.gpu_memory_utilization}"
+            )
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
         check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
 
 

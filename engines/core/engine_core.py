@@ -8,6 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engines.base.engine_configs import BatchConfig
 from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
@@ -27,16 +28,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
-    max_num_seqs: int = 64  # running requests per step
-    max_num_batched_tokens: int = 2048  # per-step token budget
+    batch: BatchConfig = BatchConfig()  # the scheduler's limits and prefix caching (max_model_len: the runner's)
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
     held_kv_ttl_s: float = 30.0  # a prefilled request's blocks are freed if not exported by then
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.held_kv_ttl_s <= 0:
             raise ValueError(f"held_kv_ttl_s must be > 0, got {self.held_kv_ttl_s}")
 
@@ -77,15 +74,15 @@ class EngineCore:
     ):
         """`proposer`: speculative decoding's, when not the config's default (n-gram prompt lookup)."""
         self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.info.max_model_len:
+        if not config.enable_chunked_prefill and config.batch.max_num_batched_tokens < self.info.max_model_len:
             raise ValueError(
                 "without chunked prefill, max_num_batched_tokens must be >= max_model_len "
-                f"({config.max_num_batched_tokens} < {self.info.max_model_len})"
+                f"({config.batch.max_num_batched_tokens} < {self.info.max_model_len})"
             )
         if config.spec.is_enabled and not self.info.can_speculate:
             raise ValueError("this engine cannot verify proposed tokens: speculative decoding needs the native engine")
         self.block_manager = BlockManager(
-            self.info.num_blocks, self.info.kv_layout.block_size, config.enable_prefix_caching
+            self.info.num_blocks, self.info.kv_layout.block_size, config.batch.enable_prefix_caching
         )
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
@@ -95,13 +92,11 @@ class EngineCore:
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
         self.tiering = (
             Tiering(tiers, self.block_manager, clock)
-            if tiers is not None and tiers.tier_spec.is_enabled and config.enable_prefix_caching
+            if tiers is not None and tiers.tier_spec.is_enabled and config.batch.enable_prefix_caching
             else None
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill, config.spec
-            ),
+            SchedulerConfig(config.batch, config.enable_chunked_prefill, config.spec),
             self.block_manager,
             proposer,
             self.tiering,

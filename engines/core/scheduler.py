@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engines.base.engine_configs import BatchConfig
 from engines.base.types import FinishReason
 from engines.core.block_manager import BlockManager
 from engines.core.loads import KvLoad, LoadDone, Loading
@@ -24,8 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    batch: BatchConfig = BatchConfig()  # max_num_seqs, the step's token budget, prefix caching
     enable_chunked_prefill: bool = True
     spec: SpecConfig = SpecConfig()
 
@@ -91,7 +91,7 @@ class Scheduler:
     def _schedule(self, stop_at: Sequence | None) -> SchedulerOutput:
         """One pass; admission stops at `stop_at` (a waiting request that must not be admitted yet)."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.config.batch.max_num_batched_tokens)
         if not out.preempted:  # NOTE: admitting while preempting would thrash
             self._schedule_waiting(out, budget, stop_at)
         out.num_blocks_used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
@@ -251,7 +251,7 @@ class Scheduler:
         the load of its next block. Stops at the first that cannot get blocks for its load (admission order) and
         returns it: it must not be admitted by computing what a lower tier holds, unless nothing runs, loads or
         holds loaded blocks (then no blocks would ever come free for it)."""
-        room = self.config.max_num_seqs - len(self.running)
+        room = self.config.batch.max_num_seqs - len(self.running)
         reserved = self._outstanding()
         for seq in list(itertools.islice(self.waiting, max(room, 0))):
             if seq.may_onboard and seq.num_computed_tokens == 0:
@@ -344,7 +344,7 @@ class Scheduler:
         )
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, stop_at: Sequence | None) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.batch.max_num_seqs:
             seq = self.waiting[0]
             if seq is stop_at:
                 return

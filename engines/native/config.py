@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.base.engine_configs import BatchConfig, check_tier_sizes
+from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
 from engines.base.errors import ModelNotFoundError, UnsupportedArchitectureError
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.transfer import transports
@@ -25,22 +25,20 @@ class EngineConfig:
     model: str  # a local Hugging Face checkpoint directory
     dtype: str = "float32"  # weights, activations and KV cache
     device: str = "cpu"
-    block_size: int = 16
-    num_blocks: int | None = None  # None: size the KV cache from memory
-    kv_cache_memory_fraction: float = 0.3  # of available memory, when num_blocks is None
-    gpu_memory_utilization: float = 0.0  # CUDA: the card's share this engine may fill (KV = it - used); 0: unused
     batch: BatchConfig = BatchConfig()  # max_model_len 0: the checkpoint's max_position_embeddings, capped at 8192
+    # num_blocks 0: sized from memory; gpu_memory_utilization (CUDA: the card's share this engine may fill, KV = it -
+    # used) 0: unused, the pool is kv_cache_memory_fraction of the memory available; the tiers: G2 host, G3 disk
+    cache: CacheConfig = CacheConfig(gpu_memory_utilization=0.0)
+    # kv_transport: how other engines' KV reaches this cache (transports.ENGINE, never "auto"); held_kv_ttl_s: a
+    # hold_kv request's blocks are freed if not exported by then
+    transfer: TransferConfig = TransferConfig(transports.BYTES)
     enable_chunked_prefill: bool = True
-    held_kv_ttl_s: float = 30.0  # a hold_kv request's blocks are freed if not exported by then
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: bool = True  # decode under CUDA graphs (CUDA with the triton backend only)
-    kv_host_gb: float = 0.0  # G2: host memory for KV blocks evicted from the device pool; 0: none
-    kv_disk_dir: str = ""  # G3: a directory for KV blocks seen twice (needs kv_host_gb); "": none
-    kv_disk_gb: float = 0.0
-    kv_disk_key: bytes = field(default=b"", repr=False)  # authenticates disk block headers (the deployment key)
-    kv_transport: str = transports.BYTES  # how other engines' KV reaches this cache (transports.ENGINE)
+    # NOTE: a secret from the worker's signing key, not a knob of the cache: it authenticates disk block headers
+    kv_disk_key: bytes = field(default=b"", repr=False)
     speculative: str = ""  # speculative decoding's proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
     num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
     # None: measured at start (spec_costs.py); (): the fixed rule (SpecConfig.draft_cost), for greedy and sampled
@@ -53,14 +51,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
         SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
-        if self.kv_transport not in transports.ENGINE:
-            raise ValueError(f"kv_transport must be one of {transports.ENGINE}, got {self.kv_transport!r}")
+        if self.transfer.kv_transport not in transports.ENGINE:
+            raise ValueError(f"kv_transport must be one of {transports.ENGINE}, got {self.transfer.kv_transport!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,17 +41,14 @@ class DraftProposer:
         config = replace(
             target,
             model=draft_dir,
-            num_blocks=num_blocks,
             batch=replace(target.batch, enable_prefix_caching=False),
+            cache=replace(target.cache, num_blocks=num_blocks, kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0),
+            transfer=replace(target.transfer, kv_transport=transports.BYTES),
             speculative="",
-            kv_host_gb=0.0,
-            kv_disk_dir="",
-            kv_disk_gb=0.0,
-            kv_transport=transports.BYTES,
         )
         self.runner = ModelRunner(config, model_cfg)
         self.runner.grammars = None  # NOTE: greedy proposals never follow a grammar (structured requests never ask)
-        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size, enable_prefix_caching=False)
         self.mirrors: dict[str, Sequence] = {}
 
     def relative_cost(self, target) -> float:

@@ -26,7 +26,7 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.config, self.model_cfg = config, model_cfg
         self.device, self.dtype = config.device, getattr(torch, config.dtype)
-        self.block_size = config.block_size
+        self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(config, model_cfg)
         self.backend_name = resolve_backend(self.device, config.attention_backend)
         self.model = load_model(
@@ -38,7 +38,11 @@ class ModelRunner:
                     module.pack_for_cpu()
         kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else config.dtype
         self.kv_layout = KvLayout(
-            model_cfg.num_hidden_layers, model_cfg.num_key_value_heads, model_cfg.head_dim, kv_dtype, config.block_size
+            model_cfg.num_hidden_layers,
+            model_cfg.num_key_value_heads,
+            model_cfg.head_dim,
+            kv_dtype,
+            config.cache.block_size,
         )
         quant = read_quant_config(config.model)
         self.kv_cache = KvCache(
@@ -80,13 +84,14 @@ class ModelRunner:
         return graphs
 
     def _num_blocks(self) -> int:
-        if self.config.num_blocks is not None:
-            return self.config.num_blocks
-        if self.config.gpu_memory_utilization and str(self.device).startswith("cuda"):
+        cache = self.config.cache
+        if cache.num_blocks:
+            return cache.num_blocks
+        if cache.gpu_memory_utilization and str(self.device).startswith("cuda"):
             # NOTE: a margin for activations and graphs, which come after the cache is sized
-            budget = int(gpu_share_left(str(self.device), self.config.gpu_memory_utilization) * 0.9)
+            budget = int(gpu_share_left(str(self.device), cache.gpu_memory_utilization) * 0.9)
         else:
-            budget = int(available_memory(self.device) * self.config.kv_cache_memory_fraction)
+            budget = int(available_memory(self.device) * cache.kv_cache_memory_fraction)
         by_memory = budget // bytes_per_block(self.kv_layout)
         # enough for every running sequence at full length, twice over for the prefix cache
         useful = 2 * self.config.batch.max_num_seqs * num_blocks_for(self.max_model_len, self.block_size)

@@ -37,21 +37,21 @@ class _Pending:
 class NativeRunner(MovedLoads):
     def __init__(self, config: EngineConfig):
         model_cfg = ModelConfig.from_dir(config.model)
-        if config.kv_host_gb:  # NOTE: before the model loads: a budget the machine cannot hold fails at once
-            check_host_budget(int(config.kv_host_gb * GB), memory_available())
+        if config.cache.kv_host_gb:  # NOTE: before the model loads: a budget the machine cannot hold fails at once
+            check_host_budget(int(config.cache.kv_host_gb * GB), memory_available())
         self.model_runner = ModelRunner(config, model_cfg)
-        self.mover = make_mover(self.model_runner.kv_cache, config.kv_transport)
+        self.mover = make_mover(self.model_runner.kv_cache, config.transfer.kv_transport)
         self.info = RunnerInfo(
             self.model_runner.kv_layout,
             self.model_runner.num_blocks,
             self.model_runner.max_model_len,
             model_cfg.vocab_size,
             model_cfg.eos_token_ids,
-            kv_transport=config.kv_transport if self.mover else transports.BYTES,
+            kv_transport=config.transfer.kv_transport if self.mover else transports.BYTES,
             can_constrain=self.model_runner.grammars is not None,
             can_speculate=True,
         )
-        self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.kv_host_gb else None
+        self.tiers = make_tiers(config, self.model_runner.kv_cache) if config.cache.kv_host_gb else None
 
     @property
     def model(self):
@@ -90,24 +90,16 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
     """The host (and disk) tiers under `kv_cache`, sized in whole blocks of every layer."""
     block_bytes = bytes_per_block(kv_cache.layout)
     spec = TierSpec(
-        num_host_blocks=int(config.kv_host_gb * GB) // block_bytes,
-        num_disk_blocks=int(config.kv_disk_gb * GB) // block_bytes,
+        num_host_blocks=int(config.cache.kv_host_gb * GB) // block_bytes,
+        num_disk_blocks=int(config.cache.kv_disk_gb * GB) // block_bytes,
         block_bytes=block_bytes,
     )
-    return NativeTiers(kv_cache, spec, config.kv_disk_dir, model_fingerprint(config.model), config.kv_disk_key)
+    return NativeTiers(kv_cache, spec, config.cache.kv_disk_dir, model_fingerprint(config.model), config.kv_disk_key)
 
 
 def core_config(config: EngineConfig) -> CoreConfig:
     spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
-    batch = config.batch
-    return CoreConfig(
-        batch.max_num_seqs,
-        batch.max_num_batched_tokens,
-        config.enable_chunked_prefill,
-        batch.enable_prefix_caching,
-        config.held_kv_ttl_s,
-        spec,
-    )
+    return CoreConfig(config.batch, config.enable_chunked_prefill, config.transfer.held_kv_ttl_s, spec)
 
 
 def build_core(config: EngineConfig) -> EngineCore:

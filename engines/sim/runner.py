@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.base.engine_configs import CacheConfig
+from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
 from engines.base.types import KvExport, KvLayout
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo, deterministic_token, zero_kv_export
@@ -171,7 +171,7 @@ class SimSpec:
     enable_prefix_caching: bool = True
     cache: CacheConfig = CacheConfig()  # its host and disk tier sizes: modelled tiers (no bytes), per worker
     payload: Payload | None = None  # a real KV cache (workers); None: timing only
-    held_kv_ttl_s: float = 30.0
+    transfer: TransferConfig = TransferConfig(transports.STAGING)  # held_kv_ttl_s: held KV no one took is let go
     model: str = ""  # a checkpoint directory whose vocabulary the tokens come from ("": VOCAB_SIZE)
 
 
@@ -188,7 +188,7 @@ def build_core(spec: SimSpec) -> EngineCore:
         kv_host_gb=spec.cache.kv_host_gb,
         kv_disk_gb=spec.cache.kv_disk_gb,
         payload=payload,
-        held_kv_ttl_s=spec.held_kv_ttl_s,
+        held_kv_ttl_s=spec.transfer.held_kv_ttl_s,
         vocab_size=model_vocab_size(spec.model),
     )
 
@@ -207,9 +207,10 @@ def sim_core(
     vocab_size: int = VOCAB_SIZE,
 ) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
-    config = CoreConfig(
-        profile.max_num_seqs, profile.max_num_batched_tokens, True, enable_prefix_caching, held_kv_ttl_s
+    batch = BatchConfig(
+        profile.max_num_seqs, profile.max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching
     )
+    config = CoreConfig(batch, True, held_kv_ttl_s)
     runner = SimRunner(
         profile,
         time_factor,

@@ -19,7 +19,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def choose_backend(cfg: TrtllmConfig, ckpt: Checkpoint) -> str:
-    backend = cfg.backend if cfg.backend != "auto" else ("tensorrt" if ckpt.is_engine else "pytorch")
+    backend = cfg.trtllm.backend if cfg.trtllm.backend != "auto" else ("tensorrt" if ckpt.is_engine else "pytorch")
     if backend == "pytorch" and ckpt.is_engine:
         raise EngineUnavailableError(
             f"{ckpt.path} is a TensorRT engine directory: start the worker with --trtllm-backend tensorrt (or auto)"
@@ -30,18 +30,18 @@ def choose_backend(cfg: TrtllmConfig, ckpt: Checkpoint) -> str:
 def check_checkpoint(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str) -> None:
     """Refuse, with the fix, what TensorRT-LLM would not do as asked: a quantization the checkpoint does not
     have (PyTorch backend, engines), a KV block size other than the engine's."""
-    wanted = _QUANT.get(cfg.quant)
+    wanted = _QUANT.get(cfg.trtllm.quant)
     fixed = ckpt.is_engine or backend == "pytorch"  # only the tensorrt backend quantizes a HF checkpoint
     if wanted and fixed and ckpt.quant_algo != wanted:
         how = (
             "rebuild the engine with that quantization"
             if ckpt.is_engine
             else "use a ModelOpt checkpoint of it (NVIDIA ModelOpt's hf_ptq.py --qformat "
-            f"{cfg.quant}) or --trtllm-backend tensorrt, which quantizes through QuantConfig at build"
+            f"{cfg.trtllm.quant}) or --trtllm-backend tensorrt, which quantizes through QuantConfig at build"
         )
         found = ckpt.quant_algo or "not quantized"
         raise EngineUnavailableError(f"{ckpt.path} is not quantized as {wanted} (it is {found}): {how}")
-    if ckpt.is_engine and cfg.kv_cache_dtype == "fp8" and ckpt.kv_cache_quant_algo != "FP8":
+    if ckpt.is_engine and cfg.trtllm.kv_cache_dtype == "fp8" and ckpt.kv_cache_quant_algo != "FP8":
         raise EngineUnavailableError(f"{ckpt.path} was built without an FP8 KV cache: rebuild it with one")
     if ckpt.tokens_per_block and ckpt.tokens_per_block != cfg.cache.block_size:
         raise EngineUnavailableError(
@@ -51,7 +51,7 @@ def check_checkpoint(cfg: TrtllmConfig, ckpt: Checkpoint, backend: str) -> None:
 
 
 def kv_dtype(cfg: TrtllmConfig, ckpt: Checkpoint) -> str:
-    return FP8_KV if "fp8" in (cfg.kv_cache_dtype, (ckpt.kv_cache_quant_algo or "").lower()) else cfg.dtype
+    return FP8_KV if "fp8" in (cfg.trtllm.kv_cache_dtype, (ckpt.kv_cache_quant_algo or "").lower()) else cfg.dtype
 
 
 def kv_bytes_per_token(cfg: TrtllmConfig, ckpt: Checkpoint) -> int:
@@ -66,7 +66,7 @@ def kv_cache_size(cfg: TrtllmConfig, ckpt: Checkpoint, total_bytes: int) -> dict
     cache = cfg.cache
     if cache.num_blocks:
         return {"max_tokens": cache.num_blocks * cache.block_size}
-    tp = cfg.tensor_parallel_size
+    tp = cfg.trtllm.tensor_parallel_size
     budget = cache.gpu_memory_utilization * total_bytes - ckpt.weight_bytes / tp
     block_bytes = kv_bytes_per_token(cfg, ckpt) / tp * cache.block_size
     if budget < block_bytes:
@@ -90,7 +90,7 @@ def llm_arguments(
         "event_buffer_max_size": EVENT_BUFFER if cfg.batch.enable_prefix_caching else 0,
         **kv_cache_size(cfg, ckpt, total_bytes),
     }
-    kwargs: dict[str, Any] = {"model": str(ckpt.path), "tensor_parallel_size": cfg.tensor_parallel_size}
+    kwargs: dict[str, Any] = {"model": str(ckpt.path), "tensor_parallel_size": cfg.trtllm.tensor_parallel_size}
     if not ckpt.is_engine:  # an engine's dtype and limits were fixed when it was built
         kwargs.update(
             dtype=cfg.dtype,
@@ -99,21 +99,21 @@ def llm_arguments(
             max_seq_len=max_model_len(cfg, ckpt),
         )
     if cfg.disaggregation:
-        kwargs["cache_transceiver_config"] = api.CacheTransceiverConfig(backend=cfg.cache_transceiver)
+        kwargs["cache_transceiver_config"] = api.CacheTransceiverConfig(backend=cfg.trtllm.cache_transceiver)
     if backend == "pytorch":
-        kv["dtype"] = "fp8" if cfg.kv_cache_dtype == "fp8" else "auto"  # auto: the checkpoint's
+        kv["dtype"] = "fp8" if cfg.trtllm.kv_cache_dtype == "fp8" else "auto"  # auto: the checkpoint's
         kwargs["enable_iter_perf_stats"] = True  # the stats tandem's gauges read
         kwargs["guided_decoding_backend"] = "llguidance"  # structured requests: the grammars tandem's gateway checks
     elif not ckpt.is_engine and (quant := quant_config(cfg, api)) is not None:
         kwargs["quant_config"] = quant
     kwargs["kv_cache_config"] = api.KvCacheConfig(**kv)
-    kwargs.update(extra_options(cfg.options_file))
+    kwargs.update(extra_options(cfg.trtllm.options))
     return (api.LLM if backend == "pytorch" else api.TrtLLM), kwargs
 
 
 def quant_config(cfg: TrtllmConfig, api: TrtllmApi) -> Any:
-    algo = getattr(api.QuantAlgo, _QUANT[cfg.quant]) if cfg.quant else None
-    kv_algo = api.QuantAlgo.FP8 if cfg.kv_cache_dtype == "fp8" else None
+    algo = getattr(api.QuantAlgo, _QUANT[cfg.trtllm.quant]) if cfg.trtllm.quant else None
+    kv_algo = api.QuantAlgo.FP8 if cfg.trtllm.kv_cache_dtype == "fp8" else None
     if algo is None and kv_algo is None:
         return None
     return api.QuantConfig(quant_algo=algo, kv_cache_quant_algo=kv_algo)

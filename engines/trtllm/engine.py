@@ -196,7 +196,7 @@ class TrtllmEngine:
                 log.warning("request %s failed in TensorRT-LLM: %s", req_id, exc)
                 self._deliver(live, self._failed(live, str(exc)))
         if last is not None and last.finish_reason is FinishReason.PREFILLED:
-            self._held[req_id] = (time.monotonic() + self.config.held_kv_ttl_s, live.result)
+            self._held[req_id] = (time.monotonic() + self.config.transfer.held_kv_ttl_s, live.result)
         elif live.stream.plan.holds_kv:
             _abort_quietly(live.result)  # ended on its first token: nothing to hand over, let its KV go
 
@@ -297,7 +297,7 @@ class TrtllmEngine:
     def _expire_held(self) -> None:
         now = time.monotonic()
         for req_id in [r for r, (deadline, _) in self._held.items() if deadline <= now]:
-            log.info("held KV of %s not taken within %.0fs; letting it go", req_id, self.config.held_kv_ttl_s)
+            log.info("held KV of %s not taken within %.0fs; letting it go", req_id, self.config.transfer.held_kv_ttl_s)
             _abort_quietly(self._held.pop(req_id)[1])
 
     # ---- stats and KV events ----

@@ -83,7 +83,4 @@ def build_core(spec: ZeroSpec) -> EngineCore:
         cache.kv_host_gb,
         cache.kv_disk_gb,
     )
-    return EngineCore(
-        CoreConfig(batch.max_num_seqs, batch.max_num_batched_tokens, enable_prefix_caching=batch.enable_prefix_caching),
-        runner,
-    )
+    return EngineCore(CoreConfig(batch), runner)

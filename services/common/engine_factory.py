@@ -3,9 +3,11 @@ and the client of an engine process built from it; TensorRT-LLM brings its own e
 Backends are imported lazily (the runners in the engine process only)."""
 
 import functools
+from dataclasses import replace
 
 from engines.base import Engine
 from engines.base.block_hash import chain_root
+from engines.base.engine_configs import TransferConfig
 from engines.core.client import EngineClient
 from engines.core.loop import EngineSpec
 from engines.transfer import transports
@@ -21,7 +23,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
     if s.engine == "zero":
         from engines.zero import zero_spec
 
-        return zero_spec(s.model, batch=s.batch_config(), cache=s.cache_config())
+        return zero_spec(s.model, batch=s.batch, cache=s.cache)
     if s.engine == "sim":
         from engines.sim import sim_spec
 
@@ -29,10 +31,10 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
         return sim_spec(
             s.sim_profile,
             s.sim_time_factor,
-            enable_prefix_caching=s.enable_prefix_caching,
-            cache=s.cache_config(),
+            enable_prefix_caching=s.batch.enable_prefix_caching,
+            cache=s.cache,
             payload=sim_payload(s),
-            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            transfer=transfer_config(s),
             model=s.model,
         )
     from engines.native import native_spec
@@ -43,27 +45,27 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
             model=s.model,
             dtype=s.dtype,
             device=s.device,
-            block_size=s.block_size,
-            num_blocks=s.num_blocks or None,
-            batch=s.batch_config(),
-            held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
+            batch=s.batch,
+            # NOTE: off CUDA the pool is a share of the memory available, not of a card
+            cache=s.cache if s.device.startswith("cuda") else replace(s.cache, gpu_memory_utilization=0),
+            transfer=transfer_config(s),
             num_threads=s.num_threads or None,
-            kv_host_gb=s.kv_host_gb,
-            kv_disk_dir=s.kv_disk_dir,
-            kv_disk_gb=s.kv_disk_gb,
             kv_disk_key=s.kv_signing_key() or b"",
-            kv_transport=kv_transport(s),
             speculative=s.speculative,
             num_speculative_tokens=s.num_speculative_tokens,
-            gpu_memory_utilization=s.gpu_memory_utilization if s.device.startswith("cuda") else 0.0,
         )
     )
 
 
+def transfer_config(s: WorkerSettings) -> TransferConfig:
+    """The worker's transfer sub-config with "auto" resolved to the transport this host can use."""
+    return replace(s.transfer_config(HELD_KV_GRACE_S), kv_transport=kv_transport(s))
+
+
 def kv_transport(s: WorkerSettings) -> str:
     """The transport a worker's engine moves KV with: auto is NIXL when it imports, else the gRPC fallback."""
-    if s.kv_transport != transports.AUTO:
-        return s.kv_transport
+    if s.transfer.kv_transport != transports.AUTO:
+        return s.transfer.kv_transport
     from engines.transfer.nixl_link import is_available
 
     return transports.NIXL if is_available() else transports.STAGING
@@ -88,15 +90,10 @@ def make_engine(s: WorkerSettings) -> Engine:
                 model=s.model,
                 dtype=s.dtype,
                 device=s.device,
-                batch=s.batch_config(),
-                cache=s.cache_config(),
-                held_kv_ttl_s=s.kv_lease_s + HELD_KV_GRACE_S,
-                backend=s.trtllm_backend,
-                quant=s.trtllm_quant,
-                kv_cache_dtype=s.trtllm_kv_cache_dtype,
-                cache_transceiver=s.trtllm_cache_transceiver,
-                tensor_parallel_size=s.trtllm_tensor_parallel_size,
-                options_file=s.trtllm_options,
+                batch=s.batch,
+                cache=s.cache,
+                transfer=TransferConfig(transports.TRTLLM, s.kv_lease_s + HELD_KV_GRACE_S),
+                trtllm=s.trtllm,
                 kv_hash_root=chain_root("", s.kv_hash_secret),
             )
         )

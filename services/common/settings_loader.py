@@ -1,6 +1,7 @@
 """The one settings loader every service uses: from a frozen settings dataclass it derives each field's TANDEM_*
-variable and CLI flag, reads them (flag over variable over default) and builds the object, whose own checks run.
-It holds no service's rules: names that break the pattern are declared by the service's Source."""
+variable and CLI flag (a field holding a frozen sub-config: each of its fields, named as if flat), reads them (flag
+over variable over default) and builds the object, whose own checks run. It holds no service's rules: names that
+break the pattern are declared by the service's Source."""
 
 import argparse
 import dataclasses
@@ -8,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.settings import env
+from services.common.settings import SettingsError, env
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -24,6 +25,7 @@ class Setting:
     default: Any
     help: str = ""
     negated: bool = False  # a boolean whose one flag turns it off (--no-prefix-caching)
+    group: str = ""  # the settings field holding the sub-config this field belongs to; "": the settings' own
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,24 +40,42 @@ class Source:
     help: Mapping[str, str] = field(default_factory=dict)
     fixed: tuple[str, ...] = ()  # fields the caller passes (a worker's role), never read
     negated: tuple[str, ...] = ()  # booleans given by one --no-... flag
+    kept: tuple[str, ...] = ()  # sub-config fields this service never reads: they keep the sub-config's default
+    prefixed: Mapping[str, str] = field(default_factory=dict)  # sub-config field -> what its fields' names take first
 
     def settings(self) -> tuple[Setting, ...]:
-        return tuple(self._setting(f) for f in dataclasses.fields(self.cls) if f.name not in self.fixed)
+        out: list[Setting] = []
+        for f in dataclasses.fields(self.cls):
+            if f.name in self.fixed:
+                continue
+            sub = sub_config(f)
+            if sub is None:
+                out.append(self._setting(f, f.default))
+            else:  # NOTE: one level deep, each field named as if it were the settings' own
+                pre = self.prefixed.get(f.name, "")
+                out += [
+                    self._setting(g, getattr(sub, g.name), f.name, pre)
+                    for g in dataclasses.fields(sub)
+                    if g.name not in self.kept
+                ]
+        return tuple(out)
 
-    def _setting(self, f: dataclasses.Field) -> Setting:
-        default = f.default if f.default is not dataclasses.MISSING else ""
-        dashed = f.name.replace("_", "-")
-        flags = self.flags.get(f.name) or (
-            (f"--no-{dashed.removeprefix('enable-')}",) if f.name in self.negated else (f"--{dashed}",)
+    def _setting(self, f: dataclasses.Field, default: Any, group: str = "", pre: str = "") -> Setting:
+        default = default if default is not dataclasses.MISSING else ""
+        name = pre + f.name
+        dashed = name.replace("_", "-")
+        flags = self.flags.get(name) or (
+            (f"--no-{dashed.removeprefix('enable-')}",) if name in self.negated else (f"--{dashed}",)
         )
         return Setting(
-            f.name,
-            self.env.get(f.name, self.prefix + f.name.upper()),
+            name,
+            self.env.get(name, self.prefix + name.upper()),
             flags,
-            self.casts.get(f.name) or _cast_of(default),
+            self.casts.get(name) or _cast_of(default),
             default,
-            self.help.get(f.name, ""),
-            f.name in self.negated,
+            self.help.get(name, ""),
+            name in self.negated,
+            group,
         )
 
     def setting(self, name: str) -> Setting:
@@ -79,7 +99,23 @@ class Source:
 
     def load(self, overrides: Mapping[str, Any] | argparse.Namespace = (), **fixed: Any) -> Any:
         """Defaults, then the variables, then the non-None overrides (parsed flags); raises SettingsError."""
-        return self.cls(**fixed, **self.values(overrides))
+        return self.cls(**fixed, **self.compose(self.values(overrides)))
+
+    def compose(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Flat values by field name into the settings' keywords: each sub-config built from its fields' values
+        (over its default), its own check's ValueError raised as a SettingsError."""
+        out = dict(values)
+        for f in dataclasses.fields(self.cls):
+            sub = sub_config(f)
+            if sub is None:
+                continue
+            pre = self.prefixed.get(f.name, "")
+            own = {s.name[len(pre) :]: out.pop(s.name) for s in self.settings() if s.group == f.name and s.name in out}
+            try:
+                out[f.name] = dataclasses.replace(sub, **own)
+            except ValueError as exc:
+                raise SettingsError(str(exc)) from None
+        return out
 
     def values(self, overrides: Mapping[str, Any] | argparse.Namespace = ()) -> dict[str, Any]:
         values = {s.name: env(s.env, s.default, s.cast) for s in self.settings()}
@@ -87,6 +123,12 @@ class Source:
             overrides = {k: v for k, v in vars(overrides).items() if k in values}
         values.update({k: v for k, v in dict(overrides).items() if v is not None})
         return values
+
+
+def sub_config(f: dataclasses.Field) -> Any:
+    """The default sub-config a settings field holds (a frozen dataclass instance), or None for a plain value."""
+    default = f.default
+    return default if dataclasses.is_dataclass(default) and not isinstance(default, type) else None
 
 
 def _cast_of(default: Any) -> Callable[[str], Any]:

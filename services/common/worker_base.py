@@ -137,11 +137,11 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
             yield load
 
     def load(self) -> common_pb2.WorkerLoad:
-        return load_to_pb(self.engine.stats(), self.settings.max_num_seqs)
+        return load_to_pb(self.engine.stats(), self.settings.batch.max_num_seqs)
 
     def _load_sample(self) -> tuple[common_pb2.WorkerLoad, int]:
         stats = self.engine.stats()  # prefix_queries: prompt tokens admitted so far, so it grows with every admission
-        return load_to_pb(stats, self.settings.max_num_seqs), stats.prefix_queries
+        return load_to_pb(stats, self.settings.batch.max_num_seqs), stats.prefix_queries
 
     def info(self, address: str) -> router_pb2.WorkerInfo:
         return router_pb2.WorkerInfo(
@@ -150,7 +150,7 @@ class WorkerService(worker_pb2_grpc.WorkerControlServicer):
             address=address,
             model=self.settings.model,
             layout=layout_to_pb(self.engine.kv_layout),
-            max_num_seqs=self.settings.max_num_seqs,
+            max_num_seqs=self.settings.batch.max_num_seqs,
             max_model_len=self.engine.max_model_len,
         )
 

@@ -1,15 +1,17 @@
-"""WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags."""
+"""WorkerSettings: one frozen object per prefill/decode worker, from TANDEM_WORKER_* and flags, composed of the
+engine sub-configs it hands whole to a backend (each of their fields keeps its flat variable and flag)."""
 
 import argparse
 import ipaddress
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig, check_tier_sizes
+from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
 from engines.core.speculative import SpecConfig, parse_speculative
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
+from engines.trtllm.config import TRTLLM_BACKENDS, TRTLLM_KV_DTYPES, TRTLLM_TRANSCEIVERS, TrtllmOptions
 from services.common.kv_signing import parse_key
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError, env
@@ -17,10 +19,6 @@ from services.common.settings_loader import Source
 
 ENGINES = ("native", "zero", "sim", "trtllm")
 OVERLAP = ("auto", "on", "off")  # auto: on for CUDA devices, where a step runs asynchronously to the host
-TRTLLM_BACKENDS = ("auto", "pytorch", "tensorrt")
-TRTLLM_QUANT = ("", "fp8", "nvfp4")
-TRTLLM_KV_DTYPES = ("auto", "fp8")
-TRTLLM_TRANSCEIVERS = ("DEFAULT", "UCX", "NIXL", "MPI", "off")
 KV_TRANSPORTS = transports.SETTINGS  # auto: nixl when it imports
 KEY_ENV = "TANDEM_KV_SIGNING_KEY_FILE"
 INSECURE_ENV = "TANDEM_GRPC_INSECURE"
@@ -39,30 +37,19 @@ class WorkerSettings:
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int = 0  # 0: torch's default
-    block_size: int = 16
-    num_blocks: int = 0  # 0: sized from memory
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 0  # 0: the model's
-    enable_prefix_caching: bool = True
+    cache: CacheConfig = CacheConfig()  # block_size, num_blocks (0: sized from memory), the card's share, the tiers
+    batch: BatchConfig = BatchConfig()  # max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching
+    # kv_transport (TANDEM_KV_TRANSPORT): how a decode engine reads a prefill engine's KV; the held-KV TTL is the
+    # lease's (transfer_config)
+    transfer: TransferConfig = TransferConfig()
     kv_lease_s: float = 30.0  # prefill role: how long blocks wait to be pulled
     drain_s: float = 30.0  # at SIGTERM: how long running requests may take to finish before they are handed back
     advertise_port: int = 0  # what the router hands out; 0: the port it listens on (another: a proxy in front)
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
     sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
     sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
-    gpu_memory_utilization: float = 0.9  # GPU engines: share of the card's memory this worker may use (vLLM's)
-    trtllm_backend: str = "auto"  # auto: "tensorrt" for a prebuilt engine directory, else "pytorch"
-    trtllm_quant: str = ""  # weights: "fp8" / "nvfp4" (pytorch: a ModelOpt checkpoint; tensorrt: at build)
-    trtllm_kv_cache_dtype: str = "auto"  # "fp8": FP8 KV cache
-    trtllm_cache_transceiver: str = "DEFAULT"  # how TensorRT-LLM moves KV between workers; "off": no transfer
-    trtllm_tensor_parallel_size: int = 1
-    trtllm_options: str = ""  # a JSON file of further tensorrt_llm.LLM keyword arguments (applied last)
+    trtllm: TrtllmOptions = TrtllmOptions()  # engine trtllm's own knobs, each read as trtllm_<field>
     overlap: str = "auto"  # the engine loop sends step N-1's outputs while step N runs on the device
-    kv_host_gb: float = 0.0  # G2: host memory for KV blocks beyond the device pool (pinned on GPU hosts); 0: none
-    kv_disk_dir: str = ""  # G3: local disk for KV blocks seen twice, kept across restarts; "": none
-    kv_disk_gb: float = 0.0
-    kv_transport: str = "auto"  # TANDEM_KV_TRANSPORT: how a decode engine reads a prefill engine's KV
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
     sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
     sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
@@ -83,8 +70,8 @@ class WorkerSettings:
             raise SettingsError(f"overlap must be one of {OVERLAP}, got {self.overlap!r}")
         if self.engine not in ENGINES:
             raise SettingsError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.kv_transport not in KV_TRANSPORTS:
-            raise SettingsError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.transfer.kv_transport not in KV_TRANSPORTS:
+            raise SettingsError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.transfer.kv_transport!r}")
         try:  # NOTE: the engine process reads it; checked here so a bad value stops the worker before it starts
             NixlSettings.from_env()
         except ValueError as exc:
@@ -97,18 +84,13 @@ class WorkerSettings:
             raise SettingsError(f"drain_s must be >= 0, got {self.drain_s}")
         if self.sim_time_factor < 0:
             raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise SettingsError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        try:
-            check_tier_sizes(self.kv_host_gb, self.kv_disk_dir, self.kv_disk_gb)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        if self.engine == "trtllm" and (self.kv_host_gb or self.kv_disk_gb):
+        if not 0 < self.cache.gpu_memory_utilization <= 1:
+            raise SettingsError(f"gpu_memory_utilization must be in (0, 1], got {self.cache.gpu_memory_utilization}")
+        if self.engine == "trtllm" and (self.cache.kv_host_gb or self.cache.kv_disk_gb):
             raise SettingsError(
                 "engine trtllm keeps its own KV tiers: set kv_cache_config.host_cache_size in "
                 "--trtllm-options instead of --kv-host-gb / --kv-disk-gb"
             )
-        self._check_trtllm()
         self._check_kv_key()
         self._check_speculative()
 
@@ -139,36 +121,9 @@ class WorkerSettings:
         if self.speculative and self.engine != "native":
             raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
-    def _check_trtllm(self) -> None:
-        for name, allowed in (
-            ("trtllm_backend", TRTLLM_BACKENDS),
-            ("trtllm_quant", TRTLLM_QUANT),
-            ("trtllm_kv_cache_dtype", TRTLLM_KV_DTYPES),
-            ("trtllm_cache_transceiver", TRTLLM_TRANSCEIVERS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.trtllm_tensor_parallel_size < 1:
-            raise SettingsError(f"trtllm_tensor_parallel_size must be >= 1, got {self.trtllm_tensor_parallel_size}")
-
-    def batch_config(self) -> BatchConfig:
-        return BatchConfig(
-            self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.enable_prefix_caching
-        )
-
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig(
-            self.block_size,
-            self.num_blocks,
-            self.gpu_memory_utilization,
-            self.kv_host_gb,
-            self.kv_disk_dir,
-            self.kv_disk_gb,
-        )
-
     def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
         """The transport as asked ("auto" resolved by the engine factory); blocks held a grace past the lease."""
-        return TransferConfig(self.kv_transport, self.kv_lease_s + held_kv_grace_s)
+        return replace(self.transfer, held_kv_ttl_s=self.kv_lease_s + held_kv_grace_s)
 
     @property
     def is_overlapped(self) -> bool:
@@ -245,6 +200,8 @@ SOURCE = Source(
     help=_HELP,
     fixed=("role",),
     negated=("enable_prefix_caching",),
+    prefixed={"trtllm": "trtllm_"},
+    kept=("kv_cache_memory_fraction", "held_kv_ttl_s"),  # native's CPU share; the lease's TTL (transfer_config)
 )
 
 

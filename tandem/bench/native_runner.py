@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from engines.base.block_hash import num_blocks_for
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import EngineRequest, SamplingParams
 from tandem.bench.stats import RequestTrace
 
@@ -25,10 +26,9 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
         model=str(model_dir),
         dtype=dtype,
         num_threads=threads,
-        block_size=BLOCK_SIZE,
-        batch=BatchConfig(max_num_seqs, 4096),
-        num_blocks=2 * max_num_seqs * blocks_per_seq,  # twice: finished warm-up blocks may linger as cache
+        batch=BatchConfig(max_num_seqs, 4096),  # twice: finished warm-up blocks may linger as cache
         speculative=speculative,
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=2 * max_num_seqs * blocks_per_seq),
     )
     return EngineClient(native_spec(config))
 

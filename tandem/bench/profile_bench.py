@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from engines.base.engine_configs import CacheConfig
 from engines.timing.profile import load_profile
 from tandem.bench.engine_args import resolve_model
 
@@ -30,13 +31,13 @@ def measure(args: argparse.Namespace) -> dict:
         model=str(args.model),
         dtype=args.dtype,
         device=args.device,
-        num_blocks=need // 16 + max(args.batches) + 8,
         batch=BatchConfig(
             max(args.batches),
             args.max_num_batched_tokens,
             max(max(args.isls), max(args.contexts)) + args.steps + 8,
             enable_prefix_caching=False,
         ),
+        cache=CacheConfig(num_blocks=need // 16 + max(args.batches) + 8),
     )
     core = build_core(config)
     vocab, gen = core.info.vocab_size, torch.Generator().manual_seed(0)
@@ -90,7 +91,7 @@ def measure(args: argparse.Namespace) -> dict:
         "prefill_ms": prefill,
         "decode_step_ms": decode,
         "engine": {
-            "block_size": config.block_size,
+            "block_size": config.cache.block_size,
             "max_num_batched_tokens": config.batch.max_num_batched_tokens,
             "threads": torch.get_num_threads(),
             "device": args.device,

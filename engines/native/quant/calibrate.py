@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from engines.base.block_hash import num_blocks_for
+from engines.base.engine_configs import CacheConfig
 from engines.native.quant.formats import FP8_MAX
 from engines.native.quant.swap import QUANTIZED_MODULES, QuantConfig, read_quant_config, write_quant_config
 
@@ -48,8 +49,8 @@ def calibrate(
             dtype=dtype,
             attention_backend="torch",
             cuda_graphs=False,
-            num_blocks=num_blocks_for(longest, 16) + 2,
             batch=BatchConfig(max_num_batched_tokens=longest, max_model_len=longest + 1, enable_prefix_caching=False),
+            cache=CacheConfig(num_blocks=num_blocks_for(longest, 16) + 2),
         )
     )
     model = core.runner.model

@@ -93,8 +93,8 @@ def test_the_trtllm_profile_runs_the_trtllm_engine_on_a_gpu(name, monkeypatch):
 
     settings = check_command(SERVICES[name]["command"], environment(SERVICES[name]), monkeypatch)
     assert (settings.engine, settings.device, settings.dtype) == ("trtllm", "cuda", "bfloat16")
-    assert settings.role == name.split("-")[0] and settings.gpu_memory_utilization == 0.9
-    assert (settings.trtllm_backend, settings.trtllm_kv_cache_dtype, settings.trtllm_cache_transceiver) == (
+    assert settings.role == name.split("-")[0] and settings.cache.gpu_memory_utilization == 0.9
+    assert (settings.trtllm.backend, settings.trtllm.kv_cache_dtype, settings.trtllm.cache_transceiver) == (
         "auto",
         "auto",
         "DEFAULT",

@@ -1,9 +1,9 @@
 """Test helpers: run requests through a real native engine (its loop on a thread) and collect their tokens."""
 
 import asyncio
+from dataclasses import replace
 
 from engines.base import EngineRequest, SamplingParams
-from engines.base.engine_configs import BatchConfig
 from engines.core.client import EngineClient
 from engines.native import native_spec
 from engines.native.config import EngineConfig
@@ -27,10 +27,19 @@ async def run_batch(engine: EngineClient, prompts, params: SamplingParams, prefi
     return [tokens for tokens, _ in results]
 
 
+def native_config(model_dir, **kw) -> EngineConfig:
+    """An EngineConfig from the tests' flat keywords, each sub-config's taken into it (the rest as they are)."""
+    base = EngineConfig(model=str(model_dir))
+    subs = {
+        name: replace(getattr(base, name), **{f: kw.pop(f) for f in getattr(base, name).__slots__ if f in kw})
+        for name in ("batch", "cache", "transfer")
+    }
+    return EngineConfig(model=str(model_dir), **subs, **kw)
+
+
 async def started(model_dir, *, process: bool = False, overlap: bool = False, **kw) -> EngineClient:
     kw.setdefault("num_blocks", 256)
-    batch = BatchConfig(**{f: kw.pop(f) for f in BatchConfig.__slots__ if f in kw})  # the tests' flat keywords
-    config = EngineConfig(model=str(model_dir), batch=batch, **kw)
+    config = native_config(model_dir, **kw)
     engine = EngineClient(native_spec(config), process=process, overlap=overlap)
     await engine.start()
     return engine

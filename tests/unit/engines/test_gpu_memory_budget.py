@@ -5,6 +5,7 @@ memory figures (torch.cuda.mem_get_info) are replaced, the sizing code is the en
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.native import model_runner as mr
 from engines.native.kv_cache import bytes_per_block, gpu_share_left
 
@@ -37,7 +38,10 @@ def test_the_kv_cache_is_sized_from_the_share(card, tmp_path):
 
     card["free"] = 72 * GB  # 8 GB in use: this worker's weights
     config = EngineConfig(
-        model=str(tmp_path), device="cuda:0", gpu_memory_utilization=0.2, batch=BatchConfig(max_num_seqs=1 << 20)
+        model=str(tmp_path),
+        device="cuda:0",
+        batch=BatchConfig(max_num_seqs=1 << 20),
+        cache=CacheConfig(gpu_memory_utilization=0.2),
     )
     runner = mr.ModelRunner.__new__(mr.ModelRunner)  # NOTE: the sizing alone; nothing is put on the fake card
     runner.config, runner.device, runner.block_size, runner.max_model_len = config, "cuda:0", 16, 8192

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engines.base import EngineRequest
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import KvLayout
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.kv_cache import bytes_per_block
@@ -148,8 +149,8 @@ async def test_a_corrupt_disk_block_is_dropped_and_recomputed(tiny_llama, tmp_pa
 
 def test_tier_settings_are_checked(tiny_llama):
     with pytest.raises(ValueError, match="host tier"):
-        EngineConfig(model=str(tiny_llama), kv_disk_dir="/tmp/x", kv_disk_gb=1)
+        EngineConfig(model=str(tiny_llama), cache=CacheConfig(kv_disk_dir="/tmp/x", kv_disk_gb=1))
     with pytest.raises(ValueError, match="directory"):
-        EngineConfig(model=str(tiny_llama), kv_host_gb=1, kv_disk_gb=1)
+        EngineConfig(model=str(tiny_llama), cache=CacheConfig(kv_host_gb=1, kv_disk_gb=1))
     with pytest.raises(ValueError, match=">= 0"):
-        EngineConfig(model=str(tiny_llama), kv_host_gb=-1)
+        EngineConfig(model=str(tiny_llama), cache=CacheConfig(kv_host_gb=-1))

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from engines.base.engine_configs import CacheConfig
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core, prompt_logits
 from tests.conftest import TINY_VARIANTS
@@ -55,7 +56,7 @@ async def test_greedy_matches_transformers_tiny(tiny_model_factory, variant):
 def test_prompt_logits_match_transformers_tiny(tiny_model_factory, variant):
     model_dir = tiny_model_factory(variant)
     ref = hf_model(model_dir)
-    core = build_core(EngineConfig(model=str(model_dir), num_blocks=64))
+    core = build_core(EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=64)))
     for prompt in prompts_for(ref.config.vocab_size, lengths=(1, 33)):
         with torch.inference_mode():
             expected = ref(torch.tensor([prompt])).logits[0].float()

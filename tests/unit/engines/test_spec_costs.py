@@ -3,6 +3,7 @@ blocks, and the adaptive rule reads them as they are (on a CPU verifying is far 
 
 import pytest
 
+from engines.base.engine_configs import CacheConfig
 from engines.core.speculative import SpecConfig, best_draft_len
 from engines.native.config import EngineConfig, ModelConfig
 from engines.native.model_runner import ModelRunner
@@ -10,7 +11,7 @@ from engines.native.spec_costs import measure_verify_costs
 
 
 def runner(model_dir, num_blocks: int) -> ModelRunner:
-    config = EngineConfig(model=str(model_dir), num_blocks=num_blocks, block_size=16)
+    config = EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=num_blocks, block_size=16))
     return ModelRunner(config, ModelConfig.from_dir(str(model_dir)))
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import SamplingParams
 from engines.native import sampler
 from engines.native.config import EngineConfig
@@ -50,7 +51,7 @@ def target_probs(logits: torch.Tensor) -> torch.Tensor:
 def model_rows(tiny_llama):
     """The tiny model's logits at the last two positions of prompt + d1 (the rows verifying d1 and d2), and the
     proposals: d1 the second most likely token (often rejected, often accepted), d2 the most likely."""
-    core = build_core(EngineConfig(model=str(tiny_llama), num_blocks=32))
+    core = build_core(EngineConfig(model=str(tiny_llama), cache=CacheConfig(num_blocks=32)))
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(5)).tolist()
     p0 = target_probs(prompt_logits(core, prompt)[-1])
     d1 = int(torch.topk(p0, 2).indices[1])

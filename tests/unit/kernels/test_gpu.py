@@ -5,6 +5,7 @@ layers against their CPU references on every GEMM path they can pick."""
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.native.kernels import checks, op_checks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -71,7 +72,7 @@ def test_quantized_gpu_layers_match_their_references_on_every_path(fmt, tiny_lla
 
     model_dir = quantize_checkpoint(tiny_llama, tmp_path / fmt, fmt)
     prompt = list(range(5, 45))
-    ref = prompt_logits(build_core(EngineConfig(model=str(model_dir), num_blocks=16)), prompt)
+    ref = prompt_logits(build_core(EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=16))), prompt)
     paths = {
         "fp8": (gpu_modules.W8A16, gpu_modules.SCALED_MM),
         "nvfp4": (gpu_modules.IN_REGISTERS, gpu_modules.DEQUANT_CUBLAS),
@@ -79,7 +80,9 @@ def test_quantized_gpu_layers_match_their_references_on_every_path(fmt, tiny_lla
     for path in paths:
         dispatch.forget()
         monkeypatch.setattr(dispatch, "choose", lambda key, candidates, fallback, timer=None, p=path: p)
-        core = build_core(EngineConfig(model=str(model_dir), device="cuda", num_blocks=16, cuda_graphs=False))
+        core = build_core(
+            EngineConfig(model=str(model_dir), device="cuda", cuda_graphs=False, cache=CacheConfig(num_blocks=16))
+        )
         ours = prompt_logits(core, prompt).cpu()
         # W8A16 skips the activation rounding the W8A8 reference does: looser than the same math
         bound = 0.15 if path == gpu_modules.W8A16 else 0.02

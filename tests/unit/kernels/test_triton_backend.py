@@ -6,6 +6,7 @@ and SiLU-mul, and split-KV decode."""
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.native.config import EngineConfig
 from engines.native.runner import build_core
 from engines.native.runner import prompt_logits as logits_of
@@ -17,7 +18,9 @@ REL = 1e-4  # fp32 both ways; only the summation order differs
 
 
 def prompt_logits(model_dir, **kw) -> torch.Tensor:
-    config = EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, block_size=4, cuda_graphs=False, **kw)
+    config = EngineConfig(
+        model=str(model_dir), device=DEVICE, cuda_graphs=False, **kw, cache=CacheConfig(num_blocks=16, block_size=4)
+    )
     return logits_of(build_core(config), PROMPT)
 
 

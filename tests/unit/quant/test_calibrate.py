@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.native.config import EngineConfig
 from engines.native.quant.calibrate import calibrate
 from engines.native.quant.swap import read_quant_config
@@ -25,7 +26,7 @@ def model_dir(tiny_llama, tmp_path):
 
 def layer0_by_hand(model_dir, prompt) -> dict[str, float]:
     """Layer 0's k, v and qkv_proj input amax, computed from the model's own modules, step by step."""
-    core = build_core(EngineConfig(model=str(model_dir), num_blocks=8))
+    core = build_core(EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=8)))
     model = core.runner.model
     attn = model.model.layers[0].self_attn
     with torch.inference_mode():
@@ -52,7 +53,7 @@ def test_cli_writes_scales_that_quantize_keeps_and_the_fp8_cache_uses(model_dir,
     assert main(["model", "calibrate", str(model_dir), "--num-prompts", "4"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(model_dir / "tandem_quant.json")
     written = read_quant_config(model_dir)
-    core = build_core(EngineConfig(model=str(model_dir), num_blocks=8, kv_cache_dtype="fp8"))
+    core = build_core(EngineConfig(model=str(model_dir), kv_cache_dtype="fp8", cache=CacheConfig(num_blocks=8)))
     assert core.runner.kv_cache.scales.flatten().tolist() == pytest.approx(list(written.kv_cache_scales))
     fp8 = quantize_checkpoint(model_dir, tmp_path / "fp8", "fp8")
     kept = read_quant_config(fp8)
@@ -64,10 +65,10 @@ def test_cli_writes_scales_that_quantize_keeps_and_the_fp8_cache_uses(model_dir,
 
 
 def test_calibrated_fp8_cache_tracks_the_float_cache(model_dir):
-    ref = prompt_logits(build_core(EngineConfig(model=str(model_dir), num_blocks=16)), PROMPTS[1])
+    ref = prompt_logits(build_core(EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=16))), PROMPTS[1])
     calibrate_and_write = main(["model", "calibrate", str(model_dir)])
     assert calibrate_and_write == 0
-    fp8 = build_core(EngineConfig(model=str(model_dir), num_blocks=16, kv_cache_dtype="fp8"))
+    fp8 = build_core(EngineConfig(model=str(model_dir), kv_cache_dtype="fp8", cache=CacheConfig(num_blocks=16)))
     ours = prompt_logits(fp8, PROMPTS[1])
     assert 0 < ((ours - ref).norm() / ref.norm()).item() < 0.05
 

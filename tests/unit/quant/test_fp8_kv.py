@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engines.base import EngineRequest, KvLayoutMismatchError
+from engines.base.engine_configs import CacheConfig
 from engines.base.types import KvLayout
 from engines.native.config import EngineConfig
 from engines.native.kv_cache import KvCache, check_importable
@@ -55,7 +56,9 @@ def test_import_without_scales_is_rejected():
 
 def test_engine_fp8_kv_stays_close_to_float_cache(tiny_llama):
     def logits(**kw):
-        return prompt_logits(build_core(EngineConfig(model=str(tiny_llama), num_blocks=16, **kw)), PROMPT)
+        return prompt_logits(
+            build_core(EngineConfig(model=str(tiny_llama), **kw, cache=CacheConfig(num_blocks=16))), PROMPT
+        )
 
     ref, ours = logits(), logits(kv_cache_dtype="fp8")
     rel = ((ours - ref).norm() / ref.norm()).item()
@@ -66,7 +69,7 @@ def test_checkpoint_kv_scales_reach_the_cache(tiny_llama, tmp_path):
     model_dir = tmp_path / "scaled"
     shutil.copytree(tiny_llama, model_dir)
     quantize_checkpoint(tiny_llama, model_dir, "fp8", kv_cache_scales=(0.5, 0.25, 2.0, 4.0))
-    core = build_core(EngineConfig(model=str(model_dir), num_blocks=16, kv_cache_dtype="fp8"))
+    core = build_core(EngineConfig(model=str(model_dir), kv_cache_dtype="fp8", cache=CacheConfig(num_blocks=16)))
     assert core.runner.kv_cache.scales.flatten().tolist() == [0.5, 0.25, 2.0, 4.0]
     assert [layer.backend.k_scale for layer in core.runner.model.attention_layers] == [0.5, 2.0]
 

@@ -5,6 +5,7 @@ epilogues of RMSNorm and SiLU-mul feeding _scaled_mm, and the per-shape choice i
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig
 from engines.native.config import EngineConfig
 from engines.native.quant import dispatch, gpu_modules, swap
 from engines.native.quant.calibrate import calibrate
@@ -64,7 +65,11 @@ def gpu_layers_on_cpu(monkeypatch):
 def logits(model_dir, backend: str) -> torch.Tensor:
     device = DEVICE if backend == "triton" else "cpu"  # the torch backend's layers: the CPU references
     config = EngineConfig(
-        model=str(model_dir), device=device, num_blocks=16, attention_backend=backend, cuda_graphs=False
+        model=str(model_dir),
+        device=device,
+        attention_backend=backend,
+        cuda_graphs=False,
+        cache=CacheConfig(num_blocks=16),
     )
     return prompt_logits(build_core(config), PROMPT).cpu()
 
@@ -83,7 +88,11 @@ def test_fp8_paths_track_the_reference(tiny_llama, tmp_path, gpu_layers_on_cpu, 
     if path == gpu_modules.SCALED_MM:
         core = build_core(
             EngineConfig(
-                model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton", cuda_graphs=False
+                model=str(model_dir),
+                device=DEVICE,
+                attention_backend="triton",
+                cuda_graphs=False,
+                cache=CacheConfig(num_blocks=16),
             )
         )
         ours = prompt_logits(core, PROMPT).cpu()
@@ -98,7 +107,13 @@ def test_fp8_with_calibrated_static_scales_tracks_the_float_model(tiny_llama, tm
     write_quant_config(model_dir, calibrate(model_dir, [PROMPT]))
     gpu_layers_on_cpu(gpu_modules.SCALED_MM)
     core = build_core(
-        EngineConfig(model=str(model_dir), device=DEVICE, num_blocks=16, attention_backend="triton", cuda_graphs=False)
+        EngineConfig(
+            model=str(model_dir),
+            device=DEVICE,
+            attention_backend="triton",
+            cuda_graphs=False,
+            cache=CacheConfig(num_blocks=16),
+        )
     )
     qkv = core.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.input_scale is not None and qkv.input_scale.item() > 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engines.base.engine_configs import CacheConfig
 from engines.core.engine_core import EngineCore
 from engines.native.config import EngineConfig
 from engines.native.quant import formats
@@ -25,7 +26,7 @@ EXACT_REL = 1e-5  # the same fp32 math in a different order
 
 
 def run(model_dir) -> tuple[torch.Tensor, EngineCore]:
-    core = build_core(EngineConfig(model=str(model_dir), num_blocks=16))
+    core = build_core(EngineConfig(model=str(model_dir), cache=CacheConfig(num_blocks=16)))
     return prompt_logits(core, PROMPT), core
 
 

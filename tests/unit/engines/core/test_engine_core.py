@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.base.engine_configs import BatchConfig
 from engines.base.errors import InvalidRequestError
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
@@ -54,7 +55,7 @@ class FakeRunner:
 
 
 def make_core(num_blocks: int = 16, max_num_seqs: int = 8, budget: int = 64) -> EngineCore:
-    return EngineCore(CoreConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget), FakeRunner(num_blocks))
+    return EngineCore(CoreConfig(BatchConfig(max_num_seqs, budget)), FakeRunner(num_blocks))
 
 
 def request(req_id: str, tokens, max_tokens: int = 2) -> EngineRequest:

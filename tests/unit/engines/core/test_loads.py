@@ -4,6 +4,7 @@ the load to end before its blocks go, and a load several sequences share is star
 
 import pytest
 
+from engines.base.engine_configs import BatchConfig
 from engines.base.errors import InvalidRequestError
 from engines.base.types import FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
@@ -42,7 +43,7 @@ class FakeRunner:
 
 
 def make_core(num_blocks: int = 16) -> EngineCore:
-    return EngineCore(CoreConfig(max_num_seqs=8, max_num_batched_tokens=64), FakeRunner(num_blocks))
+    return EngineCore(CoreConfig(BatchConfig(8, 64)), FakeRunner(num_blocks))
 
 
 def make_seq(core: EngineCore, req_id: str, tokens, max_tokens: int = 2) -> Sequence:

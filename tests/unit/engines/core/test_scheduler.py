@@ -2,6 +2,7 @@
 commit of a step's tokens (`update_from_output`); every sampled token is NEXT."""
 
 from engines.base.block_hash import NONE_HASH, hash_block
+from engines.base.engine_configs import BatchConfig
 from engines.base.types import FinishReason, SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.scheduler import Scheduler, SchedulerConfig
@@ -13,7 +14,7 @@ NEXT = 900  # the token every simulated step samples
 
 def make_sched(num_blocks=16, max_num_batched_tokens=64, max_num_seqs=8, chunked=True, caching=True) -> Scheduler:
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
-    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, chunked), bm)
+    return Scheduler(SchedulerConfig(BatchConfig(max_num_seqs, max_num_batched_tokens), chunked), bm)
 
 
 def make_seq(req_id: str, tokens, max_tokens: int = 32, hold_kv: bool = False) -> Sequence:

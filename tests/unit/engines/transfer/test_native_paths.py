@@ -5,6 +5,7 @@ way the decode engine computes no prompt token and generates exactly what one en
 import pytest
 import torch
 
+from engines.base.engine_configs import CacheConfig, TransferConfig
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.native.config import EngineConfig
 from engines.native.kv_transfer import paged_cache
@@ -23,7 +24,12 @@ needs_nixl = pytest.mark.skipif(not is_available(), reason="NIXL is not installe
 
 def core(model, transport: str = transports.BYTES, kv_cache_dtype: str = "auto"):
     return build_core(
-        EngineConfig(model=str(model), num_blocks=32, kv_transport=transport, kv_cache_dtype=kv_cache_dtype)
+        EngineConfig(
+            model=str(model),
+            kv_cache_dtype=kv_cache_dtype,
+            cache=CacheConfig(num_blocks=32),
+            transfer=TransferConfig(kv_transport=transport),
+        )
     )
 
 

@@ -10,7 +10,7 @@ from engines.base import EngineUnavailableError, ModelNotFoundError
 from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.trtllm import build
 from engines.trtllm.checkpoint import read_checkpoint
-from engines.trtllm.config import TrtllmConfig
+from engines.trtllm.config import TrtllmConfig, TrtllmOptions
 from tests.unit.engines.trtllm.fake_trtllm import LLM, CacheTransceiverConfig, KvCacheConfig, QuantAlgo, fake_api
 
 GIB = 1 << 30
@@ -93,7 +93,7 @@ def test_a_modelopt_checkpoint_says_how_it_is_quantized(tiny_llama, tmp_path):
     assert (ckpt.quant_algo, ckpt.kv_cache_quant_algo) == ("NVFP4", "FP8")
     config = TrtllmConfig(model=str(ckpt_dir), dtype="bfloat16")
     assert build.kv_dtype(config, ckpt) == "float8_e4m3fn"  # the checkpoint's FP8 KV scales are used
-    build.check_checkpoint(TrtllmConfig(model=str(ckpt_dir), quant="nvfp4"), ckpt, "pytorch")
+    build.check_checkpoint(TrtllmConfig(model=str(ckpt_dir), trtllm=TrtllmOptions(quant="nvfp4")), ckpt, "pytorch")
 
 
 def test_a_missing_model_directory(tmp_path):
@@ -105,9 +105,9 @@ def test_the_backend_follows_the_directory(tiny_llama, tmp_path):
     hf, eng = read_checkpoint(str(tiny_llama)), read_checkpoint(str(engine_dir(tmp_path / "e", 16)))
     assert build.choose_backend(TrtllmConfig(model="m"), hf) == "pytorch"
     assert build.choose_backend(TrtllmConfig(model="m"), eng) == "tensorrt"
-    assert build.choose_backend(TrtllmConfig(model="m", backend="tensorrt"), hf) == "tensorrt"
+    assert build.choose_backend(TrtllmConfig(model="m", trtllm=TrtllmOptions(backend="tensorrt")), hf) == "tensorrt"
     with pytest.raises(EngineUnavailableError, match="--trtllm-backend tensorrt"):
-        build.choose_backend(TrtllmConfig(model="m", backend="pytorch"), eng)
+        build.choose_backend(TrtllmConfig(model="m", trtllm=TrtllmOptions(backend="pytorch")), eng)
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,10 @@ def test_the_backend_follows_the_directory(tiny_llama, tmp_path):
 def test_the_pytorch_backend_needs_a_checkpoint_quantized_as_asked(tiny_llama, config, backend, message):
     ckpt = read_checkpoint(str(tiny_llama))
     with pytest.raises(EngineUnavailableError, match=message):
-        build.check_checkpoint(TrtllmConfig(model="m", **config), ckpt, backend)
-    build.check_checkpoint(TrtllmConfig(model="m", **config), ckpt, "tensorrt")  # it quantizes at build
+        build.check_checkpoint(TrtllmConfig(model="m", trtllm=TrtllmOptions(**config)), ckpt, backend)
+    build.check_checkpoint(
+        TrtllmConfig(model="m", trtllm=TrtllmOptions(**config)), ckpt, "tensorrt"
+    )  # it quantizes at build
 
 
 def test_an_engine_must_match_the_block_size_and_quantization_it_was_built_with(tmp_path):
@@ -129,10 +131,16 @@ def test_an_engine_must_match_the_block_size_and_quantization_it_was_built_with(
     with pytest.raises(EngineUnavailableError, match="--block-size 64"):
         build.check_checkpoint(TrtllmConfig(model="m", cache=CacheConfig(block_size=16)), ckpt, "tensorrt")
     with pytest.raises(EngineUnavailableError, match="rebuild the engine"):
-        build.check_checkpoint(TrtllmConfig(model="m", cache=CacheConfig(block_size=64), quant="fp8"), ckpt, "tensorrt")
+        build.check_checkpoint(
+            TrtllmConfig(model="m", cache=CacheConfig(block_size=64), trtllm=TrtllmOptions(quant="fp8")),
+            ckpt,
+            "tensorrt",
+        )
     with pytest.raises(EngineUnavailableError, match="without an FP8 KV cache"):
         build.check_checkpoint(
-            TrtllmConfig(model="m", cache=CacheConfig(block_size=64), kv_cache_dtype="fp8"), ckpt, "tensorrt"
+            TrtllmConfig(model="m", cache=CacheConfig(block_size=64), trtllm=TrtllmOptions(kv_cache_dtype="fp8")),
+            ckpt,
+            "tensorrt",
         )
     with pytest.raises(EngineUnavailableError, match="built for 8192 tokens, not 9000"):
         build.max_model_len(TrtllmConfig(model="m", batch=BatchConfig(max_model_len=9000)), ckpt)
@@ -145,9 +153,13 @@ def test_the_kv_cache_takes_the_memory_budget_less_the_weights(tmp_path):
     size = build.kv_cache_size(config, ckpt, total_bytes=80 * GIB)
     want_blocks = int((0.5 * 80 * GIB - 1000) // (2 * 32 * 8 * 128 * 2 * 16))
     assert size == {"max_tokens": want_blocks * 16, "free_gpu_memory_fraction": 0.9}
-    fp8 = build.kv_cache_size(TrtllmConfig(model="m", cache=HALF, kv_cache_dtype="fp8"), ckpt, 80 * GIB)
+    fp8 = build.kv_cache_size(
+        TrtllmConfig(model="m", cache=HALF, trtllm=TrtllmOptions(kv_cache_dtype="fp8")), ckpt, 80 * GIB
+    )
     assert fp8["max_tokens"] == pytest.approx(2 * size["max_tokens"], abs=16)  # one byte a value, not two
-    tp2 = build.kv_cache_size(TrtllmConfig(model="m", cache=HALF, tensor_parallel_size=2), ckpt, 80 * GIB)
+    tp2 = build.kv_cache_size(
+        TrtllmConfig(model="m", cache=HALF, trtllm=TrtllmOptions(tensor_parallel_size=2)), ckpt, 80 * GIB
+    )
     assert tp2["max_tokens"] == pytest.approx(2 * size["max_tokens"], abs=16)  # each rank holds half the heads
     assert build.kv_cache_size(TrtllmConfig(model="m", cache=CacheConfig(num_blocks=100)), ckpt, 80 * GIB) == {
         "max_tokens": 1600
@@ -163,8 +175,7 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
         dtype="bfloat16",
         batch=BatchConfig(8, 1024),
         cache=CacheConfig(num_blocks=64),
-        kv_cache_dtype="fp8",
-        cache_transceiver="UCX",
+        trtllm=TrtllmOptions(kv_cache_dtype="fp8", cache_transceiver="UCX"),
     )
     cls, kwargs = build.llm_arguments(config, ckpt, "pytorch", fake_api(), 80 * GIB)
     assert cls is LLM
@@ -187,9 +198,8 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
     no_reuse = TrtllmConfig(
         model="m",
         batch=BatchConfig(enable_prefix_caching=False),
-        cache_transceiver="off",
         cache=CacheConfig(num_blocks=8),
-        options_file=str(options),
+        trtllm=TrtllmOptions(cache_transceiver="off", options=str(options)),
     )
     _, kwargs = build.llm_arguments(no_reuse, ckpt, "pytorch", fake_api(), 80 * GIB)
     assert "cache_transceiver_config" not in kwargs and kwargs["max_batch_size"] == 4  # the file wins
@@ -200,7 +210,9 @@ def test_llm_arguments_for_a_hugging_face_checkpoint(tiny_llama, tmp_path):
 
 def test_llm_arguments_quantize_through_quant_config_on_the_tensorrt_backend(tiny_llama, tmp_path):
     ckpt = read_checkpoint(str(tiny_llama))
-    config = TrtllmConfig(model="m", cache=CacheConfig(num_blocks=8), quant="nvfp4", kv_cache_dtype="fp8")
+    config = TrtllmConfig(
+        model="m", cache=CacheConfig(num_blocks=8), trtllm=TrtllmOptions(quant="nvfp4", kv_cache_dtype="fp8")
+    )
     cls, kwargs = build.llm_arguments(config, ckpt, "tensorrt", fake_api(), 80 * GIB)
     assert cls is fake_api().TrtLLM and "enable_iter_perf_stats" not in kwargs
     assert (kwargs["quant_config"].quant_algo, kwargs["quant_config"].kv_cache_quant_algo) == (

@@ -17,9 +17,11 @@ from engines.base import (
     SamplingParams,
 )
 from engines.base.block_hash import chain_block_hashes
-from engines.base.engine_configs import CacheConfig
+from engines.base.engine_configs import CacheConfig, TransferConfig
 from engines.base.events import KvEventKind
+from engines.transfer import transports
 from engines.trtllm import TrtllmConfig, TrtllmEngine
+from engines.trtllm.config import TrtllmOptions
 from tests.unit.engines.trtllm import fake_trtllm
 from tests.unit.engines.trtllm.fake_trtllm import fake_api, next_token
 
@@ -134,7 +136,7 @@ async def test_prefill_then_decode_on_another_engine_gives_the_tokens_of_one_run
 
 
 async def test_held_kv_nobody_takes_is_let_go_after_the_lease(tiny_llama):
-    engine = await make(tiny_llama, held_kv_ttl_s=0.05)
+    engine = await make(tiny_llama, transfer=TransferConfig(transports.TRTLLM, held_kv_ttl_s=0.05))
     await collect(engine, EngineRequest("r", PROMPT, greedy(4), hold_kv=True))
     assert engine.stats().num_held == 1
     await asyncio.sleep(0.1)
@@ -155,7 +157,7 @@ async def test_a_decode_whose_kv_is_gone_fails_clearly(tiny_llama):
 
 
 async def test_without_a_cache_transceiver_it_neither_holds_nor_takes_kv(tiny_llama):
-    engine = await make(tiny_llama, cache_transceiver="off")
+    engine = await make(tiny_llama, trtllm=TrtllmOptions(cache_transceiver="off"))
     with pytest.raises(InvalidRequestError, match="without a cache transceiver"):
         engine.add_request(EngineRequest("r", PROMPT, greedy(4), hold_kv=True))
     assert "cache_transceiver_config" not in fake_trtllm.LLM.instances[0].kwargs

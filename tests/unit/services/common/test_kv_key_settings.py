@@ -3,6 +3,7 @@ listens beyond loopback without one refuses to start unless plaintext mode is ex
 
 import pytest
 
+from engines.base.engine_configs import CacheConfig
 from services.common.engine_factory import engine_spec
 from services.common.roles import WorkerRole
 from services.common.settings import SettingsError
@@ -57,9 +58,7 @@ def test_the_native_engines_disk_tier_gets_the_key(key_file, tmp_path):
         role="decode",
         model="m",
         kv_signing_key_file=key_file,
-        kv_host_gb=0.1,
-        kv_disk_dir=str(tmp_path / "kv"),
-        kv_disk_gb=0.1,
+        cache=CacheConfig(kv_host_gb=0.1, kv_disk_dir=str(tmp_path / "kv"), kv_disk_gb=0.1),
     )
     config = engine_spec(settings).config
     assert config.kv_disk_key == KEY and "kv_disk_key" not in repr(config)

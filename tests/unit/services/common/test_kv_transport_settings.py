@@ -3,6 +3,7 @@
 
 import pytest
 
+from engines.base.engine_configs import TransferConfig
 from engines.transfer.nixl_link import is_available
 from services.common.engine_factory import engine_spec
 from services.common.roles import WorkerRole
@@ -15,17 +16,22 @@ from services.common.worker_settings import WorkerSettings, parse_worker_setting
     [("grpc", "grpc"), ("nixl", "nixl"), ("bytes", "bytes"), ("auto", "nixl" if is_available() else "grpc")],
 )
 def test_the_native_engine_gets_the_transport(setting, expected):
-    assert engine_spec(WorkerSettings(role="prefill", model="m", kv_transport=setting)).config.kv_transport == expected
+    assert (
+        engine_spec(
+            WorkerSettings(role="prefill", model="m", transfer=TransferConfig(setting))
+        ).config.transfer.kv_transport
+        == expected
+    )
 
 
 def test_the_environment_sets_the_transport(monkeypatch):
     monkeypatch.setenv("TANDEM_KV_TRANSPORT", "grpc")
-    assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).kv_transport == "grpc"
+    assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).transfer.kv_transport == "grpc"
 
 
 def test_a_bad_transport_or_nixl_setting_is_refused(monkeypatch):
     with pytest.raises(SettingsError, match="kv_transport must be one of"):
-        WorkerSettings(role="decode", model="m", kv_transport="rdma")
+        parse_worker_settings(WorkerRole.DECODE, ["--model", "m", "--kv-transport", "rdma"])
     monkeypatch.setenv("TANDEM_NIXL_PROGRESS_THREAD", "yes")
     with pytest.raises(SettingsError, match="TANDEM_NIXL_PROGRESS_THREAD must be 0 or 1"):
         WorkerSettings(role="decode", model="m")

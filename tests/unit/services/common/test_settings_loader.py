@@ -132,3 +132,57 @@ def test_a_bad_variable_stops_every_service_with_one_line_and_exit_2(service, va
     assert main([]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert variable in line or variable.removeprefix("TANDEM_").split("_", 1)[1].lower() in line
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int = 4
+    hidden_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+
+
+@dataclass(frozen=True, slots=True)
+class Nested:
+    port: int = 1
+    limits: Limits = Limits(max_items=8)  # the service's own default of a shared sub-config
+
+
+NESTED = Source(Nested, "TANDEM_DEMO_", kept=("hidden_s",))
+
+
+def test_a_sub_configs_fields_are_named_as_if_flat_and_built_whole(monkeypatch):
+    got = {s.name: (s.env, s.flags, s.default, s.group) for s in NESTED.settings()}
+    assert got == {
+        "port": ("TANDEM_DEMO_PORT", ("--port",), 1, ""),
+        "max_items": ("TANDEM_DEMO_MAX_ITEMS", ("--max-items",), 8, "limits"),
+    }
+    assert NESTED.load() == Nested()
+    monkeypatch.setenv("TANDEM_DEMO_MAX_ITEMS", "3")
+    assert NESTED.load({"port": 2}) == Nested(2, Limits(max_items=3))
+
+
+def test_a_sub_configs_own_check_is_a_settings_error(monkeypatch):
+    monkeypatch.setenv("TANDEM_DEMO_MAX_ITEMS", "0")
+    with pytest.raises(SettingsError, match="max_items must be >= 1, got 0"):
+        NESTED.load()
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    mode: str = "a"
+
+
+@dataclass(frozen=True, slots=True)
+class WithBackend:
+    backend: Backend = Backend()
+
+
+def test_a_prefixed_sub_configs_fields_take_its_prefix(monkeypatch):
+    source = Source(WithBackend, "TANDEM_DEMO_", prefixed={"backend": "be_"})
+    (s,) = source.settings()
+    assert (s.name, s.env, s.flags, s.group) == ("be_mode", "TANDEM_DEMO_BE_MODE", ("--be-mode",), "backend")
+    monkeypatch.setenv("TANDEM_DEMO_BE_MODE", "b")
+    assert source.load() == WithBackend(Backend("b"))

@@ -40,27 +40,27 @@ def test_engine_trtllm_and_its_settings_from_env_and_flags(monkeypatch):
             "UCX",
         ],
     )
-    assert (s.engine, s.device, s.trtllm_quant, s.trtllm_backend, s.trtllm_tensor_parallel_size) == (
+    assert (s.engine, s.device, s.trtllm.quant, s.trtllm.backend, s.trtllm.tensor_parallel_size) == (
         "trtllm",
         "cuda",
         "nvfp4",
         "tensorrt",
         2,
     )
-    assert (s.trtllm_kv_cache_dtype, s.trtllm_cache_transceiver, s.trtllm_options) == ("fp8", "UCX", "/o.json")
-    assert s.gpu_memory_utilization == 0.8
+    assert (s.trtllm.kv_cache_dtype, s.trtllm.cache_transceiver, s.trtllm.options) == ("fp8", "UCX", "/o.json")
+    assert s.cache.gpu_memory_utilization == 0.8
 
 
 def test_defaults():
     s = parse_worker_settings("prefill", ["--model", "/m"])
     assert (
-        s.gpu_memory_utilization,
-        s.trtllm_backend,
-        s.trtllm_quant,
-        s.trtllm_kv_cache_dtype,
-        s.trtllm_cache_transceiver,
-        s.trtllm_tensor_parallel_size,
-        s.trtllm_options,
+        s.cache.gpu_memory_utilization,
+        s.trtllm.backend,
+        s.trtllm.quant,
+        s.trtllm.kv_cache_dtype,
+        s.trtllm.cache_transceiver,
+        s.trtllm.tensor_parallel_size,
+        s.trtllm.options,
     ) == (0.9, "auto", "", "auto", "DEFAULT", 1, "")
 
 

@@ -5,6 +5,7 @@ aborted loads, per-tier events and stats."""
 import pytest
 
 from engines.base.block_hash import NONE_HASH, chain_block_hashes
+from engines.base.engine_configs import BatchConfig
 from engines.base.events import KvEventKind, KvTier
 from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
@@ -58,7 +59,7 @@ def make_core(num_blocks=8, host=8, disk=0, fail=False, max_num_seqs=8):
     clock = Clock()
     spec = TierSpec(num_host_blocks=host, num_disk_blocks=disk, block_bytes=BLOCK_BYTES)
     core = EngineCore(
-        CoreConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64),
+        CoreConfig(BatchConfig(max_num_seqs, 64)),
         TierRunner(clock, num_blocks, spec, fail),
         clock,
     )
@@ -389,7 +390,7 @@ def test_a_request_waiting_for_room_to_load_its_prefix_is_not_admitted_by_comput
 def test_a_request_waiting_for_room_to_load_is_not_computed_while_a_loaded_request_is_about_to_run():
     clock = Clock()
     spec = TierSpec(num_host_blocks=64, block_bytes=BLOCK_BYTES)
-    core = EngineCore(CoreConfig(max_num_seqs=8, max_num_batched_tokens=8), TierRunner(clock, 8, spec), clock)
+    core = EngineCore(CoreConfig(BatchConfig(8, 8)), TierRunner(clock, 8, spec), clock)
     d = list(range(300, 317))  # 4 full blocks and a token
     for name, prompt in (("a", A), ("d", d), ("b", B)):  # B pushes A and D out of the 8-block device pool
         core.add(request(name, prompt))
