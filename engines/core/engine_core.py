@@ -4,7 +4,7 @@ and single-threaded; the engine loop (loop.py) or the cluster simulator (virtual
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,7 +14,7 @@ from engines.base.requests import check_importable, check_kv_prefix, check_token
 from engines.base.structured import refuse_structured
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.loads import KvSource, LoadDone
+from engines.core.loads import LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig
 from engines.core.sequence import Sequence, SequenceStatus
@@ -89,7 +89,6 @@ class EngineCore:
         )
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
-        self.pending_loads: deque[tuple[Sequence, KvSource]] = deque()  # imports waiting for free blocks, in order
         self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
@@ -137,9 +136,8 @@ class EngineCore:
         source = self.runner.kv_source(request.kv_params)
         check_kv_prefix(source.token_ids, request.all_token_ids)
         self.seqs[seq.req_id] = seq
-        seq.status = SequenceStatus.LOADING
-        self.pending_loads.append((seq, source))
-        self._start_pending()
+        self.scheduler.add_import(seq, source)
+        self._start_imports()
 
     def abort(self, req_id: str) -> RequestOutput | None:
         """End a live request (its last output, ABORT) or drop held KV (None). Unknown ids are ignored."""
@@ -152,10 +150,8 @@ class EngineCore:
             self.scheduler.release(seq)
             return None
         seq.finish_reason = FinishReason.ABORT
-        if seq.status is SequenceStatus.LOADING:  # NOTE: its blocks wait for the load's end: still being written
-            if not seq.block_table:  # not started yet
-                self.pending_loads = deque(p for p in self.pending_loads if p[0] is not seq)
-                seq.status = SequenceStatus.FINISHED
+        if seq.status is SequenceStatus.LOADING:
+            self.scheduler.abort_loading(seq)
             return self._output(seq)
         self.scheduler.finish(seq)
         return self._output(seq)
@@ -229,39 +225,28 @@ class EngineCore:
 
     @property
     def has_loads(self) -> bool:
-        return bool(self.scheduler.loading or self.pending_loads)
+        return bool(self.scheduler.loading or self.scheduler.importing)
 
-    def _start_pending(self) -> None:
-        while self.pending_loads and self._has_room(self.pending_loads[0][0]):
-            seq, source = self.pending_loads[0]
-            seq.status = SequenceStatus.WAITING
+    def _start_imports(self) -> None:
+        """Start the loads of the imports the scheduler lets start now, in order."""
+        while (head := self.scheduler.next_import()) is not None:
+            seq, source = head
             try:
                 started = self.start_load(seq, len(source.token_ids), source)
             except Exception as exc:  # NOTE: a source that went bad while it waited fails its request alone
-                self.pending_loads.popleft()
-                self.seqs.pop(seq.req_id, None)
                 seq.finish_reason = FinishReason.ERROR
-                seq.status = SequenceStatus.FINISHED
+                self.scheduler.drop_import(seq)
+                self.seqs.pop(seq.req_id, None)
                 self.failed_loads.append(self._output(seq, error=f"KV load failed: {exc}"))
                 continue
             if not started:
-                seq.status = SequenceStatus.LOADING
                 return
-            self.pending_loads.popleft()
-
-    def _has_room(self, seq: Sequence) -> bool:
-        """Start an import only when no queued sequence waits for blocks and the free blocks hold all the request
-        may grow to: loaded blocks that cannot run would otherwise starve the queue (and preempted ones) for good."""
-        if self.scheduler.waiting:
-            return False
-        final = min(seq.num_prompt_tokens + seq.params.max_tokens, seq.max_model_len)
-        return self.block_manager.num_blocks_for(final) <= self.block_manager.num_free_blocks
 
     def poll_loads(self) -> list[LoadDone]:
         """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
         its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
         done = self.runner.poll_loads() if self.scheduler.loading else []
-        self._start_pending()
+        self._start_imports()
         self.scheduler.loads_done(done)
         return done
 
@@ -321,7 +306,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=sched.num_waiting + len(self.pending_loads),
+            num_waiting=sched.num_waiting,
             num_running=len(sched.running),
             num_held=sched.num_held,
             num_blocks_total=bm.num_blocks,

@@ -178,6 +178,34 @@ def test_a_failed_import_computes_its_tokens_and_an_aborted_one_frees_its_blocks
     assert core.runner.steps == [[("a", 0, 10)]]
 
 
+def test_an_import_waits_for_blocks_in_the_schedulers_queue_counted_as_waiting_and_starts_in_order():
+    core = make_core(num_blocks=6)
+    core.add(request("busy", range(900, 912), max_tokens=8))
+    core.step()  # "busy" holds 3 blocks and may grow to 5: 3 are free
+    core.add(importing("first", 12, 8))  # may grow to 13 tokens: 4 blocks, only 3 free
+    core.add(importing("second", 8, 4))
+    first, second = core.seqs["first"], core.seqs["second"]
+    assert [s for s, _ in core.scheduler.importing] == [first, second] and core.runner.started == []
+    assert first.status is SequenceStatus.LOADING and core.stats().num_waiting == 2 and core.has_loads
+    assert core.abort("second").finish_reason is FinishReason.ABORT
+    assert [s for s, _ in core.scheduler.importing] == [first] and second.status is SequenceStatus.FINISHED
+    while "busy" in core.seqs:
+        core.step()
+    core.poll_loads()  # "busy" freed its blocks: the import starts
+    assert core.runner.started == [KvLoad("first", (4, 5), 8, Source(tuple(range(8))))]
+    assert not core.scheduler.importing and [e.load.req_id for e in core.scheduler.loading.values()] == ["first"]
+
+
+def test_an_import_whose_source_fails_to_start_fails_its_request_alone():
+    core = make_core()
+    core.runner.start_load = lambda load: (_ for _ in ()).throw(InvalidRequestError("gone"))
+    core.add(importing("bad", 12, 8))
+    assert [(o.req_id, o.finish_reason, o.error) for o in core.failed_loads] == [
+        ("bad", FinishReason.ERROR, "KV load failed: gone")
+    ]
+    assert "bad" not in core.seqs and not core.scheduler.importing and core.block_manager.num_free_blocks == 16
+
+
 def test_stats_count_what_ran():
     core = make_core()
     core.add(request("a", range(8), max_tokens=2))
@@ -190,7 +218,7 @@ def test_stats_count_what_ran():
 
 
 # -- one owner of the queues -------------------------------------------------------------------
-QUEUES = {"waiting", "running", "loading", "parked"}
+QUEUES = {"waiting", "running", "loading", "parked", "importing"}
 MUTATORS = {
     "append",
     "appendleft",
@@ -244,8 +272,9 @@ def test_the_scan_sees_each_kind_of_queue_write():
     src = (
         "s.waiting.append(x)\ns.running = []\ns.loading[k] = v\ndel s.parked[k]\ns.waiting.remove(x)\n"
         "n = len(s.waiting)\nfor x in s.running: pass\nother.append(x)\nw = core.scheduler.waiting\nw.pop()\n"
+        "s.importing.popleft()\n"
     )
-    assert queue_writes(ast.parse(src)) == [1, 2, 3, 4, 5, 10]
+    assert queue_writes(ast.parse(src)) == [1, 2, 3, 4, 5, 10, 11]
 
 
 def test_only_the_scheduler_writes_its_queues():

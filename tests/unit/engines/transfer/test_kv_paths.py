@@ -165,7 +165,7 @@ def test_an_import_waits_for_room_and_never_starves_the_queue():
             assert n == 30
         for i, (tokens, first, desc) in enumerate(descs):
             decode(d, f"r{i}", tokens, first, desc, max_tokens=128)
-        assert len(d.pending_loads) == 1 and d.stats().num_waiting == 3  # two fit with their growth
+        assert len(d.scheduler.importing) == 1 and d.stats().num_waiting == 3  # two fit with their growth
         finished = run(d, {"r0", "r1", "r2"})
     finally:
         staging.close()
