@@ -14,7 +14,7 @@ from engines.base.requests import check_importable, check_kv_prefix, check_token
 from engines.base.structured import refuse_structured
 from engines.base.types import EngineRequest, EngineStats, FinishReason, KvExport, RequestOutput, SamplingParams
 from engines.core.block_manager import BlockManager
-from engines.core.loads import LoadDone
+from engines.core.loads import KvSource, LoadDone
 from engines.core.runner import PendingStep, Runner, RunnerInfo
 from engines.core.scheduler import Scheduler, SchedulerConfig
 from engines.core.sequence import Sequence, SequenceStatus
@@ -123,21 +123,25 @@ class EngineCore:
             arrival_s=self.clock(),
             hash_root=request.hash_root,
         )
-        if request.kv_params:
-            self._add_import(seq, request)
+        source = self._kv_source(request)
+        self.seqs[seq.req_id] = seq
+        if source is None:
+            self.scheduler.add(seq)
             return
-        if request.kv is not None:
-            self._maybe_import(seq, request.kv)
-        self.seqs[seq.req_id] = seq
-        self.scheduler.add(seq)
-
-    def _add_import(self, seq: Sequence, request: EngineRequest) -> None:
-        """KV named by kv_params is loaded into blocks allocated now, or as soon as there are enough."""
-        source = self.runner.kv_source(request.kv_params)
-        check_kv_prefix(source.token_ids, request.all_token_ids)
-        self.seqs[seq.req_id] = seq
         self.scheduler.add_import(seq, source)
         self._start_imports()
+
+    def _kv_source(self, request: EngineRequest) -> KvSource | None:
+        """Where the request's KV computed elsewhere comes from — its KvExport bytes, or the runner's reading of
+        kv_params — loaded the same way into blocks allocated now, or as soon as there are enough; None: none."""
+        if request.kv_params:
+            source: KvSource = self.runner.kv_source(request.kv_params)
+        elif request.kv is not None and request.kv.num_tokens:
+            source = request.kv  # NOTE: `validate` checked it against this engine's layout
+        else:
+            return None
+        check_kv_prefix(source.token_ids, request.all_token_ids)
+        return source
 
     def abort(self, req_id: str) -> RequestOutput | None:
         """End a live request (its last output, ABORT) or drop held KV (None). Unknown ids are ignored."""
@@ -245,8 +249,8 @@ class EngineCore:
     def poll_loads(self) -> list[LoadDone]:
         """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
         its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
+        self._start_imports()  # NOTE: first, so that an import whose load ends as it starts (bytes) ends here
         done = self.runner.poll_loads() if self.scheduler.loading else []
-        self._start_imports()
         self.scheduler.loads_done(done)
         return done
 
@@ -375,11 +379,3 @@ class EngineCore:
         if seq is None:
             raise RequestNotFoundError(f"no KV held for request {req_id!r}")
         return seq
-
-    def _maybe_import(self, seq: Sequence, kv: KvExport) -> None:
-        """Place imported KV in fresh blocks; with no room, fall back to computing it here."""
-        if not self.block_manager.allocate_slots(seq, kv.num_tokens):
-            return
-        self.runner.import_kv(seq.block_table, kv)
-        seq.num_computed_tokens = kv.num_tokens
-        seq.num_cached_tokens = kv.num_tokens

@@ -48,11 +48,12 @@ class Runner(Protocol):
         """The KV of `block_ids` (the first len(token_ids) tokens of a request), as bytes."""
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
-        """Write `kv` into `block_ids` (already checked against `info.kv_layout`)."""
+        """Write `kv` into `block_ids` (already checked against `info.kv_layout`): a KvExport load's copy."""
 
     def start_load(self, load: KvLoad) -> None:
-        """Start filling `load.block_ids` from `load.source` without blocking the step loop; raise
-        InvalidRequestError at once for a source this runner cannot read (nothing started)."""
+        """Start filling `load.block_ids` from `load.source` (a KvExport, a transfer descriptor, a tier's Onboard)
+        without blocking the step loop; raise InvalidRequestError at once for a source this runner cannot read
+        (nothing started)."""
 
     def poll_loads(self) -> list[LoadDone]:
         """The loads that ended since the last poll (each reported once); never blocks."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from engines.base.types import KvLayout
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.tiers.kv_tiers import Onboard, TieredLoads
+from engines.core.tiers.kv_tiers import TieredLoads
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
 from engines.transfer.paged import Geometry, staging_nbytes, staging_view
@@ -138,7 +138,7 @@ class KvMover:
 
 class MovedLoads(TieredLoads):
     """Runner methods for a runner whose paged cache has a KvMover (`mover`; None: KV moves as KvExport bytes):
-    other engines' KV loads through it, onboarding loads through the runner's tiers."""
+    other engines' KV named by a descriptor loads through it, KvExport bytes and onboarding loads as TieredLoads."""
 
     mover: KvMover | None = None
 
@@ -158,7 +158,7 @@ class MovedLoads(TieredLoads):
         self.mover.export_to(block_ids, path, offset)
 
     def start_load(self, load: KvLoad) -> None:
-        if self.mover is None or isinstance(load.source, Onboard):
+        if self.mover is None or not isinstance(load.source, KvDescriptor):  # KvExport bytes, a tier's Onboard
             return super().start_load(load)
         return self.mover.start_load(load)
 

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from engines.base.errors import InvalidRequestError
-from engines.base.types import EngineRequest, FinishReason, SamplingParams
+from engines.base.types import EngineRequest, FinishReason, KvExport, SamplingParams
+from engines.core.sequence import SequenceStatus
 from engines.sim.runner import Payload, SimSpec, build_core
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
@@ -84,6 +85,29 @@ def test_the_staging_fallback_loads_what_the_prefill_engine_exported():
         staging.close()
     assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
     assert d.stats().num_prompt_tokens_computed == 0
+
+
+def test_bytes_and_a_staging_descriptor_import_through_the_same_load_path():
+    p = core("grpc")
+    first, _ = prefill(p, "r", prompt())
+    kv, layout = p.export_kv("r"), p.info.kv_layout
+    staging = StagingFile(staging_nbytes(layout, 8), "tandem-kv-test")
+    try:
+        assert p.export_kv_to("r", staging.path, 0) == 5
+        desc = descriptor.encode(KvDescriptor(STAGING, layout, prompt()[:300], base=0, path=staging.path))
+        by_bytes, by_staging = core("grpc"), core("grpc")
+        by_bytes.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
+        decode(by_staging, "r", prompt(), first, desc)
+        for d, kind in ((by_bytes, KvExport), (by_staging, KvDescriptor)):
+            assert d.seqs["r"].status is SequenceStatus.LOADING and "r" not in d.scheduler.waiting
+            assert isinstance(d.scheduler.loading["r"].load.source, kind)  # one queue, one load, either source
+            assert d.scheduler.loading["r"].load.block_ids == (0, 1, 2, 3, 4)
+        outs = [run(d, {"r"})["r"] for d in (by_bytes, by_staging)]
+    finally:
+        staging.close()
+    for out in outs:
+        assert (out.finish_reason, out.error, out.num_cached_tokens) == (FinishReason.LENGTH, None, 300)
+    assert by_bytes.stats().num_prompt_tokens_computed == by_staging.stats().num_prompt_tokens_computed == 0
 
 
 @pytest.mark.parametrize(
