@@ -160,14 +160,9 @@ class EngineCore:
         self.scheduler.finish(seq)
         return self._output(seq)
 
-    def export_kv(self, req_id: str) -> KvExport:
-        return self.runner.export_kv(*self._computed_kv(self._held(req_id)))
-
-    def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
-        """Write a held request's KV into a staging file at `offset`; returns its number of blocks."""
-        block_ids, token_ids = self._computed_kv(self._held(req_id))
-        self.runner.export_kv_to(block_ids, token_ids, path, offset)
-        return len(block_ids)
+    def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        """A held request's KV as bytes, or written `into` a staging file at `offset` (the handle naming it)."""
+        return self.runner.export_kv(*self._computed_kv(self._held(req_id)), into, offset)
 
     def _computed_kv(self, seq: Sequence) -> tuple[list[int], tuple[int, ...]]:
         """The blocks holding `seq`'s computed tokens, and those tokens."""

@@ -46,12 +46,23 @@ class Loading:
 class BytesLoads:
     """For runners that move no KV asynchronously: a load from a KvExport is the runner's `import_kv`, done when it
     starts (it ends at the next poll); every other load is refused as bad input. Held KV is described by nothing
-    (it is pulled as bytes) and exported through `export_kv` only."""
+    (it is pulled as bytes) and exported as bytes only (`read_kv`)."""
 
     _imported: list[LoadDone] | None = None  # KvExport loads done, not yet polled
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
         raise NotImplementedError  # NOTE: each runner writes KvExport bytes into its own cache
+
+    def read_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        raise NotImplementedError  # NOTE: and reads them out of it
+
+    def export_kv(
+        self, block_ids: list[int], token_ids: tuple[int, ...], into: str = "", offset: int = 0
+    ) -> KvExport | bytes:
+        if into:  # NOTE: only a staging connector asks, and a worker builds one only for an engine that declares
+            # a loading transport (engines/transfer/transports.py): this engine's KV leaves as bytes
+            raise InvalidRequestError("this engine exports its KV as bytes, not into a staging file")
+        return self.read_kv(block_ids, token_ids)
 
     def start_load(self, load: KvLoad) -> None:
         if not isinstance(load.source, KvExport):
@@ -71,8 +82,3 @@ class BytesLoads:
 
     def release_described(self, req_id: str) -> None:
         pass
-
-    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        # NOTE: only a staging connector asks, and a worker builds one only for an engine that declares a loading
-        # transport (engines/transfer/transports.py): this engine's KV leaves through export_kv
-        raise InvalidRequestError("this engine exports its KV as bytes (export_kv), not into a staging file")

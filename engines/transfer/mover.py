@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engines.base.types import KvLayout
+from engines.base.types import KvExport, KvLayout
 from engines.core.loads import KvLoad, LoadDone
 from engines.core.tiers.kv_tiers import TieredLoads
 from engines.transfer import descriptor, transports
@@ -79,11 +79,12 @@ class KvMover:
         if self.link is not None:
             self.link.conceal(req_id)
 
-    def export_to(self, block_ids, path: str, offset: int) -> None:
-        """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
-        self.cache.read_blocks(
-            block_ids, staging_view(self.reader.array(_staging_path(path)), self.layout, offset, len(block_ids))
-        )
+    def export_to(self, block_ids, token_ids: tuple[int, ...], path: str, offset: int) -> bytes:
+        """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order; the STAGING descriptor
+        naming them there."""
+        path = _staging_path(path)
+        self.cache.read_blocks(block_ids, staging_view(self.reader.array(path), self.layout, offset, len(block_ids)))
+        return descriptor.encode(KvDescriptor(STAGING, self.layout, tuple(token_ids), base=offset, path=path))
 
     # -- the decode side ---------------------------------------------------------------------
     def source(self, kv_params: bytes) -> KvDescriptor:
@@ -152,10 +153,12 @@ class MovedLoads(TieredLoads):
         if self.mover is not None:
             self.mover.release(req_id)
 
-    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        if self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
-            return super().export_kv_to(block_ids, token_ids, path, offset)
-        self.mover.export_to(block_ids, path, offset)
+    def export_kv(
+        self, block_ids: list[int], token_ids: tuple[int, ...], into: str = "", offset: int = 0
+    ) -> KvExport | bytes:
+        if not into or self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
+            return super().export_kv(block_ids, token_ids, into, offset)
+        return self.mover.export_to(block_ids, token_ids, into, offset)
 
     def start_load(self, load: KvLoad) -> None:
         if self.mover is None or not isinstance(load.source, KvDescriptor):  # KvExport bytes, a tier's Onboard

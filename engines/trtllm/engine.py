@@ -282,7 +282,7 @@ class TrtllmEngine:
         self._held.clear()
         self._dead.set()
 
-    async def export_kv(self, req_id: str) -> KvExport:
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport:
         raise EngineError(
             "the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "
             "with the kv_params of the prefill's last output"

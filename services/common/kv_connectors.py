@@ -101,7 +101,7 @@ class StagingConnector(BytesConnector):
         start, layout = time.monotonic(), self.engine.kv_layout
         offset = await self.staging.acquire(layout, num_blocks, STAGING_WAIT_S)
         try:
-            await self.engine.export_kv_to(req_id, self.staging.path, offset)
+            await self.engine.export_kv(req_id, self.staging.path, offset)  # its handle names the region streamed
             taken(req_id)
             view = self.staging.view(layout, offset, num_blocks)
             per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))

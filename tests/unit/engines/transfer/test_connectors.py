@@ -12,7 +12,7 @@ from engines.base.errors import RequestNotFoundError
 from engines.base.types import KvExport, KvLayout
 from engines.transfer import descriptor, transports
 from engines.transfer.budget import StagingBudget
-from engines.transfer.descriptor import NIXL, KvDescriptor
+from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.paged import staging_nbytes
 from services.common.convert import layout_to_pb
 from services.common.kv_connectors import (
@@ -36,18 +36,16 @@ class FakeEngine:
         self.calls: list[tuple] = []
         self.data = np.arange(staging_nbytes(LAYOUT, 2), dtype=np.uint32).astype(np.uint8)
 
-    async def export_kv(self, req_id: str) -> KvExport:
-        self.calls.append(("export_kv", req_id))
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        self.calls.append(("export_kv", req_id, into))
         if req_id != "held":
             raise RequestNotFoundError(f"no KV held for request {req_id!r}")
-        return KvExport(LAYOUT, TOKENS[:8], 2, self.data.tobytes())
-
-    async def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
-        self.calls.append(("export_kv_to", req_id))
-        with open(path, "r+b") as f:
+        if not into:
+            return KvExport(LAYOUT, TOKENS[:8], 2, self.data.tobytes())
+        with open(into, "r+b") as f:
             f.seek(offset)
             f.write(self.data.tobytes())
-        return 2
+        return descriptor.encode(KvDescriptor(STAGING, LAYOUT, TOKENS[:8], base=offset, path=into))
 
     async def release_kv(self, req_id: str) -> None:
         self.calls.append(("release_kv", req_id))
@@ -114,7 +112,7 @@ async def test_bytes_export_streams_the_held_kv_then_ends_the_hold():
     chunks, taken = await drain(BytesConnector(engine, moves), "held", None)
     kv = assemble(chunks)
     assert kv.data == engine.data.tobytes() and kv.token_ids == TOKENS[:8] and taken == ["held"]
-    assert engine.calls == [("export_kv", "held"), ("release_kv", "held")]
+    assert engine.calls == [("export_kv", "held", ""), ("release_kv", "held")]
     assert moves == [("export", engine.data.nbytes, transports.BYTES)]
 
 
@@ -156,7 +154,7 @@ async def test_staging_export_copies_through_a_region_that_is_freed_after(stagin
     chunks, taken = await drain(connector, "held", 2)
     got = np.concatenate([np.frombuffer(c.data, np.uint8).reshape(4, c.num_blocks, 64) for c in chunks], axis=1)
     assert got.tobytes() == engine.data.tobytes() and taken == ["held"]
-    assert engine.calls == [("export_kv_to", "held"), ("abort", "held")]
+    assert engine.calls == [("export_kv", "held", staging.path), ("abort", "held")]
     assert moves == [("export", engine.data.nbytes, transports.STAGING)]
     assert await staging.acquire(LAYOUT, 2, 0.01) == 0  # the region went back
 

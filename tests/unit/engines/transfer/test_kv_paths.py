@@ -77,8 +77,8 @@ def test_the_staging_fallback_loads_what_the_prefill_engine_exported():
     layout = p.info.kv_layout
     staging = StagingFile(staging_nbytes(layout, 8) * 2, "tandem-kv-test")
     try:
-        assert p.export_kv_to("r", staging.path, 4096) == 5
-        desc = descriptor.encode(KvDescriptor(STAGING, layout, prompt()[:300], base=4096, path=staging.path))
+        desc = p.export_kv("r", staging.path, 4096)  # the handle of what it wrote there
+        assert descriptor.decode(desc) == KvDescriptor(STAGING, layout, prompt()[:300], base=4096, path=staging.path)
         decode(d, "r", prompt(), first, desc)
         out = run(d, {"r"})["r"]
     finally:
@@ -93,8 +93,7 @@ def test_bytes_and_a_staging_descriptor_import_through_the_same_load_path():
     kv, layout = p.export_kv("r"), p.info.kv_layout
     staging = StagingFile(staging_nbytes(layout, 8), "tandem-kv-test")
     try:
-        assert p.export_kv_to("r", staging.path, 0) == 5
-        desc = descriptor.encode(KvDescriptor(STAGING, layout, prompt()[:300], base=0, path=staging.path))
+        desc = p.export_kv("r", staging.path, 0)
         by_bytes, by_staging = core("grpc"), core("grpc")
         by_bytes.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
         decode(by_staging, "r", prompt(), first, desc)
@@ -175,18 +174,10 @@ def test_an_import_waits_for_room_and_never_starves_the_queue():
         for i in range(3):  # each needs 32 blocks with its growth: two fit at once, the third waits
             tokens = prompt(i, 1900)
             first, _ = prefill(p, f"r{i}", tokens)
-            n = p.export_kv_to(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
+            desc = p.export_kv(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
             p.release_kv(f"r{i}")
-            descs.append(
-                (
-                    tokens,
-                    first,
-                    descriptor.encode(
-                        KvDescriptor(STAGING, layout, tokens, base=i * staging_nbytes(layout, 40), path=staging.path)
-                    ),
-                )
-            )
-            assert n == 30
+            descs.append((tokens, first, desc))
+            assert descriptor.decode(desc).num_blocks == 30
         for i, (tokens, first, desc) in enumerate(descs):
             decode(d, f"r{i}", tokens, first, desc, max_tokens=128)
         assert len(d.scheduler.importing) == 1 and d.stats().num_waiting == 3  # two fit with their growth
@@ -255,7 +246,7 @@ def test_a_bytes_engine_has_no_mover_and_moves_its_real_blocks_as_an_export():
     first, kv_params = prefill(p, "r", prompt())
     assert kv_params == b""  # nothing for the decode engine to load itself: the blocks are pulled as bytes
     with pytest.raises(InvalidRequestError, match="exports its KV as bytes"):
-        p.export_kv_to("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
+        p.export_kv("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
     kv = p.export_kv("r")
     assert kv.num_blocks == 5 and len(kv.data) == staging_nbytes(p.info.kv_layout, 5)
     d.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
