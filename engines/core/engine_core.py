@@ -48,7 +48,7 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
     check_shaping(request.params, info)
     if not info.can_constrain:
         refuse_structured(request.params.structured)
-    if request.kv is not None:
+    if isinstance(request.kv, KvExport):
         check_importable(info.kv_layout, request.kv)
         check_kv_prefix(request.kv.token_ids, request.all_token_ids)
 
@@ -132,12 +132,13 @@ class EngineCore:
         self._start_imports()
 
     def _kv_source(self, request: EngineRequest) -> KvSource | None:
-        """Where the request's KV computed elsewhere comes from — its KvExport bytes, or the runner's reading of
-        kv_params — loaded the same way into blocks allocated now, or as soon as there are enough; None: none."""
-        if request.kv_params:
-            source: KvSource = self.runner.kv_source(request.kv_params)
-        elif request.kv is not None and request.kv.num_tokens:
-            source = request.kv  # NOTE: `validate` checked it against this engine's layout
+        """Where the request's KV computed elsewhere comes from — its KvExport bytes, or the runner's reading of a
+        handle — loaded the same way into blocks allocated now, or as soon as there are enough; None: none."""
+        kv = request.kv
+        if isinstance(kv, bytes) and kv:
+            source: KvSource = self.runner.kv_source(kv)
+        elif isinstance(kv, KvExport) and kv.num_tokens:
+            source = kv  # NOTE: `validate` checked it against this engine's layout
         else:
             return None
         check_kv_prefix(source.token_ids, request.all_token_ids)
@@ -342,7 +343,7 @@ class EngineCore:
         if seq.status is SequenceStatus.HELD:
             seq.held_until = self.clock() + self.config.held_kv_ttl_s
             self.held[seq.req_id] = seq
-            return self._output(seq, kv_params=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
+            return self._output(seq, kv_handle=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
         if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)
@@ -354,7 +355,7 @@ class EngineCore:
         self.seqs.pop(seq.req_id, None)
         return self._output(seq, error=message)
 
-    def _output(self, seq: Sequence, error: str | None = None, kv_params: bytes = b"") -> RequestOutput:
+    def _output(self, seq: Sequence, error: str | None = None, kv_handle: bytes = b"") -> RequestOutput:
         new_ids, logprobs = seq.take_new_tokens()
         queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
         return RequestOutput(
@@ -366,7 +367,7 @@ class EngineCore:
             seq.num_cached_tokens,
             error,
             queue_s,
-            kv_params,
+            kv_handle,
         )
 
     def _held(self, req_id: str) -> Sequence:

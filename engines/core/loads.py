@@ -74,8 +74,8 @@ class BytesLoads:
         done, self._imported = self._imported or [], None
         return done
 
-    def kv_source(self, kv_params: bytes) -> KvSource:
-        raise InvalidRequestError("this engine reads no kv_params")
+    def kv_source(self, handle: bytes) -> KvSource:
+        raise InvalidRequestError("this engine reads no KV handle: its KV arrives as bytes")
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
         return b""

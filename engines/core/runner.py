@@ -65,11 +65,11 @@ class Runner(Protocol):
     def poll_loads(self) -> list[LoadDone]:
         """The loads that ended since the last poll (each reported once); never blocks."""
 
-    def kv_source(self, kv_params: bytes) -> KvSource:
-        """The load source `kv_params` name (it has `token_ids`); InvalidRequestError for what it cannot read."""
+    def kv_source(self, handle: bytes) -> KvSource:
+        """The load source a handle names (it has `token_ids`); InvalidRequestError for what it cannot read."""
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
-        """kv_params by which another engine of this kind loads these held blocks itself; b"" for none."""
+        """The handle by which another engine of this kind loads these held blocks itself; b"" for none."""
 
     def release_described(self, req_id: str) -> None:
         """The held blocks `describe_kv` named for `req_id` are freed: whatever exposed them ends."""

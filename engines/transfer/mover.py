@@ -54,7 +54,7 @@ class KvMover:
 
     # -- the prefill side --------------------------------------------------------------------
     def describe(self, req_id: str, block_ids, token_ids: tuple[int, ...]) -> bytes:
-        """kv_params naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
+        """A handle naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
         only (until `release`); b"" without NIXL (bytes are pulled)."""
         if self.link is None:
             return b""
@@ -87,9 +87,9 @@ class KvMover:
         return descriptor.encode(KvDescriptor(STAGING, self.layout, tuple(token_ids), base=offset, path=path))
 
     # -- the decode side ---------------------------------------------------------------------
-    def source(self, kv_params: bytes) -> KvDescriptor:
-        """The descriptor in `kv_params`, checked against this cache; DescriptorError otherwise."""
-        desc = descriptor.decode(kv_params)
+    def source(self, handle: bytes) -> KvDescriptor:
+        """The descriptor in `handle`, checked against this cache; DescriptorError otherwise."""
+        desc = descriptor.decode(handle)
         descriptor.check_layout(desc, self.layout)
         if desc.kind == NIXL and self.link is None:
             raise DescriptorError(
@@ -143,8 +143,8 @@ class MovedLoads(TieredLoads):
 
     mover: KvMover | None = None
 
-    def kv_source(self, kv_params: bytes):
-        return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
+    def kv_source(self, handle: bytes):
+        return self.mover.source(handle) if self.mover else super().kv_source(handle)
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
         return self.mover.describe(req_id, block_ids, token_ids) if self.mover else b""

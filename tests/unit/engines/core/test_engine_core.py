@@ -62,12 +62,12 @@ def request(req_id: str, tokens, max_tokens: int = 2) -> EngineRequest:
 
 
 def importing(req_id: str, num_tokens: int, num_loaded: int) -> EngineRequest:
-    """A request whose first `num_loaded` tokens' KV is loaded from elsewhere (kv_params name the source)."""
+    """A request whose first `num_loaded` tokens' KV is loaded from elsewhere (a handle names the source)."""
     return EngineRequest(
         req_id,
         tuple(range(num_tokens)),
         SamplingParams(max_tokens=1, ignore_eos=True),
-        kv_params=str(num_loaded).encode(),
+        kv=str(num_loaded).encode(),
     )
 
 

@@ -33,14 +33,12 @@ def prefill(engine, req_id: str, tokens) -> tuple[int, bytes]:
     while not any(o.finish_reason for o in outs):
         outs += engine.step()
     assert outs[-1].finish_reason is FinishReason.PREFILLED
-    return outs[-1].new_token_ids[-1], outs[-1].kv_params
+    return outs[-1].new_token_ids[-1], outs[-1].kv_handle
 
 
 def decode(engine, req_id: str, tokens, first: int, kv_params: bytes, max_tokens: int = 8):
     engine.add(
-        EngineRequest(
-            req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,), kv_params=kv_params
-        )
+        EngineRequest(req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,), kv=kv_params)
     )
 
 
