@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engines.base.errors import InvalidRequestError
-from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
+from engines.base.types import EngineRequest, FinishReason, KvExport, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.loads import KvLoad, LoadDone
 from engines.core.runner import Done, RunnerInfo
@@ -160,6 +160,22 @@ def test_an_import_loads_off_the_queues_then_requeues_ahead_of_requests_holding_
     while core.has_work:
         core.step()
     assert ("loaded", 8, 4) in [s for step in core.runner.steps for s in step]  # only what the load did not bring
+
+
+def test_bytes_and_a_handle_import_the_same_way_one_load_each_through_the_runner():
+    core = make_core()
+    kv = KvExport(core.info.kv_layout, tuple(range(8)), 2, bytes(64))
+    core.add(EngineRequest("bytes", tuple(range(12)), SamplingParams(max_tokens=1, ignore_eos=True), kv=kv))
+    core.add(importing("handle", 12, 8))
+    assert core.runner.started == [
+        KvLoad("bytes", (0, 1), 8, kv),
+        KvLoad("handle", (2, 3), 8, Source(tuple(range(8)))),
+    ]
+    assert all(core.seqs[r].status is SequenceStatus.LOADING for r in ("bytes", "handle"))
+    core.runner.ended = [LoadDone("bytes", True), LoadDone("handle", True)]
+    while core.has_work or core.has_loads:
+        core.step()
+    assert core.runner.steps == [[("bytes", 8, 4), ("handle", 8, 4)]]  # the same step: neither computes its KV
 
 
 def test_a_failed_import_computes_its_tokens_and_an_aborted_one_frees_its_blocks_when_the_load_ends():
