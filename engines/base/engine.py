@@ -49,8 +49,10 @@ class Engine(Protocol):
     def max_model_len(self) -> int:
         """Prompt plus output tokens one request may hold: computed by the engine, reported by the worker."""
 
-    async def export_kv(self, req_id: str) -> KvExport:
-        """The KV of a prefilled request (added with hold_kv=True)."""
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        """The KV of a prefilled request (added with hold_kv=True): as KvExport bytes; or, `into` the staging file
+        of that path from `offset` on (an engine that loads KV, for the staging connector), the handle of what
+        was written there (a STAGING descriptor, what a decode engine loads from)."""
 
     async def release_kv(self, req_id: str) -> None:
         """Free the blocks held for a prefilled request."""

@@ -144,12 +144,13 @@ class EngineRequest:
     params: SamplingParams = field(default_factory=SamplingParams)  # the user's; max_tokens counts output_token_ids
     # Prefill only: compute the prompt, sample exactly one token, hold the KV until export_kv/release_kv.
     hold_kv: bool = False
-    # KV for a prefix of prompt + output_token_ids computed elsewhere (see KvExport).
-    kv: KvExport | None = None
+    # KV for a prefix of prompt + output_token_ids computed elsewhere: its bytes (see KvExport), or a handle naming
+    # it that an engine of the prefill's kind loads itself (a transfer descriptor, TensorRT-LLM's disaggregated
+    # params); only that kind reads a handle.
+    kv: KvExport | bytes | None = None
     # Tokens already generated for this request elsewhere (a prefill worker's first token, a migrated
     # request's output); the engine continues after them and never sends them again.
     output_token_ids: tuple[int, ...] = ()
-    kv_params: bytes = b""  # opaque, from a prefill engine of the same kind; only that kind reads it
     hash_root: int = 0  # the first KV block's parent hash: block_hash.chain_root(params.cache_salt, secret)
 
     @property
@@ -176,7 +177,8 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache or an import
     error: str | None = None
     queue_s: float | None = None  # arrival to first scheduled step, when the engine knows it (for traces)
-    kv_params: bytes = b""  # the last output of a hold_kv request whose KV is held, when its engine has any
+    kv_handle: bytes = b""  # the last output of a hold_kv request whose KV is held: what `EngineRequest.kv` takes
+    # to load it, when its engine loads KV itself
 
     @property
     def finished(self) -> bool:

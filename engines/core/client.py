@@ -108,12 +108,9 @@ class EngineClient:
     def stats(self) -> EngineStats:
         return self._stats
 
-    async def export_kv(self, req_id: str) -> KvExport:
-        return await self._call("export_kv", req_id)
-
-    async def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
-        """Write a held request's KV into a staging file (the engine process copies it); its number of blocks."""
-        return await self._call("export_kv_to", (req_id, path, offset))
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        """A held request's KV as bytes, or written into a staging file by the engine process (its handle)."""
+        return await self._call("export_kv", (req_id, into, offset) if into else req_id)
 
     async def release_kv(self, req_id: str) -> None:
         await self._call("release_kv", req_id)

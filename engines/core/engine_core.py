@@ -4,7 +4,7 @@ and single-threaded; the engine loop (loop.py) or the cluster simulator (virtual
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +45,7 @@ def validate(request: EngineRequest, info: RunnerInfo) -> None:
     check_shaping(request.params, info)
     if not info.can_constrain:
         refuse_structured(request.params.structured)
-    if request.kv is not None:
+    if isinstance(request.kv, KvExport):
         check_importable(info.kv_layout, request.kv)
         check_kv_prefix(request.kv.token_ids, request.all_token_ids)
 
@@ -86,7 +86,6 @@ class EngineCore:
         )
         self.seqs: dict[str, Sequence] = {}  # live and held
         self.held: OrderedDict[str, Sequence] = OrderedDict()  # NOTE: one TTL, so insertion order is expiry order
-        self.pending_loads: deque[tuple[Sequence, KvSource]] = deque()  # imports waiting for free blocks, in order
         self.failed_loads: list[RequestOutput] = []  # outputs of imports that could not start, not yet taken
         self.kv_events = KvEventLog()
         tiers = getattr(runner, "tiers", None)  # a runner with KV tiers below its device pool
@@ -119,22 +118,26 @@ class EngineCore:
             arrival_s=self.clock(),
             hash_root=request.hash_root,
         )
-        if request.kv_params:
-            self._add_import(seq, request)
+        source = self._kv_source(request)
+        self.seqs[seq.req_id] = seq
+        if source is None:
+            self.scheduler.add(seq)
             return
-        if request.kv is not None:
-            self._maybe_import(seq, request.kv)
-        self.seqs[seq.req_id] = seq
-        self.scheduler.add(seq)
+        self.scheduler.add_import(seq, source)
+        self._start_imports()
 
-    def _add_import(self, seq: Sequence, request: EngineRequest) -> None:
-        """KV named by kv_params is loaded into blocks allocated now, or as soon as there are enough."""
-        source = self.runner.kv_source(request.kv_params)
+    def _kv_source(self, request: EngineRequest) -> KvSource | None:
+        """Where the request's KV computed elsewhere comes from — its KvExport bytes, or the runner's reading of a
+        handle — loaded the same way into blocks allocated now, or as soon as there are enough; None: none."""
+        kv = request.kv
+        if isinstance(kv, bytes) and kv:
+            source: KvSource = self.runner.kv_source(kv)
+        elif isinstance(kv, KvExport) and kv.num_tokens:
+            source = kv  # NOTE: `validate` checked it against this engine's layout
+        else:
+            return None
         check_kv_prefix(source.token_ids, request.all_token_ids)
-        self.seqs[seq.req_id] = seq
-        seq.status = SequenceStatus.LOADING
-        self.pending_loads.append((seq, source))
-        self._start_pending()
+        return source
 
     def abort(self, req_id: str) -> RequestOutput | None:
         """End a live request (its last output, ABORT) or drop held KV (None). Unknown ids are ignored."""
@@ -147,22 +150,15 @@ class EngineCore:
             self.scheduler.release(seq)
             return None
         seq.finish_reason = FinishReason.ABORT
-        if seq.status is SequenceStatus.LOADING:  # NOTE: its blocks wait for the load's end: still being written
-            if not seq.block_table:  # not started yet
-                self.pending_loads = deque(p for p in self.pending_loads if p[0] is not seq)
-                seq.status = SequenceStatus.FINISHED
+        if seq.status is SequenceStatus.LOADING:
+            self.scheduler.abort_loading(seq)
             return self._output(seq)
         self.scheduler.finish(seq)
         return self._output(seq)
 
-    def export_kv(self, req_id: str) -> KvExport:
-        return self.runner.export_kv(*self._computed_kv(self._held(req_id)))
-
-    def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
-        """Write a held request's KV into a staging file at `offset`; returns its number of blocks."""
-        block_ids, token_ids = self._computed_kv(self._held(req_id))
-        self.runner.export_kv_to(block_ids, token_ids, path, offset)
-        return len(block_ids)
+    def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        """A held request's KV as bytes, or written `into` a staging file at `offset` (the handle naming it)."""
+        return self.runner.export_kv(*self._computed_kv(self._held(req_id)), into, offset)
 
     def _computed_kv(self, seq: Sequence) -> tuple[list[int], tuple[int, ...]]:
         """The blocks holding `seq`'s computed tokens, and those tokens."""
@@ -224,39 +220,28 @@ class EngineCore:
 
     @property
     def has_loads(self) -> bool:
-        return bool(self.scheduler.loading or self.pending_loads)
+        return bool(self.scheduler.loading or self.scheduler.importing)
 
-    def _start_pending(self) -> None:
-        while self.pending_loads and self._has_room(self.pending_loads[0][0]):
-            seq, source = self.pending_loads[0]
-            seq.status = SequenceStatus.WAITING
+    def _start_imports(self) -> None:
+        """Start the loads of the imports the scheduler lets start now, in order."""
+        while (head := self.scheduler.next_import()) is not None:
+            seq, source = head
             try:
                 started = self.start_load(seq, len(source.token_ids), source)
             except Exception as exc:  # NOTE: a source that went bad while it waited fails its request alone
-                self.pending_loads.popleft()
-                self.seqs.pop(seq.req_id, None)
                 seq.finish_reason = FinishReason.ERROR
-                seq.status = SequenceStatus.FINISHED
+                self.scheduler.drop_import(seq)
+                self.seqs.pop(seq.req_id, None)
                 self.failed_loads.append(self._output(seq, error=f"KV load failed: {exc}"))
                 continue
             if not started:
-                seq.status = SequenceStatus.LOADING
                 return
-            self.pending_loads.popleft()
-
-    def _has_room(self, seq: Sequence) -> bool:
-        """Start an import only when no queued sequence waits for blocks and the free blocks hold all the request
-        may grow to: loaded blocks that cannot run would otherwise starve the queue (and preempted ones) for good."""
-        if self.scheduler.waiting:
-            return False
-        final = min(seq.num_prompt_tokens + seq.params.max_tokens, seq.max_model_len)
-        return self.block_manager.num_blocks_for(final) <= self.block_manager.num_free_blocks
 
     def poll_loads(self) -> list[LoadDone]:
         """Apply the loads that ended: loaded sequences queue with their tokens computed; a failed load frees
         its blocks and the sequence computes the tokens itself; an aborted one lets its blocks go now."""
+        self._start_imports()  # NOTE: first, so that an import whose load ends as it starts (bytes) ends here
         done = self.runner.poll_loads() if self.scheduler.loading else []
-        self._start_pending()
         self.scheduler.loads_done(done)
         return done
 
@@ -316,7 +301,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
         return EngineStats(
-            num_waiting=sched.num_waiting + len(self.pending_loads),
+            num_waiting=sched.num_waiting,
             num_running=len(sched.running),
             num_held=sched.num_held,
             num_blocks_total=bm.num_blocks,
@@ -353,7 +338,7 @@ class EngineCore:
         if seq.status is SequenceStatus.HELD:
             seq.held_until = self.clock() + self.config.held_kv_ttl_s
             self.held[seq.req_id] = seq
-            return self._output(seq, kv_params=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
+            return self._output(seq, kv_handle=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
         if seq.is_finished:
             del self.seqs[seq.req_id]
         return self._output(seq)
@@ -365,7 +350,7 @@ class EngineCore:
         self.seqs.pop(seq.req_id, None)
         return self._output(seq, error=message)
 
-    def _output(self, seq: Sequence, error: str | None = None, kv_params: bytes = b"") -> RequestOutput:
+    def _output(self, seq: Sequence, error: str | None = None, kv_handle: bytes = b"") -> RequestOutput:
         new_ids, logprobs = seq.take_new_tokens()
         queue_s = seq.first_scheduled_s - seq.arrival_s if seq.first_scheduled_s else None
         return RequestOutput(
@@ -377,7 +362,7 @@ class EngineCore:
             seq.num_cached_tokens,
             error,
             queue_s,
-            kv_params,
+            kv_handle,
         )
 
     def _held(self, req_id: str) -> Sequence:
@@ -385,11 +370,3 @@ class EngineCore:
         if seq is None:
             raise RequestNotFoundError(f"no KV held for request {req_id!r}")
         return seq
-
-    def _maybe_import(self, seq: Sequence, kv: KvExport) -> None:
-        """Place imported KV in fresh blocks; with no room, fall back to computing it here."""
-        if not self.block_manager.allocate_slots(seq, kv.num_tokens):
-            return
-        self.runner.import_kv(seq.block_table, kv)
-        seq.num_computed_tokens = kv.num_tokens
-        seq.num_cached_tokens = kv.num_tokens

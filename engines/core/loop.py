@@ -22,7 +22,7 @@ from engines.core.step import SchedulerOutput
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle loop waits for a command before it checks held KV leases again
 LOAD_WAIT_S = 0.001  # how long a loop with only KV loads in flight waits for a command before it polls them
-CALLS = ("export_kv", "export_kv_to", "release_kv", "reset_prefix_cache")  # what a Call may name
+CALLS = ("export_kv", "release_kv", "reset_prefix_cache")  # what a Call may name
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class StepOutputs(msgspec.Struct, frozen=True, array_like=True, tag="step"):
 
 class Reply(msgspec.Struct, frozen=True, array_like=True, tag="reply"):
     call_id: int
-    value: KvExport | int | None = None
+    value: KvExport | bytes | int | None = None  # bytes: a handle (export_kv into a staging file)
     error: Exception | None = None
 
 

@@ -44,30 +44,35 @@ class Runner(Protocol):
         """The step's duration in virtual time (the cluster simulator's clock); 0 for runners that
         really run, whose time is the wall clock's."""
 
-    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
-        """The KV of `block_ids` (the first len(token_ids) tokens of a request), as bytes."""
+    def export_kv(
+        self, block_ids: list[int], token_ids: tuple[int, ...], into: str = "", offset: int = 0
+    ) -> KvExport | bytes:
+        """The KV of `block_ids` (the first len(token_ids) tokens of a request): as bytes (`read_kv`); or written
+        `into` the staging file at that path from `offset` on, in the KvExport byte order, returning the handle
+        (a STAGING descriptor) that names it. InvalidRequestError for a runner whose KV leaves as bytes only."""
+
+    def read_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+        """The KV of `block_ids` as bytes: a bytes export's copy."""
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:
-        """Write `kv` into `block_ids` (already checked against `info.kv_layout`)."""
+        """Write `kv` into `block_ids` (already checked against `info.kv_layout`): a KvExport load's copy."""
 
     def start_load(self, load: KvLoad) -> None:
-        """Start filling `load.block_ids` from `load.source` without blocking the step loop; raise
-        InvalidRequestError at once for a source this runner cannot read (nothing started)."""
+        """Start filling `load.block_ids` from `load.source` (a KvExport, a transfer descriptor, a tier's Onboard)
+        without blocking the step loop; raise InvalidRequestError at once for a source this runner cannot read
+        (nothing started)."""
 
     def poll_loads(self) -> list[LoadDone]:
         """The loads that ended since the last poll (each reported once); never blocks."""
 
-    def kv_source(self, kv_params: bytes) -> KvSource:
-        """The load source `kv_params` name (it has `token_ids`); InvalidRequestError for what it cannot read."""
+    def kv_source(self, handle: bytes) -> KvSource:
+        """The load source a handle names (it has `token_ids`); InvalidRequestError for what it cannot read."""
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
-        """kv_params by which another engine of this kind loads these held blocks itself; b"" for none."""
+        """The handle by which another engine of this kind loads these held blocks itself; b"" for none."""
 
     def release_described(self, req_id: str) -> None:
         """The held blocks `describe_kv` named for `req_id` are freed: whatever exposed them ends."""
-
-    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        """Write the KV of `block_ids` into the file at `path` from `offset` on, in the KvExport byte order."""
 
 
 @dataclass(frozen=True, slots=True)

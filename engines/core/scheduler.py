@@ -1,5 +1,6 @@
-"""Continuous-batching scheduler, the one owner of the request queues (waiting, running, loading, parked): a
-per-step token budget shared by decodes and (chunked) prefills, prefix-cache hits and tier loads on admission,
+"""Continuous-batching scheduler, the one owner of the request queues (waiting, running, loading, parked, and imports
+waiting for blocks): a per-step token budget shared by decodes and (chunked) prefills, prefix-cache hits, imports
+and tier loads on admission,
 preemption by recompute, and committing a step's sampled tokens (`update_from_output`), with speculative
 decoding's proposals verified in the same batch. No torch, no I/O, no clock."""
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from engines.base.engine_configs import BatchConfig
 from engines.base.types import FinishReason
 from engines.core.block_manager import BlockManager
-from engines.core.loads import KvLoad, LoadDone, Loading
+from engines.core.loads import KvLoad, KvSource, LoadDone, Loading
 from engines.core.sequence import Sequence, SequenceStatus
 from engines.core.speculative import Proposer, SpecConfig, Speculator
 from engines.core.step import ScheduledSeq, SchedulerOutput, StepTokens
@@ -32,8 +33,9 @@ class SchedulerConfig:
 
 class Scheduler:
     """The one owner of the request queues: `waiting`, `running`, `loading` (KV loads in flight and the sequences
-    they fill) and `parked` (requests waiting for a tier load another request started). Nothing else writes them;
-    the tiering plug-in is called at its hooks and holds no reference back."""
+    they fill), `parked` (requests waiting for a tier load another request started) and `importing` (requests whose
+    KV comes from elsewhere, waiting for blocks to load it into). Nothing else writes them; the tiering plug-in is
+    called at its hooks and holds no reference back."""
 
     def __init__(
         self,
@@ -49,6 +51,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.loading: dict[str, Loading] = {}  # load id -> the load in flight and the sequences it fills
         self.parked: dict[str, list[Sequence]] = {}  # load id -> requests that look again when it ends
+        self.importing: deque[tuple[Sequence, KvSource]] = deque()  # imports waiting for free blocks, in order
         self.new_loads: list[KvLoad] = []  # tier loads planned by `schedule`, for the core to start
         self.num_preemptions = 0
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache on admission
@@ -68,12 +71,46 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not running: queued, loading KV, or parked on another request's load."""
+        """Requests not running: queued, waiting for blocks to import into, loading KV, or parked on another
+        request's load."""
         return (
             len(self.waiting)
+            + len(self.importing)
             + sum(len(e.seqs) for e in self.loading.values())
             + sum(len(seqs) for seqs in self.parked.values())
         )
+
+    # -- imports (KV computed elsewhere) ------------------------------------------------------
+    def add_import(self, seq: Sequence, source: KvSource) -> None:
+        """`seq` is LOADING (out of the queues) until blocks for its KV from `source` are free and its load starts."""
+        seq.status = SequenceStatus.LOADING
+        self.importing.append((seq, source))
+
+    def next_import(self) -> tuple[Sequence, KvSource] | None:
+        """The first import waiting for blocks, when it may start now (`_can_start_import`); None otherwise. Its
+        load's start (`start_loading`) takes it out of the queue."""
+        if not self.importing or not self._can_start_import(self.importing[0][0]):
+            return None
+        return self.importing[0]
+
+    def drop_import(self, seq: Sequence) -> None:
+        """`seq`, an import whose load has not started (its source went bad, or it was aborted), is finished."""
+        self.importing = deque(p for p in self.importing if p[0] is not seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def abort_loading(self, seq: Sequence) -> None:
+        """An aborted LOADING sequence: one holding no blocks yet (an import waiting for them, or parked on a tier
+        load) is finished now; one whose load is in flight keeps its blocks until `loads_done` sees the load end."""
+        if not seq.block_table:  # NOTE: its blocks are still being written otherwise
+            self.drop_import(seq)
+
+    def _can_start_import(self, seq: Sequence) -> bool:
+        """Start an import only when no queued sequence waits for blocks and the free blocks hold all the request
+        may grow to: loaded blocks that cannot run would otherwise starve the queue (and preempted ones) for good."""
+        if self.waiting:
+            return False
+        final = min(seq.num_prompt_tokens + seq.params.max_tokens, seq.max_model_len)
+        return self.block_manager.num_blocks_for(final) <= self.block_manager.num_free_blocks
 
     def schedule(self) -> SchedulerOutput:
         """The next step. With tiers, waiting requests whose prefix a lower tier holds first get their loads
@@ -218,6 +255,8 @@ class Scheduler:
     def _take_out(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        elif self.importing and self.importing[0][0] is seq:  # NOTE: an import starts in order, from the head
+            self.importing.popleft()
         seq.status = SequenceStatus.LOADING
 
     def _loaded(self, seq: Sequence, entry: Loading, ok: bool) -> None:

@@ -79,7 +79,7 @@ class NativeRunner(MovedLoads):
     def step_duration(self, out: SchedulerOutput) -> float:
         return 0.0  # NOTE: measured, not modelled: its time is the wall clock's
 
-    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+    def read_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
         return self.model_runner.kv_cache.export(block_ids, token_ids)
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:

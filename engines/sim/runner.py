@@ -142,7 +142,7 @@ class SimRunner(MovedLoads):
         until = time.perf_counter() + self.step_duration(out) * self.time_factor if self.time_factor else 0.0
         return _Timed(sampled, until, self.sleep)
 
-    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+    def read_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
         if self.cache is None:
             return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
         data = self.cache.blocks[:, block_ids].tobytes()  # [planes, n, block_bytes]: the KvExport order

@@ -11,13 +11,12 @@ from engines.base.types import KvExport
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """What a decode engine's request carries from a verified handle: KV bytes to write (`kv`), or params naming
-    KV its engine loads itself (`kv_params`); neither: prefill locally. `land` is called once, with the seconds
+    """What a decode engine's request carries from a verified handle (`EngineRequest.kv`): KV bytes to write, or a
+    handle naming KV its engine loads itself; None: prefill locally. `land` is called once, with the seconds
     from the request's arrival to the engine's first output (or 0 when there was none): the transfer's last
     resources (a staging region, the source's blocks) go then."""
 
-    kv: KvExport | None = None
-    kv_params: bytes = b""
+    kv: KvExport | bytes | None = None
     land: Callable[[float], None] | None = None
 
     def landed(self, seconds: float = 0.0) -> None:

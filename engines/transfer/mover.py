@@ -11,9 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
-from engines.base.types import KvLayout
+from engines.base.types import KvExport, KvLayout
 from engines.core.loads import KvLoad, LoadDone
-from engines.core.tiers.kv_tiers import Onboard, TieredLoads
+from engines.core.tiers.kv_tiers import TieredLoads
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, DescriptorError, KvDescriptor
 from engines.transfer.paged import Geometry, staging_nbytes, staging_view
@@ -54,7 +54,7 @@ class KvMover:
 
     # -- the prefill side --------------------------------------------------------------------
     def describe(self, req_id: str, block_ids, token_ids: tuple[int, ...]) -> bytes:
-        """kv_params naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
+        """A handle naming held blocks for a decode engine's NIXL READ, with metadata that exposes those blocks
         only (until `release`); b"" without NIXL (bytes are pulled)."""
         if self.link is None:
             return b""
@@ -79,16 +79,17 @@ class KvMover:
         if self.link is not None:
             self.link.conceal(req_id)
 
-    def export_to(self, block_ids, path: str, offset: int) -> None:
-        """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order."""
-        self.cache.read_blocks(
-            block_ids, staging_view(self.reader.array(_staging_path(path)), self.layout, offset, len(block_ids))
-        )
+    def export_to(self, block_ids, token_ids: tuple[int, ...], path: str, offset: int) -> bytes:
+        """Copy `block_ids` into a staging file at `offset`, in the KvExport byte order; the STAGING descriptor
+        naming them there."""
+        path = _staging_path(path)
+        self.cache.read_blocks(block_ids, staging_view(self.reader.array(path), self.layout, offset, len(block_ids)))
+        return descriptor.encode(KvDescriptor(STAGING, self.layout, tuple(token_ids), base=offset, path=path))
 
     # -- the decode side ---------------------------------------------------------------------
-    def source(self, kv_params: bytes) -> KvDescriptor:
-        """The descriptor in `kv_params`, checked against this cache; DescriptorError otherwise."""
-        desc = descriptor.decode(kv_params)
+    def source(self, handle: bytes) -> KvDescriptor:
+        """The descriptor in `handle`, checked against this cache; DescriptorError otherwise."""
+        desc = descriptor.decode(handle)
         descriptor.check_layout(desc, self.layout)
         if desc.kind == NIXL and self.link is None:
             raise DescriptorError(
@@ -138,12 +139,12 @@ class KvMover:
 
 class MovedLoads(TieredLoads):
     """Runner methods for a runner whose paged cache has a KvMover (`mover`; None: KV moves as KvExport bytes):
-    other engines' KV loads through it, onboarding loads through the runner's tiers."""
+    other engines' KV named by a descriptor loads through it, KvExport bytes and onboarding loads as TieredLoads."""
 
     mover: KvMover | None = None
 
-    def kv_source(self, kv_params: bytes):
-        return self.mover.source(kv_params) if self.mover else super().kv_source(kv_params)
+    def kv_source(self, handle: bytes):
+        return self.mover.source(handle) if self.mover else super().kv_source(handle)
 
     def describe_kv(self, req_id: str, block_ids: list[int], token_ids: tuple[int, ...]) -> bytes:
         return self.mover.describe(req_id, block_ids, token_ids) if self.mover else b""
@@ -152,13 +153,15 @@ class MovedLoads(TieredLoads):
         if self.mover is not None:
             self.mover.release(req_id)
 
-    def export_kv_to(self, block_ids: list[int], token_ids: tuple[int, ...], path: str, offset: int) -> None:
-        if self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
-            return super().export_kv_to(block_ids, token_ids, path, offset)
-        self.mover.export_to(block_ids, path, offset)
+    def export_kv(
+        self, block_ids: list[int], token_ids: tuple[int, ...], into: str = "", offset: int = 0
+    ) -> KvExport | bytes:
+        if not into or self.mover is None:  # an FP8 cache or transports.BYTES: its KV leaves as KvExport bytes
+            return super().export_kv(block_ids, token_ids, into, offset)
+        return self.mover.export_to(block_ids, token_ids, into, offset)
 
     def start_load(self, load: KvLoad) -> None:
-        if self.mover is None or isinstance(load.source, Onboard):
+        if self.mover is None or not isinstance(load.source, KvDescriptor):  # KvExport bytes, a tier's Onboard
             return super().start_load(load)
         return self.mover.start_load(load)
 

@@ -2,7 +2,7 @@
 
 One LLM object per worker. Each request is one generate_async(streaming=True) call whose results a pump task
 turns into tandem's deltas (outputs.py); hold_kv runs a context-only request and ends in PREFILLED with
-TensorRT-LLM's disaggregated params as kv_params, and a request with kv_params runs generation-only: the KV
+TensorRT-LLM's disaggregated params as its kv_handle, and a request carrying them (`kv`) runs generation-only: the KV
 crosses between workers through TensorRT-LLM's own cache transceiver, never through tandem. Two pollers drain
 TensorRT-LLM's iteration stats and KV events, and a death watch (executor_failure) ends every stream with ABORT, so
 the gateway moves them, once TensorRT-LLM's executor has shut down. tensorrt_llm is imported in start() only."""
@@ -133,7 +133,7 @@ class TrtllmEngine:
         if vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
             # NOTE: TensorRT-LLM does not check: an id past the embedding table faults the GPU, and every request
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
-        if (request.hold_kv or request.kv_params) and not self.config.disaggregation:
+        if (request.hold_kv or isinstance(request.kv, bytes) and request.kv) and not self.config.disaggregation:
             raise InvalidRequestError(
                 "this trtllm worker runs without a cache transceiver (--trtllm-cache-"
                 "transceiver off): it neither holds nor takes KV for another worker"
@@ -282,7 +282,7 @@ class TrtllmEngine:
         self._held.clear()
         self._dead.set()
 
-    async def export_kv(self, req_id: str) -> KvExport:
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport:
         raise EngineError(
             "the trtllm engine moves its KV itself (cache transceiver): a decode worker takes it "
             "with the kv_params of the prefill's last output"

@@ -1,6 +1,7 @@
 """tandem's request -> what TensorRT-LLM is asked to do: the prompt it sees, its SamplingParams keyword
 arguments (one to one; a clear InvalidRequestError for what has no TensorRT-LLM equivalent), and the
-disaggregation mode (context-only for hold_kv, generation-only for kv_params). Also the kv_params codec.
+disaggregation mode (context-only for hold_kv, generation-only for a handle in `kv`). Also that handle's codec
+(kv_params: TensorRT-LLM's disaggregated params).
 Pure: no tensorrt_llm import; the adapter builds the real objects from these dicts."""
 
 import base64
@@ -12,7 +13,7 @@ from typing import Any
 
 from engines.base.errors import InvalidRequestError
 from engines.base.structured import StructuredSpec
-from engines.base.types import EngineRequest, SamplingParams
+from engines.base.types import EngineRequest, KvExport, SamplingParams
 
 # every SamplingParams field the mapping below carries over; any other field set away from its default is refused
 MAPPED = frozenset(
@@ -61,12 +62,12 @@ def plan_request(request: EngineRequest, eos_token_ids: tuple[int, ...], seed: i
     make every unseeded sampled request with the same prompt give the same tokens."""
     p, done = request.params, request.output_token_ids
     _refuse_unmapped(p)
-    if request.kv is not None:
+    if isinstance(request.kv, KvExport):
         raise InvalidRequestError("the trtllm engine takes KV only as kv_params from a trtllm prefill worker")
-    if request.hold_kv and (done or request.kv_params):
+    if request.hold_kv and (done or request.kv):
         raise InvalidRequestError("a hold_kv (prefill-only) request starts from the prompt alone")
-    if request.kv_params:
-        params = decode_kv_params(request.kv_params)
+    if request.kv:
+        params = decode_kv_params(request.kv)
         first = tuple(params.get("first_gen_tokens") or ())
         if first != done:
             raise InvalidRequestError(f"kv_params carry first tokens {list(first)}, the request {list(done)}")

@@ -1,7 +1,7 @@
 """TensorRT-LLM's streamed results -> tandem's RequestOutput deltas, for one request. TensorRT-LLM streams
 cumulative token lists; this keeps a cursor and emits what is new, maps finish reasons and log-probabilities,
 drops the first tokens a generation-only request repeats, and turns a context-only request's end into
-FinishReason.PREFILLED with its disaggregated params as kv_params. Pure: reads attributes, imports nothing."""
+FinishReason.PREFILLED with its disaggregated params as kv_handle. Pure: reads attributes, imports nothing."""
 
 from typing import Any
 
@@ -65,7 +65,7 @@ class OutputStream:
             self.num_cached_tokens,
             error=error,
             queue_s=self.queue_s,
-            kv_params=kv_params,
+            kv_handle=kv_params,
         )
 
     def _repeated(self, start: int, new: list[int]) -> tuple[int, str | None]:

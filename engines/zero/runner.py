@@ -53,7 +53,7 @@ class ZeroRunner(TieredLoads):
     def step_duration(self, out: SchedulerOutput) -> float:
         return 0.0
 
-    def export_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
+    def read_kv(self, block_ids: list[int], token_ids: tuple[int, ...]) -> KvExport:
         return zero_kv_export(self.info.kv_layout, len(block_ids), token_ids)
 
     def import_kv(self, block_ids: list[int], kv: KvExport) -> None:

@@ -58,7 +58,7 @@ class BytesConnector:
 
     async def receive(self, handle, token_ids: tuple[int, ...]) -> Incoming:
         if handle.engine_params:  # NOTE: another kind's params: its engine reads them (or refuses, with the reason)
-            return Incoming(kv_params=handle.engine_params)
+            return Incoming(kv=handle.engine_params)
         start = time.monotonic()
         try:
             with span("kv.transfer", **{"tandem.kv.source": handle.worker_id, "tandem.kv.blocks": handle.num_blocks}):
@@ -101,7 +101,7 @@ class StagingConnector(BytesConnector):
         start, layout = time.monotonic(), self.engine.kv_layout
         offset = await self.staging.acquire(layout, num_blocks, STAGING_WAIT_S)
         try:
-            await self.engine.export_kv_to(req_id, self.staging.path, offset)
+            await self.engine.export_kv(req_id, self.staging.path, offset)  # its handle names the region streamed
             taken(req_id)
             view = self.staging.view(layout, offset, num_blocks)
             per_chunk = max(1, KV_CHUNK_BYTES // (view.shape[0] * view.shape[2]))
@@ -143,7 +143,7 @@ class StagingConnector(BytesConnector):
             return Incoming()
         num_bytes = staging_nbytes(layout, handle.num_blocks)
         self.kv_moved("import", num_bytes, time.monotonic() - begin, transports.STAGING)
-        return Incoming(kv_params=kv_params, land=_once(lambda seconds: self.staging.release(offset)))
+        return Incoming(kv=kv_params, land=_once(lambda seconds: self.staging.release(offset)))
 
     def close(self) -> None:
         self.staging.close()
@@ -163,7 +163,7 @@ class NixlConnector(StagingConnector):
         if not handle.engine_params:  # a prefill worker without NIXL: its blocks are pulled
             return await super().receive(handle, token_ids)
         kv_params = descriptor.with_expiry(handle.engine_params, handle.lease_expires_unix_s)
-        return Incoming(kv_params=kv_params, land=_once(functools.partial(self._landed, handle)))
+        return Incoming(kv=kv_params, land=_once(functools.partial(self._landed, handle)))
 
     def _landed(self, handle, seconds: float) -> None:
         """The READ is over: release the source's blocks, count it (bytes by the handle; seconds until the first

@@ -47,7 +47,7 @@ class KvPuller:
     async def pull_staged(
         self, handle: common_pb2.KvHandle, token_ids: tuple[int, ...], staging: StagingBudget, offset: int
     ) -> bytes:
-        """Receive the handle's blocks into the staging region at `offset`; the kv_params naming it.
+        """Receive the handle's blocks into the staging region at `offset`; the STAGING descriptor naming it.
         ValueError when the stream does not fit the handle."""
         handle_nbytes(handle, len(token_ids))
         layout = layout_from_pb(handle.layout)

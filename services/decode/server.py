@@ -6,6 +6,7 @@ import time
 
 from engines.base import EngineRequest, FinishReason
 from engines.base.errors import EngineError
+from engines.base.types import KvExport
 from engines.transfer.connector import Incoming
 from services.common.convert import finish_to_pb, logprob_to_pb, params_from_pb
 from services.common.drain import drainable
@@ -56,7 +57,6 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
             params,
             kv=incoming.kv,
             output_token_ids=tuple(request.output_token_ids),
-            kv_params=incoming.kv_params,
             hash_root=self.hash_root(params),
         )
         try:
@@ -80,7 +80,7 @@ class DecodeService(WorkerService, worker_pb2_grpc.DecodeWorkerServicer):
                     finish_reason=finish_to_pb(out.finish_reason),
                     num_prompt_tokens=out.num_prompt_tokens,
                     num_cached_tokens=out.num_cached_tokens,
-                    kv_imported=first_at == 0 and incoming.kv is not None,
+                    kv_imported=first_at == 0 and isinstance(incoming.kv, KvExport),
                 )
         finally:
             if not first_at:

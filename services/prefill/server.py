@@ -60,7 +60,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
         if last.logprobs:
             reply.first_logprob.CopyFrom(logprob_to_pb(last.logprobs[0]))
         if last.finish_reason is FinishReason.PREFILLED:
-            reply.kv.CopyFrom(self._handle(request.req_id, request.token_ids, last.kv_params))
+            reply.kv.CopyFrom(self._handle(request.req_id, request.token_ids, last.kv_handle))
         else:  # the first token ended the request: nothing is held
             reply.finish_reason = finish_to_pb(last.finish_reason)
         return reply

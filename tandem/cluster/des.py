@@ -211,7 +211,10 @@ class ClusterSim:
         )
 
     def _submit(self, worker_id: str, request: EngineRequest) -> None:
-        self.workers[worker_id].core.add(request)
+        core = self.workers[worker_id].core
+        core.add(request)
+        if request.kv is not None:  # NOTE: a KvExport's load ends as it starts: the live loop's next poll applies it
+            core.poll_loads()
         self._report(worker_id)
         self._maybe_start(worker_id)
 
@@ -241,6 +244,8 @@ class ClusterSim:
                 record.num_cached_tokens = output.num_cached_tokens
             if output.finished:
                 self._finish(worker_id, output)
+        if worker.core.scheduler.importing:  # NOTE: imports waiting for the blocks the step may have freed
+            worker.core.poll_loads()
         self.routers.apply_events(worker_id, worker.core.drain_kv_events())
         self._report(worker_id)
         self._maybe_start(worker_id)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from engines.base.block_hash import NONE_HASH
 from engines.base.events import KvTier
-from engines.core.loads import KvLoad, LoadDone, NoLoads
+from engines.core.loads import BytesLoads, KvLoad, LoadDone
 from engines.core.tiers.tier_pool import TierBlock, TierPool
 
 MAX_DISK_WRITES_IN_FLIGHT = 256  # host slots a slow disk may pin at once; later sightings admit the rest
@@ -256,8 +256,8 @@ class TierReport:
     num_refused: int = 0  # disk files refused (planted, foreign, tampered or corrupt) since the last poll
 
 
-class TieredLoads(NoLoads):
-    """Runner methods: onboarding loads (an `Onboard` source) go to the runner's `tiers`; other loads as NoLoads."""
+class TieredLoads(BytesLoads):
+    """Runner methods: onboarding loads (an `Onboard` source) go to the runner's `tiers`; other loads as BytesLoads."""
 
     tiers = None
 

@@ -73,13 +73,13 @@ def test_messages_survive_the_encoding():
         SamplingParams(max_tokens=3, seed=7, min_tokens=1, stop_token_ids=(9,)),
         kv=kv,
         output_token_ids=(4,),
-        kv_params=b"opaque",
     )
     out = RequestOutput(
         "r", (7,), (TokenLogprob(7, -0.5, ((7, -0.5), (8, -1.0))),), FinishReason.PREFILLED, 2, 1, None, 0.25, b"x"
     )
     step = StepOutputs([out], EngineStats(*range(13)), [])
-    for message in (Add(request), step, Reply(3, kv), Failed(EngineDiedError("gone"))):
+    handle = EngineRequest("h", (1, 2), kv=b"opaque")  # NOTE: the field's other kind, a handle
+    for message in (Add(request), Add(handle), step, Reply(3, kv), Failed(EngineDiedError("gone"))):
         again = decode(encode(message))
         assert type(again) is type(message)
         if isinstance(message, Failed):

@@ -10,7 +10,7 @@ import pytest
 
 from engines.base.engine_configs import BatchConfig
 from engines.base.errors import InvalidRequestError
-from engines.base.types import EngineRequest, FinishReason, KvLayout, SamplingParams
+from engines.base.types import EngineRequest, FinishReason, KvExport, KvLayout, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.loads import KvLoad, LoadDone
 from engines.core.runner import Done, RunnerInfo
@@ -63,12 +63,12 @@ def request(req_id: str, tokens, max_tokens: int = 2) -> EngineRequest:
 
 
 def importing(req_id: str, num_tokens: int, num_loaded: int) -> EngineRequest:
-    """A request whose first `num_loaded` tokens' KV is loaded from elsewhere (kv_params name the source)."""
+    """A request whose first `num_loaded` tokens' KV is loaded from elsewhere (a handle names the source)."""
     return EngineRequest(
         req_id,
         tuple(range(num_tokens)),
         SamplingParams(max_tokens=1, ignore_eos=True),
-        kv_params=str(num_loaded).encode(),
+        kv=str(num_loaded).encode(),
     )
 
 
@@ -163,6 +163,22 @@ def test_an_import_loads_off_the_queues_then_requeues_ahead_of_requests_holding_
     assert ("loaded", 8, 4) in [s for step in core.runner.steps for s in step]  # only what the load did not bring
 
 
+def test_bytes_and_a_handle_import_the_same_way_one_load_each_through_the_runner():
+    core = make_core()
+    kv = KvExport(core.info.kv_layout, tuple(range(8)), 2, bytes(64))
+    core.add(EngineRequest("bytes", tuple(range(12)), SamplingParams(max_tokens=1, ignore_eos=True), kv=kv))
+    core.add(importing("handle", 12, 8))
+    assert core.runner.started == [
+        KvLoad("bytes", (0, 1), 8, kv),
+        KvLoad("handle", (2, 3), 8, Source(tuple(range(8)))),
+    ]
+    assert all(core.seqs[r].status is SequenceStatus.LOADING for r in ("bytes", "handle"))
+    core.runner.ended = [LoadDone("bytes", True), LoadDone("handle", True)]
+    while core.has_work or core.has_loads:
+        core.step()
+    assert core.runner.steps == [[("bytes", 8, 4), ("handle", 8, 4)]]  # the same step: neither computes its KV
+
+
 def test_a_failed_import_computes_its_tokens_and_an_aborted_one_frees_its_blocks_when_the_load_ends():
     core = make_core()
     core.add(importing("a", 10, 8))
@@ -179,6 +195,34 @@ def test_a_failed_import_computes_its_tokens_and_an_aborted_one_frees_its_blocks
     assert core.runner.steps == [[("a", 0, 10)]]
 
 
+def test_an_import_waits_for_blocks_in_the_schedulers_queue_counted_as_waiting_and_starts_in_order():
+    core = make_core(num_blocks=6)
+    core.add(request("busy", range(900, 912), max_tokens=8))
+    core.step()  # "busy" holds 3 blocks and may grow to 5: 3 are free
+    core.add(importing("first", 12, 8))  # may grow to 13 tokens: 4 blocks, only 3 free
+    core.add(importing("second", 8, 4))
+    first, second = core.seqs["first"], core.seqs["second"]
+    assert [s for s, _ in core.scheduler.importing] == [first, second] and core.runner.started == []
+    assert first.status is SequenceStatus.LOADING and core.stats().num_waiting == 2 and core.has_loads
+    assert core.abort("second").finish_reason is FinishReason.ABORT
+    assert [s for s, _ in core.scheduler.importing] == [first] and second.status is SequenceStatus.FINISHED
+    while "busy" in core.seqs:
+        core.step()
+    core.poll_loads()  # "busy" freed its blocks: the import starts
+    assert core.runner.started == [KvLoad("first", (4, 5), 8, Source(tuple(range(8))))]
+    assert not core.scheduler.importing and [e.load.req_id for e in core.scheduler.loading.values()] == ["first"]
+
+
+def test_an_import_whose_source_fails_to_start_fails_its_request_alone():
+    core = make_core()
+    core.runner.start_load = lambda load: (_ for _ in ()).throw(InvalidRequestError("gone"))
+    core.add(importing("bad", 12, 8))
+    assert [(o.req_id, o.finish_reason, o.error) for o in core.failed_loads] == [
+        ("bad", FinishReason.ERROR, "KV load failed: gone")
+    ]
+    assert "bad" not in core.seqs and not core.scheduler.importing and core.block_manager.num_free_blocks == 16
+
+
 def test_stats_count_what_ran():
     core = make_core()
     core.add(request("a", range(8), max_tokens=2))
@@ -191,7 +235,7 @@ def test_stats_count_what_ran():
 
 
 # -- one owner of the queues -------------------------------------------------------------------
-QUEUES = {"waiting", "running", "loading", "parked"}
+QUEUES = {"waiting", "running", "loading", "parked", "importing"}
 MUTATORS = {
     "append",
     "appendleft",
@@ -245,8 +289,9 @@ def test_the_scan_sees_each_kind_of_queue_write():
     src = (
         "s.waiting.append(x)\ns.running = []\ns.loading[k] = v\ndel s.parked[k]\ns.waiting.remove(x)\n"
         "n = len(s.waiting)\nfor x in s.running: pass\nother.append(x)\nw = core.scheduler.waiting\nw.pop()\n"
+        "s.importing.popleft()\n"
     )
-    assert queue_writes(ast.parse(src)) == [1, 2, 3, 4, 5, 10]
+    assert queue_writes(ast.parse(src)) == [1, 2, 3, 4, 5, 10, 11]
 
 
 def test_only_the_scheduler_writes_its_queues():

@@ -12,7 +12,7 @@ from engines.base.errors import RequestNotFoundError
 from engines.base.types import KvExport, KvLayout
 from engines.transfer import descriptor, transports
 from engines.transfer.budget import StagingBudget
-from engines.transfer.descriptor import NIXL, KvDescriptor
+from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.paged import staging_nbytes
 from services.common.convert import layout_to_pb
 from services.common.kv_connectors import (
@@ -36,18 +36,16 @@ class FakeEngine:
         self.calls: list[tuple] = []
         self.data = np.arange(staging_nbytes(LAYOUT, 2), dtype=np.uint32).astype(np.uint8)
 
-    async def export_kv(self, req_id: str) -> KvExport:
-        self.calls.append(("export_kv", req_id))
+    async def export_kv(self, req_id: str, into: str = "", offset: int = 0) -> KvExport | bytes:
+        self.calls.append(("export_kv", req_id, into))
         if req_id != "held":
             raise RequestNotFoundError(f"no KV held for request {req_id!r}")
-        return KvExport(LAYOUT, TOKENS[:8], 2, self.data.tobytes())
-
-    async def export_kv_to(self, req_id: str, path: str, offset: int) -> int:
-        self.calls.append(("export_kv_to", req_id))
-        with open(path, "r+b") as f:
+        if not into:
+            return KvExport(LAYOUT, TOKENS[:8], 2, self.data.tobytes())
+        with open(into, "r+b") as f:
             f.seek(offset)
             f.write(self.data.tobytes())
-        return 2
+        return descriptor.encode(KvDescriptor(STAGING, LAYOUT, TOKENS[:8], base=offset, path=into))
 
     async def release_kv(self, req_id: str) -> None:
         self.calls.append(("release_kv", req_id))
@@ -114,7 +112,7 @@ async def test_bytes_export_streams_the_held_kv_then_ends_the_hold():
     chunks, taken = await drain(BytesConnector(engine, moves), "held", None)
     kv = assemble(chunks)
     assert kv.data == engine.data.tobytes() and kv.token_ids == TOKENS[:8] and taken == ["held"]
-    assert engine.calls == [("export_kv", "held"), ("release_kv", "held")]
+    assert engine.calls == [("export_kv", "held", ""), ("release_kv", "held")]
     assert moves == [("export", engine.data.nbytes, transports.BYTES)]
 
 
@@ -127,7 +125,7 @@ async def test_bytes_receive_pulls_an_export_that_covers_a_prefix():
     kv = KvExport(LAYOUT, TOKENS[:8], 2, b"x")
     moves = Moves()
     incoming = await BytesConnector(FakeEngine(), moves, FakePuller(kv)).receive(handle(), TOKENS)
-    assert incoming.kv is kv and incoming.kv_params == b"" and moves == [("import", 1, transports.BYTES)]
+    assert incoming.kv is kv and moves == [("import", 1, transports.BYTES)]
 
 
 @pytest.mark.parametrize(
@@ -140,14 +138,14 @@ async def test_bytes_receive_pulls_an_export_that_covers_a_prefix():
 )
 async def test_bytes_receive_falls_back_to_a_local_prefill(puller):
     incoming = await BytesConnector(FakeEngine(), Moves(), puller).receive(handle(), TOKENS)
-    assert incoming.kv is None and incoming.kv_params == b"" and puller.pulls == 1
+    assert incoming.kv is None and puller.pulls == 1
 
 
 async def test_bytes_and_trtllm_hand_engine_params_to_the_engine_without_a_pull():
     for kind in (BytesConnector, TrtllmConnector):
         puller = FakePuller()
         incoming = await kind(FakeEngine(), Moves(), puller).receive(handle(b"opaque"), TOKENS)
-        assert incoming.kv_params == b"opaque" and incoming.kv is None and puller.pulls == 0
+        assert incoming.kv == b"opaque" and puller.pulls == 0
 
 
 async def test_staging_export_copies_through_a_region_that_is_freed_after(staging):
@@ -156,7 +154,7 @@ async def test_staging_export_copies_through_a_region_that_is_freed_after(stagin
     chunks, taken = await drain(connector, "held", 2)
     got = np.concatenate([np.frombuffer(c.data, np.uint8).reshape(4, c.num_blocks, 64) for c in chunks], axis=1)
     assert got.tobytes() == engine.data.tobytes() and taken == ["held"]
-    assert engine.calls == [("export_kv_to", "held"), ("abort", "held")]
+    assert engine.calls == [("export_kv", "held", staging.path), ("abort", "held")]
     assert moves == [("export", engine.data.nbytes, transports.STAGING)]
     assert await staging.acquire(LAYOUT, 2, 0.01) == 0  # the region went back
 
@@ -169,16 +167,16 @@ async def test_staging_export_without_a_held_request_is_not_found(staging):
 async def test_staging_receive_holds_its_region_until_landed(staging):
     connector = StagingConnector(FakeEngine(transports.STAGING), Moves(), staging, FakePuller())
     incoming = await connector.receive(handle(), TOKENS)
-    assert incoming.kv_params == b"staged@0" and incoming.kv is None
-    assert (await connector.receive(handle(), TOKENS)).kv_params == b""  # the budget is full: prefill locally
+    assert incoming.kv == b"staged@0"
+    assert (await connector.receive(handle(), TOKENS)).kv is None  # the budget is full: prefill locally
     incoming.landed(0.5)
     incoming.landed(0.5)  # NOTE: once only; a second release would free another request's region
-    assert (await connector.receive(handle(), TOKENS)).kv_params == b"staged@0"
+    assert (await connector.receive(handle(), TOKENS)).kv == b"staged@0"
 
 
 async def test_staging_receive_frees_the_region_when_the_pull_fails(staging):
     connector = StagingConnector(FakeEngine(transports.STAGING), Moves(), staging, FakePuller(error=ValueError("x")))
-    assert (await connector.receive(handle(), TOKENS)).kv_params == b""
+    assert (await connector.receive(handle(), TOKENS)).kv is None
     assert await staging.acquire(LAYOUT, 2, 0.01) == 0
 
 
@@ -188,7 +186,7 @@ async def test_nixl_receive_names_the_source_with_its_lease_and_releases_it_once
     connector = NixlConnector(FakeEngine(transports.NIXL), moves, staging, puller)
     h = handle(params)
     incoming = await connector.receive(h, TOKENS)
-    assert descriptor.decode(incoming.kv_params).expires_unix_s == h.lease_expires_unix_s and puller.pulls == 0
+    assert descriptor.decode(incoming.kv).expires_unix_s == h.lease_expires_unix_s and puller.pulls == 0
     incoming.landed(0.25)
     incoming.landed(0.25)
     for task in list(connector._tasks):
@@ -198,7 +196,7 @@ async def test_nixl_receive_names_the_source_with_its_lease_and_releases_it_once
 
 async def test_nixl_receive_pulls_through_staging_from_a_source_without_nixl(staging):
     connector = NixlConnector(FakeEngine(transports.NIXL), Moves(), staging, FakePuller())
-    assert (await connector.receive(handle(), TOKENS)).kv_params == b"staged@0"
+    assert (await connector.receive(handle(), TOKENS)).kv == b"staged@0"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from engines.base.errors import InvalidRequestError
-from engines.base.types import EngineRequest, FinishReason, SamplingParams
+from engines.base.types import EngineRequest, FinishReason, KvExport, SamplingParams
+from engines.core.sequence import SequenceStatus
 from engines.sim.runner import Payload, SimSpec, build_core
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
@@ -32,14 +33,12 @@ def prefill(engine, req_id: str, tokens) -> tuple[int, bytes]:
     while not any(o.finish_reason for o in outs):
         outs += engine.step()
     assert outs[-1].finish_reason is FinishReason.PREFILLED
-    return outs[-1].new_token_ids[-1], outs[-1].kv_params
+    return outs[-1].new_token_ids[-1], outs[-1].kv_handle
 
 
 def decode(engine, req_id: str, tokens, first: int, kv_params: bytes, max_tokens: int = 8):
     engine.add(
-        EngineRequest(
-            req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,), kv_params=kv_params
-        )
+        EngineRequest(req_id, tokens, SamplingParams(max_tokens=max_tokens), output_token_ids=(first,), kv=kv_params)
     )
 
 
@@ -76,14 +75,36 @@ def test_the_staging_fallback_loads_what_the_prefill_engine_exported():
     layout = p.info.kv_layout
     staging = StagingFile(staging_nbytes(layout, 8) * 2, "tandem-kv-test")
     try:
-        assert p.export_kv_to("r", staging.path, 4096) == 5
-        desc = descriptor.encode(KvDescriptor(STAGING, layout, prompt()[:300], base=4096, path=staging.path))
+        desc = p.export_kv("r", staging.path, 4096)  # the handle of what it wrote there
+        assert descriptor.decode(desc) == KvDescriptor(STAGING, layout, prompt()[:300], base=4096, path=staging.path)
         decode(d, "r", prompt(), first, desc)
         out = run(d, {"r"})["r"]
     finally:
         staging.close()
     assert (out.finish_reason, out.error) == (FinishReason.LENGTH, None)
     assert d.stats().num_prompt_tokens_computed == 0
+
+
+def test_bytes_and_a_staging_descriptor_import_through_the_same_load_path():
+    p = core("grpc")
+    first, _ = prefill(p, "r", prompt())
+    kv, layout = p.export_kv("r"), p.info.kv_layout
+    staging = StagingFile(staging_nbytes(layout, 8), "tandem-kv-test")
+    try:
+        desc = p.export_kv("r", staging.path, 0)
+        by_bytes, by_staging = core("grpc"), core("grpc")
+        by_bytes.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))
+        decode(by_staging, "r", prompt(), first, desc)
+        for d, kind in ((by_bytes, KvExport), (by_staging, KvDescriptor)):
+            assert d.seqs["r"].status is SequenceStatus.LOADING and "r" not in d.scheduler.waiting
+            assert isinstance(d.scheduler.loading["r"].load.source, kind)  # one queue, one load, either source
+            assert d.scheduler.loading["r"].load.block_ids == (0, 1, 2, 3, 4)
+        outs = [run(d, {"r"})["r"] for d in (by_bytes, by_staging)]
+    finally:
+        staging.close()
+    for out in outs:
+        assert (out.finish_reason, out.error, out.num_cached_tokens) == (FinishReason.LENGTH, None, 300)
+    assert by_bytes.stats().num_prompt_tokens_computed == by_staging.stats().num_prompt_tokens_computed == 0
 
 
 @pytest.mark.parametrize(
@@ -151,21 +172,13 @@ def test_an_import_waits_for_room_and_never_starves_the_queue():
         for i in range(3):  # each needs 32 blocks with its growth: two fit at once, the third waits
             tokens = prompt(i, 1900)
             first, _ = prefill(p, f"r{i}", tokens)
-            n = p.export_kv_to(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
+            desc = p.export_kv(f"r{i}", staging.path, i * staging_nbytes(layout, 40))
             p.release_kv(f"r{i}")
-            descs.append(
-                (
-                    tokens,
-                    first,
-                    descriptor.encode(
-                        KvDescriptor(STAGING, layout, tokens, base=i * staging_nbytes(layout, 40), path=staging.path)
-                    ),
-                )
-            )
-            assert n == 30
+            descs.append((tokens, first, desc))
+            assert descriptor.decode(desc).num_blocks == 30
         for i, (tokens, first, desc) in enumerate(descs):
             decode(d, f"r{i}", tokens, first, desc, max_tokens=128)
-        assert len(d.pending_loads) == 1 and d.stats().num_waiting == 3  # two fit with their growth
+        assert len(d.scheduler.importing) == 1 and d.stats().num_waiting == 3  # two fit with their growth
         finished = run(d, {"r0", "r1", "r2"})
     finally:
         staging.close()
@@ -231,7 +244,7 @@ def test_a_bytes_engine_has_no_mover_and_moves_its_real_blocks_as_an_export():
     first, kv_params = prefill(p, "r", prompt())
     assert kv_params == b""  # nothing for the decode engine to load itself: the blocks are pulled as bytes
     with pytest.raises(InvalidRequestError, match="exports its KV as bytes"):
-        p.export_kv_to("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
+        p.export_kv("r", "/nonexistent", 0)  # no staging connector asks it: its KV leaves as bytes only
     kv = p.export_kv("r")
     assert kv.num_blocks == 5 and len(kv.data) == staging_nbytes(p.info.kv_layout, 5)
     d.add(EngineRequest("r", prompt(), SamplingParams(max_tokens=8), kv=kv, output_token_ids=(first,)))

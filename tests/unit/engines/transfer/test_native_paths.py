@@ -75,15 +75,9 @@ def test_the_staging_fallback_lands_the_same_kv(tiny_llama, reference):
     layout = p.info.kv_layout
     staging = StagingFile(staging_nbytes(layout, 4), "tandem-kv-test")
     try:
-        assert p.export_kv_to("r", staging.path, 0) == 3
-        decode(
-            d,
-            "r",
-            PROMPT,
-            first,
-            descriptor.encode(KvDescriptor(STAGING, layout, PROMPT, path=staging.path)),
-            max_tokens=MAX_TOKENS,
-        )
+        handle = p.export_kv("r", staging.path, 0)
+        assert descriptor.decode(handle) == KvDescriptor(STAGING, layout, PROMPT, path=staging.path)
+        decode(d, "r", PROMPT, first, handle, max_tokens=MAX_TOKENS)
         assert (first,) + generated(d, "r") == reference
     finally:
         staging.close()

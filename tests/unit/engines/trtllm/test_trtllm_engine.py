@@ -115,12 +115,10 @@ async def test_prefill_then_decode_on_another_engine_gives_the_tokens_of_one_run
     prefill, decode, alone = await make(tiny_llama), await make(tiny_llama), await make(tiny_llama)
     params = greedy(6)
     held = await collect(prefill, EngineRequest("r", PROMPT, params, hold_kv=True))
-    assert len(held) == 1 and held[0].finish_reason is FinishReason.PREFILLED and held[0].kv_params
+    assert len(held) == 1 and held[0].finish_reason is FinishReason.PREFILLED and held[0].kv_handle
     assert prefill.stats().num_held == 1
     first = held[0].new_token_ids
-    rest = await collect(
-        decode, EngineRequest("r", PROMPT, params, output_token_ids=first, kv_params=held[0].kv_params)
-    )
+    rest = await collect(decode, EngineRequest("r", PROMPT, params, output_token_ids=first, kv=held[0].kv_handle))
     whole = await collect(alone, EngineRequest("r", PROMPT, params))
     assert list(first) + tokens_of(rest) == tokens_of(whole) and rest[-1].finish_reason is FinishReason.LENGTH
     assert all(o.num_cached_tokens == 40 for o in rest)  # the prompt's KV came over, none computed
@@ -149,7 +147,7 @@ async def test_a_decode_whose_kv_is_gone_fails_clearly(tiny_llama):
     held = (await collect(prefill, EngineRequest("r", PROMPT, greedy(4), hold_kv=True)))[-1]
     fake_trtllm._Transceiver.held.clear()  # e.g. the prefill worker restarted
     outs = await collect(
-        decode, EngineRequest("r", PROMPT, greedy(4), output_token_ids=held.new_token_ids, kv_params=held.kv_params)
+        decode, EngineRequest("r", PROMPT, greedy(4), output_token_ids=held.new_token_ids, kv=held.kv_handle)
     )
     assert outs[-1].finish_reason is FinishReason.ERROR and "no KV to receive" in outs[-1].error
     await prefill.shutdown()

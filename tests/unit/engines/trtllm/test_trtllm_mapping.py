@@ -96,7 +96,7 @@ def test_kv_params_make_a_generation_only_request_that_repeats_the_first_token()
             request_type="context_only", first_gen_tokens=[42], ctx_request_id=7, opaque_state=b"\x00\xffstate"
         )
     )
-    got = plan(SamplingParams(max_tokens=8, min_tokens=3), eos=(2,), output_token_ids=(42,), kv_params=blob)
+    got = plan(SamplingParams(max_tokens=8, min_tokens=3), eos=(2,), output_token_ids=(42,), kv=blob)
     assert got.inputs == PROMPT and got.imported and got.skip_tokens == (42,)
     assert got.sampling["max_tokens"] == 8 and got.sampling["min_tokens"] == 3  # both count the first token
     assert got.disaggregated == {
@@ -111,7 +111,7 @@ def test_kv_params_make_a_generation_only_request_that_repeats_the_first_token()
 def test_kv_params_must_match_the_tokens_the_request_carries():
     blob = encode_kv_params(DisaggregatedParams(first_gen_tokens=[42], ctx_request_id=7))
     with pytest.raises(InvalidRequestError, match=r"first tokens \[42\], the request \[41\]"):
-        plan(output_token_ids=(41,), kv_params=blob)
+        plan(output_token_ids=(41,), kv=blob)
 
 
 def test_output_tokens_without_kv_become_prompt_and_count_against_max_tokens():

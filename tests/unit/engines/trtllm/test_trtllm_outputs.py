@@ -29,7 +29,7 @@ def test_cumulative_results_become_deltas_with_the_users_prompt_length():
     outs = deltas(s, result([10]), result([10]), result([10, 11, 12]), result([10, 11, 12, 13], "length"))
     assert [o.new_token_ids for o in outs] == [(10,), (11, 12), (13,)]
     assert [o.finish_reason for o in outs] == [None, None, FinishReason.LENGTH]
-    assert all(o.num_prompt_tokens == 3 and o.req_id == "r" and o.kv_params == b"" for o in outs) and s.finished
+    assert all(o.num_prompt_tokens == 3 and o.req_id == "r" and o.kv_handle == b"" for o in outs) and s.finished
 
 
 def test_finish_reasons_map_and_unknown_ones_are_errors():
@@ -62,12 +62,12 @@ def test_a_context_only_request_ends_prefilled_with_its_params_as_kv_params():
     )
     out = OutputStream("r", plan, 3, 16).feed(result([9], "length", disaggregated_params=params))
     assert out.finish_reason is FinishReason.PREFILLED and out.new_token_ids == (9,)
-    assert decode_kv_params(out.kv_params) == {"first_gen_tokens": [9], "ctx_request_id": 4, "opaque_state": b"\x01"}
+    assert decode_kv_params(out.kv_handle) == {"first_gen_tokens": [9], "ctx_request_id": 4, "opaque_state": b"\x01"}
     at_result_level = result([9], "length")
     at_result_level.disaggregated_params = params  # where some releases keep them
-    assert OutputStream("r", plan, 3, 16).feed(at_result_level).kv_params == out.kv_params
+    assert OutputStream("r", plan, 3, 16).feed(at_result_level).kv_handle == out.kv_handle
     eos_first = OutputStream("r", plan, 3, 16).feed(result([2], "stop", disaggregated_params=params))
-    assert eos_first.finish_reason is FinishReason.STOP and eos_first.kv_params == b""
+    assert eos_first.finish_reason is FinishReason.STOP and eos_first.kv_handle == b""
     missing = OutputStream("r", plan, 3, 16).feed(result([9], "length"))
     assert missing.finish_reason is FinishReason.ERROR and "no disaggregated params" in missing.error
 
