@@ -128,7 +128,7 @@ class PlannerCore:
             self._maybe_climb()
         misses = None
         if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
-            misses = judge(obs.finished, self.model)
+            misses = judge(obs.finished, self.model, has_prefill_pool=WorkerRole.PREFILL in self.state)
             obs = replace(obs, ttft_s=misses.ttft_s, itl_s=misses.itl_s)
         budgets = self._budgets(obs)
         self._correct(obs, budgets, misses)
@@ -237,6 +237,7 @@ class PlannerCore:
         else:
             judged = self._blamed(obs, misses)
             over = self._over_share(judged)
+        under = {role: under[role] and not over[role] for role in under}  # NOTE: a role short of its SLO is not calm
         for role, s in self.state.items():
             is_starting = obs.replicas[role].starting > 0
             # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
@@ -291,15 +292,17 @@ class PlannerCore:
         return out
 
     def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
-        """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""
-        ttft_on_decode = misses.num_ttft_missed if self._blames_decode(obs) else 0
+        """Per role: this tick's judged requests and the misses blamed on it. A TTFT miss goes where its request
+        says it waited; only one that does not say is blamed by the pools' state at this tick."""
+        unknown = misses.num_ttft_unknown
+        ttft_on_decode = misses.num_ttft_on_decode + (unknown if unknown and self._blames_decode(obs) else 0)
         return {
             WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
             WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode),
         }
 
     def _blames_decode(self, obs: Observation) -> bool:
-        """A slow first token is the prefill pool's doing when the load of this very window needs more prefill
+        """Without per-request attribution: a slow first token is the prefill pool's doing when the load of this very window needs more prefill
         workers than there are, or they are busy (the router then overflows prompts to decode workers); the
         decode pool's only when the prefill workers sit idle."""
         if WorkerRole.PREFILL not in self.state:
