@@ -13,7 +13,7 @@ from services.planner.feedback import FeedbackConfig, SloFeedback
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.slo_misses import Misses, MissWindow, judge
-from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
+from services.planner.types import ROLES, Decision, Load, Observation, PlannerConfigError, TickResult, WorkerRole
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,14 @@ class PlannerConfig:
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
     climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
+
+    def __post_init__(self) -> None:
+        if self.miss_window_ticks < 1 or self.climb_ticks < 1:
+            raise PlannerConfigError(
+                f"need miss_window_ticks >= 1 and climb_ticks >= 1, got {self.miss_window_ticks} and {self.climb_ticks}"
+            )
+        if self.climb_ratio and self.climb_ratio < 1:
+            raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode

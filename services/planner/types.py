@@ -15,6 +15,10 @@ class PlannerError(Exception):
     grpc_status = "INTERNAL"
 
 
+class PlannerConfigError(PlannerError, ValueError):
+    """A planner constant out of its range (the settings turn it into a SettingsError naming the variable)."""
+
+
 class ConnectorError(PlannerError):
     """A connector could not read or change replicas (the API refused, a command failed, a timeout)."""
 
