@@ -62,6 +62,7 @@ class PlannerSettings:
     # up at once on a climb: the last CLIMB_TICKS ticks' arrivals at >= CLIMB_RATIO x the predicted rate; 0: off
     climb_ticks: int = PlannerConfig().climb_ticks
     climb_ratio: float = PlannerConfig().climb_ratio
+    burst_headroom: float = PlannerConfig().burst_headroom
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
     connector_backoff_s: float = 1.0
     local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
@@ -179,6 +180,7 @@ class PlannerSettings:
             miss_window_ticks=self.miss_window_ticks,
             climb_ticks=self.climb_ticks,
             climb_ratio=self.climb_ratio,
+            burst_headroom=self.burst_headroom,
         )
 
     @classmethod
@@ -220,6 +222,7 @@ SOURCE = Source(
         "calibration_weight": "how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
         "climb_ticks": "a climb is judged on this many ticks' arrivals",
         "climb_ratio": "a climb: those arrivals at >= this x the predicted rate (0: off)",
+        "burst_headroom": "size for this many times the predicted rate, so a burst is carried while replicas start",
         "connector_backoff_s": "the first retry's backoff (doubling)",
         "compose_project": "connector compose: the project the scaler scales",
         "compose_prefill_service": "connector compose: the prefill service",

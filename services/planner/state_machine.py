@@ -43,6 +43,8 @@ class PlannerConfig:
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
     climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
+    burst_headroom: float = 1.0  # size for this many times the predicted rate: a burst arriving faster than a new
+    # replica starts is carried by the workers already serving (1: none)
 
     def __post_init__(self) -> None:
         if self.miss_window_ticks < 1 or self.climb_ticks < 1:
@@ -51,6 +53,8 @@ class PlannerConfig:
             )
         if self.climb_ratio and self.climb_ratio < 1:
             raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
+        if self.burst_headroom < 1:
+            raise PlannerConfigError(f"burst_headroom must be >= 1, got {self.burst_headroom}")
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -170,7 +174,7 @@ class PlannerCore:
         self.calibration.update()
         self.model = self.calibration.calibrated()
         if self._is_warm:
-            for role, busy in self.model.busy(predicted, WorkerRole.PREFILL in self.roles).items():
+            for role, busy in self._busy(predicted).items():
                 if role in self.state:
                     count = ceil_workers(busy * factors[role])
                     bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
@@ -191,7 +195,7 @@ class PlannerCore:
             return
         isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
         load = Load(rate, isl, self.last_predicted.osl)
-        for role, busy in self.model.busy(load, WorkerRole.PREFILL in self.roles).items():
+        for role, busy in self._busy(load).items():
             s = self.state.get(role)
             bounds = self.config.bounds(role)
             count = min(max(ceil_workers(busy * self.feedback.factors[role]), 1), bounds.max_replicas)
@@ -199,6 +203,11 @@ class PlannerCore:
                 s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
                 s.base, s.reason = count, "load climbing"
                 s.history = [*s.history, count][-cfg.down_stabilization :]
+
+    def _busy(self, load: Load) -> dict[WorkerRole, float]:
+        """Workers per role the model says `load` keeps busy, with the burst headroom on its rate."""
+        sized = replace(load, request_rate=load.request_rate * self.config.burst_headroom)
+        return self.model.busy(sized, WorkerRole.PREFILL in self.roles)
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model

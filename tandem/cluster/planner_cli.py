@@ -102,6 +102,12 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="... arrivals at >= this x the predicted rate (0: off)",
     )
     g.add_argument(
+        "--burst-headroom",
+        type=float,
+        default=PlannerConfig().burst_headroom,
+        help="size for this many times the predicted rate (1: none)",
+    )
+    g.add_argument(
         "--proportional-up",
         action="store_true",
         help="the fast loop adds in proportion to a violation (default: one replica per violation)",
@@ -137,6 +143,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             miss_window_ticks=args.miss_window_ticks,
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
+            burst_headroom=args.burst_headroom,
         )
     except (FeedbackError, PlannerConfigError) as exc:
         raise SystemExit(f"tandem sim: {exc}") from None
@@ -221,6 +228,7 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         "miss_budget": cfg.planner.feedback.budget,
         "miss_window_ticks": cfg.planner.miss_window_ticks,
         "climb": {"ticks": cfg.planner.climb_ticks, "ratio": cfg.planner.climb_ratio},
+        "burst_headroom": cfg.planner.burst_headroom,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {
             "prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],
