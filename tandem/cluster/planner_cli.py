@@ -85,7 +85,7 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         "--calibration-weight",
         type=float,
         default=CalibrationConfig().weight,
-        help="how far one interval's measured speed moves the model's (1: the newest alone)",
+        help="how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
     )
     g.add_argument("--miss-budget", type=float, default=FeedbackConfig().budget, help="the share let miss the SLO")
     g.add_argument(
@@ -139,13 +139,18 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
                 max_factor=args.feedback_max_factor,
             ),
             is_proportional_up=args.proportional_up,
-            calibration=CalibrationConfig(is_enabled=not args.no_calibration, weight=args.calibration_weight),
+            calibration=CalibrationConfig(  # NOTE: weight 0 is off, as TANDEM_PLANNER_CALIBRATION_WEIGHT 0
+                is_enabled=not args.no_calibration and args.calibration_weight != 0,
+                weight=args.calibration_weight or CalibrationConfig().weight,
+            ),
             miss_window_ticks=args.miss_window_ticks,
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
             burst_headroom=args.burst_headroom,
         )
-    except (FeedbackError, PlannerConfigError) as exc:
+    except FeedbackError as exc:
+        raise SystemExit(f"tandem sim: --feedback-* or --miss-budget: {exc}") from None
+    except PlannerConfigError as exc:
         raise SystemExit(f"tandem sim: {exc}") from None
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
