@@ -6,7 +6,7 @@ Pure: observations in, two scales out; it never sees the engines' profile, only 
 from dataclasses import dataclass, field
 
 from services.planner.perf_model import PerfModel
-from services.planner.types import Observation, WorkerRole, WorkerSample
+from services.planner.types import Observation, PlannerConfigError, WorkerRole, WorkerSample
 
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
 
@@ -18,6 +18,13 @@ class CalibrationConfig:
     weight: float = 0.5  # how far one interval's ratio moves the scale (1: the newest alone)
     min_scale: float = 0.25
     max_scale: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.weight <= 1 or not 0 < self.min_scale <= 1 <= self.max_scale:
+            raise PlannerConfigError(
+                f"calibration: need weight in (0, 1] and min_scale <= 1 <= max_scale, got {self.weight}, "
+                f"{self.min_scale} and {self.max_scale}"
+            )
 
 
 @dataclass(slots=True)

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from engines.timing.profile import DEFAULT_PROFILE
 from services.common.settings import SettingsError
 from services.common.settings_loader import Source
+from services.planner.calibration import CalibrationConfig
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
 from services.planner.state_machine import PlannerConfig, RoleBounds
+from services.planner.types import PlannerConfigError
 
 ENV_PREFIX = "TANDEM_PLANNER_"
 SOURCES = ("router", "prometheus")
@@ -52,6 +54,15 @@ class PlannerSettings:
     feedback_up_gain: float = FeedbackConfig().up_gain
     feedback_down_factor: float = FeedbackConfig().down_factor
     feedback_max_factor: float = FeedbackConfig().max_factor
+    # the SLA judged as the share of a window's feasible requests that missed it (services/planner/slo_misses.py)
+    miss_budget: float = FeedbackConfig().budget
+    miss_window_ticks: int = PlannerConfig().miss_window_ticks
+    # the model's speed from the workers' busy-time counters (services/planner/calibration.py); 0: trust the model
+    calibration_weight: float = CalibrationConfig().weight
+    # up at once on a climb: the last CLIMB_TICKS ticks' arrivals at >= CLIMB_RATIO x the predicted rate; 0: off
+    climb_ticks: int = PlannerConfig().climb_ticks
+    climb_ratio: float = PlannerConfig().climb_ratio
+    burst_headroom: float = PlannerConfig().burst_headroom
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
     connector_backoff_s: float = 1.0
     local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
@@ -114,10 +125,14 @@ class PlannerSettings:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_correction < 0 or self.season_length < 0 or self.k8s_gpu_budget < 0:
             raise SettingsError("max_correction, season_length and k8s_gpu_budget must be >= 0")
+        if not 0 < self.miss_budget < 1:
+            raise SettingsError(f"miss_budget must be in (0, 1), got {self.miss_budget}")
         try:
-            _ = self.feedback  # NOTE: built here only to check it
+            _ = self.planner_config  # NOTE: built here only to check it
         except FeedbackError as exc:
             raise SettingsError(f"feedback_*: {exc}") from None
+        except PlannerConfigError as exc:
+            raise SettingsError(str(exc)) from None
 
     @property
     def address(self) -> str:
@@ -134,8 +149,18 @@ class PlannerSettings:
     @property
     def feedback(self) -> FeedbackConfig:
         return FeedbackConfig(
-            up_gain=self.feedback_up_gain, down_factor=self.feedback_down_factor, max_factor=self.feedback_max_factor
+            budget=self.miss_budget,
+            up_gain=self.feedback_up_gain,
+            down_factor=self.feedback_down_factor,
+            max_factor=self.feedback_max_factor,
         )
+
+    @property
+    def calibration(self) -> CalibrationConfig:
+        if not 0 <= self.calibration_weight <= 1:
+            raise PlannerConfigError(f"calibration_weight must be in [0, 1], got {self.calibration_weight}")
+        weight = self.calibration_weight or CalibrationConfig().weight  # NOTE: 0 turns it off; the weight is then moot
+        return CalibrationConfig(is_enabled=self.calibration_weight > 0, weight=weight)
 
     @property
     def planner_config(self) -> PlannerConfig:
@@ -151,6 +176,11 @@ class PlannerSettings:
             predictor_window=self.predictor_window,
             season_length=self.season_length,
             feedback=self.feedback,
+            calibration=self.calibration,
+            miss_window_ticks=self.miss_window_ticks,
+            climb_ticks=self.climb_ticks,
+            climb_ratio=self.climb_ratio,
+            burst_headroom=self.burst_headroom,
         )
 
     @classmethod
@@ -187,6 +217,12 @@ SOURCE = Source(
         "prefill_max_utilization": "how busy the perf model lets prefill workers be",
         "feedback_down_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
         "feedback_max_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
+        "miss_budget": "the share of requests the fast loop lets miss their SLO before it adds a replica",
+        "miss_window_ticks": "the fast loop judges the missed share over this many ticks",
+        "calibration_weight": "how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
+        "climb_ticks": "a climb is judged on this many ticks' arrivals",
+        "climb_ratio": "a climb: those arrivals at >= this x the predicted rate (0: off)",
+        "burst_headroom": "size for this many times the predicted rate, so a burst is carried while replicas start",
         "connector_backoff_s": "the first retry's backoff (doubling)",
         "compose_project": "connector compose: the project the scaler scales",
         "compose_prefill_service": "connector compose: the prefill service",

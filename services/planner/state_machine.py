@@ -13,7 +13,7 @@ from services.planner.feedback import FeedbackConfig, SloFeedback
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.slo_misses import Misses, MissWindow, judge
-from services.planner.types import ROLES, Decision, Load, Observation, TickResult, WorkerRole
+from services.planner.types import ROLES, Decision, Load, Observation, PlannerConfigError, TickResult, WorkerRole
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,18 @@ class PlannerConfig:
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
     climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
+    burst_headroom: float = 1.0  # size for this many times the predicted rate: a burst arriving faster than a new
+    # replica starts is carried by the workers already serving (1: none)
+
+    def __post_init__(self) -> None:
+        if self.miss_window_ticks < 1 or self.climb_ticks < 1:
+            raise PlannerConfigError(
+                f"need miss_window_ticks >= 1 and climb_ticks >= 1, got {self.miss_window_ticks} and {self.climb_ticks}"
+            )
+        if self.climb_ratio and self.climb_ratio < 1:
+            raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
+        if self.burst_headroom < 1:
+            raise PlannerConfigError(f"burst_headroom must be >= 1, got {self.burst_headroom}")
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -128,7 +140,7 @@ class PlannerCore:
             self._maybe_climb()
         misses = None
         if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
-            misses = judge(obs.finished, self.model)
+            misses = judge(obs.finished, self.model, has_prefill_pool=WorkerRole.PREFILL in self.state)
             obs = replace(obs, ttft_s=misses.ttft_s, itl_s=misses.itl_s)
         budgets = self._budgets(obs)
         self._correct(obs, budgets, misses)
@@ -162,7 +174,7 @@ class PlannerCore:
         self.calibration.update()
         self.model = self.calibration.calibrated()
         if self._is_warm:
-            for role, busy in self.model.busy(predicted, WorkerRole.PREFILL in self.roles).items():
+            for role, busy in self._busy(predicted).items():
                 if role in self.state:
                     count = ceil_workers(busy * factors[role])
                     bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
@@ -183,7 +195,7 @@ class PlannerCore:
             return
         isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
         load = Load(rate, isl, self.last_predicted.osl)
-        for role, busy in self.model.busy(load, WorkerRole.PREFILL in self.roles).items():
+        for role, busy in self._busy(load).items():
             s = self.state.get(role)
             bounds = self.config.bounds(role)
             count = min(max(ceil_workers(busy * self.feedback.factors[role]), 1), bounds.max_replicas)
@@ -191,6 +203,11 @@ class PlannerCore:
                 s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
                 s.base, s.reason = count, "load climbing"
                 s.history = [*s.history, count][-cfg.down_stabilization :]
+
+    def _busy(self, load: Load) -> dict[WorkerRole, float]:
+        """Workers per role the model says `load` keeps busy, with the burst headroom on its rate."""
+        sized = replace(load, request_rate=load.request_rate * self.config.burst_headroom)
+        return self.model.busy(sized, WorkerRole.PREFILL in self.roles)
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
@@ -237,6 +254,7 @@ class PlannerCore:
         else:
             judged = self._blamed(obs, misses)
             over = self._over_share(judged)
+        under = {role: under[role] and not over[role] for role in under}  # NOTE: a role short of its SLO is not calm
         for role, s in self.state.items():
             is_starting = obs.replicas[role].starting > 0
             # NOTE: a violation while replicas start is still evidence of too few; calm is judged on serving ones
@@ -291,15 +309,17 @@ class PlannerCore:
         return out
 
     def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
-        """Per role: this tick's judged requests and the misses blamed on it, for the feedback."""
-        ttft_on_decode = misses.num_ttft_missed if self._blames_decode(obs) else 0
+        """Per role: this tick's judged requests and the misses blamed on it. A TTFT miss goes where its request
+        says it waited; only one that does not say is blamed by the pools' state at this tick."""
+        unknown = misses.num_ttft_unknown
+        ttft_on_decode = misses.num_ttft_on_decode + (unknown if unknown and self._blames_decode(obs) else 0)
         return {
             WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
             WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode),
         }
 
     def _blames_decode(self, obs: Observation) -> bool:
-        """A slow first token is the prefill pool's doing when the load of this very window needs more prefill
+        """Without per-request attribution: a slow first token is the prefill pool's doing when the load of this very window needs more prefill
         workers than there are, or they are busy (the router then overflows prompts to decode workers); the
         decode pool's only when the prefill workers sit idle."""
         if WorkerRole.PREFILL not in self.state:

@@ -15,6 +15,10 @@ class PlannerError(Exception):
     grpc_status = "INTERNAL"
 
 
+class PlannerConfigError(PlannerError, ValueError):
+    """A planner constant out of its range (the settings turn it into a SettingsError naming the variable)."""
+
+
 class ConnectorError(PlannerError):
     """A connector could not read or change replicas (the API refused, a command failed, a timeout)."""
 
@@ -43,11 +47,14 @@ class WorkerSample:
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
-    """One finished request as the gateway saw it: its uncached prompt tokens and its own latencies."""
+    """One finished request as the gateway saw it: its uncached prompt tokens, its own latencies, and where its
+    first token came from (the route decision the gateway acted on)."""
 
     num_new_prompt_tokens: int
     ttft_s: float
     itl_s: float | None = None  # mean time between its tokens; None with a single token
+    first_token_role: WorkerRole | None = None  # the pool whose worker computed its first token; None: not known
+    is_overflow: bool = False  # sent to a decode worker to prefill because every prefill worker was queueing
 
 
 @dataclass(frozen=True, slots=True)

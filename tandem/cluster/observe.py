@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from services.planner.types import Observation, RequestOutcome, WorkerSample
+from services.planner.types import Observation, RequestOutcome, WorkerRole, WorkerSample
 from tandem.bench.traces import TraceRow
 from tandem.cluster.des import ClusterSim
 
@@ -21,12 +21,15 @@ class SimObserver:
         self._last_s = 0.0
         self._num_seen = 0
         self._generated = 0
+        self._has_prefill = False  # the router's view has a prefill worker (at the last observation)
 
     def observe(self, now: float, replicas) -> Observation:
         window = max(now - self._last_s, 1e-9)
         first = bisect.bisect_right(self._arrivals, self._last_s)
         last = bisect.bisect_right(self._arrivals, now)
         num = last - first
+        workers = tuple(self._sample(v) for v in self.sim.registry.views())
+        self._has_prefill = any(w.role is WorkerRole.PREFILL for w in workers)
         ttfts, itls, osls, finished = self._finished_since(self._last_s, now)
         self._last_s = now
         generated = sum(w.num_generated_tokens for w in self.sim.workers.values())
@@ -40,7 +43,7 @@ class SimObserver:
             ttft_s=self._quantile(ttfts),
             itl_s=self._quantile(itls),
             finished=tuple(finished),
-            workers=tuple(self._sample(v) for v in self.sim.registry.views()),
+            workers=workers,
             replicas=replicas,
         )
 
@@ -75,11 +78,17 @@ class SimObserver:
             itl = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
             if itl is not None:
                 itls.append(itl)
-            finished.append(
-                RequestOutcome(r.num_prompt_tokens - r.num_cached_tokens, r.first_token_s - r.arrival_s, itl)
-            )
+            finished.append(self._outcome(r, itl))
         self._pending = still
         return ttfts, itls, osls, finished
+
+    def _outcome(self, r, itl: float | None) -> RequestOutcome:
+        """What the gateway knows of a finished request: its latencies and the route it took (a prompt long enough
+        to disaggregate that went to a decode worker was overflowed by a saturated prefill pool)."""
+        num_new = r.num_prompt_tokens - r.num_cached_tokens
+        role = WorkerRole.PREFILL if r.prefill_worker_id else WorkerRole.DECODE
+        is_overflow = role is WorkerRole.DECODE and self._has_prefill and num_new >= self.sim.config.disagg_min_tokens
+        return RequestOutcome(num_new, r.first_token_s - r.arrival_s, itl, role, is_overflow)
 
     def _quantile(self, values: list[float]) -> float | None:
         return float(np.quantile(values, self.quantile)) if values else None

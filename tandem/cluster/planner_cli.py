@@ -10,6 +10,7 @@ from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
 from services.planner.state_machine import PlannerConfig, RoleBounds
+from services.planner.types import PlannerConfigError
 from tandem.cluster.planner_model import parse_scales, planner_profiles
 from tandem.cluster.planner_report import format_table, write_json, write_plot
 from tandem.cluster.planner_search import SearchError
@@ -81,6 +82,32 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="trust the model's speed (default: corrected from the workers' measured busy time)",
     )
     g.add_argument(
+        "--calibration-weight",
+        type=float,
+        default=CalibrationConfig().weight,
+        help="how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
+    )
+    g.add_argument("--miss-budget", type=float, default=FeedbackConfig().budget, help="the share let miss the SLO")
+    g.add_argument(
+        "--miss-window-ticks",
+        type=int,
+        default=PlannerConfig().miss_window_ticks,
+        help="the fast loop judges the missed share over this many ticks",
+    )
+    g.add_argument("--climb-ticks", type=int, default=PlannerConfig().climb_ticks, help="a climb: over this many ticks")
+    g.add_argument(
+        "--climb-ratio",
+        type=float,
+        default=PlannerConfig().climb_ratio,
+        help="... arrivals at >= this x the predicted rate (0: off)",
+    )
+    g.add_argument(
+        "--burst-headroom",
+        type=float,
+        default=PlannerConfig().burst_headroom,
+        help="size for this many times the predicted rate (1: none)",
+    )
+    g.add_argument(
         "--proportional-up",
         action="store_true",
         help="the fast loop adds in proportion to a violation (default: one replica per violation)",
@@ -99,21 +126,32 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
     decode = RoleBounds(args.min_decode, args.max_decode)
     _check_bounds(args, prefill, decode)
     try:
-        feedback = FeedbackConfig(
-            up_gain=args.feedback_up_gain, down_factor=args.feedback_down_factor, max_factor=args.feedback_max_factor
+        planner = PlannerConfig(
+            adjustment_interval_s=args.adjustment_interval_s,
+            prefill=prefill,
+            decode=decode,
+            predictor=args.predictor,
+            down_stabilization=args.down_stabilization,
+            feedback=FeedbackConfig(
+                budget=args.miss_budget,
+                up_gain=args.feedback_up_gain,
+                down_factor=args.feedback_down_factor,
+                max_factor=args.feedback_max_factor,
+            ),
+            is_proportional_up=args.proportional_up,
+            calibration=CalibrationConfig(  # NOTE: weight 0 is off, as TANDEM_PLANNER_CALIBRATION_WEIGHT 0
+                is_enabled=not args.no_calibration and args.calibration_weight != 0,
+                weight=args.calibration_weight or CalibrationConfig().weight,
+            ),
+            miss_window_ticks=args.miss_window_ticks,
+            climb_ticks=args.climb_ticks,
+            climb_ratio=args.climb_ratio,
+            burst_headroom=args.burst_headroom,
         )
     except FeedbackError as exc:
-        raise SystemExit(f"tandem sim: --feedback-*: {exc}") from None
-    planner = PlannerConfig(
-        adjustment_interval_s=args.adjustment_interval_s,
-        prefill=prefill,
-        decode=decode,
-        predictor=args.predictor,
-        down_stabilization=args.down_stabilization,
-        feedback=feedback,
-        is_proportional_up=args.proportional_up,
-        calibration=CalibrationConfig(is_enabled=not args.no_calibration),
-    )
+        raise SystemExit(f"tandem sim: --feedback-* or --miss-budget: {exc}") from None
+    except PlannerConfigError as exc:
+        raise SystemExit(f"tandem sim: {exc}") from None
     initial = None
     if args.initial_prefill is not None or args.initial_decode is not None:
         initial = (
@@ -191,7 +229,11 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         },
         "is_proportional_up": cfg.planner.is_proportional_up,
         "is_calibrated": cfg.planner.calibration.is_enabled,
+        "calibration_weight": cfg.planner.calibration.weight,
         "miss_budget": cfg.planner.feedback.budget,
+        "miss_window_ticks": cfg.planner.miss_window_ticks,
+        "climb": {"ticks": cfg.planner.climb_ticks, "ratio": cfg.planner.climb_ratio},
+        "burst_headroom": cfg.planner.burst_headroom,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {
             "prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],

@@ -185,7 +185,11 @@ def test_bad_planner_flags_exit_with_a_clear_message(tmp_path):
         (["--planner-profile-scale", "0.7,-1"], "> 0"),
         (["--initial-decode", "99"], "outside"),
         (["--planner-profile", "nope"], "no profile"),
-        (["--feedback-down-factor", "2"], "--feedback-\\*: need up_gain"),
+        (["--feedback-down-factor", "2"], "--feedback-\\* or --miss-budget: need up_gain"),
+        (["--miss-budget", "1"], "need budget in \\(0, 1\\)"),
+        (["--climb-ratio", "0.5"], "climb_ratio must be 0 \\(off\\) or >= 1"),
+        (["--burst-headroom", "0.5"], "burst_headroom must be >= 1"),
+        (["--calibration-weight", "1.5"], "calibration: need weight in \\(0, 1\\]"),
     ):
         with pytest.raises(SystemExit, match=message):
             main(base + extra)

@@ -189,3 +189,10 @@ def test_a_pool_calm_only_because_it_has_one_worker_too_many_keeps_it():
         run(core, [itl(0.06)] * 2)  # +1 decode: 2 serve
         results = run(core, [itl(observed_itl, decode=2)] * 5, start=10.0)
         assert [r.targets[D] for r in results] == expected  # 0.025 x 2/1 = 0.05 is over 0.8 x 50 ms; 0.015 x 2 is not
+
+
+def test_the_burst_headroom_sizes_for_a_multiple_of_the_predicted_rate():
+    # 10 req/s of 900 tokens: 0.9 prefill-seconds per second / 0.5 -> 2; x2 -> 4. Decode: 2,000 tokens/s -> 1 either way
+    load = obs(rate=10.0, isl=900.0, osl=200.0)
+    assert run(PlannerCore(CONFIG, MODEL), [load] * 5)[-1].targets == {P: 2, D: 1}
+    assert run(PlannerCore(replace(CONFIG, burst_headroom=2.0), MODEL), [load] * 5)[-1].targets == {P: 4, D: 1}
