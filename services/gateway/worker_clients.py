@@ -2,7 +2,7 @@
 channel per worker. It speaks domain types; the protobuf stays inside (convert.py builds and reads it). No decisions:
 the pipeline makes them, and it handles the calls' errors (grpc.aio.AioRpcError) itself."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -18,25 +18,32 @@ class TokenStream:
     """One Generate call, read as token deltas. `cancel()` ends the call (the worker aborts on cancellation);
     `aclose()` ends the reading now, not at garbage collection (it ends the call's client span)."""
 
-    __slots__ = ("_call", "_responses")
+    __slots__ = ("_call", "_responses", "_deltas")
 
     def __init__(self, call: grpc.aio.UnaryStreamCall):
         self._call = call
         self._responses = aiter(call)
+        self._deltas = _deltas(self._responses)
 
-    def __aiter__(self) -> "TokenStream":
-        return self
+    def __aiter__(self) -> AsyncIterator[TokenDelta]:
+        # NOTE: a generator, not a coroutine per token: its frame is made once (bench/gateway_seam_cost.py)
+        return self._deltas
 
     async def __anext__(self) -> TokenDelta:
-        # NOTE: per token: one conversion, no buffering (StopAsyncIteration passes through as the end)
-        return convert.delta_from_pb(await self._responses.__anext__())
+        return await anext(self._deltas)
 
     def cancel(self) -> None:
         self._call.cancel()
 
     async def aclose(self) -> None:
+        await self._deltas.aclose()
         if hasattr(self._responses, "aclose"):
             await self._responses.aclose()
+
+
+async def _deltas(responses: AsyncIterator) -> AsyncIterator[TokenDelta]:
+    async for response in responses:
+        yield convert.delta_from_pb(response)
 
 
 @dataclass(frozen=True, slots=True)
