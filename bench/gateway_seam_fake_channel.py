@@ -68,20 +68,27 @@ class _Stream:
 
 
 class FakeChannel:
-    def __init__(self, num_tokens: int, is_disaggregated: bool):
-        self._answers, self._tokens = _answers(num_tokens, is_disaggregated), _tokens(num_tokens)
+    """`real` (a grpc.aio channel that is never called, so never connects) builds each method's multicallable as a
+    stub does, so that making a stub costs here what it costs with gRPC; the calls themselves are canned."""
 
-    def unary_unary(self, method, request_serializer=None, response_deserializer=None, **_):
+    def __init__(self, num_tokens: int, is_disaggregated: bool, real):
+        self._answers, self._tokens = _answers(num_tokens, is_disaggregated), _tokens(num_tokens)
+        self._real = real
+
+    def unary_unary(self, method, request_serializer=None, response_deserializer=None, **kw):
+        self._real.unary_unary(method, request_serializer, response_deserializer, **kw)
         answer = self._answers.get(method.rsplit("/", 1)[1], b"")  # the calls the pipeline never makes: empty
         return _Unary(answer, request_serializer, response_deserializer)
 
-    def unary_stream(self, method, request_serializer=None, response_deserializer=None, **_):
+    def unary_stream(self, method, request_serializer=None, response_deserializer=None, **kw):
+        self._real.unary_stream(method, request_serializer, response_deserializer, **kw)
         return _Stream(self._tokens, request_serializer, response_deserializer)
 
     async def close(self) -> None:
-        return None
+        await self._real.close()
 
 
 def install(num_tokens: int, is_disaggregated: bool) -> None:
     """Every channel the gateway opens from now on is a FakeChannel (make_channel calls grpc.aio.insecure_channel)."""
-    grpc.aio.insecure_channel = lambda address, *a, **kw: FakeChannel(num_tokens, is_disaggregated)
+    real = grpc.aio.insecure_channel
+    grpc.aio.insecure_channel = lambda address, *a, **kw: FakeChannel(num_tokens, is_disaggregated, real("127.0.0.1:9"))
