@@ -9,41 +9,32 @@ import grpc
 
 from engines.base.types import SamplingParams
 from services.common import convert
-from services.common.domain import Prefilled, TokenDelta
+from services.common.domain import Prefilled
 from services.common.grpc_server import make_channel
 from services.common.protos import worker_pb2_grpc
 
 
 class TokenStream:
-    """One Generate call, read as token deltas. `cancel()` ends the call (the worker aborts on cancellation);
-    `aclose()` ends the reading now, not at garbage collection (it ends the call's client span)."""
+    """One Generate call: `messages` are its replies, opaque to the reader, and `read(message)` makes each a
+    `TokenDelta`. `cancel()` ends the call (the worker aborts on cancellation); `aclose()` ends the reading now, not at
+    garbage collection (it ends the call's client span).
 
-    __slots__ = ("_call", "_responses", "_deltas")
+    NOTE: read per message by the caller's own loop, not through a generator of deltas here: a layer per token costs
+    ~60 ns (bench/RESULTS.md, "Gateway seams")."""
+
+    __slots__ = ("_call", "messages")
+    read = staticmethod(convert.delta_from_pb)
 
     def __init__(self, call: grpc.aio.UnaryStreamCall):
         self._call = call
-        self._responses = aiter(call)
-        self._deltas = _deltas(self._responses)
-
-    def __aiter__(self) -> AsyncIterator[TokenDelta]:
-        # NOTE: a generator, not a coroutine per token: its frame is made once (bench/gateway_seam_cost.py)
-        return self._deltas
-
-    async def __anext__(self) -> TokenDelta:
-        return await anext(self._deltas)
+        self.messages: AsyncIterator[object] = aiter(call)
 
     def cancel(self) -> None:
         self._call.cancel()
 
     async def aclose(self) -> None:
-        await self._deltas.aclose()
-        if hasattr(self._responses, "aclose"):
-            await self._responses.aclose()
-
-
-async def _deltas(responses: AsyncIterator) -> AsyncIterator[TokenDelta]:
-    async for response in responses:
-        yield convert.delta_from_pb(response)
+        if hasattr(self.messages, "aclose"):
+            await self.messages.aclose()
 
 
 @dataclass(frozen=True, slots=True)
