@@ -4,7 +4,9 @@ pipeline on domain types, RouterPool and WorkerClients holding the stubs), this 
 The fakes (tests/unit/services/gateway/fakes.py, this tree's) serve in one child process; each tree's Pipeline runs in
 a child of its own (PYTHONPATH=tree) and counts its process CPU (every thread, gRPC's included) over N requests at a
 concurrency, aggregated (Route, Generate, Complete) and disaggregated (Route, Prefill, Generate, Complete). Rounds
-alternate which tree goes first. Prints a table, writes JSON.
+alternate which tree goes first. Prints a table, writes JSON. With `--in-process` there are no fakes and no sockets:
+every channel is bench/gateway_seam_fake_channel.py's, so the figures are the pipeline's own Python (each round
+keeps the least CPU of `--repeats` passes).
 """
 
 import argparse
@@ -42,13 +44,19 @@ async def _serve(num_tokens: int) -> None:
         await one.stop(0)
 
 
-async def _measure(address: str, num_requests: int, concurrency: int, num_tokens: int) -> dict[str, float]:
-    """Pipeline CPU µs per request and per token over `num_requests` after a warm-up of `concurrency` requests."""
+async def _measure(address: str, args) -> dict[str, float]:
+    """Pipeline CPU µs per request and per token over `num_requests` after a warm-up of `concurrency` requests; the
+    least of `repeats` passes."""
     import grpc
 
     from engines.base.types import SamplingParams
     from services.gateway.pipeline import Pipeline
 
+    if args.in_process:
+        import gateway_seam_fake_channel  # beside this script: on sys.path as its folder
+
+        gateway_seam_fake_channel.install(args.num_tokens, address == "disaggregated")
+    num_requests, concurrency, num_tokens = args.num_requests, args.concurrency, args.num_tokens
     pipeline = Pipeline(grpc.aio.insecure_channel(address), model="m", request_timeout_s=30, route_timeout_s=10)
     params = SamplingParams(max_tokens=num_tokens)
     prompt = list(range(1, 129))
@@ -70,20 +78,25 @@ async def _measure(address: str, num_requests: int, concurrency: int, num_tokens
         await asyncio.gather(*(gated(i) for i in range(first, first + n)))
 
     await batch(0, concurrency)
-    counts.clear()
-    cpu, wall = time.process_time(), time.perf_counter()
-    await batch(concurrency, num_requests)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    best = None
+    for _ in range(args.repeats):
+        counts.clear()
+        cpu, wall = time.process_time(), time.perf_counter()
+        await batch(concurrency, num_requests)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        assert sum(counts) == num_requests * num_tokens, sum(counts)
+        best = min(best or (cpu, wall), (cpu, wall))
     await pipeline.close()
-    num_out = sum(counts)
-    assert num_out == num_requests * num_tokens, num_out
-    return {"cpu_us_per_request": cpu / num_requests * 1e6, "cpu_us_per_token": cpu / num_out * 1e6, "wall_s": wall}
+    cpu, wall = best
+    per_token = cpu / (num_requests * num_tokens) * 1e6
+    return {"cpu_us_per_request": cpu / num_requests * 1e6, "cpu_us_per_token": per_token, "wall_s": wall}
 
 
 def _child(tree: str, address: str, args) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--measure", address]
     cmd += ["--num-requests", str(args.num_requests), "--concurrency", str(args.concurrency)]
-    cmd += ["--num-tokens", str(args.num_tokens)]
+    cmd += ["--num-tokens", str(args.num_tokens), "--repeats", str(args.repeats)]
+    cmd += ["--in-process"] if args.in_process else []
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if done.returncode:
@@ -125,6 +138,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--num-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1, help="passes per round; a round keeps its cheapest")
+    ap.add_argument("--in-process", action="store_true", help="fake channels in the measuring process: no sockets")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--measure", help=argparse.SUPPRESS)
@@ -132,24 +147,28 @@ def main() -> None:
     if args.serve:
         return asyncio.run(_serve(args.num_tokens))
     if args.measure:
-        print(json.dumps(asyncio.run(_measure(args.measure, args.num_requests, args.concurrency, args.num_tokens))))
+        print(json.dumps(asyncio.run(_measure(args.measure, args))))
         return None
+    trees = {"anchor": args.anchor, "this": str(HERE)} if args.anchor else {"this": str(HERE)}
+    if args.in_process:
+        return _report(_rounds(trees, {mode: mode for mode in MODES}, args), args)
     env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
     cmd = [sys.executable, __file__, "--serve", "--num-tokens", str(args.num_tokens)]
     server = subprocess.Popen(cmd, env=env, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        addresses = json.loads(server.stdout.readline())
-        trees = {"anchor": args.anchor, "this": str(HERE)} if args.anchor else {"this": str(HERE)}
-        runs = _rounds(trees, addresses, args)
+        runs = _rounds(trees, json.loads(server.stdout.readline()), args)
     finally:
         server.stdin.close()
         server.wait(10)
+    return _report(runs, args)
+
+
+def _report(runs: dict, args) -> None:
     summary = _table(runs)
     if args.json:
-        keys = ("num_requests", "concurrency", "num_tokens", "rounds")
+        keys = ("num_requests", "concurrency", "num_tokens", "rounds", "repeats", "in_process")
         doc = {"args": {k: getattr(args, k) for k in keys}, "summary": summary, "runs": runs}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    return None
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ the boundary; nothing here knows a protobuf message."""
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from engines.base.types import FinishReason, TokenLogprob
 from services.common.roles import WorkerRole
 
@@ -15,8 +17,8 @@ class WorkerRef:
     address: str
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
+# NOTE: a msgspec struct, not a frozen dataclass: built once per request, it costs ~0.1 µs instead of ~0.8
+class RouteRequest(msgspec.Struct, frozen=True):
     """What the gateway asks the router. The sequences are the caller's own (never copied on the way to the wire)."""
 
     req_id: str
@@ -28,8 +30,7 @@ class RouteRequest:
     cache_salt: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class FailureReport:
+class FailureReport(msgspec.Struct, frozen=True):
     """A worker that failed a request, told to the router so it stops routing there at once."""
 
     worker_id: str

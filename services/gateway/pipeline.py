@@ -241,8 +241,10 @@ class Pipeline:
 
     async def _stream(self, address: str, req_id: str, call: TokenStream) -> AsyncIterator[TokenDelta]:
         is_over = False  # finished, or failed: nothing left to abort
+        read = call.read
         try:
-            async for delta in call:
+            async for message in call.messages:  # NOTE: opaque here: the boundary reads it
+                delta = read(message)
                 is_over = delta.finish_reason is not None
                 yield _checked(delta)  # NOTE: raises when the worker failed the request
                 if is_over:

@@ -26,7 +26,7 @@ async def test_one_channel_per_address_and_domain_types_both_ways(worker):
     first = await clients.prefill(worker.address, "r", [1, 2], SamplingParams(max_tokens=3), timeout_s=5)
     assert (first.first_token_id, first.finish_reason, first.kv.req_id) == (5, None, "r")
     stream = clients.generate(worker.address, "r", [1, 2], SamplingParams(max_tokens=3), 5, first.kv, [5])
-    deltas = [delta async for delta in stream]
+    deltas = [stream.read(message) async for message in stream.messages]
     await stream.aclose()
     assert deltas == [TokenDelta((6,)), TokenDelta((7,), finish_reason=FinishReason.STOP)]
     assert worker.generate_requests[0].kv == first.kv and list(worker.generate_requests[0].output_token_ids) == [5]
@@ -40,10 +40,10 @@ async def test_a_cancelled_stream_ends_at_the_worker(worker):
     worker.hang_after = 1
     clients = WorkerClients(grpc.aio.insecure_channel)
     stream = clients.generate(worker.address, "r", [1], SamplingParams(max_tokens=3), timeout_s=5)
-    assert await anext(stream) == TokenDelta((5,))
+    assert stream.read(await anext(stream.messages)) == TokenDelta((5,))
     stream.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await anext(stream)
+        await anext(stream.messages)
     await stream.aclose()
     for _ in range(100):
         if worker.cancelled:
