@@ -24,7 +24,9 @@ NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 120, 1024, 200
 
 def long_prompts(n: int = NUM_REQUESTS) -> list[TraceRow]:
     """Distinct 1,024-token prompts (two blocks of unique hash ids each), evenly spaced at RATE."""
-    return [TraceRow(i / RATE, PROMPT_TOKENS, OUTPUT_TOKENS, tuple(10_000 + 3 * i + k for k in range(2))) for i in range(n)]
+    return [
+        TraceRow(i / RATE, PROMPT_TOKENS, OUTPUT_TOKENS, tuple(10_000 + 3 * i + k for k in range(2))) for i in range(n)
+    ]
 
 
 def share_disaggregated(stream: bool, n: int = NUM_REQUESTS) -> tuple[float, int]:
@@ -49,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in runs.items():
         print(f"{name:18} {run['share_disaggregated']:>14.1%} {run['prefill_peak_waiting']:>21}")
     if args.json:
-        header = {"num_requests": NUM_REQUESTS, "rate_per_s": RATE, "heartbeat_s": HEARTBEAT_S, "prompt_tokens": PROMPT_TOKENS}
+        header = {
+            "num_requests": NUM_REQUESTS,
+            "rate_per_s": RATE,
+            "heartbeat_s": HEARTBEAT_S,
+            "prompt_tokens": PROMPT_TOKENS,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({**header, "runs": runs}, indent=2) + "\n")
         print(f"wrote {args.json}")
