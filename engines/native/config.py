@@ -32,7 +32,6 @@ class EngineConfig:
     # kv_transport: how other engines' KV reaches this cache (transports.ENGINE, never "auto"); held_kv_ttl_s: a
     # hold_kv request's blocks are freed if not exported by then
     transfer: TransferConfig = TransferConfig(transports.BYTES)
-    enable_chunked_prefill: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"

@@ -99,7 +99,7 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
 
 def core_config(config: EngineConfig) -> CoreConfig:
     spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
-    return CoreConfig(config.batch, config.enable_chunked_prefill, config.transfer.held_kv_ttl_s, spec)
+    return CoreConfig(config.batch, config.transfer, spec)
 
 
 def build_core(config: EngineConfig) -> EngineCore:

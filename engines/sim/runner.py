@@ -208,7 +208,7 @@ def sim_core(
     batch = BatchConfig(
         profile.max_num_seqs, profile.max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching
     )
-    config = CoreConfig(batch, True, transfer.held_kv_ttl_s)
+    config = CoreConfig(batch, transfer)
     runner = SimRunner(
         profile,
         time_factor,

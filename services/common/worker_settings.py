@@ -201,7 +201,8 @@ SOURCE = Source(
     fixed=("role",),
     negated=("enable_prefix_caching",),
     prefixed={"trtllm": "trtllm_", "sim": "sim_"},
-    kept=("kv_cache_memory_fraction", "held_kv_ttl_s"),  # native's CPU share; the lease's TTL (transfer_config)
+    # native's CPU share; chunked prefill (always on in a worker); the lease's TTL (transfer_config)
+    kept=("kv_cache_memory_fraction", "enable_chunked_prefill", "held_kv_ttl_s"),
 )
 
 
