@@ -49,8 +49,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
             transfer=transfer_config(s),
             num_threads=s.num_threads or None,
             kv_disk_key=s.kv_signing_key() or b"",
-            speculative=s.speculative,
-            num_speculative_tokens=s.num_speculative_tokens,
+            speculation=s.speculation,
         )
     )
 

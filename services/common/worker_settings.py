@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
-from engines.core.speculative import SpecConfig, parse_speculative
+from engines.native.config import SpeculativeOptions
 from engines.sim.config import SimOptions
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
@@ -55,8 +55,8 @@ class WorkerSettings:
     kv_signing_key_file: str = ""  # TANDEM_KV_SIGNING_KEY_FILE: the deployment's shared key (hex) for KV handles
     # TANDEM_KV_HASH_SECRET: keys every block hash's root; gateway, router and workers must share it (repr: hidden)
     kv_hash_secret: str = field(default="", repr=False)
-    speculative: str = ""  # engine native: speculative decoding, "ngram" (prompt lookup) or "draft:DIR"; "": off
-    num_speculative_tokens: int = 4  # engine native: the most tokens proposed per request and step
+    # engine native's own knobs: speculative decoding, each field read under its own name (speculative, ...)
+    speculation: SpeculativeOptions = SpeculativeOptions()
 
     def __post_init__(self) -> None:
         try:
@@ -111,11 +111,7 @@ class WorkerSettings:
             raise SettingsError(f"{KEY_ENV}={self.kv_signing_key_file!r}: {exc}") from None
 
     def _check_speculative(self) -> None:
-        try:
-            SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        if self.speculative and self.engine != "native":
+        if self.speculation.method and self.engine != "native":
             raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
     def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
@@ -185,6 +181,7 @@ _HELP = {
     "sim_kv_bytes_per_token": "engine sim: KV bytes per token (Llama-3.1-8B in bf16)",
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
     "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
+    "num_speculative_tokens": "engine native: the most tokens proposed per request and step",
     "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
     "the target's tokenizer); '' (default): off",
 }
@@ -202,7 +199,8 @@ SOURCE = Source(
     negated=("enable_prefix_caching",),
     prefixed={"trtllm": "trtllm_", "sim": "sim_"},
     # native's CPU share; chunked prefill (always on in a worker); the lease's TTL (transfer_config)
-    kept=("kv_cache_memory_fraction", "enable_chunked_prefill", "held_kv_ttl_s"),
+    # and speculative decoding's verify costs (measured at start)
+    kept=("kv_cache_memory_fraction", "enable_chunked_prefill", "held_kv_ttl_s", "spec_verify_costs"),
 )
 
 
