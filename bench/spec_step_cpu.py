@@ -19,7 +19,7 @@ import torch
 from engines.base.block_hash import num_blocks_for
 from engines.base.engine_configs import BatchConfig, CacheConfig
 from engines.base.types import EngineRequest
-from engines.native.config import EngineConfig
+from engines.native.config import EngineConfig, SpeculativeOptions
 from engines.native.runner import build_core
 from tandem.bench.engine_args import resolve_model
 from tandem.bench.native_runner import BLOCK_SIZE
@@ -32,7 +32,7 @@ def make_core(model: Path, speculative: str, max_len: int):
         dtype="float32",
         num_threads=1,
         batch=BatchConfig(1, 4096),
-        speculative=speculative,
+        speculation=SpeculativeOptions(speculative),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=max(16, 2 * (num_blocks_for(max_len, BLOCK_SIZE) + 1))),
     )
     return build_core(config)

@@ -17,6 +17,8 @@ class BatchConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
     max_model_len: int = 0  # 0: the model's
     enable_prefix_caching: bool = True
+    # a prompt longer than the step's budget is cut into chunks; off: it waits for a budget that holds it whole
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engines.base.engine_configs import BatchConfig
+from engines.base.engine_configs import BatchConfig, TransferConfig
 from engines.base.errors import EngineBusyError, InvalidRequestError, RequestNotFoundError
 from engines.base.events import KvEvent, KvEventLog, KvTier
 from engines.base.requests import check_importable, check_kv_prefix, check_token_ids, validate_request
@@ -28,14 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
-    batch: BatchConfig = BatchConfig()  # the scheduler's limits and prefix caching (max_model_len: the runner's)
-    enable_chunked_prefill: bool = True
-    held_kv_ttl_s: float = 30.0  # a prefilled request's blocks are freed if not exported by then
+    # the scheduler's limits, chunked prefill and prefix caching (max_model_len: the runner's)
+    batch: BatchConfig = BatchConfig()
+    transfer: TransferConfig = TransferConfig()  # held_kv_ttl_s: a prefilled request's blocks are freed if not taken
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
-
-    def __post_init__(self) -> None:
-        if self.held_kv_ttl_s <= 0:
-            raise ValueError(f"held_kv_ttl_s must be > 0, got {self.held_kv_ttl_s}")
 
 
 def validate(request: EngineRequest, info: RunnerInfo) -> None:
@@ -74,7 +70,7 @@ class EngineCore:
     ):
         """`proposer`: speculative decoding's, when not the config's default (n-gram prompt lookup)."""
         self.config, self.runner, self.info, self.clock = config, runner, runner.info, clock
-        if not config.enable_chunked_prefill and config.batch.max_num_batched_tokens < self.info.max_model_len:
+        if not config.batch.enable_chunked_prefill and config.batch.max_num_batched_tokens < self.info.max_model_len:
             raise ValueError(
                 "without chunked prefill, max_num_batched_tokens must be >= max_model_len "
                 f"({config.batch.max_num_batched_tokens} < {self.info.max_model_len})"
@@ -95,7 +91,7 @@ class EngineCore:
             else None
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.batch, config.enable_chunked_prefill, config.spec),
+            SchedulerConfig(config.batch, config.spec),
             self.block_manager,
             proposer,
             self.tiering,
@@ -336,7 +332,7 @@ class EngineCore:
     # -- internals ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence) -> RequestOutput:
         if seq.status is SequenceStatus.HELD:
-            seq.held_until = self.clock() + self.config.held_kv_ttl_s
+            seq.held_until = self.clock() + self.config.transfer.held_kv_ttl_s
             self.held[seq.req_id] = seq
             return self._output(seq, kv_handle=self.runner.describe_kv(seq.req_id, *self._computed_kv(seq)))
         if seq.is_finished:

@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    batch: BatchConfig = BatchConfig()  # max_num_seqs, the step's token budget, prefix caching
-    enable_chunked_prefill: bool = True
+    batch: BatchConfig = BatchConfig()  # max_num_seqs, the step's token budget, chunked prefill, prefix caching
     spec: SpecConfig = SpecConfig()
 
 
@@ -390,7 +389,7 @@ class Scheduler:
             computed = self.block_manager.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
             num_cached = len(computed) * self.block_manager.block_size
             num_new = seq.num_tokens - seq.num_computed_tokens - num_cached
-            if num_new > budget and not self.config.enable_chunked_prefill:
+            if num_new > budget and not self.config.batch.enable_chunked_prefill:
                 return
             num_new = min(num_new, budget)
             start = seq.num_computed_tokens + num_cached

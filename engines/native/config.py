@@ -21,6 +21,32 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch 
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeOptions:
+    """The native engine's own sub-config, speculative decoding: the proposer, its most tokens per step and what
+    verifying them costs (a worker reads each field under its own name: TANDEM_WORKER_SPECULATIVE, ...)."""
+
+    speculative: str = ""  # the proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
+    num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
+    # None: measured at start (spec_costs.py); (): the fixed rule (SpecConfig.draft_cost), for greedy and sampled
+    spec_verify_costs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.spec_config()  # NOTE: a bad method, draft directory or k is one clear ValueError here
+
+    @property
+    def method(self) -> str:
+        return parse_speculative(self.speculative)[0]
+
+    @property
+    def draft_dir(self) -> str:
+        return parse_speculative(self.speculative)[1]
+
+    def spec_config(self) -> SpecConfig:
+        """The scheduler's half of it (verify costs filled in by the runner once measured)."""
+        return SpecConfig(self.method, self.num_speculative_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str  # a local Hugging Face checkpoint directory
     dtype: str = "float32"  # weights, activations and KV cache
@@ -32,17 +58,13 @@ class EngineConfig:
     # kv_transport: how other engines' KV reaches this cache (transports.ENGINE, never "auto"); held_kv_ttl_s: a
     # hold_kv request's blocks are freed if not exported by then
     transfer: TransferConfig = TransferConfig(transports.BYTES)
-    enable_chunked_prefill: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: bool = True  # decode under CUDA graphs (CUDA with the triton backend only)
     # NOTE: a secret from the worker's signing key, not a knob of the cache: it authenticates disk block headers
     kv_disk_key: bytes = field(default=b"", repr=False)
-    speculative: str = ""  # speculative decoding's proposer: "ngram" (prompt lookup), "draft:DIR" (a model); "": off
-    num_speculative_tokens: int = 4  # the most tokens proposed per request and step (adapted down per request)
-    # None: measured at start (spec_costs.py); (): the fixed rule (SpecConfig.draft_cost), for greedy and sampled
-    spec_verify_costs: tuple[float, ...] | None = None
+    speculation: SpeculativeOptions = SpeculativeOptions()  # speculative decoding (off by default)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -51,7 +73,6 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)  # NOTE: a clear error
         if self.transfer.kv_transport not in transports.ENGINE:
             raise ValueError(f"kv_transport must be one of {transports.ENGINE}, got {self.transfer.kv_transport!r}")
 

@@ -11,7 +11,7 @@ from engines.base.types import SamplingParams
 from engines.core.block_manager import BlockManager
 from engines.core.sequence import Sequence
 from engines.core.step import ScheduledSeq, SchedulerOutput
-from engines.native.config import EngineConfig, ModelConfig
+from engines.native.config import EngineConfig, ModelConfig, SpeculativeOptions
 from engines.native.model_runner import ModelRunner
 from engines.transfer import transports
 
@@ -44,7 +44,7 @@ class DraftProposer:
             batch=replace(target.batch, enable_prefix_caching=False),
             cache=replace(target.cache, num_blocks=num_blocks, kv_host_gb=0.0, kv_disk_dir="", kv_disk_gb=0.0),
             transfer=replace(target.transfer, kv_transport=transports.BYTES),
-            speculative="",
+            speculation=SpeculativeOptions(),
         )
         self.runner = ModelRunner(config, model_cfg)
         self.runner.grammars = None  # NOTE: greedy proposals never follow a grammar (structured requests never ask)

@@ -10,7 +10,6 @@ from engines.base.types import KvExport, SamplingParams
 from engines.core.engine_core import CoreConfig, EngineCore
 from engines.core.runner import RunnerInfo
 from engines.core.sequence import Sequence
-from engines.core.speculative import SpecConfig, parse_speculative
 from engines.core.step import Sampled, ScheduledSeq, SchedulerOutput
 from engines.core.tiers.kv_tiers import TierSpec
 from engines.native.config import EngineConfig, ModelConfig
@@ -98,26 +97,24 @@ def make_tiers(config: EngineConfig, kv_cache: KvCache) -> NativeTiers:
 
 
 def core_config(config: EngineConfig) -> CoreConfig:
-    spec = SpecConfig(parse_speculative(config.speculative)[0], config.num_speculative_tokens)
-    return CoreConfig(config.batch, config.enable_chunked_prefill, config.transfer.held_kv_ttl_s, spec)
+    return CoreConfig(config.batch, config.transfer, config.speculation.spec_config())
 
 
 def build_core(config: EngineConfig) -> EngineCore:
     """What the engine process (or thread) calls: the model, its KV cache and the core over them (and a draft
     model's, for speculative decoding with one)."""
     runner = NativeRunner(config)
-    method, draft_dir = parse_speculative(config.speculative)
-    core = core_config(config)
-    if not method:
+    opts, core = config.speculation, core_config(config)
+    if not opts.method:
         return EngineCore(core, runner)
-    costs = {"greedy": config.spec_verify_costs, "sampled": config.spec_verify_costs}
-    if config.spec_verify_costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
-        costs = measure_verify_costs(runner.model_runner, config.num_speculative_tokens)
+    costs = {"greedy": opts.spec_verify_costs, "sampled": opts.spec_verify_costs}
+    if opts.spec_verify_costs is None:  # NOTE: before any request: the timed steps use the cache's first blocks
+        costs = measure_verify_costs(runner.model_runner, opts.num_speculative_tokens)
     spec = replace(core.spec, verify_costs=costs["greedy"], verify_costs_sampled=costs["sampled"])
-    if method != "draft":
+    if opts.method != "draft":
         return EngineCore(replace(core, spec=spec), runner)
     # NOTE: as many blocks as the target's pool: a smaller draft model's blocks are smaller
-    proposer = DraftProposer(config, draft_dir, runner.info.num_blocks)
+    proposer = DraftProposer(config, opts.draft_dir, runner.info.num_blocks)
     # NOTE: each proposed token also costs a draft step: the adaptive rule weighs it (a draft too slow for its
     # acceptance rate switches itself off)
     spec = replace(spec, propose_cost=proposer.relative_cost(runner.model))

@@ -4,7 +4,6 @@ sleeping) can run clusters of simulated GPUs over the one EngineCore. Tokens are
 payloads on (workers), it holds a real paged cache of GPU-sized bytes per token and moves it as a real runner
 does (NIXL or staging files); without (the cluster simulator), exports carry zero bytes. No torch."""
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from engines.core.sequence import Sequence
 from engines.core.step import Sampled, SchedulerOutput
 from engines.core.tiers.kv_tiers import TierSpec
 from engines.core.tiers.modelled_tiers import ModelledTiers
+from engines.sim.config import SimOptions
 from engines.sim.kv_payload import SimKvCache, default_num_blocks, payload_layout
 from engines.timing.profile import TimingProfile, load_profile
 from engines.transfer import transports
@@ -76,11 +76,10 @@ def sim_tiers(
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """A real KV cache for the sim runner: bytes per token, its size in blocks, how it moves."""
+    """A real KV cache for the sim runner: bytes per token and its size (how it moves is the TransferConfig's)."""
 
-    kv_bytes_per_token: int = -1  # -1: the profile's
+    kv_bytes_per_token: int
     cache_bytes: int = 0  # 0: the profile's blocks, within DEFAULT_MAX_CACHE_BYTES
-    kv_transport: str = transports.STAGING
 
 
 class SimRunner(MovedLoads):
@@ -96,9 +95,11 @@ class SimRunner(MovedLoads):
         load_time_factor: float | None = None,
         payload: Payload | None = None,
         vocab_size: int = VOCAB_SIZE,
+        kv_transport: str = transports.STAGING,
     ):
         """`load_time_factor` scales an onboarding load's modelled time on `clock` (default `time_factor`; the
-        cluster simulator, stepping in virtual time with time_factor 0, gives 1). `payload`: a real KV cache."""
+        cluster simulator, stepping in virtual time with time_factor 0, gives 1). `payload`: a real KV cache, moved
+        by `kv_transport` (the engine's TransferConfig's)."""
         if time_factor < 0:
             raise ValueError(f"time_factor must be >= 0, got {time_factor}")
         self.profile, self.time_factor, self.sleep = profile, time_factor, sleep
@@ -117,14 +118,14 @@ class SimRunner(MovedLoads):
             if payload.cache_bytes
             else default_num_blocks(payload.kv_bytes_per_token, profile.block_size, profile.num_blocks)
         )
-        self.cache = SimKvCache(layout, num_blocks, prefault=payload.kv_transport == transports.NIXL)
+        self.cache = SimKvCache(layout, num_blocks, prefault=kv_transport == transports.NIXL)
         self.mover = (
-            KvMover(self.cache, layout, payload.kv_transport, verify=self.cache.check)
-            if payload.kv_transport in transports.LOADING
+            KvMover(self.cache, layout, kv_transport, verify=self.cache.check)
+            if kv_transport in transports.LOADING
             else None
         )
         self.info = RunnerInfo(
-            layout, num_blocks, max_model_len, vocab_size, kv_transport=payload.kv_transport, no_logits="sim"
+            layout, num_blocks, max_model_len, vocab_size, kv_transport=kv_transport, no_logits="sim"
         )
 
     def step_duration(self, out: SchedulerOutput) -> float:
@@ -163,32 +164,29 @@ class SimRunner(MovedLoads):
 
 @dataclass(frozen=True, slots=True)
 class SimSpec:
-    """A sim engine's settings: a profile (shipped name or JSON path; "" the default) and the time factor."""
+    """A sim engine's settings: its own knobs (profile, time factor, real KV cache) and the shared sub-configs."""
 
-    profile: str = ""
-    time_factor: float = 1.0
+    sim: SimOptions = SimOptions()  # the profile (shipped name or JSON path; "" the default), time factor, payload
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     enable_prefix_caching: bool = True
     cache: CacheConfig = CacheConfig()  # its host and disk tier sizes: modelled tiers (no bytes), per worker
-    payload: Payload | None = None  # a real KV cache (workers); None: timing only
-    transfer: TransferConfig = TransferConfig(transports.STAGING)  # held_kv_ttl_s: held KV no one took is let go
+    # kv_transport: how a real KV cache moves (sim.kv_cache_mb > 0); held_kv_ttl_s: held KV no one took is let go
+    transfer: TransferConfig = TransferConfig(transports.STAGING)
     model: str = ""  # a checkpoint directory whose vocabulary the tokens come from ("": VOCAB_SIZE)
 
 
 def build_core(spec: SimSpec) -> EngineCore:
-    profile = load_profile(spec.profile) if spec.profile else load_profile()
-    payload = spec.payload
-    if payload is not None and payload.kv_bytes_per_token < 0:  # the profile's
-        payload = dataclasses.replace(payload, kv_bytes_per_token=profile.kv_bytes_per_token)
+    profile = load_profile(spec.sim.profile) if spec.sim.profile else load_profile()
+    payload = Payload(spec.sim.kv_bytes_per_token, spec.sim.kv_cache_mb << 20) if spec.sim.has_payload else None
     return sim_core(
         profile,
-        spec.time_factor,
+        spec.sim.time_factor,
         spec.max_model_len,
         spec.enable_prefix_caching,
         kv_host_gb=spec.cache.kv_host_gb,
         kv_disk_gb=spec.cache.kv_disk_gb,
         payload=payload,
-        held_kv_ttl_s=spec.transfer.held_kv_ttl_s,
+        transfer=spec.transfer,
         vocab_size=model_vocab_size(spec.model),
     )
 
@@ -203,14 +201,14 @@ def sim_core(
     kv_disk_gb: float = 0.0,
     load_time_factor: float | None = None,
     payload: Payload | None = None,
-    held_kv_ttl_s: float = 30.0,
+    transfer: TransferConfig = TransferConfig(transports.STAGING),
     vocab_size: int = VOCAB_SIZE,
 ) -> EngineCore:
     """An EngineCore over a SimRunner with the profile's scheduling limits."""
     batch = BatchConfig(
         profile.max_num_seqs, profile.max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching
     )
-    config = CoreConfig(batch, True, held_kv_ttl_s)
+    config = CoreConfig(batch, transfer)
     runner = SimRunner(
         profile,
         time_factor,
@@ -221,5 +219,6 @@ def sim_core(
         load_time_factor=load_time_factor,
         payload=payload,
         vocab_size=vocab_size,
+        kv_transport=transfer.kv_transport,
     )
     return EngineCore(config, runner, clock)

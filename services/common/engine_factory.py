@@ -29,11 +29,9 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
 
         # "" = the shipped H100 / Llama-3.1-8B profile; a name or a JSON path (e.g. `tandem sim --save-profile`)
         return sim_spec(
-            s.sim_profile,
-            s.sim_time_factor,
+            s.sim,
             enable_prefix_caching=s.batch.enable_prefix_caching,
             cache=s.cache,
-            payload=sim_payload(s),
             transfer=transfer_config(s),
             model=s.model,
         )
@@ -51,8 +49,7 @@ def engine_spec(s: WorkerSettings) -> EngineSpec:
             transfer=transfer_config(s),
             num_threads=s.num_threads or None,
             kv_disk_key=s.kv_signing_key() or b"",
-            speculative=s.speculative,
-            num_speculative_tokens=s.num_speculative_tokens,
+            speculation=s.speculation,
         )
     )
 
@@ -69,14 +66,6 @@ def kv_transport(s: WorkerSettings) -> str:
     from engines.transfer.nixl_link import is_available
 
     return transports.NIXL if is_available() else transports.STAGING
-
-
-def sim_payload(s: WorkerSettings):
-    if not s.sim_kv_cache_mb:
-        return None
-    from engines.sim.runner import Payload
-
-    return Payload(s.sim_kv_bytes_per_token, s.sim_kv_cache_mb << 20, kv_transport(s))
 
 
 def make_engine(s: WorkerSettings) -> Engine:

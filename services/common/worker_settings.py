@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engines.base.engine_configs import BatchConfig, CacheConfig, TransferConfig
-from engines.core.speculative import SpecConfig, parse_speculative
+from engines.native.config import SpeculativeOptions
+from engines.sim.config import SimOptions
 from engines.transfer import transports
 from engines.transfer.nixl_link import NixlSettings
 from engines.trtllm.config import TRTLLM_BACKENDS, TRTLLM_KV_DTYPES, TRTLLM_TRANSCEIVERS, TrtllmOptions
@@ -46,18 +47,16 @@ class WorkerSettings:
     drain_s: float = 30.0  # at SIGTERM: how long running requests may take to finish before they are handed back
     advertise_port: int = 0  # what the router hands out; 0: the port it listens on (another: a proxy in front)
     metrics_port: int = -1  # Prometheus /metrics over HTTP; -1: none, 0: any free port
-    sim_profile: str = ""  # engine sim: a shipped profile name or a profile JSON path; "": the default
-    sim_time_factor: float = 1.0  # engine sim: multiplies every modelled step time (0: as fast as possible)
+    # engine sim's own knobs, each read as sim_<field>: its profile, time factor and real KV cache
+    sim: SimOptions = SimOptions()
     trtllm: TrtllmOptions = TrtllmOptions()  # engine trtllm's own knobs, each read as trtllm_<field>
     overlap: str = "auto"  # the engine loop sends step N-1's outputs while step N runs on the device
     kv_staging_mb: int = 256  # the gRPC fallback's shared-memory staging buffer: its bound on KV in flight
-    sim_kv_cache_mb: int = 0  # engine sim: a real paged KV cache of this size (0: none, transfers are timed)
-    sim_kv_bytes_per_token: int = 131072  # engine sim: KV bytes per token (Llama-3.1-8B in bf16)
     kv_signing_key_file: str = ""  # TANDEM_KV_SIGNING_KEY_FILE: the deployment's shared key (hex) for KV handles
     # TANDEM_KV_HASH_SECRET: keys every block hash's root; gateway, router and workers must share it (repr: hidden)
     kv_hash_secret: str = field(default="", repr=False)
-    speculative: str = ""  # engine native: speculative decoding, "ngram" (prompt lookup) or "draft:DIR"; "": off
-    num_speculative_tokens: int = 4  # engine native: the most tokens proposed per request and step
+    # engine native's own knobs: speculative decoding, each field read under its own name (speculative, ...)
+    speculation: SpeculativeOptions = SpeculativeOptions()
 
     def __post_init__(self) -> None:
         try:
@@ -76,14 +75,12 @@ class WorkerSettings:
             NixlSettings.from_env()
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-        if min(self.kv_staging_mb, self.sim_kv_bytes_per_token) < 1 or self.sim_kv_cache_mb < 0:
-            raise SettingsError("kv_staging_mb and sim_kv_bytes_per_token must be >= 1, sim_kv_cache_mb >= 0")
+        if self.kv_staging_mb < 1:
+            raise SettingsError(f"kv_staging_mb must be >= 1, got {self.kv_staging_mb}")
         if self.kv_lease_s <= 0:
             raise SettingsError("kv_lease_s must be > 0")
         if self.drain_s < 0:
             raise SettingsError(f"drain_s must be >= 0, got {self.drain_s}")
-        if self.sim_time_factor < 0:
-            raise SettingsError(f"sim_time_factor must be >= 0, got {self.sim_time_factor}")
         if not 0 < self.cache.gpu_memory_utilization <= 1:
             raise SettingsError(f"gpu_memory_utilization must be in (0, 1], got {self.cache.gpu_memory_utilization}")
         if self.engine == "trtllm" and (self.cache.kv_host_gb or self.cache.kv_disk_gb):
@@ -114,11 +111,7 @@ class WorkerSettings:
             raise SettingsError(f"{KEY_ENV}={self.kv_signing_key_file!r}: {exc}") from None
 
     def _check_speculative(self) -> None:
-        try:
-            SpecConfig(parse_speculative(self.speculative)[0], self.num_speculative_tokens)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        if self.speculative and self.engine != "native":
+        if self.speculation.method and self.engine != "native":
             raise SettingsError(f"speculative decoding runs in the native engine, not in engine {self.engine!r}")
 
     def transfer_config(self, held_kv_grace_s: float) -> TransferConfig:
@@ -182,9 +175,13 @@ _HELP = {
     "kv_disk_gb": "disk for KV blocks below the host tier (>= --kv-host-gb to help)",
     "kv_transport": f"one of {KV_TRANSPORTS} (env TANDEM_KV_TRANSPORT): NIXL READs, gRPC into staging memory, or bytes through the engine's pipe",
     "kv_staging_mb": "the gRPC KV fallback's shared-memory buffer (MiB): KV pulled or exported at once",
+    "sim_profile": 'engine sim: a shipped profile name or a profile JSON path; "": the default',
+    "sim_time_factor": "engine sim: multiplies every modelled step time (0: as fast as possible)",
     "sim_kv_cache_mb": "engine sim: hold a real paged KV cache of this many MiB (0: timing only)",
+    "sim_kv_bytes_per_token": "engine sim: KV bytes per token (Llama-3.1-8B in bf16)",
     "kv_signing_key_file": f"the deployment's KV signing key, hex (env {KEY_ENV}); required off loopback",
     "kv_hash_secret": "keys the KV block hashes (prefer env TANDEM_KV_HASH_SECRET); the same on every service",
+    "num_speculative_tokens": "engine native: the most tokens proposed per request and step",
     "speculative": "engine native: speculative decoding, 'ngram' (prompt lookup) or 'draft:DIR' (a small model with "
     "the target's tokenizer); '' (default): off",
 }
@@ -200,8 +197,10 @@ SOURCE = Source(
     help=_HELP,
     fixed=("role",),
     negated=("enable_prefix_caching",),
-    prefixed={"trtllm": "trtllm_"},
-    kept=("kv_cache_memory_fraction", "held_kv_ttl_s"),  # native's CPU share; the lease's TTL (transfer_config)
+    prefixed={"trtllm": "trtllm_", "sim": "sim_"},
+    # native's CPU share; chunked prefill (always on in a worker); the lease's TTL (transfer_config)
+    # and speculative decoding's verify costs (measured at start)
+    kept=("kv_cache_memory_fraction", "enable_chunked_prefill", "held_kv_ttl_s", "spec_verify_costs"),
 )
 
 

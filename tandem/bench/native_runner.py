@@ -19,7 +19,7 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
     from engines.base.engine_configs import BatchConfig
     from engines.core.client import EngineClient
     from engines.native import native_spec
-    from engines.native.config import EngineConfig
+    from engines.native.config import EngineConfig, SpeculativeOptions
 
     blocks_per_seq = num_blocks_for(max_len, BLOCK_SIZE) + 1
     config = EngineConfig(
@@ -27,7 +27,7 @@ def make_engine(model_dir, dtype: str, threads: int, max_num_seqs: int, max_len:
         dtype=dtype,
         num_threads=threads,
         batch=BatchConfig(max_num_seqs, 4096),  # twice: finished warm-up blocks may linger as cache
-        speculative=speculative,
+        speculation=SpeculativeOptions(speculative),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=2 * max_num_seqs * blocks_per_seq),
     )
     return EngineClient(native_spec(config))

@@ -32,7 +32,7 @@ def native_config(model_dir, **kw) -> EngineConfig:
     base = EngineConfig(model=str(model_dir))
     subs = {
         name: replace(getattr(base, name), **{f: kw.pop(f) for f in getattr(base, name).__slots__ if f in kw})
-        for name in ("batch", "cache", "transfer")
+        for name in ("batch", "cache", "transfer", "speculation")
     }
     return EngineConfig(model=str(model_dir), **subs, **kw)
 

@@ -11,7 +11,7 @@ from engines.base import EngineDiedError, EngineRequest, FinishReason, SamplingP
 from engines.core.client import EngineClient
 from engines.core.loop import EngineLoop
 from engines.core.messages import Abort, Add, StepOutputs, decode, encode
-from engines.sim import sim_spec
+from engines.sim import SimOptions, sim_spec
 from engines.zero import zero_spec
 from engines.zero.runner import ZeroSpec
 from engines.zero.runner import build_core as zero_core
@@ -105,7 +105,7 @@ async def test_abort_through_the_engine_process(tmp_path):
 
 
 async def test_a_killed_engine_process_fails_its_streams_and_serves_no_more():
-    engine = EngineClient(sim_spec(time_factor=1.0), process=True)
+    engine = EngineClient(sim_spec(SimOptions(time_factor=1.0)), process=True)
     await engine.start()
     try:
         stream = engine.add_request(EngineRequest("a", tuple(range(64)), params(10**5)))

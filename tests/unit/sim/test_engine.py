@@ -8,7 +8,7 @@ import pytest
 from engines.base.errors import RequestNotFoundError
 from engines.base.types import EngineRequest, FinishReason, SamplingParams
 from engines.core.client import EngineClient
-from engines.sim import sim_spec
+from engines.sim import SimOptions, sim_spec
 from engines.timing.profile import TimingProfile
 
 PROFILE = TimingProfile("tiny", 4, 8, 2, 8, (0.0, 1.0, 10.0), (0.0, 0.0, 5.0))
@@ -22,7 +22,7 @@ async def collect(engine, request):
 async def engine(tmp_path):
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(PROFILE.to_dict()))
-    engine = EngineClient(sim_spec(str(path), time_factor=0.0))
+    engine = EngineClient(sim_spec(SimOptions(str(path), time_factor=0.0)))
     await engine.start()
     yield engine
     await engine.shutdown()

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from engines.sim.config import SimOptions
 from engines.timing.profile import ProfileError, TimingProfile, load_profile, profile_from_bench
 
 
@@ -69,7 +70,7 @@ def test_tandem_sim_saves_a_fitted_profile_that_a_sim_worker_runs(tmp_path, caps
     assert load_profile(str(saved)) == profile_from_bench(bench)
     spec = engine_spec(
         WorkerSettings(
-            role="decode", model="m", engine="sim", sim_profile=str(saved), sim_time_factor=0.5, worker_id="decode-3"
+            role="decode", model="m", engine="sim", sim=SimOptions(str(saved), time_factor=0.5), worker_id="decode-3"
         )
     )
     runner = spec.build().runner  # what the worker's engine process builds
@@ -84,11 +85,12 @@ def test_tandem_sim_without_a_trace_or_a_profile_to_save_is_an_error(capsys):
 
 
 def test_a_negative_sim_time_factor_stops_the_worker_at_start_up():
+    from services.common.roles import WorkerRole
     from services.common.settings import SettingsError
-    from services.common.worker_settings import WorkerSettings
+    from services.common.worker_settings import parse_worker_settings
 
-    with pytest.raises(SettingsError, match="sim_time_factor"):
-        WorkerSettings(role="decode", model="m", engine="sim", sim_time_factor=-1)
+    with pytest.raises(SettingsError, match="sim_time_factor must be >= 0"):
+        parse_worker_settings(WorkerRole.DECODE, ["--model", "m", "--engine", "sim", "--sim-time-factor", "-1"])
 
 
 def test_speculation_scales_the_decode_part_by_its_cost_over_its_tokens():

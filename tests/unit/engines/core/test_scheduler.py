@@ -14,7 +14,9 @@ NEXT = 900  # the token every simulated step samples
 
 def make_sched(num_blocks=16, max_num_batched_tokens=64, max_num_seqs=8, chunked=True, caching=True) -> Scheduler:
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
-    return Scheduler(SchedulerConfig(BatchConfig(max_num_seqs, max_num_batched_tokens), chunked), bm)
+    return Scheduler(
+        SchedulerConfig(BatchConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill=chunked)), bm
+    )
 
 
 def make_seq(req_id: str, tokens, max_tokens: int = 32, hold_kv: bool = False) -> Sequence:

@@ -106,7 +106,7 @@ def test_spec_config_is_validated():
 
 # -- in the scheduler -------------------------------------------------------------------------
 def make(num_blocks=16, budget=64, spec=NGRAM, max_num_seqs=8) -> Scheduler:
-    return Scheduler(SchedulerConfig(BatchConfig(max_num_seqs, budget), True, spec), BlockManager(num_blocks, BS))
+    return Scheduler(SchedulerConfig(BatchConfig(max_num_seqs, budget), spec), BlockManager(num_blocks, BS))
 
 
 def decoding(sched: Scheduler, tokens, max_tokens=32, **params) -> Sequence:

@@ -5,10 +5,12 @@ import time
 
 import pytest
 
+from engines.base.engine_configs import TransferConfig
 from engines.base.errors import InvalidRequestError
 from engines.base.types import EngineRequest, FinishReason, KvExport, SamplingParams
 from engines.core.sequence import SequenceStatus
-from engines.sim.runner import Payload, SimSpec, build_core
+from engines.sim.config import SimOptions
+from engines.sim.runner import SimSpec, build_core
 from engines.transfer import descriptor, transports
 from engines.transfer.descriptor import NIXL, STAGING, KvDescriptor
 from engines.transfer.nixl_link import is_available
@@ -20,7 +22,8 @@ needs_nixl = pytest.mark.skipif(not is_available(), reason="NIXL is not installe
 
 
 def core(transport: str):
-    return build_core(SimSpec("", 0.0, payload=Payload(BYTES_PER_TOKEN, 64 * 64 * BYTES_PER_TOKEN, transport)))
+    sim = SimOptions("", 0.0, kv_cache_mb=64 * 64 * BYTES_PER_TOKEN >> 20, kv_bytes_per_token=BYTES_PER_TOKEN)
+    return build_core(SimSpec(sim, transfer=TransferConfig(transport)))
 
 
 def prompt(i: int = 0, n: int = 300) -> tuple[int, ...]:

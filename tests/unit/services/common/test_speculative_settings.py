@@ -16,25 +16,28 @@ def test_the_flag_and_the_environment_reach_the_native_engine(monkeypatch):
     s = parse_worker_settings(
         WorkerRole.DECODE, ["--model", "m", "--speculative", "ngram", "--num-speculative-tokens", "6"]
     )
-    config = engine_spec(s).config
-    assert (config.speculative, config.num_speculative_tokens) == ("ngram", 6)
+    opts = engine_spec(s).config.speculation
+    assert (opts.speculative, opts.num_speculative_tokens) == ("ngram", 6)
     monkeypatch.setenv("TANDEM_WORKER_SPECULATIVE", "ngram")
-    assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).speculative == "ngram"
-    assert engine_spec(WorkerSettings(role="decode", model="m")).config.speculative == ""
-    assert (
-        WorkerSettings(role="decode", model="m", speculative="draft:/models/small").speculative == "draft:/models/small"
-    )
+    assert parse_worker_settings(WorkerRole.DECODE, ["--model", "m"]).speculation.speculative == "ngram"
+    assert engine_spec(WorkerSettings(role="decode", model="m")).config.speculation.speculative == ""
+    s = parse_worker_settings(WorkerRole.DECODE, ["--model", "m", "--speculative", "draft:/models/small"])
+    assert (s.speculation.method, s.speculation.draft_dir) == ("draft", "/models/small")
+
+
+def refused(*flags: str) -> None:
+    parse_worker_settings(WorkerRole.DECODE, ["--model", "m", *flags])
 
 
 def test_bad_values_are_refused_at_start():
     with pytest.raises(SettingsError, match="speculative method must be one of"):
-        WorkerSettings(role="decode", model="m", speculative="medusa")
+        refused("--speculative", "medusa")
     with pytest.raises(SettingsError, match="needs its model directory"):
-        WorkerSettings(role="decode", model="m", speculative="draft")
+        refused("--speculative", "draft")
     with pytest.raises(SettingsError, match="max_draft_tokens must be >= 1"):
-        WorkerSettings(role="decode", model="m", speculative="ngram", num_speculative_tokens=0)
+        refused("--speculative", "ngram", "--num-speculative-tokens", "0")
     with pytest.raises(SettingsError, match="runs in the native engine"):
-        WorkerSettings(role="decode", model="m", engine="sim", speculative="ngram")
+        refused("--engine", "sim", "--speculative", "ngram")
 
 
 def test_the_counters_reach_the_metrics():

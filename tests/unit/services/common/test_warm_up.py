@@ -1,12 +1,12 @@
 """A worker's warm-up runs one dummy request through its engine's real loop and leaves the engine idle."""
 
 from engines.core.client import EngineClient
-from engines.sim import sim_spec
+from engines.sim import SimOptions, sim_spec
 from services.common.worker_base import warm_up
 
 
 async def test_warm_up_prefills_and_decodes_once_then_the_engine_is_idle():
-    engine = EngineClient(sim_spec("", 0.0))
+    engine = EngineClient(sim_spec(SimOptions("", 0.0)))
     await engine.start()
     try:
         await warm_up(engine, num_prompt_tokens=32)
