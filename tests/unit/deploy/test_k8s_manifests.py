@@ -160,7 +160,7 @@ def test_workers_get_shared_memory_the_downward_api_and_advertise_their_pod_ip(o
             "TANDEM_WORKER_KV_DISK_GB": "16",
         }
         env = container_env(overlay, container) | tiers
-        assert check_command(command(container, env), env, monkeypatch).kv_disk_dir == KV_DISK_DIR
+        assert check_command(command(container, env), env, monkeypatch).cache.kv_disk_dir == KV_DISK_DIR
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
