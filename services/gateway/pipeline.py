@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 # a prefill worker failing any other way is skipped: the decode worker prefills locally instead
 NO_FALLBACK_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 CLEANUP_TIMEOUT_S = 5.0
+READMIT_PAUSE_S = 0.25  # before going back to a worker that failed the request: above gRPC's reconnect backoff
 WORKER_LIST_TTL_S = 5.0  # how long the router's worker list (the engines' context length) is trusted
 
 
@@ -63,7 +64,7 @@ class Pipeline:
         journey = Journey(self._max_migrations)
         try:
             while True:
-                route = await self._route(req_id, journey.route_tokens(prompt), journey.excluded, params.cache_salt)
+                route = await self._route_journey(req_id, prompt, params, journey)
                 try:
                     async with aclosing(self._attempt(route, req_id, prompt, params, journey)) as stream:
                         async for delta in stream:
@@ -77,6 +78,19 @@ class Pipeline:
                     self._log_failover(req_id, route.decode.worker_id, journey, exc)
         finally:
             self._spawn(self._complete(req_id))
+
+    async def _route_journey(self, req_id: str, prompt: list[int], params: SamplingParams, journey: Journey) -> Route:
+        """Route around the workers that failed it; when none is left but those, go back to them once, after a
+        pause in which a dropped connection is dialled again."""
+        tokens = journey.route_tokens(prompt)
+        try:
+            return await self._route(req_id, tokens, journey.excluded, params.cache_salt)
+        except errors.NoWorkerError as exc:  # NOTE: not when the others are busy: that one is the client's to retry
+            if isinstance(exc, errors.AllWorkersBusyError) or not journey.readmit():
+                raise
+        log.warning("no other worker for %s: trying again the worker that failed it", req_id)
+        await asyncio.sleep(READMIT_PAUSE_S)
+        return await self._route(req_id, tokens, journey.excluded, params.cache_salt)
 
     def _attempt(
         self, route: Route, req_id: str, prompt: list[int], params: SamplingParams, journey: Journey

@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -137,3 +138,15 @@ def alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for its parent to reap it
         return f.read().split()[2] != "Z"
+
+
+def log_warnings(log_dir: Path, limit: int = 40) -> str:
+    """The warning and error lines of every service log under `log_dir`, and the RPCs that ended other than OK,
+    for a failed assertion to show why."""
+    lines = [
+        f"{path.name}: {line}"
+        for path in sorted(log_dir.glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if '"level": "warn' in line or '"level": "error' in line or ('"code": "' in line and '"code": "OK"' not in line)
+    ]
+    return "\n".join(lines[-limit:]) or "(no warnings in the logs)"

@@ -19,7 +19,7 @@ from services.common.grpc_server import make_sync_channel
 from services.common.protos import router_pb2, router_pb2_grpc
 from tandem.launcher import free_port
 from tandem.stack_certs import operator_tls
-from tests.integration.helpers import alive, children_of, wait_for_banner
+from tests.integration.helpers import alive, children_of, log_warnings, wait_for_banner
 
 NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 16, 2000, 128
 LEASE_S, HEARTBEAT_S = 10.0, 1.0
@@ -74,7 +74,7 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
         results = asyncio.run(load(port, model.name))
         watch.stop()
         errors = [r for r in results if r[0] != 200]
-        assert not errors, errors[:3]
+        assert not errors, f"{errors[:3]}\n{log_warnings(logs)}"
         assert all(r[1]["completion_tokens"] == OUTPUT_TOKENS for r in results)
         assert watch.num_workers_seen == {2}, f"workers listed: {watch.num_workers_seen}"
         late = HEARTBEAT_S + 1.0
@@ -84,7 +84,9 @@ def test_pd_with_8b_sized_kv_under_load_loses_nothing_and_keeps_leases(tmp_path,
         router_log = (logs / "router.log").read_text()
         assert "lease expired" not in router_log and "lapsed" not in router_log
         decode = worker_stats(router, "decode", operator_tls(tmp_path / "pki"))
-        assert decode.num_prompt_tokens_computed == 0, "the decode worker prefilled instead of loading the KV"
+        assert decode.num_prompt_tokens_computed == 0, (
+            f"the decode worker prefilled instead of loading the KV\n{log_warnings(logs)}"
+        )
         assert decode.kv_bytes_imported == NUM_REQUESTS * 32 * 64 * 131072  # whole blocks of 64 tokens
         pids = children_of(launcher.pid)
         launcher.send_signal(signal.SIGTERM)

@@ -1,5 +1,5 @@
 """Journey's decisions: routed around before the first token (3 workers at most), migrated after it (up to the
-limit), and the tokens the next worker must hold."""
+limit), the tokens the next worker must hold, and going back once to workers that failed it."""
 
 from services.gateway.journey import MAX_ROUTE_ATTEMPTS, Journey
 
@@ -26,3 +26,14 @@ def test_switched_off_a_started_request_never_moves():
     assert journey.route_tokens([1]) == [1]
     journey.record((3,))
     assert not journey.may_continue("d0")
+
+
+def test_failed_workers_are_readmitted_once_and_the_limits_still_hold():
+    journey = Journey(max_migrations=3)
+    assert not journey.readmit()  # nothing excluded: nothing to go back to
+    assert journey.may_continue("d0") and journey.excluded == ["d0"]
+    assert journey.readmit() and journey.excluded == []
+    assert journey.may_continue("d0") and journey.excluded == ["d0"]
+    assert not journey.readmit() and journey.excluded == ["d0"]  # once a request
+    assert not journey.may_continue("d1")  # three failures before the first token, readmitted or not
+    assert journey.num_failures == MAX_ROUTE_ATTEMPTS

@@ -144,10 +144,26 @@ async def test_no_migration_when_switched_off(stack_with, reply_ids):
         assert error["code"] == "worker_failed" and len(chunks) == 2 and d1.generate_requests == []
 
 
-async def test_no_worker_left_to_migrate_to_is_a_clean_503_event(stack):
+async def test_the_only_worker_failing_once_takes_the_request_back_and_finishes_it(stack):
     stack.decode.generate_error = (2, grpc.StatusCode.UNAVAILABLE)
+
+    async def fail_once(i: int, context) -> None:  # a dropped connection: the worker itself is fine
+        if stack.decode.generate_error is not None and i == stack.decode.generate_error[0]:
+            stack.decode.generate_error = None
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection dropped")
+
+    stack.decode._maybe_stall_or_fail = fail_once
+    text, _, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100})
+    assert error is None and text == REPLY
+    assert [list(r.exclude_worker_ids) for r in stack.router.routes] == [[], ["d0"], []]
+    assert len(stack.decode.generate_requests) == 2
+
+
+async def test_a_worker_that_fails_it_again_after_going_back_ends_it_cleanly(stack):
+    stack.decode.generate_error = (2, grpc.StatusCode.UNAVAILABLE)  # every time, after 2 more tokens
     _, chunks, error = await _stream_text(stack, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100})
-    assert len(chunks) == 2 and error["code"] == "no_worker_available" and error["type"] == "service_unavailable_error"
+    assert len(chunks) == 4 and error["code"] == "no_worker_available" and error["type"] == "service_unavailable_error"
+    assert [list(r.exclude_worker_ids) for r in stack.router.routes] == [[], ["d0"], [], ["d0"]]  # back once only
 
 
 async def test_a_migrated_request_keeps_its_cache_salt(stack, reply_ids):
