@@ -76,6 +76,8 @@ class RouterPool:
 
     async def list_workers(self, timeout_s: float) -> list[ListedWorker]:
         """The workers one replica lists (each in turn until one answers; the last error when none does)."""
+        for replica in self._replicas:  # NOTE: the readiness probe comes before traffic: the streams open meanwhile
+            replica.stream.maybe_open()
         message = convert.list_workers_request_to_pb()
         return convert.listed_workers_from_pb(
             await self._any(lambda replica: replica.stub.ListWorkers(message, timeout=timeout_s))

@@ -6,6 +6,7 @@ decisions, no domain types (router_pool.py).
 """
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import time
@@ -14,6 +15,7 @@ import grpc
 from grpc_status import rpc_status
 
 from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.tracing import trace_carrier
 
 log = logging.getLogger(__name__)
 REOPEN_AFTER_S = 1.0  # a stream that broke (or never opened) is tried again after this long; calls go unary meanwhile
@@ -82,7 +84,7 @@ class RouteStreamClient:
         answer = asyncio.get_running_loop().create_future()
         self._pending[call_id] = answer
         try:
-            await self._write(call, router_pb2.RouteStreamRequest(call_id=call_id, timeout_s=timeout_s, route=message))
+            await self._write(call, _route_message(call_id, timeout_s, message))
             reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
             raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, details="Deadline Exceeded") from None
@@ -122,11 +124,16 @@ class RouteStreamClient:
         if call is not None:
             call.cancel()
 
+    def maybe_open(self) -> None:
+        """Start opening the stream in the background, unless it is open, opening, closed or waiting to retry."""
+        if self._call is None and not self._is_closed and self._opening is None and time.monotonic() >= self._retry_at:
+            # NOTE: in a context of its own: the long-lived call must not join the trace of the request that opened it
+            self._opening = asyncio.get_running_loop().create_task(self._open(), context=contextvars.Context())
+
     def _usable(self) -> grpc.aio.StreamStreamCall:
         if self._call is not None:
             return self._call
-        if not self._is_closed and self._opening is None and time.monotonic() >= self._retry_at:
-            self._opening = asyncio.get_running_loop().create_task(self._open())
+        self.maybe_open()
         raise StreamUnavailable
 
     async def _write(self, call: grpc.aio.StreamStreamCall, message: router_pb2.RouteStreamRequest) -> None:
@@ -184,6 +191,11 @@ class RouteStreamClient:
             if not answer.done():
                 answer.set_result(None)
         call.cancel()
+
+
+def _route_message(call_id: int, timeout_s: float, message: router_pb2.RouteRequest) -> router_pb2.RouteStreamRequest:
+    carrier = trace_carrier()  # NOTE: empty unless tracing is on
+    return router_pb2.RouteStreamRequest(call_id=call_id, timeout_s=timeout_s, route=message, trace_context=carrier)
 
 
 def _as_rpc_error(status: router_pb2.CallStatus) -> grpc.aio.AioRpcError:
