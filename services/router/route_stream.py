@@ -41,9 +41,25 @@ class RouteStreams:
 
     def __init__(self, answers: RouteAnswers):
         self._answers = answers
+        self._serving: dict[asyncio.Task, grpc.aio.ServicerContext] = {}
+
+    async def close(self) -> None:
+        """End every open stream now (the router is stopping): a gateway sends what it would have sent unary, and a
+        stream held open would otherwise keep the server's stop waiting its whole grace period.
+
+        NOTE: a status sent first, then the task cancelled: a cancelled handler alone leaves the call open in grpc."""
+        for task, context in list(self._serving.items()):
+            try:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is stopping")
+            except Exception:  # NOTE: abort raises to its caller by design (grpc's AbortError)
+                pass
+            task.cancel()
 
     async def serve(self, requests: AsyncIterator[router_pb2.RouteStreamRequest], context) -> None:
         stream = _Stream(context)
+        serving = asyncio.current_task()
+        assert serving is not None  # NOTE: grpc runs every handler in a task
+        self._serving[serving] = context
         await context.send_initial_metadata(())  # NOTE: tells the gateway the stream is accepted: it may use it now
         try:
             async for message in requests:
@@ -54,6 +70,7 @@ class RouteStreams:
             await stream.drain()
         finally:
             stream.cancel()
+            self._serving.pop(serving, None)
 
     def _handle(
         self, message: router_pb2.RouteStreamRequest, stream: "_Stream"

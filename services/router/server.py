@@ -240,9 +240,8 @@ class RouterService:
         )
         self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry, limits="router")
-        router_pb2_grpc.add_RouterServicer_to_server(
-            RouterServicer(self.core, settings, self.kv, self.metrics, self.loads), self.server.server
-        )
+        self.servicer = RouterServicer(self.core, settings, self.kv, self.metrics, self.loads)
+        router_pb2_grpc.add_RouterServicer_to_server(self.servicer, self.server.server)
         self.prober = LeaseProber(self.registry, settings.probe_timeout_s, settings.max_lease_extensions)
         self._sweeper: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -275,6 +274,7 @@ class RouterService:
             await self.kv.close()
         if self.loads is not None:
             await self.loads.close()
+        await self.servicer.streams.close()
         await self.server.stop(grace_s)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()

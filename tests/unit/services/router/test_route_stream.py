@@ -4,6 +4,7 @@ ReportFailure acted on without an answer, and a stream that ends completing noth
 
 import asyncio
 import dataclasses
+import time
 
 import grpc
 import pytest
@@ -120,3 +121,16 @@ async def test_a_message_without_a_call_is_refused_alone(started):
     bad, good = await call.read(), await call.read()
     assert (bad.call_id, bad.error.code, good.call_id) == (5, grpc.StatusCode.INVALID_ARGUMENT.value[0], 6)
     call.cancel()
+
+
+async def test_stopping_the_router_ends_its_streams_instead_of_waiting_out_the_grace(started):
+    service, stub = await started()
+    await register_pool(stub)
+    call = stub.RouteStream()
+    await call.write(route(1, "r1"))
+    assert (await call.read()).call_id == 1
+    began = time.monotonic()
+    await service.stop(grace_s=5)
+    assert time.monotonic() - began < 2.0  # NOTE: an open stream held the stop for the whole 5 s before
+    with pytest.raises(grpc.aio.AioRpcError):
+        await call.read()  # ended by the router: the gateway goes unary (and fails over) from here
