@@ -137,6 +137,13 @@ class RouteStreamClient:
         raise StreamUnavailable
 
     async def _write(self, call: grpc.aio.StreamStreamCall, message: router_pb2.RouteStreamRequest) -> None:
+        """Shielded from the caller's cancellation (a client that left): a gRPC write cancelled midway leaves its
+        operation pending, and the call then refuses the next write: the stream would break for everyone."""
+        write = asyncio.get_running_loop().create_task(self._write_now(call, message))
+        write.add_done_callback(_retrieved)
+        await asyncio.shield(write)
+
+    async def _write_now(self, call: grpc.aio.StreamStreamCall, message: router_pb2.RouteStreamRequest) -> None:
         try:
             async with self._lock:
                 await call.write(message)
@@ -191,6 +198,12 @@ class RouteStreamClient:
             if not answer.done():
                 answer.set_result(None)
         call.cancel()
+
+
+def _retrieved(write: asyncio.Task) -> None:
+    """A write whose caller left already: its failure (the stream broke) is handled there, not re-raised here."""
+    if not write.cancelled():
+        write.exception()
 
 
 def _route_message(call_id: int, timeout_s: float, message: router_pb2.RouteRequest) -> router_pb2.RouteStreamRequest:

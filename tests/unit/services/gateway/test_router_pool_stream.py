@@ -136,3 +136,25 @@ async def test_a_broken_stream_falls_back_to_unary_and_opens_again(unary_calls, 
     assert unary_calls == []
     await pool.close()
     await service.stop(grace_s=0)
+
+
+async def test_callers_cancelled_mid_write_break_nothing_for_the_others(unary_calls):
+    service = await start_router()
+    pool = await open_pool(service)
+    stream = pool._replicas[0].stream
+    unary_calls.clear()
+    for round_ in range(20):  # NOTE: clients that leave at once, while their messages are being written
+        leaving = [asyncio.create_task(pool.route(request(f"x{round_}-{i}"), timeout_s=5)) for i in range(4)]
+        await asyncio.sleep(0)
+        for task in leaving:
+            task.cancel()
+        await asyncio.gather(*leaving, return_exceptions=True)
+        for i in range(4):
+            await pool.complete(f"x{round_}-{i}", timeout_s=5)
+    assert stream.is_open
+    assert (await pool.route(request("stays"), timeout_s=5)).decode.worker_id in ("d1", "d2")
+    await pool.complete("stays", timeout_s=5)
+    assert unary_calls == []
+    await wait_until(lambda: service.registry.num_inflight() == 0)
+    await pool.close()
+    await service.stop(grace_s=0)
