@@ -1,6 +1,7 @@
 """Bench only (bench/rpc_counts.py puts this folder first on PYTHONPATH): every grpc.aio server in the process gets
-one more interceptor counting calls by method and the messages each server stream sends, written to
-$TANDEM_BENCH_RPC_COUNTS/<pid>.json every half second. It changes no call; never on PYTHONPATH outside the bench."""
+one more interceptor counting calls by method, the messages each server stream sends, and the messages each
+bidirectional stream receives (by the oneof `call` they carry), written to $TANDEM_BENCH_RPC_COUNTS/<pid>.json every
+half second. It changes no call; never on PYTHONPATH outside the bench."""
 
 import collections
 import inspect
@@ -22,6 +23,8 @@ class _Counting(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         _counts[f"calls {details.method}"] += 1
+        if handler.stream_stream is not None:
+            return _counting_bidi(handler, details.method)
         behavior = handler.unary_stream
         if behavior is None or not inspect.isasyncgenfunction(behavior):
             return handler
@@ -34,6 +37,34 @@ class _Counting(grpc.aio.ServerInterceptor):
         return grpc.unary_stream_rpc_method_handler(
             stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
+
+
+async def _counted(requests, method: str):
+    async for message in requests:
+        try:
+            kind = message.WhichOneof("call")
+        except ValueError:  # NOTE: a message without that oneof
+            kind = None
+        _counts[f"messages in {method} {kind}" if kind else f"messages in {method}"] += 1
+        yield message
+
+
+def _counting_bidi(handler, method: str):
+    behavior = handler.stream_stream
+    if inspect.isasyncgenfunction(behavior):
+
+        async def bidi(requests, context):
+            async for item in behavior(_counted(requests, method), context):
+                yield item
+
+    else:
+
+        async def bidi(requests, context):
+            return await behavior(_counted(requests, method), context)
+
+    return grpc.stream_stream_rpc_method_handler(
+        bidi, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 def _write_forever() -> None:

@@ -18,6 +18,7 @@ TABLE: dict[str, dict[str, frozenset[str]]] = {
         "Route": frozenset({GATEWAY}),
         "Complete": frozenset({GATEWAY}),
         "ReportFailure": frozenset({GATEWAY}),
+        "RouteStream": frozenset({GATEWAY}),  # the three above as messages: checked once, when the stream opens
         # the gateway's readiness, the planner's census, a worker's preStop drain (tandem worker drain)
         "ListWorkers": frozenset({GATEWAY, PREFILL, DECODE}) | ADMINS,
         "GetTraffic": ADMINS,

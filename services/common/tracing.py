@@ -89,6 +89,32 @@ def span(name: str, **attributes) -> Iterator[trace.Span]:
         yield current
 
 
+def trace_carrier() -> dict[str, str]:
+    """The current trace context as W3C headers, for a message that carries it by hand (a call on a long-lived
+    stream, where the instrumentations' per-call metadata cannot); empty when tracing is off."""
+    if not _enabled:
+        return {}
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def continued_span(name: str, carrier, **attributes) -> Iterator[trace.Span | None]:
+    """A server span continuing the trace that `carrier` (trace_carrier's headers) names; nothing when it is empty."""
+    if not carrier or not _enabled:
+        yield None
+        return
+    from opentelemetry import propagate
+
+    parent = propagate.extract(dict(carrier))
+    kind = trace.SpanKind.SERVER
+    with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes or None) as current:
+        yield current
+
+
 def timed_span(name: str, start_ns: int, end_ns: int, **attributes) -> None:
     """A finished child span for an interval measured elsewhere (e.g. time queued in the engine)."""
     if not _enabled:

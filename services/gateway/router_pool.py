@@ -1,8 +1,9 @@
 """The gateway's router replicas: Route calls spread over them in turn and fail over to the next on a transport
 error; a request's Complete and failure reports go to the replica that routed it (its in-flight account lives
 there). One replica behaves as before: a restarting router is waited for. Replicas named by DNS are looked up again
-when one fails (a replaced pod has a new address). It speaks domain types; the protobuf stays inside (convert.py
-builds and reads it). No decisions: routers make them.
+when one fails (a replaced pod has a new address). The calls ride each replica's RouteStream when it is open
+(router_pool_stream.py). It speaks domain types; the protobuf stays inside (convert.py builds and reads it). No
+decisions: routers make them.
 """
 
 import asyncio
@@ -15,8 +16,9 @@ import grpc
 
 from services.common import convert
 from services.common.domain import FailureReport, ListedWorker, Route, RouteRequest
-from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.protos import router_pb2
 from services.common.router_addresses import RouterAddressError, router_addresses
+from services.gateway.router_pool_stream import Replica
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +42,18 @@ class RouterPool:
     ):
         if not channels:
             raise ValueError("need at least one router channel")
-        self.channels = dict(zip(addresses or range(len(channels)), channels))  # address -> channel
-        self._stubs = [router_pb2_grpc.RouterStub(c) for c in channels]
+        self._by_address = {a: Replica(c) for a, c in zip(addresses or range(len(channels)), channels)}
+        self._replicas = list(self._by_address.values())
         self._resolve, self._connect = resolve, connect
         self._min_interval_s, self._resolved_at = min_resolve_interval_s, time.monotonic()
         self._refreshing: asyncio.Task | None = None
         self._turn = itertools.count()
-        self._routed_by: dict[str, router_pb2_grpc.RouterStub] = {}  # req_id -> the replica that routed it
+        self._routed_by: dict[str, Replica] = {}  # req_id -> the replica that routed it
+
+    @property
+    def channels(self) -> dict[str, grpc.aio.Channel]:
+        """address -> channel, of the replicas in use"""
+        return {a: r.channel for a, r in self._by_address.items()}
 
     @classmethod
     def from_addresses(cls, raw: str, connect: Callable[[str], grpc.aio.Channel]) -> "RouterPool":
@@ -69,37 +76,39 @@ class RouterPool:
 
     async def list_workers(self, timeout_s: float) -> list[ListedWorker]:
         """The workers one replica lists (each in turn until one answers; the last error when none does)."""
+        for replica in self._replicas:  # NOTE: the readiness probe comes before traffic: the streams open meanwhile
+            replica.stream.maybe_open()
         message = convert.list_workers_request_to_pb()
         return convert.listed_workers_from_pb(
-            await self._any(lambda stub: stub.ListWorkers(message, timeout=timeout_s))
+            await self._any(lambda replica: replica.stub.ListWorkers(message, timeout=timeout_s))
         )
 
     async def report_failure(self, report: FailureReport, timeout_s: float) -> None:
         """To the replica that routed the request (the first one for a request never routed)."""
-        stub = self._routed_by.get(report.req_id, self._stubs[0])
-        await stub.ReportFailure(convert.failure_report_to_pb(report), timeout=timeout_s)
+        replica = self._routed_by.get(report.req_id, self._replicas[0])
+        await replica.report_failure(convert.failure_report_to_pb(report), timeout_s)
 
     async def complete(self, req_id: str, timeout_s: float) -> None:
         """To the replica that routed the request, which then forgets it."""
-        stub = self._routed_by.pop(req_id, self._stubs[0])
-        await stub.Complete(convert.complete_request_to_pb(req_id), timeout=timeout_s)
+        replica = self._routed_by.pop(req_id, self._replicas[0])
+        await replica.complete(convert.complete_request_to_pb(req_id), timeout_s)
 
     async def _route(self, req_id: str, message: router_pb2.RouteRequest, timeout_s: float) -> router_pb2.RouteResponse:
-        stubs = self._stubs
-        start = next(self._turn) % len(stubs)
-        order = stubs[start:] + stubs[:start]
+        replicas = self._replicas
+        start = next(self._turn) % len(replicas)
+        order = replicas[start:] + replicas[:start]
         if len(order) > 1:
-            for stub in order:
+            for replica in order:
                 try:
-                    reply = await stub.Route(message, timeout=timeout_s)
+                    reply = await replica.route(message, timeout_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in FAILOVER_CODES:
                         raise
                     self._refresh_soon()
                     continue
-                self._routed_by[req_id] = stub
+                self._routed_by[req_id] = replica
                 return reply
-        reply = await order[0].Route(message, timeout=timeout_s, wait_for_ready=True)
+        reply = await order[0].route(message, timeout_s, wait_for_ready=True)
         self._routed_by[req_id] = order[0]
         return reply
 
@@ -113,15 +122,15 @@ class RouterPool:
         except RouterAddressError as exc:
             log.warning("router replicas not resolved again: %s", exc)
             return False
-        if set(addresses) == set(self.channels):
+        if set(addresses) == set(self._by_address):
             return False
-        old = self.channels
-        self.channels = {a: old.get(a) or self._connect(a) for a in addresses}
-        self._stubs = [router_pb2_grpc.RouterStub(c) for c in self.channels.values()]
+        old = self._by_address
+        self._by_address = {a: old.get(a) or Replica(self._connect(a)) for a in addresses}
+        self._replicas = list(self._by_address.values())
         log.info("router replicas now %s", ", ".join(addresses))
-        for address, channel in old.items():
-            if address not in self.channels:
-                await channel.close()
+        for address, replica in old.items():
+            if address not in self._by_address:
+                await replica.close()
         return True
 
     def _refresh_soon(self) -> None:
@@ -131,16 +140,15 @@ class RouterPool:
     async def close(self) -> None:
         if self._refreshing is not None:
             await asyncio.gather(self._refreshing, return_exceptions=True)
-        for channel in self.channels.values():
-            await channel.close()
+        await asyncio.gather(*(replica.close() for replica in self._replicas))
 
     async def _any(self, call):
-        """`call(stub)` on each replica in turn until one answers; the last error when none does."""
-        start = next(self._turn) % len(self._stubs)
+        """`call(replica)` on each replica in turn until one answers; the last error when none does."""
+        start = next(self._turn) % len(self._replicas)
         last = None
-        for stub in self._stubs[start:] + self._stubs[:start]:
+        for replica in self._replicas[start:] + self._replicas[:start]:
             try:
-                return await call(stub)
+                return await call(replica)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in FAILOVER_CODES:
                     raise

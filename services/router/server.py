@@ -34,6 +34,7 @@ from services.router.metrics import RouterMetrics
 from services.router.policy import DisaggregationPolicy, make_policy
 from services.router.probe import LeaseProber
 from services.router.registry import Clock, Registry
+from services.router.route_stream import RouteStreams
 from services.router.settings import RouterSettings, add_arguments, settings_from
 from services.router.types import NoWorkerAvailableError, RouterError, UnknownModelError, WorkerRole
 
@@ -85,6 +86,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.kv = kv
         self.loads = loads
         self.metrics = metrics or RouterMetrics(self.registry.views)
+        self.streams = RouteStreams(self)
 
     @_maps_errors
     async def Register(self, request, context):
@@ -126,44 +128,62 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     @_maps_errors
     async def Route(self, request, context):
+        started = time.perf_counter()
+        reply = self.route_now(request, started)
+        return reply if reply is not None else await self.route_later(request, started)
+
+    async def RouteStream(self, request_iterator, context):
+        await self.streams.serve(request_iterator, context)  # NOTE: a coroutine: grpc runs it on the loop
+
+    def route_now(self, request: router_pb2.RouteRequest, started: float) -> router_pb2.RouteResponse | None:
+        """The answer to `request`, decided now; None while a (re)started router's empty pool is waited on (the
+        workers are registering again: `route_later`). Raises RouterError when no worker can take it."""
         token = request_id.set(request.req_id)
         try:
-            start = time.perf_counter()
             try:
-                decision = await self._decide(route_input_from_pb(request, self.settings.kv_hash_secret))
-            except RouterError as exc:
-                outcome = status_for(exc).name.lower()
-                self.metrics.failed(self.settings.policy, outcome)
-                log.info("route failed: %s", exc, extra={"outcome": outcome})
+                decision = self.core.route(route_input_from_pb(request, self.settings.kv_hash_secret))
+            except (NoWorkerAvailableError, UnknownModelError) as exc:
+                if time.monotonic() - self._started < self.settings.startup_grace_s:
+                    return None
+                self._route_failed(exc)
                 raise
-            self.metrics.decided(decision, len(request.token_ids), time.perf_counter() - start)
-            asyncio.get_running_loop().call_soon(self.core.flush_deferred)  # NOTE: after this reply, not inside it
-            self.traffic.num_routed += 1
-            self.traffic.num_prompt_tokens += len(request.token_ids)
-            log.info(
-                "routed to %s%s",
-                decision.decode.worker_id,
-                f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
-                extra={
-                    "num_tokens": len(request.token_ids),
-                    "policy": decision.policy,
-                    "num_cached_tokens": decision.num_cached_tokens,
-                    "reason": decision.reason,
-                },
-            )
-            return decision_to_pb(decision)
+            except RouterError as exc:
+                self._route_failed(exc)
+                raise
+            return self._routed(request, decision, started)
         finally:
             request_id.reset(token)
 
-    async def _decide(self, route_input):
-        """The decision; right after a (re)start, an empty pool is waited on: the workers are registering again."""
+    async def route_later(self, request: router_pb2.RouteRequest, started: float) -> router_pb2.RouteResponse:
+        """`route_now`, polled until it decides (it stops waiting once the start-up grace is over)."""
         while True:
-            try:
-                return self.core.route(route_input)
-            except (NoWorkerAvailableError, UnknownModelError):
-                if time.monotonic() - self._started >= self.settings.startup_grace_s:
-                    raise
             await asyncio.sleep(STARTUP_POLL_S)
+            reply = self.route_now(request, started)
+            if reply is not None:
+                return reply
+
+    def _route_failed(self, exc: RouterError) -> None:
+        outcome = status_for(exc).name.lower()
+        self.metrics.failed(self.settings.policy, outcome)
+        log.info("route failed: %s", exc, extra={"outcome": outcome})
+
+    def _routed(self, request, decision, started: float) -> router_pb2.RouteResponse:
+        self.metrics.decided(decision, len(request.token_ids), time.perf_counter() - started)
+        asyncio.get_running_loop().call_soon(self.core.flush_deferred)  # NOTE: after this reply, not inside it
+        self.traffic.num_routed += 1
+        self.traffic.num_prompt_tokens += len(request.token_ids)
+        log.info(
+            "routed to %s%s",
+            decision.decode.worker_id,
+            f" after prefill on {decision.prefill.worker_id}" if decision.prefill else "",
+            extra={
+                "num_tokens": len(request.token_ids),
+                "policy": decision.policy,
+                "num_cached_tokens": decision.num_cached_tokens,
+                "reason": decision.reason,
+            },
+        )
+        return decision_to_pb(decision)
 
     async def ListWorkers(self, request, context):
         statuses = [worker_status_to_pb(v) for v in self.registry.views()]
@@ -172,9 +192,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.ListWorkersResponse(workers=statuses)
 
     async def Complete(self, request, context):
+        self.complete(request)
+        return router_pb2.CompleteResponse()
+
+    def complete(self, request: router_pb2.CompleteRequest) -> None:
         self.registry.complete(request.req_id)  # NOTE: idempotent; an unknown req_id already expired
         self.traffic.num_completed += 1
-        return router_pb2.CompleteResponse()
 
     async def GetTraffic(self, request, context):
         reply = router_pb2.Traffic()
@@ -183,9 +206,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return reply
 
     async def ReportFailure(self, request, context):
+        return router_pb2.ReportFailureResponse(quarantine_s=self.report_failure(request))
+
+    def report_failure(self, request: router_pb2.ReportFailureRequest) -> float:
+        """Quarantine the worker a gateway saw fail; the quarantine's length (0: the worker is not known)."""
         duration_s = self.settings.quarantine_s
         if not self.registry.quarantine(request.worker_id, duration_s):
-            return router_pb2.ReportFailureResponse(quarantine_s=0.0)
+            return 0.0
         self.metrics.worker_failed(request.worker_id)
         log.warning(
             "worker %s failed %s (%s): quarantined for %.1f s",
@@ -194,7 +221,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             request.reason,
             duration_s,
         )
-        return router_pb2.ReportFailureResponse(quarantine_s=duration_s)
+        return duration_s
 
 
 class RouterService:
@@ -213,9 +240,8 @@ class RouterService:
         )
         self.metrics.start_at_zero(settings.policy)
         self.server = GrpcServer(settings.address, [SERVICE_NAME], self.metrics.registry, limits="router")
-        router_pb2_grpc.add_RouterServicer_to_server(
-            RouterServicer(self.core, settings, self.kv, self.metrics, self.loads), self.server.server
-        )
+        self.servicer = RouterServicer(self.core, settings, self.kv, self.metrics, self.loads)
+        router_pb2_grpc.add_RouterServicer_to_server(self.servicer, self.server.server)
         self.prober = LeaseProber(self.registry, settings.probe_timeout_s, settings.max_lease_extensions)
         self._sweeper: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -248,6 +274,7 @@ class RouterService:
             await self.kv.close()
         if self.loads is not None:
             await self.loads.close()
+        await self.servicer.streams.close()
         await self.server.stop(grace_s)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()

@@ -88,3 +88,32 @@ def test_an_unknown_otlp_protocol_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
     with pytest.raises(RuntimeError, match="grpc or http/protobuf"):
         tracing._exporter()
+
+
+def test_a_trace_crosses_a_stream_message_by_hand_and_not_at_all_when_off(monkeypatch):
+    """RouteStream's messages carry the W3C context the per-call instrumentation cannot (services/router/route_stream.py)."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setattr(tracing, "_enabled", False)
+    assert tracing.trace_carrier() == {}
+    with tracing.continued_span(
+        "/tandem.v1.Router/Route", {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    ) as s:
+        assert s is None  # off: nothing made, whatever the message says
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    monkeypatch.setattr(tracing, "_enabled", True)
+    monkeypatch.setattr(tracing, "tracer", provider.get_tracer("test"))
+    with tracing.span("route") as route:
+        carrier = tracing.trace_carrier()
+    with tracing.continued_span("/tandem.v1.Router/Route", carrier) as server:
+        assert server.is_recording()
+    with tracing.continued_span("/tandem.v1.Router/Route", {}) as none:
+        assert none is None  # a message without a context (a gateway with tracing off) makes no orphan span
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    got = spans["/tandem.v1.Router/Route"]
+    assert got.context.trace_id == route.get_span_context().trace_id
+    assert got.parent.span_id == route.get_span_context().span_id
+    assert got.kind.name == "SERVER"

@@ -8,7 +8,9 @@ from tests.unit.repo.import_graph import GENERATED, imported_names, module_files
 
 ROOT = Path(__file__).resolve().parents[3]
 GATEWAY = "services.gateway"
-BOUNDARY = frozenset({"services.gateway.router_pool", "services.gateway.worker_clients"})
+BOUNDARY = frozenset(
+    {"services.gateway.router_pool", "services.gateway.router_pool_stream", "services.gateway.worker_clients"}
+)
 PROTOBUF = (GENERATED, "services.common.protos", "services.common.convert", "google.protobuf")
 
 

@@ -1,6 +1,8 @@
 """Per-method authorization: the table covers every RPC in the protos, says what issue 24 says, and the interceptor
 enforces it on a real mTLS server (GrpcServer, as every service builds it) for each kind of caller."""
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,6 +52,7 @@ def test_every_rpc_in_the_protos_has_an_entry_and_every_entry_is_an_rpc():
         ("/tandem.v1.Router/Route", {"gateway"}),
         ("/tandem.v1.Router/Complete", {"gateway"}),
         ("/tandem.v1.Router/ReportFailure", {"gateway"}),
+        ("/tandem.v1.Router/RouteStream", {"gateway"}),
         ("/tandem.v1.PrefillWorker/Prefill", {"gateway"}),
         ("/tandem.v1.DecodeWorker/Generate", {"gateway"}),
         ("/tandem.v1.PrefillWorker/PullKv", {"decode"}),
@@ -78,6 +81,10 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
 
     async def ListWorkers(self, request, context):
         return router_pb2.ListWorkersResponse()
+
+    async def RouteStream(self, request_iterator, context):
+        async for message in request_iterator:
+            await context.write(router_pb2.RouteStreamResponse(call_id=message.call_id))
 
 
 class FakeControl(worker_pb2_grpc.WorkerControlServicer):
@@ -169,6 +176,39 @@ async def test_streams_are_guarded_too_and_health_stays_open(server, certs):
     assert (
         await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
     ).status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def _one_route_message(stub) -> str:
+    call = stub.RouteStream(timeout=5)
+    try:
+        await call.write(router_pb2.RouteStreamRequest(call_id=9, route=router_pb2.RouteRequest(req_id="r")))
+        reply = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name
+    except asyncio.InvalidStateError:  # NOTE: refused before the write: the call is over, read its status
+        return (await call.code()).name
+    call.cancel()
+    return "OK" if reply.call_id == 9 else "WRONG ANSWER"
+
+
+async def test_the_route_stream_is_the_gateways_alone_checked_when_it_opens(server, certs):
+    address, registry = server
+    ca = certs["router/router"]
+    for name, expected in [
+        ("gateway/gateway", "OK"),
+        ("decode/decode-0", "PERMISSION_DENIED"),
+        ("prefill/prefill-0", "PERMISSION_DENIED"),
+        ("router/router", "PERMISSION_DENIED"),
+        ("operator/operator", "PERMISSION_DENIED"),
+    ]:
+        stub = router_pb2_grpc.RouterStub(_channel(address, certs[name], ca))
+        assert await _one_route_message(stub) == expected, name
+    for stranger in (None, certs["rogue"]):  # no certificate, or one from another CA: no TLS session at all
+        assert await _one_route_message(router_pb2_grpc.RouterStub(_channel(address, stranger, ca))) == "UNAVAILABLE"
+    denied = registry.get_sample_value(
+        "tandem_grpc_denied_total", {"service": "tandem.v1.Router", "method": "RouteStream", "role": "decode"}
+    )
+    assert denied == 1.0
 
 
 async def _drain(call) -> None:
