@@ -3,6 +3,8 @@ the fast loop moves one replica with hysteresis, bounds hold, missing metrics ho
 
 from dataclasses import replace
 
+import pytest
+
 from services.planner.feedback import FeedbackConfig
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore, RoleBounds
@@ -191,8 +193,23 @@ def test_a_pool_calm_only_because_it_has_one_worker_too_many_keeps_it():
         assert [r.targets[D] for r in results] == expected  # 0.025 x 2/1 = 0.05 is over 0.8 x 50 ms; 0.015 x 2 is not
 
 
-def test_the_burst_headroom_sizes_for_a_multiple_of_the_predicted_rate():
-    # 10 req/s of 900 tokens: 0.9 prefill-seconds per second / 0.5 -> 2; x2 -> 4. Decode: 2,000 tokens/s -> 1 either way
+def test_the_burst_headroom_carries_a_multiple_of_the_predicted_rate_at_the_slo_itself():
+    # 10 req/s of 900 tokens: 0.9 prefill-seconds per second / 0.5 -> 2. A burst of 2x (20/s: 1.8 busy at the SLO,
+    # no cap) needs no more than the steady count; of 4x (40/s: 3.6) it needs 4, not the 8 the 50% cap would buy.
+    # Decode: 2,000 tokens/s at 20 ms steps -> 1; 8,000 at 50 ms steps (6,689 per worker) -> 2
     load = obs(rate=10.0, isl=900.0, osl=200.0)
     assert run(PlannerCore(CONFIG, MODEL), [load] * 5)[-1].targets == {P: 2, D: 1}
-    assert run(PlannerCore(replace(CONFIG, burst_headroom=2.0), MODEL), [load] * 5)[-1].targets == {P: 4, D: 1}
+    assert run(PlannerCore(replace(CONFIG, burst_headroom=2.0), MODEL), [load] * 5)[-1].targets == {P: 2, D: 1}
+    assert run(PlannerCore(replace(CONFIG, burst_headroom=4.0), MODEL), [load] * 5)[-1].targets == {P: 4, D: 2}
+
+
+def test_with_a_burst_headroom_the_base_rate_is_the_median_tick_so_a_burst_is_not_paid_twice():
+    """Seven 5-second ticks to the first adjustment (0 to 30 s), one a burst at 40 req/s and the rest at 4: the mean
+    (64/7 per s) would size for a burst on top of a burst; with a burst headroom the base is the median tick (4/s)
+    and the headroom carries the burst."""
+    ticks = [obs(rate=4.0)] * 5 + [obs(rate=40.0)]
+    config = replace(CONFIG, adjustment_interval_s=30.0)
+    for headroom, expected in ((1.0, 64 / 7), (2.5, 4.0)):
+        results = run(PlannerCore(replace(config, burst_headroom=headroom), MODEL), ticks + [obs(rate=4.0)])
+        assert results[-1].predicted is not None
+        assert results[-1].predicted.request_rate == pytest.approx(expected)
