@@ -5,6 +5,7 @@ fast correction adds or removes one replica, with hysteresis, when observed SLOs
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -84,13 +85,13 @@ class _Window:
     num_output_tokens: int = 0
     has_output_tokens: bool = True
     is_missing: bool = False
-    tick_rates: list[float] = field(default_factory=list)  # each tick's arrivals per second
+    ticks: list[tuple[int, float]] = field(default_factory=list)  # each tick's arrivals and seconds
 
     def add(self, obs: Observation) -> None:
         self.seconds += obs.window_s
         self.num_requests += obs.num_requests or 0
         if obs.window_s > 0:
-            self.tick_rates.append((obs.num_requests or 0) / obs.window_s)
+            self.ticks.append((obs.num_requests or 0, obs.window_s))
         if obs.num_requests and obs.mean_isl is not None:
             self.isl_sum += obs.mean_isl * obs.num_requests
         if obs.num_requests and obs.mean_osl is not None:
@@ -196,7 +197,7 @@ class PlannerCore:
         self.calibration.update()
         self.model = self.calibration.calibrated()
         if self._is_warm:
-            for role, count in self._counts(predicted, self.config.burst_headroom).items():
+            for role, count in self._sized(predicted).items():
                 if role in self.state:
                     bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
                     self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
@@ -225,6 +226,24 @@ class PlannerCore:
                 s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
                 s.base, s.reason = count, "load climbing"
                 s.history = [*s.history, count][-cfg.down_stabilization :]
+
+    def _sized(self, predicted: Load) -> dict[WorkerRole, int]:
+        """The model's count per role for the next interval. With a burst headroom a role shrinks only to the count
+        that would carry the load at `under_budget` of it (the fast loop's calm test): a load sitting on a count's
+        edge would otherwise cross it with each interval's noise, one direction change a minute."""
+        headroom = self.config.burst_headroom
+        counts = self._counts(predicted, headroom)
+        if headroom <= 1:
+            return counts
+        calm = self._counts(
+            replace(predicted, request_rate=predicted.request_rate / self.config.under_budget), headroom
+        )
+        return {
+            role: count
+            if role not in self.state or count >= self.state[role].base
+            else min(calm[role], self.state[role].base)
+            for role, count in counts.items()
+        }
 
     def _counts(self, load: Load, headroom: float) -> dict[WorkerRole, int]:
         """Workers per role for `load`: the model's busy workers at its sizing targets (prefill: from the TTFT
@@ -261,13 +280,13 @@ class PlannerCore:
         s.base = base
 
     def _observed_load(self, window: _Window) -> Load:
-        """The interval's load. With a burst headroom the rate is the median of its ticks' rates: the headroom is
-        what carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice)."""
+        """The interval's load. With a burst headroom the rate leaves out the burst's ticks: the headroom is what
+        carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice)."""
         isl = window.isl_sum / window.num_requests if window.num_requests else self.last_load.isl
         osl = window.osl() or self.last_load.osl
         rate = window.num_requests / window.seconds
-        if self.config.burst_headroom > 1 and window.tick_rates:
-            rate = float(statistics.median(window.tick_rates))
+        if self.config.burst_headroom > 1 and window.ticks:
+            rate = base_rate(window.ticks)
         self.last_load = Load(rate, isl, osl)
         return self.last_load
 
@@ -423,3 +442,12 @@ class PlannerCore:
                 continue  # NOTE: never scale down while a replica it added has not started serving
             out.append(Decision(role, replicas.desired, target, self.state[role].reason))
         return tuple(out)
+
+
+def base_rate(ticks: list[tuple[int, float]]) -> float:
+    """Arrivals per second over the ticks that are not a burst: a tick counts as one when its arrivals exceed the
+    median tick's rate by more than three Poisson standard deviations (noise almost never does; a burst of 2x or
+    more at a few arrivals a tick does). The median itself would be as robust, but twice as noisy a base."""
+    median = statistics.median(n / s for n, s in ticks)
+    kept = [(n, s) for n, s in ticks if n <= median * s + 3.0 * math.sqrt(median * s)]
+    return sum(n for n, _ in kept) / sum(s for _, s in kept)
