@@ -5,13 +5,12 @@ fast correction adds or removes one replica, with hysteresis, when observed SLOs
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
 
-import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
+from services.planner.load_window import LoadWindow, base_rate
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.prefill_queue import PrefillQueue, PrefillQueueConfig
@@ -74,42 +73,6 @@ class PlannerConfig:
 
 
 @dataclass(slots=True)
-class _Window:
-    """Arrivals and lengths accumulated over one adjustment interval."""
-
-    seconds: float = 0.0
-    num_requests: int = 0
-    isl_sum: float = 0.0
-    osl_sum: float = 0.0
-    num_osl: int = 0
-    num_output_tokens: int = 0
-    has_output_tokens: bool = True
-    is_missing: bool = False
-    ticks: list[tuple[int, float]] = field(default_factory=list)  # each tick's arrivals and seconds
-
-    def add(self, obs: Observation) -> None:
-        self.seconds += obs.window_s
-        self.num_requests += obs.num_requests or 0
-        if obs.window_s > 0:
-            self.ticks.append((obs.num_requests or 0, obs.window_s))
-        if obs.num_requests and obs.mean_isl is not None:
-            self.isl_sum += obs.mean_isl * obs.num_requests
-        if obs.num_requests and obs.mean_osl is not None:
-            self.osl_sum += obs.mean_osl * obs.num_requests
-            self.num_osl += obs.num_requests
-        if obs.num_output_tokens is None:
-            self.has_output_tokens = False
-        else:
-            self.num_output_tokens += obs.num_output_tokens
-
-    def osl(self) -> float | None:
-        """Tokens generated per arrival (unbiased by which requests happen to finish), else finished OSL."""
-        if self.has_output_tokens and self.num_requests and self.num_output_tokens:
-            return self.num_output_tokens / self.num_requests
-        return self.osl_sum / self.num_osl if self.num_osl else None
-
-
-@dataclass(slots=True)
 class _RoleState:
     base: int = -1  # the model's replicas (before the first adjustment: the count found at start)
     history: list[int] = field(default_factory=list)  # the model's last counts, newest last
@@ -133,7 +96,7 @@ class PlannerCore:
         self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
         self.last_predicted = Load(0.0, 1.0, 1.0)
-        self._window = _Window()
+        self._window = LoadWindow()
         self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
@@ -184,7 +147,7 @@ class PlannerCore:
             self.state[role].base = replicas.desired if replicas is not None else self.config.bounds(role).min_replicas
 
     def _adjust(self, now: float) -> tuple[Load | None, list[str]]:
-        window, self._window = self._window, _Window()
+        window, self._window = self._window, LoadWindow()
         self._next_adjust_at = now + self.config.adjustment_interval_s
         if window.is_missing or window.seconds <= 0:
             return None, ["metrics missing during the interval: holding the model's replica counts"]
@@ -279,7 +242,7 @@ class PlannerCore:
             s.reason = "predicted load"
         s.base = base
 
-    def _observed_load(self, window: _Window) -> Load:
+    def _observed_load(self, window: LoadWindow) -> Load:
         """The interval's load. With a burst headroom the rate leaves out the burst's ticks: the headroom is what
         carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice)."""
         isl = window.isl_sum / window.num_requests if window.num_requests else self.last_load.isl
@@ -442,12 +405,3 @@ class PlannerCore:
                 continue  # NOTE: never scale down while a replica it added has not started serving
             out.append(Decision(role, replicas.desired, target, self.state[role].reason))
         return tuple(out)
-
-
-def base_rate(ticks: list[tuple[int, float]]) -> float:
-    """Arrivals per second over the ticks that are not a burst: a tick counts as one when its arrivals exceed the
-    median tick's rate by more than three Poisson standard deviations (noise almost never does; a burst of 2x or
-    more at a few arrivals a tick does). The median itself would be as robust, but twice as noisy a base."""
-    median = statistics.median(n / s for n, s in ticks)
-    kept = [(n, s) for n, s in ticks if n <= median * s + 3.0 * math.sqrt(median * s)]
-    return sum(n for n, _ in kept) / sum(s for _, s in kept)

@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from services.planner.feedback import FeedbackConfig
+from services.planner.load_window import base_rate
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore, RoleBounds
 from services.planner.types import Observation, Replicas, WorkerRole, WorkerSample
@@ -216,8 +217,6 @@ def test_with_a_burst_headroom_the_base_rate_is_the_median_tick_so_a_burst_is_no
 
 
 def test_the_base_rate_leaves_out_only_ticks_past_the_poisson_noise_of_the_median():
-    from services.planner.state_machine import base_rate
-
     assert base_rate([(20, 5.0), (20, 5.0), (33, 5.0)]) == pytest.approx(73 / 15)  # 33 <= 20 + 3 x sqrt(20)
     assert base_rate([(20, 5.0), (20, 5.0), (35, 5.0)]) == pytest.approx(4.0)  # 35 > 33.4: a burst's tick
     assert base_rate([(0, 5.0), (0, 5.0), (1, 5.0)]) == 0.0  # nothing arrived: no rate, and no division by zero
