@@ -41,6 +41,10 @@ class PerfModel:
         """The same profile with its prefill and decode times multiplied (a calibration from observations)."""
         return PerfModel(self.profile, self.slo, self.sizing, prefill_scale, decode_scale)
 
+    def at_slo(self) -> "PerfModel":
+        """The same model sizing at the SLO itself: decode steps at the ITL SLO, prefill busy all the time."""
+        return PerfModel(self.profile, self.slo, Sizing(1.0, 1.0), self.prefill_scale, self.decode_scale)
+
     def decode_step_s(self, num_seqs: float, num_context_tokens: float) -> float:
         return self.profile.decode_step_s(num_seqs, num_context_tokens) * self.decode_scale
 
@@ -50,6 +54,10 @@ class PerfModel:
         chunk = self.profile.max_num_batched_tokens
         full, rest = divmod(max(int(round(isl)), 1), chunk)
         return (full * self.profile.prefill_s(chunk) + self.profile.prefill_s(rest)) * self.prefill_scale
+
+    def step_prefill_s(self, num_tokens: int) -> float:
+        """One step computing `num_tokens` prompt tokens (of one prompt or several batched)."""
+        return self.profile.prefill_s(num_tokens) * self.prefill_scale
 
     def prefill_tokens_per_s(self, isl: float) -> float:
         return max(isl, 1.0) / self.prefill_s(isl)

@@ -13,6 +13,7 @@ from services.planner.calibration import CalibrationConfig
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
+from services.planner.prefill_queue import PrefillQueueConfig
 from services.planner.state_machine import PlannerConfig, RoleBounds
 from services.planner.types import PlannerConfigError
 
@@ -63,6 +64,8 @@ class PlannerSettings:
     climb_ticks: int = PlannerConfig().climb_ticks
     climb_ratio: float = PlannerConfig().climb_ratio
     burst_headroom: float = PlannerConfig().burst_headroom
+    # prefill sized by the TTFT tail of the recent prompts (services/planner/prefill_queue.py); 0: the utilization cap
+    prefill_miss_share: float = PrefillQueueConfig().miss_share
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
     connector_backoff_s: float = 1.0
     local_control_url: str = ""  # connector local: `tandem up`'s control endpoint
@@ -181,6 +184,7 @@ class PlannerSettings:
             climb_ticks=self.climb_ticks,
             climb_ratio=self.climb_ratio,
             burst_headroom=self.burst_headroom,
+            prefill_queue=PrefillQueueConfig(self.prefill_miss_share),
         )
 
     @classmethod
@@ -223,6 +227,8 @@ SOURCE = Source(
         "climb_ticks": "a climb is judged on this many ticks' arrivals",
         "climb_ratio": "a climb: those arrivals at >= this x the predicted rate (0: off)",
         "burst_headroom": "size for this many times the predicted rate, so a burst is carried while replicas start",
+        "prefill_miss_share": "prefill workers: the fewest whose replay of the recent prompts queues at most this "
+        "share past the TTFT SLO (0: the utilization cap alone)",
         "connector_backoff_s": "the first retry's backoff (doubling)",
         "compose_project": "connector compose: the project the scaler scales",
         "compose_prefill_service": "connector compose: the prefill service",

@@ -10,10 +10,21 @@ from dataclasses import dataclass, field, replace
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
+from services.planner.load_window import LoadWindow, base_rate
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
+from services.planner.prefill_queue import PrefillQueue, PrefillQueueConfig
 from services.planner.slo_misses import Misses, MissWindow, judge
-from services.planner.types import ROLES, Decision, Load, Observation, PlannerConfigError, TickResult, WorkerRole
+from services.planner.types import (
+    ROLES,
+    Decision,
+    Load,
+    Observation,
+    PlannerConfigError,
+    RequestOutcome,
+    TickResult,
+    WorkerRole,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +56,7 @@ class PlannerConfig:
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
     burst_headroom: float = 1.0  # size for this many times the predicted rate: a burst arriving faster than a new
     # replica starts is carried by the workers already serving (1: none)
+    prefill_queue: PrefillQueueConfig = PrefillQueueConfig()  # prefill sized by the TTFT tail of the prompt mix
 
     def __post_init__(self) -> None:
         if self.miss_window_ticks < 1 or self.climb_ticks < 1:
@@ -58,39 +70,6 @@ class PlannerConfig:
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
-
-
-@dataclass(slots=True)
-class _Window:
-    """Arrivals and lengths accumulated over one adjustment interval."""
-
-    seconds: float = 0.0
-    num_requests: int = 0
-    isl_sum: float = 0.0
-    osl_sum: float = 0.0
-    num_osl: int = 0
-    num_output_tokens: int = 0
-    has_output_tokens: bool = True
-    is_missing: bool = False
-
-    def add(self, obs: Observation) -> None:
-        self.seconds += obs.window_s
-        self.num_requests += obs.num_requests or 0
-        if obs.num_requests and obs.mean_isl is not None:
-            self.isl_sum += obs.mean_isl * obs.num_requests
-        if obs.num_requests and obs.mean_osl is not None:
-            self.osl_sum += obs.mean_osl * obs.num_requests
-            self.num_osl += obs.num_requests
-        if obs.num_output_tokens is None:
-            self.has_output_tokens = False
-        else:
-            self.num_output_tokens += obs.num_output_tokens
-
-    def osl(self) -> float | None:
-        """Tokens generated per arrival (unbiased by which requests happen to finish), else finished OSL."""
-        if self.has_output_tokens and self.num_requests and self.num_output_tokens:
-            return self.num_output_tokens / self.num_requests
-        return self.osl_sum / self.num_osl if self.num_osl else None
 
 
 @dataclass(slots=True)
@@ -117,11 +96,14 @@ class PlannerCore:
         self.feedback = SloFeedback(config.feedback, self.roles)
         self.last_load = Load(0.0, 1.0, 1.0)
         self.last_predicted = Load(0.0, 1.0, 1.0)
-        self._window = _Window()
+        self._window = LoadWindow()
         self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
         self._is_warm = False  # the first interval only observes: a planner starting cold sees a biased OSL
+        self.prefill_queue = PrefillQueue(config.prefill_queue)
+        self._ready = {role: -1 for role in ROLES}  # each role's serving count at the last tick
+        self._fleet_since = {role: float("-inf") for role in ROLES}  # when a role's last new replica began serving
 
     def on_tick(self, obs: Observation, now: float) -> TickResult:
         if self._next_adjust_at is None:
@@ -138,12 +120,16 @@ class PlannerCore:
             predicted, warnings = self._adjust(now)
         else:
             self._maybe_climb()
-        misses = None
+        self._note_new_replicas(obs, now)
+        misses, fresh = None, None
         if obs.finished is not None:  # NOTE: the loops then see only the requests a fleet can serve in time
-            misses = judge(obs.finished, self.model, has_prefill_pool=WorkerRole.PREFILL in self.state)
+            self.prefill_queue.record(obs.finished)
+            has_pool = WorkerRole.PREFILL in self.state
+            misses = judge(obs.finished, self.model, has_prefill_pool=has_pool)
+            fresh = {r: judge(self._fresh(obs.finished, r), self.model, has_prefill_pool=has_pool) for r in ROLES}
             obs = replace(obs, ttft_s=misses.ttft_s, itl_s=misses.itl_s)
         budgets = self._budgets(obs)
-        self._correct(obs, budgets, misses)
+        self._correct(obs, budgets, fresh)
         return TickResult(self._decisions(obs), self.targets(), predicted, budgets, tuple(warnings))
 
     def targets(self) -> dict[WorkerRole, int]:
@@ -161,7 +147,7 @@ class PlannerCore:
             self.state[role].base = replicas.desired if replicas is not None else self.config.bounds(role).min_replicas
 
     def _adjust(self, now: float) -> tuple[Load | None, list[str]]:
-        window, self._window = self._window, _Window()
+        window, self._window = self._window, LoadWindow()
         self._next_adjust_at = now + self.config.adjustment_interval_s
         if window.is_missing or window.seconds <= 0:
             return None, ["metrics missing during the interval: holding the model's replica counts"]
@@ -170,13 +156,12 @@ class PlannerCore:
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict() or 0.0, 0.0) for k in ("rate", "isl", "osl")))
         self.last_predicted = predicted
-        factors = self.feedback.update()
+        self.feedback.update()
         self.calibration.update()
         self.model = self.calibration.calibrated()
         if self._is_warm:
-            for role, busy in self._busy(predicted).items():
+            for role, count in self._sized(predicted).items():
                 if role in self.state:
-                    count = ceil_workers(busy * factors[role])
                     bounds = self.config.bounds(role)  # NOTE: a base below the floor would absorb a correction
                     self._rebase(self.state[role], min(max(count, bounds.min_replicas, 1), bounds.max_replicas))
         self._is_warm = True
@@ -195,19 +180,56 @@ class PlannerCore:
             return
         isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
         load = Load(rate, isl, self.last_predicted.osl)
-        for role, busy in self._busy(load).items():
+        # NOTE: a rate measured in the burst itself is carried at the SLO, with no headroom on it (a burst's burst)
+        for role, raw in self._at_slo(load).items():
             s = self.state.get(role)
             bounds = self.config.bounds(role)
-            count = min(max(ceil_workers(busy * self.feedback.factors[role]), 1), bounds.max_replicas)
+            count = min(max(raw, 1), bounds.max_replicas)
             if s is not None and count > s.base:
                 s.correction -= min(max(s.correction, 0), count - s.base)  # NOTE: what the climb now covers
                 s.base, s.reason = count, "load climbing"
                 s.history = [*s.history, count][-cfg.down_stabilization :]
 
-    def _busy(self, load: Load) -> dict[WorkerRole, float]:
-        """Workers per role the model says `load` keeps busy, with the burst headroom on its rate."""
-        sized = replace(load, request_rate=load.request_rate * self.config.burst_headroom)
-        return self.model.busy(sized, WorkerRole.PREFILL in self.roles)
+    def _sized(self, predicted: Load) -> dict[WorkerRole, int]:
+        """The model's count per role for the next interval. With a burst headroom a role shrinks only to the count
+        that would carry the load at `under_budget` of it (the fast loop's calm test): a load sitting on a count's
+        edge would otherwise cross it with each interval's noise, one direction change a minute."""
+        headroom = self.config.burst_headroom
+        counts = self._counts(predicted, headroom)
+        if headroom <= 1:
+            return counts
+        calm = self._counts(
+            replace(predicted, request_rate=predicted.request_rate / self.config.under_budget), headroom
+        )
+        return {
+            role: count
+            if role not in self.state or count >= self.state[role].base
+            else min(calm[role], self.state[role].base)
+            for role, count in counts.items()
+        }
+
+    def _counts(self, load: Load, headroom: float) -> dict[WorkerRole, int]:
+        """Workers per role for `load`: the model's busy workers at its sizing targets (prefill: from the TTFT
+        tail of the recent prompt mix once enough prompts were seen), and at least what `headroom` x the rate
+        keeps busy at the SLO itself (a burst must be carried, not served with margin, while replicas start);
+        each times the feedback's factor."""
+        has_prefill = WorkerRole.PREFILL in self.roles
+        factors = self.feedback.factors
+        out = {role: ceil_workers(b * factors[role]) for role, b in self.model.busy(load, has_prefill).items()}
+        if has_prefill:
+            queued = self.prefill_queue.workers(load.request_rate, self.model, self.config.prefill.max_replicas)
+            if queued is not None:
+                out[WorkerRole.PREFILL] = ceil_workers(queued * factors[WorkerRole.PREFILL])
+        if headroom > 1:
+            burst = replace(load, request_rate=load.request_rate * headroom)
+            for role, count in self._at_slo(burst).items():
+                out[role] = max(out[role], count)
+        return out
+
+    def _at_slo(self, load: Load) -> dict[WorkerRole, int]:
+        """Workers per role that `load` keeps busy with decode steps at the ITL SLO and prefill busy all the time."""
+        busy = self.model.at_slo().busy(load, WorkerRole.PREFILL in self.roles)
+        return {role: ceil_workers(b * self.feedback.factors[role]) for role, b in busy.items()}
 
     def _rebase(self, s: _RoleState, count: int) -> None:
         """A new model count; shrinking waits for `down_stabilization` adjustments, and a correction the model
@@ -220,10 +242,15 @@ class PlannerCore:
             s.reason = "predicted load"
         s.base = base
 
-    def _observed_load(self, window: _Window) -> Load:
+    def _observed_load(self, window: LoadWindow) -> Load:
+        """The interval's load. With a burst headroom the rate leaves out the burst's ticks: the headroom is what
+        carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice)."""
         isl = window.isl_sum / window.num_requests if window.num_requests else self.last_load.isl
         osl = window.osl() or self.last_load.osl
-        self.last_load = Load(window.num_requests / window.seconds, isl, osl)
+        rate = window.num_requests / window.seconds
+        if self.config.burst_headroom > 1 and window.ticks:
+            rate = base_rate(window.ticks)
+        self.last_load = Load(rate, isl, osl)
         return self.last_load
 
     def _coverage_warning(self, isl: float) -> list[str]:
@@ -246,7 +273,9 @@ class PlannerCore:
                 out[sample.role] = max(out.get(sample.role, 0.0), self.model.budget(sample, isl))
         return out
 
-    def _correct(self, obs: Observation, budgets: dict[WorkerRole, float], misses: Misses | None) -> None:
+    def _correct(
+        self, obs: Observation, budgets: dict[WorkerRole, float], misses: dict[WorkerRole, Misses] | None
+    ) -> None:
         under = self._under(obs, budgets)
         if misses is None:
             over = self._over(obs, budgets)
@@ -308,15 +337,33 @@ class PlannerCore:
             out[role] = num_missed > self.config.feedback.budget * num_judged
         return out
 
-    def _blamed(self, obs: Observation, misses: Misses) -> dict[WorkerRole, tuple[int, int]]:
-        """Per role: this tick's judged requests and the misses blamed on it. A TTFT miss goes where its request
-        says it waited; only one that does not say is blamed by the pools' state at this tick."""
-        unknown = misses.num_ttft_unknown
-        ttft_on_decode = misses.num_ttft_on_decode + (unknown if unknown and self._blames_decode(obs) else 0)
+    def _blamed(self, obs: Observation, misses: dict[WorkerRole, Misses]) -> dict[WorkerRole, tuple[int, int]]:
+        """Per role: this tick's judged requests and the misses blamed on it (of the requests that arrived since
+        its newest replica served). A TTFT miss goes where its request says it waited; only one that does not
+        say is blamed by the pools' state at this tick."""
+        blames_decode = self._blames_decode(obs)
+
+        def on_decode(m: Misses) -> int:
+            return m.num_ttft_on_decode + (m.num_ttft_unknown if m.num_ttft_unknown and blames_decode else 0)
+
+        p, d = misses[WorkerRole.PREFILL], misses[WorkerRole.DECODE]
         return {
-            WorkerRole.PREFILL: (misses.num_judged, misses.num_ttft_missed - ttft_on_decode),
-            WorkerRole.DECODE: (misses.num_judged, misses.num_itl_missed + ttft_on_decode),
+            WorkerRole.PREFILL: (p.num_judged, p.num_ttft_missed - on_decode(p)),
+            WorkerRole.DECODE: (d.num_judged, d.num_itl_missed + on_decode(d)),
         }
+
+    def _note_new_replicas(self, obs: Observation, now: float) -> None:
+        """A role whose serving count grew starts its evidence afresh: misses of requests that arrived before its
+        new replica served say nothing about the fleet it has now (they would add a replica per burst twice)."""
+        for role, replicas in obs.replicas.items():
+            if self._ready[role] >= 0 and replicas.ready > self._ready[role]:
+                self._fleet_since[role] = now
+                self._miss_windows[role] = MissWindow(self.config.miss_window_ticks)
+            self._ready[role] = replicas.ready
+
+    def _fresh(self, outcomes: tuple[RequestOutcome, ...], role: WorkerRole) -> tuple[RequestOutcome, ...]:
+        since = self._fleet_since[role]
+        return tuple(o for o in outcomes if o.arrival_s is None or o.arrival_s >= since)
 
     def _blames_decode(self, obs: Observation) -> bool:
         """Without per-request attribution: a slow first token is the prefill pool's doing when the load of this very window needs more prefill

@@ -55,6 +55,7 @@ class RequestOutcome:
     itl_s: float | None = None  # mean time between its tokens; None with a single token
     first_token_role: WorkerRole | None = None  # the pool whose worker computed its first token; None: not known
     is_overflow: bool = False  # sent to a decode worker to prefill because every prefill worker was queueing
+    arrival_s: float | None = None  # when it arrived (the planner's clock); None: not known
 
 
 @dataclass(frozen=True, slots=True)

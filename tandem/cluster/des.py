@@ -102,6 +102,7 @@ class ClusterSim:
         self.registry, self.index, self.core = self.routers.first
         self.policy = self.core.policy
         self.workers: dict[str, SimNode] = {}
+        self.added_s: dict[str, float] = {}  # when each worker began serving (0: at the start)
         self._prefill_ids: set[str] = set()
         for role, count, prefix in (
             (WorkerRole.DECODE, config.num_workers, "decode"),
@@ -156,6 +157,7 @@ class ClusterSim:
             load_time_factor=1.0,
         )
         self.workers[worker_id] = SimNode(core)
+        self.added_s[worker_id] = self.now
         if role is WorkerRole.PREFILL:
             self._prefill_ids.add(worker_id)
         info = WorkerInfo(worker_id, role, f"sim://{worker_id}", MODEL, layout, self.profile.max_num_seqs)

@@ -88,7 +88,7 @@ class SimObserver:
         num_new = r.num_prompt_tokens - r.num_cached_tokens
         role = WorkerRole.PREFILL if r.prefill_worker_id else WorkerRole.DECODE
         is_overflow = role is WorkerRole.DECODE and self._has_prefill and num_new >= self.sim.config.disagg_min_tokens
-        return RequestOutcome(num_new, r.first_token_s - r.arrival_s, itl, role, is_overflow)
+        return RequestOutcome(num_new, r.first_token_s - r.arrival_s, itl, role, is_overflow, r.arrival_s)
 
     def _quantile(self, values: list[float]) -> float | None:
         return float(np.quantile(values, self.quantile)) if values else None

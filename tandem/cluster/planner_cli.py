@@ -9,6 +9,7 @@ from services.planner.calibration import CalibrationConfig
 from services.planner.feedback import FeedbackConfig, FeedbackError
 from services.planner.perf_model import Sizing, Slo
 from services.planner.predictors import PREDICTORS
+from services.planner.prefill_queue import PrefillQueueConfig
 from services.planner.state_machine import PlannerConfig, RoleBounds
 from services.planner.types import PlannerConfigError
 from tandem.cluster.planner_model import parse_scales, planner_profiles
@@ -108,12 +109,23 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="size for this many times the predicted rate (1: none)",
     )
     g.add_argument(
+        "--prefill-miss-share",
+        type=float,
+        default=PrefillQueueConfig().miss_share,
+        help="prefill sized by the TTFT tail: the share of prompts let queue past the SLO (0: the utilization cap)",
+    )
+    g.add_argument(
         "--proportional-up",
         action="store_true",
         help="the fast loop adds in proportion to a violation (default: one replica per violation)",
     )
     g.add_argument("--disagg-min-tokens", type=int, default=0, help="the simulated router's threshold")
     g.add_argument("--jobs", type=int, default=1, help="run the planner runs and the search in this many processes")
+    g.add_argument(
+        "--keep-requests",
+        action="store_true",
+        help="list every request (timing, workers) in each run's JSON, for bench/planner/miss_buckets.py",
+    )
     g.add_argument(
         "--no-baseline",
         action="store_true",
@@ -147,6 +159,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
             burst_headroom=args.burst_headroom,
+            prefill_queue=PrefillQueueConfig(args.prefill_miss_share),
         )
     except FeedbackError as exc:
         raise SystemExit(f"tandem sim: --feedback-* or --miss-budget: {exc}") from None
@@ -172,6 +185,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
         disagg_min_tokens=args.disagg_min_tokens,
         initial=initial,
         search_baseline=not args.no_baseline,
+        keep_requests=args.keep_requests,
     )
 
 
@@ -234,6 +248,7 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         "miss_window_ticks": cfg.planner.miss_window_ticks,
         "climb": {"ticks": cfg.planner.climb_ticks, "ratio": cfg.planner.climb_ratio},
         "burst_headroom": cfg.planner.burst_headroom,
+        "prefill_miss_share": cfg.planner.prefill_queue.miss_share,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {
             "prefill": [cfg.planner.prefill.min_replicas, cfg.planner.prefill.max_replicas],

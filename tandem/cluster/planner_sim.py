@@ -41,6 +41,7 @@ class PlannerSimConfig:
     initial: tuple[int, int] | None = None  # (prefill, decode) at start; None: each role's minimum
     target_attainment: float = 0.95  # what the static baseline must meet
     search_baseline: bool = True  # False: planner runs only (the oscillation check needs no baseline)
+    keep_requests: bool = False  # True: each run's JSON lists every request (bench/planner/miss_buckets.py reads it)
 
     @property
     def has_prefill(self) -> bool:
@@ -243,7 +244,23 @@ def _replay(
         "end_s": end,
         "timeline": timeline,
         "ttft_values_s": summary["ttft_values_s"],
+        **({"requests": _requests(sim, records)} if cfg.keep_requests else {}),
     }
+
+
+REQUEST_FIELDS = ("arrival_s", "ttft_s", "itl_s", "prompt", "cached", "prefill_worker", "decode_worker")
+
+
+def _requests(sim: ClusterSim, records) -> dict:
+    """Every request as a row of REQUEST_FIELDS, and when each worker began serving: what a miss analysis needs."""
+    rows = []
+    for r in records:
+        itl = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
+        rows.append(
+            [r.arrival_s, r.first_token_s - r.arrival_s, itl, r.num_prompt_tokens, r.num_cached_tokens]
+            + [r.prefill_worker_id, r.worker_id]
+        )
+    return {"fields": REQUEST_FIELDS, "rows": rows, "worker_added_s": dict(sim.added_s)}
 
 
 def _disaggregated_share(records) -> float:

@@ -158,6 +158,7 @@ def test_tandem_sim_planner_writes_json_and_plot(tmp_path, capsys):
                 "4",
                 "--max-decode",
                 "4",
+                "--keep-requests",
                 "--json",
                 str(out),
             ]
@@ -175,6 +176,9 @@ def test_tandem_sim_planner_writes_json_and_plot(tmp_path, capsys):
         doc["planner_x1.3"]["gpu_hours"] / doc[BASELINE]["gpu_hours"]
     )
     assert (tmp_path / "planner_planner.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    kept = doc["planner_x1.3"]["requests"]  # --keep-requests: every request, for bench/planner/miss_buckets.py
+    assert len(kept["rows"]) == doc["num_requests"] and kept["fields"][:2] == ["arrival_s", "ttft_s"]
+    assert {"decode-000", "prefill-000"} <= kept["worker_added_s"].keys()
 
 
 def test_bad_planner_flags_exit_with_a_clear_message(tmp_path):

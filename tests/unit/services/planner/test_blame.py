@@ -57,3 +57,22 @@ def test_misses_the_decode_side_caused_add_decode_and_unknown_ones_keep_the_old_
 def test_one_miss_of_each_pool_is_under_either_budget():
     """2 misses in 20 requests break the 5% budget together, but split between the pools neither one does."""
     assert targets_after((late(P), late(D))) == {P: 1, D: 1}
+
+
+def decode_after_new_replica(arrival_s: float) -> int:
+    """Decode 1 serving + 1 starting; the second serves from t=5; then two ticks in which half the requests
+    finishing miss the ITL SLO, all of which arrived at `arrival_s`."""
+    from services.planner.types import Replicas
+
+    slow = (RequestOutcome(900, 0.2, 0.08, P, arrival_s=arrival_s),) * 10
+    fine = (RequestOutcome(900, 0.2, 0.02, P, arrival_s=arrival_s),) * 10
+    ticks = [obs(replicas={P: Replicas(1), D: Replicas(1, starting=1)})]
+    ticks += [obs(replicas={P: Replicas(1), D: Replicas(2)}, finished=slow + fine)] * 3
+    return run(PlannerCore(CONFIG, MODEL), ticks)[-1].targets[D]
+
+
+def test_misses_of_requests_that_arrived_before_a_new_replica_served_add_no_other():
+    """A burst's requests admitted on the old fleet keep finishing late after the replica it asked for serves:
+    they say nothing about the fleet that serves now. The same misses from requests admitted after it do."""
+    assert decode_after_new_replica(arrival_s=2.0) == 2
+    assert decode_after_new_replica(arrival_s=6.0) == 3

@@ -3,7 +3,10 @@ the fast loop moves one replica with hysteresis, bounds hold, missing metrics ho
 
 from dataclasses import replace
 
+import pytest
+
 from services.planner.feedback import FeedbackConfig
+from services.planner.load_window import base_rate
 from services.planner.perf_model import PerfModel, Sizing, Slo
 from services.planner.state_machine import PlannerConfig, PlannerCore, RoleBounds
 from services.planner.types import Observation, Replicas, WorkerRole, WorkerSample
@@ -191,8 +194,46 @@ def test_a_pool_calm_only_because_it_has_one_worker_too_many_keeps_it():
         assert [r.targets[D] for r in results] == expected  # 0.025 x 2/1 = 0.05 is over 0.8 x 50 ms; 0.015 x 2 is not
 
 
-def test_the_burst_headroom_sizes_for_a_multiple_of_the_predicted_rate():
-    # 10 req/s of 900 tokens: 0.9 prefill-seconds per second / 0.5 -> 2; x2 -> 4. Decode: 2,000 tokens/s -> 1 either way
+def test_the_burst_headroom_carries_a_multiple_of_the_predicted_rate_at_the_slo_itself():
+    # 10 req/s of 900 tokens: 0.9 prefill-seconds per second / 0.5 -> 2. A burst of 2x (20/s: 1.8 busy at the SLO,
+    # no cap) needs no more than the steady count; of 4x (40/s: 3.6) it needs 4, not the 8 the 50% cap would buy.
+    # Decode: 2,000 tokens/s at 20 ms steps -> 1; 8,000 at 50 ms steps (6,689 per worker) -> 2
     load = obs(rate=10.0, isl=900.0, osl=200.0)
     assert run(PlannerCore(CONFIG, MODEL), [load] * 5)[-1].targets == {P: 2, D: 1}
-    assert run(PlannerCore(replace(CONFIG, burst_headroom=2.0), MODEL), [load] * 5)[-1].targets == {P: 4, D: 1}
+    assert run(PlannerCore(replace(CONFIG, burst_headroom=2.0), MODEL), [load] * 5)[-1].targets == {P: 2, D: 1}
+    assert run(PlannerCore(replace(CONFIG, burst_headroom=4.0), MODEL), [load] * 5)[-1].targets == {P: 4, D: 2}
+
+
+def test_with_a_burst_headroom_the_base_rate_is_the_median_tick_so_a_burst_is_not_paid_twice():
+    """Seven 5-second ticks to the first adjustment (0 to 30 s), one a burst at 40 req/s and the rest at 4: the mean
+    (64/7 per s) would size for a burst on top of a burst; with a burst headroom the base leaves out the burst's tick
+    (20 arrivals where 3 Poisson deviations over the median allow 26) and the headroom carries the burst."""
+    ticks = [obs(rate=4.0)] * 5 + [obs(rate=40.0)]
+    config = replace(CONFIG, adjustment_interval_s=30.0)
+    for headroom, expected in ((1.0, 64 / 7), (2.5, 4.0)):
+        results = run(PlannerCore(replace(config, burst_headroom=headroom), MODEL), ticks + [obs(rate=4.0)])
+        assert results[-1].predicted is not None
+        assert results[-1].predicted.request_rate == pytest.approx(expected)
+
+
+def test_the_base_rate_leaves_out_only_ticks_past_the_poisson_noise_of_the_median():
+    assert base_rate([(20, 5.0), (20, 5.0), (33, 5.0)]) == pytest.approx(73 / 15)  # 33 <= 20 + 3 x sqrt(20)
+    assert base_rate([(20, 5.0), (20, 5.0), (35, 5.0)]) == pytest.approx(4.0)  # 35 > 33.4: a burst's tick
+    assert base_rate([(0, 5.0), (0, 5.0), (1, 5.0)]) == 0.0  # nothing arrived: no rate, and no division by zero
+
+
+def test_with_a_burst_headroom_a_count_shrinks_only_once_the_load_is_under_the_calm_share_of_the_lower_one():
+    """Decode at 2x the rate and 50 ms steps: 20 req/s keeps 1.34 workers busy (2), 14 req/s 0.94 (1, but 1.18 at
+    80% of a worker: hold 2), 10 req/s 0.67 (1 either way). A load on a count's edge holds it; a band of zero width
+    (under_budget 1.0) shrinks."""
+    config = replace(CONFIG, burst_headroom=2.0, down_stabilization=1)
+
+    def decode_after(rate: float, under_budget: float) -> int:
+        core = PlannerCore(replace(config, under_budget=under_budget), MODEL)
+        ticks = [obs(rate=20.0, osl=200.0)] * 5 + [obs(rate=rate, osl=200.0)] * 4
+        return run(core, ticks)[-1].targets[D]
+
+    assert decode_after(20.0, 0.8) == 2
+    assert decode_after(14.0, 0.8) == 2
+    assert decode_after(14.0, 1.0) == 1
+    assert decode_after(10.0, 0.8) == 1

@@ -1,0 +1,53 @@
+"""What the adjustment loop accumulates over one interval (arrivals, lengths, each tick's arrivals) and the base
+rate it reads from them with bursts left out. Pure: observations in, figures out; no clock, no I/O."""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from services.planner.types import Observation
+
+
+@dataclass(slots=True)
+class LoadWindow:
+    """Arrivals and lengths accumulated over one adjustment interval."""
+
+    seconds: float = 0.0
+    num_requests: int = 0
+    isl_sum: float = 0.0
+    osl_sum: float = 0.0
+    num_osl: int = 0
+    num_output_tokens: int = 0
+    has_output_tokens: bool = True
+    is_missing: bool = False
+    ticks: list[tuple[int, float]] = field(default_factory=list)  # each tick's arrivals and seconds
+
+    def add(self, obs: Observation) -> None:
+        self.seconds += obs.window_s
+        self.num_requests += obs.num_requests or 0
+        if obs.window_s > 0:
+            self.ticks.append((obs.num_requests or 0, obs.window_s))
+        if obs.num_requests and obs.mean_isl is not None:
+            self.isl_sum += obs.mean_isl * obs.num_requests
+        if obs.num_requests and obs.mean_osl is not None:
+            self.osl_sum += obs.mean_osl * obs.num_requests
+            self.num_osl += obs.num_requests
+        if obs.num_output_tokens is None:
+            self.has_output_tokens = False
+        else:
+            self.num_output_tokens += obs.num_output_tokens
+
+    def osl(self) -> float | None:
+        """Tokens generated per arrival (unbiased by which requests happen to finish), else finished OSL."""
+        if self.has_output_tokens and self.num_requests and self.num_output_tokens:
+            return self.num_output_tokens / self.num_requests
+        return self.osl_sum / self.num_osl if self.num_osl else None
+
+
+def base_rate(ticks: list[tuple[int, float]]) -> float:
+    """Arrivals per second over the ticks that are not a burst: a tick counts as one when its arrivals exceed the
+    median tick's rate by more than three Poisson standard deviations (noise almost never does; a burst of 2x or
+    more at a few arrivals a tick does). The median itself would be as robust, but twice as noisy a base."""
+    median = statistics.median(n / s for n, s in ticks)
+    kept = [(n, s) for n, s in ticks if n <= median * s + 3.0 * math.sqrt(median * s)]
+    return sum(n for n, _ in kept) / sum(s for _, s in kept)
