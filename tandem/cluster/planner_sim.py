@@ -98,7 +98,9 @@ def run_all(
 ) -> dict[str, dict]:
     """One planner run per model (keyed "planner_<name>") and the searched static baseline, in up to `jobs`
     processes. GPU-hours of all are counted over the same window: until the last of them has finished."""
-    with ProcessPoolExecutor(max(jobs, 1), multiprocessing.get_context("fork")) as pool:
+    # NOTE: forkserver, not fork: a child forked from a process with threads (a test's gRPC server, a logging
+    # handler) can inherit a lock held mid-way and hang; the work items are pickled either way
+    with ProcessPoolExecutor(max(jobs, 1), multiprocessing.get_context("forkserver")) as pool:
         planned = {name: pool.submit(run_planned, truth, rows, cfg, model) for name, model in models.items()}
         best = search_static(truth, rows, cfg, pool if jobs > 1 else None) if cfg.search_baseline else None
         runs = {f"planner_{name}": future.result() for name, future in planned.items()}
