@@ -62,8 +62,9 @@ class PrefillQueue:
         drawn = rng.choice(prompts, self.config.num_arrivals)
         mean_s = float(np.mean([model.prefill_s(n) for n in prompts]))
         least = max(1, math.ceil(rate * mean_s - 1e-9))  # fewer cannot keep up at all
+        feasible = feasible_alone(drawn, model)  # NOTE: the same draws for every count: judged once
         for c in range(min(least, most), most + 1):
-            if missed_share(arrivals, drawn, c, model) <= self.config.miss_share:
+            if missed_share(arrivals, drawn, c, model, feasible) <= self.config.miss_share:
                 return c
         return most
 
@@ -81,11 +82,18 @@ class _Worker:
         return len(self.queue) + len(self.step)
 
 
-def missed_share(arrivals: np.ndarray, prompts: np.ndarray, num_workers: int, model: PerfModel) -> float:
+def feasible_alone(prompts: np.ndarray, model: PerfModel) -> np.ndarray:
+    """Which prompts could meet the TTFT SLO on an idle worker."""
+    return np.array([model.prefill_s(n) for n in prompts.tolist()]) <= model.slo.ttft_s
+
+
+def missed_share(
+    arrivals: np.ndarray, prompts: np.ndarray, num_workers: int, model: PerfModel, feasible: np.ndarray | None = None
+) -> float:
     """The engine's prefill as it runs: each arrival joins the worker holding the fewest prompts; a free worker
     steps over its queue first come, first served, up to the step's token budget (a long prompt in chunks), and a
     prompt's first token comes at the end of the step computing its last chunk. The share of prompts that could
-    meet the TTFT SLO alone whose first token does not."""
+    meet the TTFT SLO alone (`feasible`, computed when not given) whose first token does not."""
     slo, budget = model.slo.ttft_s, model.profile.max_num_batched_tokens
     workers = [_Worker() for _ in range(num_workers)]
     first = np.full(len(arrivals), np.inf)
@@ -98,8 +106,8 @@ def missed_share(arrivals: np.ndarray, prompts: np.ndarray, num_workers: int, mo
         _advance(w, t, first, arrivals, model, budget)
     for w in workers:
         _advance(w, math.inf, first, arrivals, model, budget)
-    alone = np.array([model.prefill_s(n) for n in prompts.tolist()])
-    feasible = alone <= slo
+    if feasible is None:
+        feasible = feasible_alone(prompts, model)
     late = first - arrivals > slo
     return float(np.sum(late & feasible) / max(np.sum(feasible), 1))
 
