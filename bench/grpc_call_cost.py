@@ -1,6 +1,8 @@
 """CPU cost of one gRPC unary call and of one server-streamed message on loopback, mutual TLS against plaintext
 (issue 24's relay ratio: which calls carry the secure stack's extra CPU). A bytes echo server runs in a child process;
 both processes' CPU time is read around each phase. Measures only: run it under the bench lock for figures.
+With `--authz`, two more mTLS modes: the handlers guarded once at registration (services/common/authz_guard.py, what
+tandem runs) and the same check made through a grpc server interceptor, per call (what tandem ran before).
 
     python bench/grpc_call_cost.py --calls 4000 --messages 40000 --json bench/results/grpc_call_cost.json
 """
@@ -20,6 +22,7 @@ import grpc
 SERVICE = "bench.Echo"
 PAYLOAD = b"x" * 48  # about one GenerateResponse carrying a token, or a small unary request
 CONCURRENCY = 16
+MODES_NO_CHECK = ("mtls", "plain")
 
 
 def _handlers() -> grpc.GenericRpcHandler:
@@ -43,9 +46,41 @@ def _handlers() -> grpc.GenericRpcHandler:
     )
 
 
-async def serve(port_file: str, certs: str) -> None:
+class _PerCallInterceptor(grpc.aio.ServerInterceptor):
+    """The check through grpc's interceptor chain: a guarded handler made for every call."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        return None if handler is None else self.guard.guard(handler_call_details.method, handler)
+
+
+def _server(authz: str):
+    """The echo server: plain, or with the authorization check `authz` ("guard" or "interceptor")."""
+    if not authz:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((_handlers(),))
+        return server
+    from services.common import authz as table
+    from services.common.authz_guard import AuthzGuard
+
+    table.TABLE[SERVICE] = {
+        method: frozenset({"gateway"}) for method in ("Unary", "Stream", "Cpu")
+    }  # the client's role
+    guard = AuthzGuard()
+    if authz == "interceptor":
+        server = grpc.aio.server(interceptors=[_PerCallInterceptor(guard)])
+        server.add_generic_rpc_handlers((_handlers(),))
+        return server
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((_handlers(),))
+    guard.server(server).add_generic_rpc_handlers((_handlers(),))
+    return server
+
+
+async def serve(port_file: str, certs: str, authz: str) -> None:
+    server = _server(authz)
     if certs:
         d = Path(certs)
         creds = grpc.ssl_server_credentials(
@@ -122,10 +157,11 @@ async def measure(port: int, certs: str, calls: int, messages: int) -> dict[str,
     return result
 
 
-def run_mode(certs: str, calls: int, messages: int) -> dict[str, float]:
+def run_mode(certs: str, calls: int, messages: int, authz: str = "") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        child = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--certs", certs])
+        serve_args = ["--serve", str(port_file), "--certs", certs, "--serve-authz", authz]
+        child = subprocess.Popen([sys.executable, __file__, *serve_args])
         try:
             deadline = time.monotonic() + 30
             while not port_file.exists() or not port_file.read_text():
@@ -145,17 +181,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default="")
     parser.add_argument("--serve", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--authz", action="store_true", help="also mTLS with the check: guarded handlers, interceptor")
     parser.add_argument("--certs", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-authz", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.serve, args.certs))
+        asyncio.run(serve(args.serve, args.certs, args.serve_authz))
         return 0
+    modes = ("mtls", "guard", "interceptor", "plain") if args.authz else ("mtls", "plain")
     with tempfile.TemporaryDirectory() as certs:
         write_certs(Path(certs))
         rounds = [
             {
-                mode: run_mode(certs if mode == "mtls" else "", args.calls, args.messages)
-                for mode in (("mtls", "plain") if r % 2 == 0 else ("plain", "mtls"))
+                mode: run_mode(
+                    "" if mode == "plain" else certs, args.calls, args.messages, "" if mode in MODES_NO_CHECK else mode
+                )
+                for mode in (modes if r % 2 == 0 else modes[::-1])
             }
             for r in range(args.rounds)
         ]
@@ -179,9 +220,7 @@ def _medians(rounds: list[dict]) -> dict[str, dict[str, float]]:
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
-    return {
-        mode: {key: median([r[mode][key] for r in rounds]) for key in rounds[0][mode]} for mode in ("mtls", "plain")
-    }
+    return {mode: {key: median([r[mode][key] for r in rounds]) for key in rounds[0][mode]} for mode in rounds[0]}
 
 
 def _print(median: dict[str, dict[str, float]]) -> None:
@@ -194,6 +233,12 @@ def _print(median: dict[str, dict[str, float]]) -> None:
             f"| {label} | {m[f'{kind}_client_us']:.1f} / {p[f'{kind}_client_us']:.1f} | "
             f"{m[f'{kind}_server_us']:.1f} / {p[f'{kind}_server_us']:.1f} | {extra:+.1f} |"
         )
+    for mode in ("guard", "interceptor"):
+        if mode in median:
+            extra = {k: median[mode][f"{k}_server_us"] - median["mtls"][f"{k}_server_us"] for k in ("unary", "stream")}
+            print(
+                f"server CPU over mTLS alone, {mode}: {extra['unary']:+.1f} us a call, {extra['stream']:+.1f} a message"
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Who may call what: the one table from every tandem gRPC method to the roles whose certificates may call it.
-Pure: no grpc, no I/O. The interceptor (services/common/authz_interceptor.py) enforces it; a method missing here
+Pure: no grpc, no I/O. services/common/authz_guard.py enforces it; a method missing here
 is refused to everyone, and a unit test fails for any RPC in the protos without an entry."""
 
 from services.common.identity import Identity

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from services.common.authz_interceptor import AuthzInterceptor
+from services.common.authz_guard import AuthzGuard
 from services.common.grpc_limits import max_concurrent_rpcs, server_options
 from services.common.tls import GrpcTls, process_tls
 
@@ -68,7 +68,8 @@ def make_sync_channel(address: str, tls: GrpcTls | None = None) -> grpc.Channel:
 
 class GrpcServer:
     """One aio server with the standard health service (open to all), reflection when asked for, and under mutual
-    TLS the per-method authorization interceptor, its refusals counted into `registry`."""
+    TLS per-method authorization, its refusals counted into `registry`. Servicers register on `server`, which under
+    mutual TLS guards every handler as it is added (services/common/authz_guard.py)."""
 
     def __init__(
         self, address: str, service_names: list[str], registry: CollectorRegistry | None = None, limits: str = ""
@@ -76,15 +77,12 @@ class GrpcServer:
         # `limits`: the service whose grpc_limits apply (message sizes, calls at once); "": the shared options only
         tls = process_tls()
         tls.check_bind(address)
-        self.authz = AuthzInterceptor() if tls.is_mutual else None
+        self.authz = AuthzGuard() if tls.is_mutual else None
         if self.authz is not None and registry is not None:
             registry.register(self.authz.denied)
         options = server_options(SERVER_OPTIONS, limits) if limits else SERVER_OPTIONS
-        self.server = grpc.aio.server(
-            options=options,
-            interceptors=[self.authz] if self.authz else None,
-            maximum_concurrent_rpcs=max_concurrent_rpcs(limits),
-        )
+        raw = grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs(limits))
+        self.server = self.authz.server(raw) if self.authz is not None else raw
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if tls.reflection:

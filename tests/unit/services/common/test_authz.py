@@ -289,3 +289,46 @@ def test_a_plaintext_router_on_every_interface_stops_at_start_with_one_line(monk
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "refusing to serve gRPC on 0.0.0.0:0 without mutual TLS" in err
     assert "TANDEM_GRPC_INSECURE=1" in err
+
+
+async def test_handlers_added_as_generic_handlers_alone_are_guarded_too(monkeypatch, certs):
+    # NOTE: the generated add_*_to_server functions register both ways and grpc prefers the registered one;
+    # a handler registered only the generic way (reflection, a hand-written service) must not slip past
+    for name, value in certs["router/router"].env().items():
+        monkeypatch.setenv(name, value)
+    tls.process_tls.cache_clear()
+    server = GrpcServer("127.0.0.1:0", [])
+
+    async def get_plan(request: bytes, context) -> bytes:
+        return b"plan"
+
+    async def echo(request: bytes, context) -> bytes:
+        return request
+
+    server.server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "tandem.v1.Planner", {"GetPlan": grpc.unary_unary_rpc_method_handler(get_plan)}
+            ),
+            grpc.method_handlers_generic_handler("bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),
+        )
+    )
+    await server.start()
+    try:
+        ca = certs["router/router"]
+        address = f"127.0.0.1:{server.port}"
+        results = {}
+        for name in ("operator/operator", "gateway/gateway"):
+            channel = _channel(address, certs[name], ca)
+            for method in ("/tandem.v1.Planner/GetPlan", "/bench.Echo/Echo"):
+                results[name, method] = await _code(channel.unary_unary(method)(b"x", timeout=5))
+                results[name, method] = await _code(channel.unary_unary(method)(b"x", timeout=5))  # the kept handler
+        assert results == {
+            ("operator/operator", "/tandem.v1.Planner/GetPlan"): "OK",
+            ("operator/operator", "/bench.Echo/Echo"): "PERMISSION_DENIED",  # in no table: refused to everyone
+            ("gateway/gateway", "/tandem.v1.Planner/GetPlan"): "PERMISSION_DENIED",
+            ("gateway/gateway", "/bench.Echo/Echo"): "PERMISSION_DENIED",
+        }
+    finally:
+        await server.stop(0)
+        tls.process_tls.cache_clear()
