@@ -78,9 +78,12 @@ class KvPuller:
             log.info("release of %s's KV on %s failed: %s", handle.req_id, handle.address, exc.code().name)
 
     def _stub(self, address: str) -> worker_pb2_grpc.PrefillWorkerStub:
-        if address not in self._channels:
+        # NOTE: one stub per channel, kept: a stub builds a callable per method, a cost paid per request otherwise
+        stub = self._stubs.get(address)
+        if stub is None:
             self._channels[address] = make_channel(address)
-        return worker_pb2_grpc.PrefillWorkerStub(self._channels[address])
+            stub = self._stubs[address] = worker_pb2_grpc.PrefillWorkerStub(self._channels[address])
+        return stub
 
     async def close(self) -> None:
         for channel in self._channels.values():
