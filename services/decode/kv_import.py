@@ -27,6 +27,7 @@ class KvPuller:
     def __init__(self, timeout_s: float = 30.0):
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, worker_pb2_grpc.PrefillWorkerStub] = {}
 
     async def pull(self, handle: common_pb2.KvHandle, num_tokens: int) -> KvExport:
         """The handle's KV as one export; ValueError for a handle past `num_tokens` (the request's) or a stream
