@@ -26,6 +26,7 @@ TABLE: dict[str, dict[str, frozenset[str]]] = {
     "tandem.v1.PrefillWorker": {
         "Prefill": frozenset({GATEWAY}),
         "PullKv": frozenset({DECODE}),
+        "PullKvStream": frozenset({DECODE}),  # PullKv as messages: checked once, when the stream opens
         "ReleaseKv": frozenset({DECODE, GATEWAY}),  # the gateway releases the lease of a request it gave up
     },
     "tandem.v1.DecodeWorker": {

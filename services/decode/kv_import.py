@@ -2,9 +2,12 @@
 that take bytes) or, for engines that load KV themselves, received into a region of the worker's shared-memory
 staging buffer (bounded; copies on a thread) that the engine then reads — never through an event loop or the
 engine's pipe. Also tells a prefill worker to release blocks its engine's NIXL READ has taken. A pull never takes more
-than the handle's blocks, nor a handle more blocks than the request's tokens fill."""
+than the handle's blocks, nor a handle more blocks than the request's tokens fill. A pull travels on the prefill
+worker's PullKvStream when that is open (pull_stream.py), as a unary PullKv otherwise."""
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -16,33 +19,44 @@ from engines.transfer.descriptor import STAGING, KvDescriptor
 from services.common.convert import layout_from_pb
 from services.common.grpc_server import make_channel
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
+from services.decode.pull_stream import PullStreamClient, StreamUnavailable
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 5.0
 
 
+class _Peer:
+    """One prefill worker: its channel, its unary stub, its pull stream."""
+
+    __slots__ = ("channel", "stub", "stream")
+
+    def __init__(self, address: str):
+        self.channel = make_channel(address)
+        # NOTE: one stub per channel, kept: a stub builds a callable per method, a cost paid per request otherwise
+        self.stub = worker_pb2_grpc.PrefillWorkerStub(self.channel)
+        self.stream = PullStreamClient(self.stub)
+
+
 class KvPuller:
-    """One channel per prefill worker, reused across requests."""
+    """One channel and one pull stream per prefill worker, reused across requests."""
 
     def __init__(self, timeout_s: float = 30.0):
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, worker_pb2_grpc.PrefillWorkerStub] = {}
+        self._peers: dict[str, _Peer] = {}
 
     async def pull(self, handle: common_pb2.KvHandle, num_tokens: int) -> KvExport:
         """The handle's KV as one export; ValueError for a handle past `num_tokens` (the request's) or a stream
         sending more bytes than the handle's blocks hold (stopped at once: never buffered)."""
         max_bytes = handle_nbytes(handle, num_tokens)
-        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
         chunks, received = [], 0
-        async for chunk in call:
-            received += len(chunk.data)
-            if received > max_bytes:
-                call.cancel()
-                raise ValueError(
-                    f"PullKv sent over {max_bytes} bytes, what the handle's {handle.num_blocks} blocks hold"
-                )
-            chunks.append(chunk)
+        async with contextlib.aclosing(self._chunks(handle, max_bytes)) as stream:
+            async for chunk in stream:
+                received += len(chunk.data)
+                if received > max_bytes:
+                    raise ValueError(
+                        f"PullKv sent over {max_bytes} bytes, what the handle's {handle.num_blocks} blocks hold"
+                    )
+                chunks.append(chunk)
         return assemble(chunks)
 
     async def pull_staged(
@@ -50,19 +64,19 @@ class KvPuller:
     ) -> bytes:
         """Receive the handle's blocks into the staging region at `offset`; the STAGING descriptor naming it.
         ValueError when the stream does not fit the handle."""
-        handle_nbytes(handle, len(token_ids))
+        max_bytes = handle_nbytes(handle, len(token_ids))
         layout = layout_from_pb(handle.layout)
         view = staging.view(layout, offset, handle.num_blocks)
-        call = self._stub(handle.address).PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
         received = 0
-        async for c in call:
-            if c.total_blocks != handle.num_blocks or not 0 <= c.first_block <= handle.num_blocks - c.num_blocks:
-                raise ValueError(
-                    f"PullKv sent blocks {c.first_block}+{c.num_blocks} of {c.total_blocks}, "
-                    f"the handle names {handle.num_blocks}"
-                )
-            await staging.write_chunk(view, c.first_block, c.num_blocks, c.data)
-            received += c.num_blocks
+        async with contextlib.aclosing(self._chunks(handle, max_bytes)) as stream:
+            async for c in stream:
+                if c.total_blocks != handle.num_blocks or not 0 <= c.first_block <= handle.num_blocks - c.num_blocks:
+                    raise ValueError(
+                        f"PullKv sent blocks {c.first_block}+{c.num_blocks} of {c.total_blocks}, "
+                        f"the handle names {handle.num_blocks}"
+                    )
+                await staging.write_chunk(view, c.first_block, c.num_blocks, c.data)
+                received += c.num_blocks
         if received != handle.num_blocks:
             raise ValueError(f"PullKv returned {received} of {handle.num_blocks} blocks")
         return descriptor.encode(
@@ -72,23 +86,40 @@ class KvPuller:
     async def release(self, handle: common_pb2.KvHandle) -> None:
         """Tell the prefill worker its blocks were read (best effort: its lease frees them otherwise)."""
         try:
-            await self._stub(handle.address).ReleaseKv(
+            await self._peer(handle.address).stub.ReleaseKv(
                 worker_pb2.ReleaseKvRequest(req_id=handle.req_id), timeout=RELEASE_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as exc:
             log.info("release of %s's KV on %s failed: %s", handle.req_id, handle.address, exc.code().name)
 
-    def _stub(self, address: str) -> worker_pb2_grpc.PrefillWorkerStub:
-        # NOTE: one stub per channel, kept: a stub builds a callable per method, a cost paid per request otherwise
-        stub = self._stubs.get(address)
-        if stub is None:
-            self._channels[address] = make_channel(address)
-            stub = self._stubs[address] = worker_pb2_grpc.PrefillWorkerStub(self._channels[address])
-        return stub
-
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
+        """Each pull stream ended first (what was asked on it is answered), then each channel."""
+        for peer in self._peers.values():
+            await peer.stream.close()
+            await peer.channel.close()
+
+    async def _chunks(self, handle: common_pb2.KvHandle, max_bytes: int) -> AsyncIterator[worker_pb2.KvChunk]:
+        """The pull's chunks: on the stream when it takes the pull, else (or if it broke before any came) unary."""
+        peer = self._peer(handle.address)
+        try:
+            async with contextlib.aclosing(peer.stream.pull(handle.req_id, max_bytes, self.timeout_s)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        except StreamUnavailable:
+            pass
+        call = peer.stub.PullKv(worker_pb2.PullKvRequest(req_id=handle.req_id), timeout=self.timeout_s)
+        try:
+            async for chunk in call:
+                yield chunk
+        finally:
+            call.cancel()  # NOTE: a pull left early (past its handle) stops the peer at once; a no-op once done
+
+    def _peer(self, address: str) -> _Peer:
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peers[address] = _Peer(address)
+        return peer
 
 
 def handle_nbytes(handle: common_pb2.KvHandle, num_tokens: int) -> int:

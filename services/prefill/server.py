@@ -1,6 +1,9 @@
 """Prefill worker servicer: Prefill (prefill only: the user's request, one token, KV held), PullKv (stream the
-held blocks, then free them), ReleaseKv. Abort, stats and KV events are the shared WorkerControl service."""
+held blocks, then free them; also as messages on PullKvStream, pull_stream.py), ReleaseKv. Abort, stats and KV events
+are the shared WorkerControl service."""
 
+import asyncio
+import logging
 import time
 
 import grpc
@@ -16,6 +19,9 @@ from services.common.roles import WorkerRole
 from services.common.tracing import timed_span
 from services.common.worker_base import WorkerService, main_for, observed, wall_clock
 from services.prefill.leases import Leases
+from services.prefill.pull_stream import PullStreams
+
+log = logging.getLogger(__name__)
 
 
 class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
@@ -31,6 +37,8 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
             engine, self.kv_moved, settings.kv_staging_mb << 20 if settings else 0, "tandem-kv-export"
         )
         self._num_blocks: dict[str, int] = {}  # held req_id -> its blocks, for the staging region
+        self.pull_streams = PullStreams(self.kv_chunks, self._pulled)
+        self._stop_watch: asyncio.Task | None = None  # ends the pull streams when the worker stops
 
     @classmethod
     def add_to(cls, service, server) -> None:
@@ -67,7 +75,7 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
 
     @observed("PullKv")
     async def PullKv(self, request, context):
-        chunks = self.connector.export(request.req_id, self._num_blocks.get(request.req_id), self._take)
+        chunks = self.kv_chunks(request.req_id)
         error = None
         try:
             async for chunk in chunks:
@@ -78,6 +86,25 @@ class PrefillService(WorkerService, worker_pb2_grpc.PrefillWorkerServicer):
             await chunks.aclose()
         if error is not None:
             await abort_with(context, error)
+
+    async def PullKvStream(self, request_iterator, context):
+        if self._stop_watch is None:
+            self._stop_watch = asyncio.get_running_loop().create_task(self._end_streams_at_stop())
+        await self.pull_streams.serve(request_iterator, context)
+
+    def kv_chunks(self, req_id: str):
+        """The one pull, unary or on the stream: the held blocks as chunks, the lease taken once the export has
+        them, the blocks freed once the last chunk is out (the connector's export)."""
+        return self.connector.export(req_id, self._num_blocks.get(req_id), self._take)
+
+    def _pulled(self, code: str, seconds: float) -> None:
+        """A pull on the stream ended: counted and logged as a unary PullKv is (worker_base.observed)."""
+        self.metrics.rpc_done("PullKv", code)
+        log.info("%s %s", "PullKv", code, extra={"rpc": "PullKv", "code": code, "duration_s": round(seconds, 6)})
+
+    async def _end_streams_at_stop(self) -> None:
+        await self.stopping.wait()
+        await self.pull_streams.close()
 
     def close(self) -> None:
         self.connector.close()

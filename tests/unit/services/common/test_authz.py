@@ -56,6 +56,7 @@ def test_every_rpc_in_the_protos_has_an_entry_and_every_entry_is_an_rpc():
         ("/tandem.v1.PrefillWorker/Prefill", {"gateway"}),
         ("/tandem.v1.DecodeWorker/Generate", {"gateway"}),
         ("/tandem.v1.PrefillWorker/PullKv", {"decode"}),
+        ("/tandem.v1.PrefillWorker/PullKvStream", {"decode"}),
         ("/tandem.v1.WorkerControl/ResetPrefixCache", {"planner", "operator"}),
         ("/tandem.v1.Planner/GetPlan", {"planner", "operator"}),
     ],
@@ -85,6 +86,12 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
     async def RouteStream(self, request_iterator, context):
         async for message in request_iterator:
             await context.write(router_pb2.RouteStreamResponse(call_id=message.call_id))
+
+
+class FakePrefill(worker_pb2_grpc.PrefillWorkerServicer):
+    async def PullKvStream(self, request_iterator, context):
+        async for message in request_iterator:
+            await context.write(worker_pb2.PullKvStreamResponse(call_id=message.call_id, end=worker_pb2.PullKvEnd()))
 
 
 class FakeControl(worker_pb2_grpc.WorkerControlServicer):
@@ -123,6 +130,7 @@ async def server(monkeypatch, certs):
     server = GrpcServer("127.0.0.1:0", ["tandem.v1.Router"], registry)
     router_pb2_grpc.add_RouterServicer_to_server(FakeRouter(), server.server)
     worker_pb2_grpc.add_WorkerControlServicer_to_server(FakeControl(), server.server)
+    worker_pb2_grpc.add_PrefillWorkerServicer_to_server(FakePrefill(), server.server)
     await server.start()
     yield f"127.0.0.1:{server.port}", registry
     await server.stop(0)
@@ -207,6 +215,31 @@ async def test_the_route_stream_is_the_gateways_alone_checked_when_it_opens(serv
         assert await _one_route_message(router_pb2_grpc.RouterStub(_channel(address, stranger, ca))) == "UNAVAILABLE"
     denied = registry.get_sample_value(
         "tandem_grpc_denied_total", {"service": "tandem.v1.Router", "method": "RouteStream", "role": "decode"}
+    )
+    assert denied == 1.0
+
+
+async def test_the_kv_pull_stream_is_the_decode_workers_alone(server, certs):
+    address, registry = server
+    ca = certs["router/router"]
+    for name, expected in [
+        ("decode/decode-0", "OK"),
+        ("gateway/gateway", "PERMISSION_DENIED"),
+        ("prefill/prefill-0", "PERMISSION_DENIED"),
+        ("operator/operator", "PERMISSION_DENIED"),
+    ]:
+        call = worker_pb2_grpc.PrefillWorkerStub(_channel(address, certs[name], ca)).PullKvStream(timeout=5)
+        try:
+            await call.write(worker_pb2.PullKvStreamRequest(call_id=4, pull=worker_pb2.PullKvRequest(req_id="r")))
+            code = "OK" if (await call.read()).call_id == 4 else "WRONG ANSWER"
+            call.cancel()
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+        except asyncio.InvalidStateError:  # NOTE: refused before the write: the call is over, read its status
+            code = (await call.code()).name
+        assert code == expected, name
+    denied = registry.get_sample_value(
+        "tandem_grpc_denied_total", {"service": "tandem.v1.PrefillWorker", "method": "PullKvStream", "role": "gateway"}
     )
     assert denied == 1.0
 
