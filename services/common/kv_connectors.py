@@ -1,6 +1,7 @@
 """The KvConnector of each transport (engines/transfer/connector.py) over the workers' gRPC: PullKv as KvExport bytes,
 PullKv through shared-memory staging regions, a NIXL READ by the decode engine, TensorRT-LLM's transceiver. Built
-once per worker by `make_connector`; the servicers call `export` / `receive` and never branch on the transport."""
+once per worker by `make_connector`; the servicers call `export` / `receive` and never branch on the transport. A pull
+(bytes or staging) goes through the decode worker's KvPuller: on its PullKvStream when open, else a unary PullKv."""
 
 import asyncio
 import functools
