@@ -234,3 +234,19 @@ def test_a_pull_buffers_no_more_than_its_handle_holds():
         pull.put(worker_pb2.PullKvStreamResponse(call_id=1, chunk=chunk("f", 0)))
     queued = [pull.inbox.get_nowait() for _ in range(pull.inbox.qsize())]
     assert len(queued) == 3 and queued[-1] is pull_stream._TOO_LARGE  # two chunks fit, the third is refused
+
+
+async def test_a_caller_that_leaves_cancels_its_pull_on_the_stream(serve, puller):
+    peer = Peer()
+    address = await serve(peer)
+    stream = await opened(puller, address)
+    pulling = asyncio.get_running_loop().create_task(puller.pull(handle(address, "quiet"), 7))
+    while not peer.received:
+        await asyncio.sleep(0.01)
+    pulling.cancel()  # NOTE: the request's client went away, and with it the Generate that pulled
+    for _ in range(500):
+        if len(peer.received) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [m.WhichOneof("call") for m in peer.received] == ["pull", "cancel"] and stream.is_open
+    assert not stream._pending
