@@ -103,6 +103,12 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="... arrivals at >= this x the predicted rate (0: off)",
     )
     g.add_argument(
+        "--climb-deviations",
+        type=float,
+        default=PlannerConfig().climb_deviations,
+        help="... and this many standard deviations over it, dispersion counted (0: the ratio alone)",
+    )
+    g.add_argument(
         "--burst-headroom",
         type=float,
         default=PlannerConfig().burst_headroom,
@@ -158,6 +164,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             miss_window_ticks=args.miss_window_ticks,
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
+            climb_deviations=args.climb_deviations,
             burst_headroom=args.burst_headroom,
             prefill_queue=PrefillQueueConfig(args.prefill_miss_share),
         )
@@ -246,7 +253,11 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         "calibration_weight": cfg.planner.calibration.weight,
         "miss_budget": cfg.planner.feedback.budget,
         "miss_window_ticks": cfg.planner.miss_window_ticks,
-        "climb": {"ticks": cfg.planner.climb_ticks, "ratio": cfg.planner.climb_ratio},
+        "climb": {
+            "ticks": cfg.planner.climb_ticks,
+            "ratio": cfg.planner.climb_ratio,
+            "deviations": cfg.planner.climb_deviations,
+        },
         "burst_headroom": cfg.planner.burst_headroom,
         "prefill_miss_share": cfg.planner.prefill_queue.miss_share,
         "disagg_min_tokens": cfg.disagg_min_tokens,
