@@ -64,6 +64,17 @@ def is_within(ticks: list[tuple[int, float]], rate: float) -> bool:
     return sum(n for n, _ in ticks) <= expected + 3.0 * math.sqrt(expected)
 
 
+def peak_ratio(ticks: list[tuple[int, float]], num_ticks: int, base: float) -> float:
+    """The largest rate over `num_ticks` consecutive ticks, over `base` (1 without a base or enough ticks)."""
+    if base <= 0 or len(ticks) < num_ticks:
+        return 1.0
+    rates = (
+        sum(n for n, _ in ticks[i : i + num_ticks]) / sum(s for _, s in ticks[i : i + num_ticks])
+        for i in range(len(ticks) - num_ticks + 1)
+    )
+    return max(rates) / base
+
+
 def dispersion(ticks: list[tuple[int, float]]) -> float:
     """The variance of the ticks' arrivals over their mean (1 for Poisson arrivals; more when they come in clumps,
     or a burst came), at least 1; 1 with fewer than three ticks or none arrived. Every tick counts: the Poisson

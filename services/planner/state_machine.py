@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
-from services.planner.load_window import LoadWindow, base_rate, dispersion, is_within
+from services.planner.load_window import LoadWindow, base_rate, dispersion, is_within, peak_ratio
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.prefill_queue import PrefillQueue, PrefillQueueConfig
@@ -60,6 +60,8 @@ class PlannerConfig:
     burst_headroom: float = 1.0  # size for this many times the predicted rate: a burst arriving faster than a new
     # replica starts is carried by the workers already serving (1: none)
     prefill_queue: PrefillQueueConfig = PrefillQueueConfig()  # prefill sized by the TTFT tail of the prompt mix
+    burst_memory: int = 0  # >0: the headroom is the largest climb-window rate over the base seen in this many
+    # intervals (at most burst_headroom, at least 1); 0: burst_headroom always
 
     def __post_init__(self) -> None:
         if self.miss_window_ticks < 1 or self.climb_ticks < 1:
@@ -72,6 +74,8 @@ class PlannerConfig:
             raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
         if self.burst_headroom < 1:
             raise PlannerConfigError(f"burst_headroom must be >= 1, got {self.burst_headroom}")
+        if self.burst_memory < 0:
+            raise PlannerConfigError(f"burst_memory must be >= 0, got {self.burst_memory}")
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -103,6 +107,7 @@ class PlannerCore:
         self.last_predicted = Load(0.0, 1.0, 1.0)
         self._window = LoadWindow()
         self._dispersion = 1.0  # the last interval's calm arrivals' variance over mean
+        self._peaks: deque[float] = deque(maxlen=max(config.burst_memory, 1))  # each interval's peak over its base
         self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
@@ -167,6 +172,7 @@ class PlannerCore:
             return None, ["metrics missing during the interval: holding the model's replica counts"]
         observed = self._observed_load(window)
         self._dispersion = dispersion(window.ticks) if window.ticks else 1.0
+        self._peaks.append(peak_ratio(window.ticks, self.config.climb_ticks, observed.request_rate))
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict() or 0.0, 0.0) for k in ("rate", "isl", "osl")))
@@ -225,7 +231,7 @@ class PlannerCore:
         """The model's count per role for the next interval. With a burst headroom a role shrinks only to the count
         that would carry the load at `under_budget` of it (the fast loop's calm test): a load sitting on a count's
         edge would otherwise cross it with each interval's noise, one direction change a minute."""
-        headroom = self.config.burst_headroom
+        headroom = self._headroom()
         counts = self._counts(predicted, headroom)
         if headroom <= 1:
             return counts
@@ -238,6 +244,13 @@ class PlannerCore:
             else min(calm[role], self.state[role].base)
             for role, count in counts.items()
         }
+
+    def _headroom(self) -> float:
+        """The burst headroom: fixed, or the largest burst the recent intervals showed (the fixed one as a cap)."""
+        cap = self.config.burst_headroom
+        if not self.config.burst_memory or not self._peaks:
+            return cap
+        return min(cap, max(1.0, max(self._peaks)))
 
     def _counts(self, load: Load, headroom: float) -> dict[WorkerRole, int]:
         """Workers per role for `load`: the model's busy workers at its sizing targets (prefill: from the TTFT

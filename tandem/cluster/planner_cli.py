@@ -115,6 +115,12 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="size for this many times the predicted rate (1: none)",
     )
     g.add_argument(
+        "--burst-memory",
+        type=int,
+        default=PlannerConfig().burst_memory,
+        help="headroom from the largest burst of this many intervals, --burst-headroom its cap (0: fixed)",
+    )
+    g.add_argument(
         "--prefill-miss-share",
         type=float,
         default=PrefillQueueConfig().miss_share,
@@ -166,6 +172,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             climb_ratio=args.climb_ratio,
             climb_deviations=args.climb_deviations,
             burst_headroom=args.burst_headroom,
+            burst_memory=args.burst_memory,
             prefill_queue=PrefillQueueConfig(args.prefill_miss_share),
         )
     except FeedbackError as exc:
@@ -259,6 +266,7 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
             "deviations": cfg.planner.climb_deviations,
         },
         "burst_headroom": cfg.planner.burst_headroom,
+        "burst_memory": cfg.planner.burst_memory,
         "prefill_miss_share": cfg.planner.prefill_queue.miss_share,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {

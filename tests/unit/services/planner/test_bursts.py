@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from services.planner.load_window import base_rate, dispersion
+from services.planner.load_window import base_rate, dispersion, peak_ratio
 from services.planner.predictors import LinearTrendPredictor
 from services.planner.state_machine import PlannerCore, RoleBounds
 from services.planner.types import WorkerRole
@@ -95,3 +95,22 @@ def test_with_climb_deviations_a_clump_the_measured_dispersion_explains_is_no_cl
         assert results[-1].predicted is None and results[-2].predicted is None
         assert results[-3].targets[P] == 1
         assert results[-1].targets[P] == expected
+
+
+def test_peak_ratio_is_the_busiest_window_over_the_base():
+    ticks = [(20, 5.0), (20, 5.0), (60, 5.0), (40, 5.0), (20, 5.0)]
+    assert peak_ratio(ticks, 2, 4.0) == pytest.approx(10.0 / 4.0)  # 60 + 40 in 10 s
+    assert peak_ratio(ticks, 1, 4.0) == pytest.approx(3.0)
+    assert peak_ratio(ticks, 2, 0.0) == 1.0 and peak_ratio(ticks[:1], 2, 4.0) == 1.0
+
+
+def test_with_a_burst_memory_the_headroom_is_the_largest_burst_seen_capped_by_the_fixed_one():
+    """Decode at 50 ms steps carries ~6,700 tokens/s a worker; 20 req/s of 200 tokens is 4,000/s. A fixed 2.5x
+    headroom sizes for 50 req/s (2 workers); with a memory, steady ticks show a headroom of 1 (one worker), and once
+    an interval held a 2x window the headroom is 2 (40 req/s: 2 workers) until it leaves the memory."""
+    config = replace(CONFIG, adjustment_interval_s=30.0, climb_ticks=2, climb_ratio=0.0, burst_headroom=2.5)
+    steady = [obs(rate=20.0, osl=200.0)] * 13  # adjustments at 30 and 60 s
+    burst = [obs(rate=20.0, osl=200.0)] * 4 + [obs(rate=40.0, osl=200.0)] * 2  # in 65-90 s
+    for memory, ticks, expected in ((0, steady, 2), (2, steady, 1), (2, steady + burst, 2)):
+        core = PlannerCore(replace(config, burst_memory=memory), MODEL)
+        assert run(core, ticks)[-1].targets[D] == expected
