@@ -1,11 +1,11 @@
-"""Next-interval load predictors, one series each (request rate, ISL or OSL): constant, moving average, and
-Holt-Winters exponential smoothing from statsmodels. Pure: values in, a forecast out."""
+"""Next-interval load predictors, one series each (request rate, ISL or OSL): constant, moving average, a linear
+trend, and Holt-Winters exponential smoothing from statsmodels. Pure: values in, a forecast out."""
 
 import warnings
 from collections import deque
 from typing import Protocol
 
-PREDICTORS = ("constant", "moving_average", "holt_winters")
+PREDICTORS = ("constant", "moving_average", "linear_trend", "holt_winters")
 MIN_POINTS_TO_FIT = 6  # fewer points than this: Holt-Winters forecasts the last value
 
 
@@ -41,6 +41,29 @@ class MovingAveragePredictor:
 
     def predict(self) -> float | None:
         return sum(self.values) / len(self.values) if self.values else None
+
+
+class LinearTrendPredictor:
+    """The least-squares line through the last `window` values, one interval ahead: a load climbing (or falling)
+    at a steady pace is met where it will be, not where it was (the constant predictor trails a climb by one
+    interval). Fewer than two values: the last one. Never below 0."""
+
+    def __init__(self, window: int = 3):
+        if window < 2:
+            raise ValueError(f"linear trend window must be >= 2, got {window}")
+        self.values: deque[float] = deque(maxlen=window)
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+    def predict(self) -> float | None:
+        n = len(self.values)
+        if n < 2:
+            return self.values[-1] if self.values else None
+        mean_x, mean_y = (n - 1) / 2, sum(self.values) / n
+        spread = sum((x - mean_x) ** 2 for x in range(n))
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(self.values)) / spread
+        return max(0.0, mean_y + slope * (n - mean_x))
 
 
 class HoltWintersPredictor:
@@ -87,6 +110,8 @@ def make_predictor(name: str, window: int = 3, season_length: int = 0) -> Predic
         return ConstantPredictor()
     if name == "moving_average":
         return MovingAveragePredictor(window)
+    if name == "linear_trend":
+        return LinearTrendPredictor(window)
     if name == "holt_winters":
         return HoltWintersPredictor(season_length)
     raise ValueError(f"unknown predictor {name!r}; choose from {', '.join(PREDICTORS)}")

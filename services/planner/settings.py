@@ -63,7 +63,9 @@ class PlannerSettings:
     # up at once on a climb: the last CLIMB_TICKS ticks' arrivals at >= CLIMB_RATIO x the predicted rate; 0: off
     climb_ticks: int = PlannerConfig().climb_ticks
     climb_ratio: float = PlannerConfig().climb_ratio
+    climb_deviations: float = PlannerConfig().climb_deviations
     burst_headroom: float = PlannerConfig().burst_headroom
+    burst_memory: int = PlannerConfig().burst_memory
     # prefill sized by the TTFT tail of the recent prompts (services/planner/prefill_queue.py); 0: the utilization cap
     prefill_miss_share: float = PrefillQueueConfig().miss_share
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
@@ -183,7 +185,9 @@ class PlannerSettings:
             miss_window_ticks=self.miss_window_ticks,
             climb_ticks=self.climb_ticks,
             climb_ratio=self.climb_ratio,
+            climb_deviations=self.climb_deviations,
             burst_headroom=self.burst_headroom,
+            burst_memory=self.burst_memory,
             prefill_queue=PrefillQueueConfig(self.prefill_miss_share),
         )
 
@@ -226,7 +230,11 @@ SOURCE = Source(
         "calibration_weight": "how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
         "climb_ticks": "a climb is judged on this many ticks' arrivals",
         "climb_ratio": "a climb: those arrivals at >= this x the predicted rate (0: off)",
+        "climb_deviations": "a climb: and this many standard deviations over it, the arrivals' measured dispersion "
+        "counted (0: the ratio alone)",
         "burst_headroom": "size for this many times the predicted rate, so a burst is carried while replicas start",
+        "burst_memory": "the headroom from the largest burst over the base in this many intervals, burst_headroom "
+        "its cap (0: burst_headroom always)",
         "prefill_miss_share": "prefill workers: the fewest whose replay of the recent prompts queues at most this "
         "share past the TTFT SLO (0: the utilization cap alone)",
         "connector_backoff_s": "the first retry's backoff (doubling)",

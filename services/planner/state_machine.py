@@ -5,12 +5,13 @@ fast correction adds or removes one replica, with hysteresis, when observed SLOs
 well under its budget. Zero I/O: no clock (`now` is handed in), no logging, no transport.
 """
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 from services.planner.calibration import CalibrationConfig, SpeedCalibration
 from services.planner.feedback import FeedbackConfig, SloFeedback
-from services.planner.load_window import LoadWindow, base_rate
+from services.planner.load_window import LoadWindow, base_rate, dispersion, is_within, peak_ratio
 from services.planner.perf_model import PerfModel, ceil_workers
 from services.planner.predictors import make_predictor
 from services.planner.prefill_queue import PrefillQueue, PrefillQueueConfig
@@ -54,19 +55,27 @@ class PlannerConfig:
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
     climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
+    climb_deviations: float = 0.0  # ... and this many standard deviations over it, the arrivals' measured
+    # dispersion counted (a clump of arrivals is no climb); 0: the ratio alone
     burst_headroom: float = 1.0  # size for this many times the predicted rate: a burst arriving faster than a new
     # replica starts is carried by the workers already serving (1: none)
     prefill_queue: PrefillQueueConfig = PrefillQueueConfig()  # prefill sized by the TTFT tail of the prompt mix
+    burst_memory: int = 0  # >0: the headroom is the largest climb-window rate over the base seen in this many
+    # intervals (at most burst_headroom, at least 1); 0: burst_headroom always
 
     def __post_init__(self) -> None:
         if self.miss_window_ticks < 1 or self.climb_ticks < 1:
             raise PlannerConfigError(
                 f"need miss_window_ticks >= 1 and climb_ticks >= 1, got {self.miss_window_ticks} and {self.climb_ticks}"
             )
+        if self.climb_deviations < 0:
+            raise PlannerConfigError(f"climb_deviations must be >= 0, got {self.climb_deviations}")
         if self.climb_ratio and self.climb_ratio < 1:
             raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
         if self.burst_headroom < 1:
             raise PlannerConfigError(f"burst_headroom must be >= 1, got {self.burst_headroom}")
+        if self.burst_memory < 0:
+            raise PlannerConfigError(f"burst_memory must be >= 0, got {self.burst_memory}")
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -97,6 +106,8 @@ class PlannerCore:
         self.last_load = Load(0.0, 1.0, 1.0)
         self.last_predicted = Load(0.0, 1.0, 1.0)
         self._window = LoadWindow()
+        self._dispersion = 1.0  # the last interval's calm arrivals' variance over mean
+        self._peaks: deque[float] = deque(maxlen=max(config.burst_memory, 1))  # each interval's peak over its base
         self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
         self._uncovered = False
@@ -117,7 +128,15 @@ class PlannerCore:
         warnings: list[str] = []
         self._recent.append(obs)
         if self._next_adjust_at is None or now >= self._next_adjust_at:
+            climbed = {role: s.base for role, s in self.state.items() if s.reason == "load climbing"}
+            was_predicted = self.last_predicted.request_rate
             predicted, warnings = self._adjust(now)
+            if self._is_climbing(was_predicted):  # NOTE: a burst still running keeps the count it climbed to
+                self._window.has_climbed = True
+                for role, base in climbed.items():
+                    self.state[role].base = max(self.state[role].base, base)
+            self._recent.clear()  # NOTE: a climb is judged on ticks the new prediction has not seen (after a fall,
+            # the old interval's ticks would read as one)
         else:
             self._maybe_climb()
         self._note_new_replicas(obs, now)
@@ -152,6 +171,8 @@ class PlannerCore:
         if window.is_missing or window.seconds <= 0:
             return None, ["metrics missing during the interval: holding the model's replica counts"]
         observed = self._observed_load(window)
+        self._dispersion = dispersion(window.ticks) if window.ticks else 1.0
+        self._peaks.append(peak_ratio(window.ticks, self.config.climb_ticks, observed.request_rate))
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict() or 0.0, 0.0) for k in ("rate", "isl", "osl")))
@@ -167,17 +188,33 @@ class PlannerCore:
         self._is_warm = True
         return predicted, self._coverage_warning(predicted.isl)
 
+    def _recent_rate(self) -> float | None:
+        """Arrivals per second over the climb rule's recent ticks; None until they are all seen (or none arrived)."""
+        recent = self._recent
+        seconds = sum(o.window_s for o in recent)
+        num = sum(o.num_requests or 0 for o in recent)
+        if not (self._is_warm and self.config.climb_ratio and len(recent) == recent.maxlen and seconds > 0 and num):
+            return None
+        return num / seconds
+
+    def _is_climbing(self, predicted_rate: float) -> bool:
+        """Do the recent ticks' arrivals run at least the climb ratio over `predicted_rate`, and (with climb
+        deviations) past what noise of the measured dispersion would bring?"""
+        rate, cfg = self._recent_rate(), self.config
+        if rate is None or rate < cfg.climb_ratio * predicted_rate:
+            return False
+        seconds = sum(o.window_s for o in self._recent)
+        expected = predicted_rate * seconds
+        return rate * seconds >= expected + cfg.climb_deviations * math.sqrt(self._dispersion * expected)
+
     def _maybe_climb(self) -> None:
         """Scale up at once on a climb: when the recent ticks' arrivals run well over the predicted rate, size from
         them now instead of waiting for the interval's end (shrinking stays with the slow adjustment loop)."""
-        cfg, recent = self.config, self._recent
-        seconds = sum(o.window_s for o in recent)
+        cfg, recent, rate = self.config, self._recent, self._recent_rate()
+        if rate is None or not self._is_climbing(self.last_predicted.request_rate):
+            return
+        self._window.has_climbed = True
         num = sum(o.num_requests or 0 for o in recent)
-        if not (self._is_warm and cfg.climb_ratio and len(recent) == recent.maxlen and seconds > 0 and num > 0):
-            return
-        rate = num / seconds
-        if rate < cfg.climb_ratio * self.last_predicted.request_rate:
-            return
         isl = sum((o.mean_isl or 0.0) * (o.num_requests or 0) for o in recent) / num
         load = Load(rate, isl, self.last_predicted.osl)
         # NOTE: a rate measured in the burst itself is carried at the SLO, with no headroom on it (a burst's burst)
@@ -194,7 +231,7 @@ class PlannerCore:
         """The model's count per role for the next interval. With a burst headroom a role shrinks only to the count
         that would carry the load at `under_budget` of it (the fast loop's calm test): a load sitting on a count's
         edge would otherwise cross it with each interval's noise, one direction change a minute."""
-        headroom = self.config.burst_headroom
+        headroom = self._headroom()
         counts = self._counts(predicted, headroom)
         if headroom <= 1:
             return counts
@@ -207,6 +244,13 @@ class PlannerCore:
             else min(calm[role], self.state[role].base)
             for role, count in counts.items()
         }
+
+    def _headroom(self) -> float:
+        """The burst headroom: fixed, or the largest burst the recent intervals showed (the fixed one as a cap)."""
+        cap = self.config.burst_headroom
+        if not self.config.burst_memory or not self._peaks:
+            return cap
+        return min(cap, max(1.0, max(self._peaks)))
 
     def _counts(self, load: Load, headroom: float) -> dict[WorkerRole, int]:
         """Workers per role for `load`: the model's busy workers at its sizing targets (prefill: from the TTFT
@@ -244,12 +288,17 @@ class PlannerCore:
 
     def _observed_load(self, window: LoadWindow) -> Load:
         """The interval's load. With a burst headroom the rate leaves out the burst's ticks: the headroom is what
-        carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice)."""
+        carries a burst, so a burst must not also raise the base it multiplies (it would be paid twice). When the
+        load climbed in the interval and its last ticks are back at the predicted rate, the burst came and went:
+        its ticks are judged against the prediction, not the median they may have become."""
         isl = window.isl_sum / window.num_requests if window.num_requests else self.last_load.isl
         osl = window.osl() or self.last_load.osl
         rate = window.num_requests / window.seconds
         if self.config.burst_headroom > 1 and window.ticks:
-            rate = base_rate(window.ticks)
+            predicted = self.last_predicted.request_rate
+            last = window.ticks[-self.config.climb_ticks :]
+            is_gone = window.has_climbed and predicted > 0 and is_within(last, predicted)
+            rate = base_rate(window.ticks, predicted if is_gone else None)
         self.last_load = Load(rate, isl, osl)
         return self.last_load
 

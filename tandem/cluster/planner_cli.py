@@ -103,10 +103,22 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="... arrivals at >= this x the predicted rate (0: off)",
     )
     g.add_argument(
+        "--climb-deviations",
+        type=float,
+        default=PlannerConfig().climb_deviations,
+        help="... and this many standard deviations over it, dispersion counted (0: the ratio alone)",
+    )
+    g.add_argument(
         "--burst-headroom",
         type=float,
         default=PlannerConfig().burst_headroom,
         help="size for this many times the predicted rate (1: none)",
+    )
+    g.add_argument(
+        "--burst-memory",
+        type=int,
+        default=PlannerConfig().burst_memory,
+        help="headroom from the largest burst of this many intervals, --burst-headroom its cap (0: fixed)",
     )
     g.add_argument(
         "--prefill-miss-share",
@@ -158,7 +170,9 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             miss_window_ticks=args.miss_window_ticks,
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
+            climb_deviations=args.climb_deviations,
             burst_headroom=args.burst_headroom,
+            burst_memory=args.burst_memory,
             prefill_queue=PrefillQueueConfig(args.prefill_miss_share),
         )
     except FeedbackError as exc:
@@ -246,8 +260,13 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         "calibration_weight": cfg.planner.calibration.weight,
         "miss_budget": cfg.planner.feedback.budget,
         "miss_window_ticks": cfg.planner.miss_window_ticks,
-        "climb": {"ticks": cfg.planner.climb_ticks, "ratio": cfg.planner.climb_ratio},
+        "climb": {
+            "ticks": cfg.planner.climb_ticks,
+            "ratio": cfg.planner.climb_ratio,
+            "deviations": cfg.planner.climb_deviations,
+        },
         "burst_headroom": cfg.planner.burst_headroom,
+        "burst_memory": cfg.planner.burst_memory,
         "prefill_miss_share": cfg.planner.prefill_queue.miss_share,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {
