@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from services.common.protos import common_pb2, worker_pb2, worker_pb2_grpc
-from services.decode import pull_stream
+from services.decode import kv_import, pull_stream
 from services.decode.kv_import import KvPuller
 
 pytestmark = pytest.mark.timeout(30)
@@ -250,3 +250,15 @@ async def test_a_caller_that_leaves_cancels_its_pull_on_the_stream(serve, puller
         await asyncio.sleep(0.01)
     assert [m.WhichOneof("call") for m in peer.received] == ["pull", "cancel"] and stream.is_open
     assert not stream._pending
+
+
+async def test_a_pull_larger_than_the_stream_takes_goes_unary_though_the_stream_is_open(serve, puller, monkeypatch):
+    peer = Peer()
+    address = await serve(peer)
+    await opened(puller, address)
+    monkeypatch.setattr(kv_import, "STREAM_MAX_BYTES", 2 * BLOCK_BYTES - 1)  # NOTE: the test's pulls are 2 blocks
+    kv = await puller.pull(handle(address, "big-1"), 7)
+    assert kv.data == b"1" * 2 * BLOCK_BYTES and peer.num_unary == 1 and peer.received == []
+    monkeypatch.setattr(kv_import, "STREAM_MAX_BYTES", 2 * BLOCK_BYTES)
+    await puller.pull(handle(address, "small-2"), 7)
+    assert peer.num_unary == 1 and [m.pull.req_id for m in peer.received] == ["small-2"]
