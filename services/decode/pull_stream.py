@@ -13,9 +13,9 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-from grpc_status import rpc_status
 
-from services.common.protos import router_pb2, worker_pb2, worker_pb2_grpc
+from services.common.protos import worker_pb2, worker_pb2_grpc
+from services.common.stream_calls import as_rpc_error
 from services.common.tracing import span, trace_carrier
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,6 @@ REOPEN_AFTER_S = 1.0  # a stream that broke (or never opened) is tried again aft
 UNSUPPORTED_REOPEN_AFTER_S = 60.0  # a prefill worker without PullKvStream (an older release) is asked again this rarely
 OPEN_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _BROKEN, _TIMED_OUT, _TOO_LARGE = object(), object(), object()  # what else a pull's inbox may hold besides replies
 
 
@@ -226,15 +225,4 @@ def _outcome(reply: object, max_bytes: int) -> worker_pb2.KvChunk | None:
         return reply.chunk
     if kind == "end":
         return None
-    raise _as_rpc_error(reply.error)
-
-
-def _as_rpc_error(status: router_pb2.CallStatus) -> grpc.aio.AioRpcError:
-    """The error a unary PullKv would have raised: the same code, text and rich detail (services/common/errors.py)."""
-    trailing = (
-        grpc.aio.Metadata((rpc_status.GRPC_DETAILS_METADATA_KEY, status.status_details))
-        if status.status_details
-        else grpc.aio.Metadata()
-    )
-    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details=status.message)
+    raise as_rpc_error(reply.error)

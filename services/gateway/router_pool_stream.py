@@ -12,9 +12,9 @@ import logging
 import time
 
 import grpc
-from grpc_status import rpc_status
 
 from services.common.protos import router_pb2, router_pb2_grpc
+from services.common.stream_calls import as_rpc_error
 from services.common.tracing import trace_carrier
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,6 @@ REOPEN_AFTER_S = 1.0  # a stream that broke (or never opened) is tried again aft
 UNSUPPORTED_REOPEN_AFTER_S = 60.0  # a router that lacks RouteStream (an older release) is asked again this rarely
 OPEN_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class StreamUnavailable(Exception):
@@ -94,7 +93,7 @@ class RouteStreamClient:
             raise StreamUnavailable
         if reply.WhichOneof("outcome") == "route":
             return reply.route
-        raise _as_rpc_error(reply.error)
+        raise as_rpc_error(reply.error)
 
     async def send(self, message: router_pb2.RouteStreamRequest) -> bool:
         """Write a call that gets no answer; False when the stream cannot take it (send it unary)."""
@@ -209,14 +208,3 @@ def _retrieved(write: asyncio.Task) -> None:
 def _route_message(call_id: int, timeout_s: float, message: router_pb2.RouteRequest) -> router_pb2.RouteStreamRequest:
     carrier = trace_carrier()  # NOTE: empty unless tracing is on
     return router_pb2.RouteStreamRequest(call_id=call_id, timeout_s=timeout_s, route=message, trace_context=carrier)
-
-
-def _as_rpc_error(status: router_pb2.CallStatus) -> grpc.aio.AioRpcError:
-    """The error a unary Route would have raised: the same code, text and rich detail (services/common/errors.py)."""
-    trailing = (
-        grpc.aio.Metadata((rpc_status.GRPC_DETAILS_METADATA_KEY, status.status_details))
-        if status.status_details
-        else grpc.aio.Metadata()
-    )
-    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details=status.message)

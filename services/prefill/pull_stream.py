@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from services.common.errors import status_of
 from services.common.grpc_limits import LIMITS
 from services.common.logs import request_id
-from services.common.protos import router_pb2, worker_pb2
+from services.common.protos import worker_pb2
+from services.common.stream_calls import code_of, end_all, failure, refusal
 from services.common.tracing import continued_span
 
 log = logging.getLogger(__name__)
@@ -36,15 +36,8 @@ class PullStreams:
 
     async def close(self) -> None:
         """End every open stream now (the worker is stopping; its held KV is pulled or lapsed by then): a stream
-        held open would keep the server's stop waiting its whole grace period. The decode worker goes unary.
-
-        NOTE: a status sent first, then the task cancelled: a cancelled handler alone leaves the call open in grpc."""
-        for task, context in list(self._serving.items()):
-            try:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the prefill worker is stopping")
-            except Exception:  # NOTE: abort raises to its caller by design (grpc's AbortError)
-                pass
-            task.cancel()
+        held open would keep the server's stop waiting its whole grace period. The decode worker goes unary."""
+        await end_all(self._serving, "the prefill worker is stopping")
 
     async def serve(self, requests: AsyncIterator[worker_pb2.PullKvStreamRequest], context) -> None:
         serving = asyncio.current_task()
@@ -84,11 +77,8 @@ class PullStreams:
                 reply = await self._send_chunks(call_id, req_id, stream)
             code = "OK"
         except Exception as exc:
-            status = status_of(exc)  # NOTE: the very status (and detail) a unary PullKv ends with for this error
-            code = _CODES[status.code].name
-            error = router_pb2.CallStatus(
-                code=status.code, message=status.message, status_details=status.SerializeToString()
-            )
+            error = failure(exc)  # NOTE: the very status (and detail) a unary PullKv ends with for this error
+            code = code_of(error.code).name
             reply = worker_pb2.PullKvStreamResponse(call_id=call_id, error=error)
         finally:
             self._done(code, time.monotonic() - start)
@@ -156,10 +146,5 @@ class _Stream:
             self._serving.cancel()  # NOTE: pulls waiting on a full queue would wait forever otherwise
 
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
 def _error(call_id: int, code: grpc.StatusCode, message: str) -> worker_pb2.PullKvStreamResponse:
-    return worker_pb2.PullKvStreamResponse(
-        call_id=call_id, error=router_pb2.CallStatus(code=code.value[0], message=message)
-    )
+    return worker_pb2.PullKvStreamResponse(call_id=call_id, error=refusal(code, message))

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import grpc
 
-from services.common.errors import status_of
 from services.common.protos import router_pb2
+from services.common.stream_calls import end_all, failure, refusal
 from services.common.tracing import continued_span
 from services.router.types import RouterError
 
@@ -44,16 +44,8 @@ class RouteStreams:
         self._serving: dict[asyncio.Task, grpc.aio.ServicerContext] = {}
 
     async def close(self) -> None:
-        """End every open stream now (the router is stopping): a gateway sends what it would have sent unary, and a
-        stream held open would otherwise keep the server's stop waiting its whole grace period.
-
-        NOTE: a status sent first, then the task cancelled: a cancelled handler alone leaves the call open in grpc."""
-        for task, context in list(self._serving.items()):
-            try:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is stopping")
-            except Exception:  # NOTE: abort raises to its caller by design (grpc's AbortError)
-                pass
-            task.cancel()
+        """End every open stream now (the router is stopping): a gateway sends what it would have sent unary."""
+        await end_all(self._serving, "the router is stopping")
 
     async def serve(self, requests: AsyncIterator[router_pb2.RouteStreamRequest], context) -> None:
         stream = _Stream(context)
@@ -143,12 +135,8 @@ class _Stream:
 
 
 def _refused(call_id: int, exc: RouterError) -> router_pb2.RouteStreamResponse:
-    status = status_of(exc)  # NOTE: the very status (and detail) a unary Route ends with for this error
-    error = router_pb2.CallStatus(code=status.code, message=status.message, status_details=status.SerializeToString())
-    return router_pb2.RouteStreamResponse(call_id=call_id, error=error)
+    return router_pb2.RouteStreamResponse(call_id=call_id, error=failure(exc))  # NOTE: as a unary Route ends
 
 
 def _error(call_id: int, code: grpc.StatusCode, message: str) -> router_pb2.RouteStreamResponse:
-    return router_pb2.RouteStreamResponse(
-        call_id=call_id, error=router_pb2.CallStatus(code=code.value[0], message=message)
-    )
+    return router_pb2.RouteStreamResponse(call_id=call_id, error=refusal(code, message))
