@@ -49,3 +49,16 @@ async def end_all(serving: dict[asyncio.Task, grpc.aio.ServicerContext], why: st
         except Exception:  # NOTE: abort raises to its caller by design (grpc's AbortError)
             pass
         task.cancel()
+
+
+async def refused_opening(call: grpc.aio.StreamStreamCall, timeout_s: float) -> tuple[grpc.StatusCode, str] | None:
+    """None once the server has accepted `call` (its initial metadata came: authorized, and the method exists); else
+    why not, as (code, details), the call cancelled."""
+    try:
+        await asyncio.wait_for(call.initial_metadata(), timeout_s)
+        if call.done():  # NOTE: refused or unimplemented: the call ended before any metadata
+            return await call.code(), await call.details()
+    except (TimeoutError, grpc.aio.AioRpcError) as exc:
+        call.cancel()
+        return getattr(exc, "code", lambda: grpc.StatusCode.DEADLINE_EXCEEDED)(), "not accepted in time"
+    return None

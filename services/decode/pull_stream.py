@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.common.protos import worker_pb2, worker_pb2_grpc
-from services.common.stream_calls import as_rpc_error
+from services.common.stream_calls import as_rpc_error, refused_opening
 from services.common.tracing import span, trace_carrier
 
 log = logging.getLogger(__name__)
@@ -138,16 +138,12 @@ class PullStreamClient:
         """A new call, kept once the prefill worker accepted it (its initial metadata came: authorized, implemented)."""
         call = self._stub.PullKvStream()
         try:
-            await asyncio.wait_for(call.initial_metadata(), OPEN_TIMEOUT_S)
-            if call.done():  # NOTE: refused or unimplemented: the call ended before any metadata
-                self._give_up(await call.code(), await call.details())
-                return
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
-            call.cancel()
-            self._give_up(getattr(exc, "code", lambda: grpc.StatusCode.DEADLINE_EXCEEDED)(), "not accepted in time")
-            return
+            refused = await refused_opening(call, OPEN_TIMEOUT_S)
         finally:
             self._opening = None
+        if refused is not None:
+            self._give_up(*refused)
+            return
         opened = self._open = _Open(call)
         loop = asyncio.get_running_loop()
         opened.writer = loop.create_task(self._write_all(opened))

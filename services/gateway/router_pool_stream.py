@@ -14,7 +14,7 @@ import time
 import grpc
 
 from services.common.protos import router_pb2, router_pb2_grpc
-from services.common.stream_calls import as_rpc_error
+from services.common.stream_calls import as_rpc_error, refused_opening
 from services.common.tracing import trace_carrier
 
 log = logging.getLogger(__name__)
@@ -154,17 +154,12 @@ class RouteStreamClient:
         """A new call, kept once the router accepted it (its initial metadata came: authorized and implemented)."""
         call = self._stub.RouteStream()
         try:
-            await asyncio.wait_for(call.initial_metadata(), OPEN_TIMEOUT_S)
-            if call.done():  # NOTE: refused or unimplemented: the call ended before any metadata
-                code = await call.code()
-                self._give_up(code, await call.details())
-                return
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
-            call.cancel()
-            self._give_up(getattr(exc, "code", lambda: grpc.StatusCode.DEADLINE_EXCEEDED)(), "not accepted in time")
-            return
+            refused = await refused_opening(call, OPEN_TIMEOUT_S)
         finally:
             self._opening = None
+        if refused is not None:
+            self._give_up(*refused)
+            return
         self._call = call
         self._reader = asyncio.get_running_loop().create_task(self._read(call))
 
