@@ -58,6 +58,7 @@ class PlannerSettings:
     # the SLA judged as the share of a window's feasible requests that missed it (services/planner/slo_misses.py)
     miss_budget: float = FeedbackConfig().budget
     miss_window_ticks: int = PlannerConfig().miss_window_ticks
+    miss_deviations: float = PlannerConfig().miss_deviations
     # the model's speed from the workers' busy-time counters (services/planner/calibration.py); 0: trust the model
     calibration_weight: float = CalibrationConfig().weight
     # up at once on a climb: the last CLIMB_TICKS ticks' arrivals at >= CLIMB_RATIO x the predicted rate; 0: off
@@ -183,6 +184,7 @@ class PlannerSettings:
             feedback=self.feedback,
             calibration=self.calibration,
             miss_window_ticks=self.miss_window_ticks,
+            miss_deviations=self.miss_deviations,
             climb_ticks=self.climb_ticks,
             climb_ratio=self.climb_ratio,
             climb_deviations=self.climb_deviations,
@@ -227,6 +229,8 @@ SOURCE = Source(
         "feedback_max_factor": "headroom from the observed SLO error (services/planner/feedback.py)",
         "miss_budget": "the share of requests the fast loop lets miss their SLO before it adds a replica",
         "miss_window_ticks": "the fast loop judges the missed share over this many ticks",
+        "miss_deviations": "the fast loop adds a replica only when the misses exceed the budget by this many "
+        "binomial standard deviations (0: the share alone)",
         "calibration_weight": "how far one interval's measured speed moves the model's (0: off, 1: the newest alone)",
         "climb_ticks": "a climb is judged on this many ticks' arrivals",
         "climb_ratio": "a climb: those arrivals at >= this x the predicted rate (0: off)",

@@ -53,6 +53,9 @@ class PlannerConfig:
     # with the feedback on, never alone: docs/planner.md)
     calibration: CalibrationConfig = CalibrationConfig()  # the model's speed from the workers' busy-time counters
     miss_window_ticks: int = 6  # with finished requests observed, the fast loop judges the missed share over these
+    miss_deviations: float = 0.0  # ... and adds a replica only when the misses exceed the budget by this many
+    # binomial standard deviations (three misses among 40 requests at a low rate is noise, not a short fleet); 0: the
+    # share alone
     climb_ticks: int = 6  # a climb is judged on the arrivals of this many recent ticks ...
     climb_ratio: float = 1.3  # ... at least this many times the predicted rate; 0: off (resize only each interval)
     climb_deviations: float = 0.0  # ... and this many standard deviations over it, the arrivals' measured
@@ -68,8 +71,11 @@ class PlannerConfig:
             raise PlannerConfigError(
                 f"need miss_window_ticks >= 1 and climb_ticks >= 1, got {self.miss_window_ticks} and {self.climb_ticks}"
             )
-        if self.climb_deviations < 0:
-            raise PlannerConfigError(f"climb_deviations must be >= 0, got {self.climb_deviations}")
+        if self.climb_deviations < 0 or self.miss_deviations < 0:
+            raise PlannerConfigError(
+                f"climb_deviations and miss_deviations must be >= 0, got {self.climb_deviations} and "
+                f"{self.miss_deviations}"
+            )
         if self.climb_ratio and self.climb_ratio < 1:
             raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
         if self.burst_headroom < 1:
@@ -379,11 +385,13 @@ class PlannerCore:
         }
 
     def _over_share(self, judged: dict[WorkerRole, tuple[int, int]]) -> dict[WorkerRole, bool]:
-        """Per role: did more of the window's feasible requests miss an SLO blamed on it than the target allows?"""
-        out = {}
+        """Per role: did more of the window's feasible requests miss an SLO blamed on it than the target allows
+        (with miss deviations: by more than a binomial draw at the budget's rate would)?"""
+        out, budget, z = {}, self.config.feedback.budget, self.config.miss_deviations
         for role in ROLES:
             num_judged, num_missed = self._miss_windows[role].add(*judged[role])
-            out[role] = num_missed > self.config.feedback.budget * num_judged
+            noise = z * math.sqrt(budget * (1.0 - budget) * num_judged) if z else 0.0
+            out[role] = num_missed > budget * num_judged + noise
         return out
 
     def _blamed(self, obs: Observation, misses: dict[WorkerRole, Misses]) -> dict[WorkerRole, tuple[int, int]]:

@@ -95,6 +95,12 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         default=PlannerConfig().miss_window_ticks,
         help="the fast loop judges the missed share over this many ticks",
     )
+    g.add_argument(
+        "--miss-deviations",
+        type=float,
+        default=PlannerConfig().miss_deviations,
+        help="... and adds only when the misses exceed the budget by this many binomial deviations (0: the share)",
+    )
     g.add_argument("--climb-ticks", type=int, default=PlannerConfig().climb_ticks, help="a climb: over this many ticks")
     g.add_argument(
         "--climb-ratio",
@@ -168,6 +174,7 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
                 weight=args.calibration_weight or CalibrationConfig().weight,
             ),
             miss_window_ticks=args.miss_window_ticks,
+            miss_deviations=args.miss_deviations,
             climb_ticks=args.climb_ticks,
             climb_ratio=args.climb_ratio,
             climb_deviations=args.climb_deviations,
@@ -260,6 +267,7 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         "calibration_weight": cfg.planner.calibration.weight,
         "miss_budget": cfg.planner.feedback.budget,
         "miss_window_ticks": cfg.planner.miss_window_ticks,
+        "miss_deviations": cfg.planner.miss_deviations,
         "climb": {
             "ticks": cfg.planner.climb_ticks,
             "ratio": cfg.planner.climb_ratio,

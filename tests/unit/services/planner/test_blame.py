@@ -1,9 +1,13 @@
 """A missed first token is blamed on the pool that delayed it: the request's own route says where it waited, and
 the pools' state at the tick decides only for a request that does not say."""
 
+from dataclasses import replace
+
+import pytest
+
 from services.planner.slo_misses import blamed_role, judge
-from services.planner.state_machine import PlannerCore
-from services.planner.types import RequestOutcome, WorkerRole, WorkerSample
+from services.planner.state_machine import PlannerConfig, PlannerCore
+from services.planner.types import PlannerConfigError, RequestOutcome, WorkerRole, WorkerSample
 from tests.unit.services.planner.test_state_machine import CONFIG, MODEL, obs, run
 
 P, D = WorkerRole.PREFILL, WorkerRole.DECODE
@@ -76,3 +80,26 @@ def test_misses_of_requests_that_arrived_before_a_new_replica_served_add_no_othe
     they say nothing about the fleet that serves now. The same misses from requests admitted after it do."""
     assert decode_after_new_replica(arrival_s=2.0) == 2
     assert decode_after_new_replica(arrival_s=6.0) == 3
+
+
+def prefill_after(finished, config=CONFIG, num_ticks=3):
+    """`num_ticks` 1-second ticks, each with 18 requests on time and `finished` besides; the prefill target."""
+    ok = (RequestOutcome(900, 0.2, 0.02, P),) * 18
+    ticks = [obs(workers=IDLE_PREFILL, finished=ok + finished)] * num_ticks
+    return run(PlannerCore(config, MODEL), ticks, step=1.0)[-1].targets[P]
+
+
+def test_with_miss_deviations_a_few_misses_at_a_low_rate_are_noise_and_a_steady_excess_is_not():
+    """10% missed of 60 judged requests: over the 5% budget, but within two binomial deviations of it (3 expected,
+    sd 1.7: 6 missed is under 3 + 3.4); the same 10% over 600 requests is far past it (30 + 10.7)."""
+    noisy = replace(CONFIG, miss_deviations=2.0)
+    assert prefill_after((late(P),) * 2) == 2  # the share alone adds one
+    assert prefill_after((late(P),) * 2, noisy) == 1
+    many = (RequestOutcome(900, 0.2, 0.02, P),) * 180
+    ticks = [obs(workers=IDLE_PREFILL, finished=many + (late(P),) * 20)] * 3
+    assert run(PlannerCore(noisy, MODEL), ticks, step=1.0)[-1].targets[P] == 2
+
+
+def test_miss_deviations_must_not_be_negative():
+    with pytest.raises(PlannerConfigError, match="miss_deviations"):
+        PlannerConfig(miss_deviations=-1.0)
