@@ -67,6 +67,8 @@ class PlannerSettings:
     climb_deviations: float = PlannerConfig().climb_deviations
     burst_headroom: float = PlannerConfig().burst_headroom
     burst_memory: int = PlannerConfig().burst_memory
+    decode_burst_headroom: float = PlannerConfig().decode_burst_headroom
+    rise_lead: float = PlannerConfig().rise_lead
     # prefill sized by the TTFT tail of the recent prompts (services/planner/prefill_queue.py); 0: the utilization cap
     prefill_miss_share: float = PrefillQueueConfig().miss_share
     connector_retries: int = 3  # attempts per scaling call before the tick gives up (the next tick tries again)
@@ -190,6 +192,8 @@ class PlannerSettings:
             climb_deviations=self.climb_deviations,
             burst_headroom=self.burst_headroom,
             burst_memory=self.burst_memory,
+            decode_burst_headroom=self.decode_burst_headroom,
+            rise_lead=self.rise_lead,
             prefill_queue=PrefillQueueConfig(self.prefill_miss_share),
         )
 
@@ -239,6 +243,8 @@ SOURCE = Source(
         "burst_headroom": "size for this many times the predicted rate, so a burst is carried while replicas start",
         "burst_memory": "the headroom from the largest burst over the base in this many intervals, burst_headroom "
         "its cap (0: burst_headroom always)",
+        "decode_burst_headroom": "the decode pool's burst headroom, at most burst_headroom (0: burst_headroom)",
+        "rise_lead": "the base rate's last rise carried this many intervals ahead, never a fall (0: off)",
         "prefill_miss_share": "prefill workers: the fewest whose replay of the recent prompts queues at most this "
         "share past the TTFT SLO (0: the utilization cap alone)",
         "connector_backoff_s": "the first retry's backoff (doubling)",

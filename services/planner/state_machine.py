@@ -65,6 +65,10 @@ class PlannerConfig:
     prefill_queue: PrefillQueueConfig = PrefillQueueConfig()  # prefill sized by the TTFT tail of the prompt mix
     burst_memory: int = 0  # >0: the headroom is the largest climb-window rate over the base seen in this many
     # intervals (at most burst_headroom, at least 1); 0: burst_headroom always
+    decode_burst_headroom: float = 0.0  # >0: the decode pool's headroom, at most the burst headroom (a burst's
+    # first tokens wait at once; its decode steps are averaged over each request's life); 0: the burst headroom
+    rise_lead: float = 0.0  # the base rate's last rise, carried this many intervals ahead (never a fall): a fleet
+    # asked now serves a start delay later, when a climbing day has climbed further; 0: off
 
     def __post_init__(self) -> None:
         if self.miss_window_ticks < 1 or self.climb_ticks < 1:
@@ -80,8 +84,14 @@ class PlannerConfig:
             raise PlannerConfigError(f"climb_ratio must be 0 (off) or >= 1, got {self.climb_ratio}")
         if self.burst_headroom < 1:
             raise PlannerConfigError(f"burst_headroom must be >= 1, got {self.burst_headroom}")
-        if self.burst_memory < 0:
-            raise PlannerConfigError(f"burst_memory must be >= 0, got {self.burst_memory}")
+        if self.burst_memory < 0 or self.rise_lead < 0:
+            raise PlannerConfigError(
+                f"burst_memory and rise_lead must be >= 0, got {self.burst_memory}, {self.rise_lead}"
+            )
+        if self.decode_burst_headroom and not 1 <= self.decode_burst_headroom <= self.burst_headroom:
+            raise PlannerConfigError(
+                f"decode_burst_headroom must be 0 or in [1, burst_headroom], got {self.decode_burst_headroom}"
+            )
 
     def bounds(self, role: WorkerRole) -> RoleBounds:
         return self.prefill if role is WorkerRole.PREFILL else self.decode
@@ -116,6 +126,7 @@ class PlannerCore:
         self._peaks: deque[float] = deque(maxlen=max(config.burst_memory, 1))  # each interval's peak over its base
         self._recent: deque[Observation] = deque(maxlen=max(config.climb_ticks, 1))
         self._next_adjust_at: float | None = None
+        self._last_base = -1.0  # the last interval's observed base rate (-1: none yet)
         self._uncovered = False
         self._is_warm = False  # the first interval only observes: a planner starting cold sees a biased OSL
         self.prefill_queue = PrefillQueue(config.prefill_queue)
@@ -182,6 +193,9 @@ class PlannerCore:
         for key, value in (("rate", observed.request_rate), ("isl", observed.isl), ("osl", observed.osl)):
             self.predictors[key].observe(value)
         predicted = Load(*(max(self.predictors[k].predict() or 0.0, 0.0) for k in ("rate", "isl", "osl")))
+        rise = max(observed.request_rate - self._last_base, 0.0) if self._last_base >= 0 else 0.0
+        self._last_base = observed.request_rate
+        predicted = replace(predicted, request_rate=predicted.request_rate + self.config.rise_lead * rise)
         self.last_predicted = predicted
         self.feedback.update()
         self.calibration.update()
@@ -272,7 +286,11 @@ class PlannerCore:
                 out[WorkerRole.PREFILL] = ceil_workers(queued * factors[WorkerRole.PREFILL])
         if headroom > 1:
             burst = replace(load, request_rate=load.request_rate * headroom)
-            for role, count in self._at_slo(burst).items():
+            counts = self._at_slo(burst)
+            if self.config.decode_burst_headroom and WorkerRole.DECODE in counts:
+                rate = load.request_rate * min(headroom, self.config.decode_burst_headroom)
+                counts[WorkerRole.DECODE] = self._at_slo(replace(load, request_rate=rate))[WorkerRole.DECODE]
+            for role, count in counts.items():
                 out[role] = max(out[role], count)
         return out
 

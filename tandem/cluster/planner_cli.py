@@ -127,6 +127,18 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="headroom from the largest burst of this many intervals, --burst-headroom its cap (0: fixed)",
     )
     g.add_argument(
+        "--decode-burst-headroom",
+        type=float,
+        default=PlannerConfig().decode_burst_headroom,
+        help="the decode pool's headroom, at most --burst-headroom (0: --burst-headroom)",
+    )
+    g.add_argument(
+        "--rise-lead",
+        type=float,
+        default=PlannerConfig().rise_lead,
+        help="the base rate's last rise carried this many intervals ahead, never a fall (0: off)",
+    )
+    g.add_argument(
         "--prefill-miss-share",
         type=float,
         default=PrefillQueueConfig().miss_share,
@@ -180,6 +192,8 @@ def planner_config(args: argparse.Namespace) -> PlannerSimConfig:
             climb_deviations=args.climb_deviations,
             burst_headroom=args.burst_headroom,
             burst_memory=args.burst_memory,
+            decode_burst_headroom=args.decode_burst_headroom,
+            rise_lead=args.rise_lead,
             prefill_queue=PrefillQueueConfig(args.prefill_miss_share),
         )
     except FeedbackError as exc:
@@ -275,6 +289,8 @@ def _config_doc(args: argparse.Namespace, cfg: PlannerSimConfig) -> dict:
         },
         "burst_headroom": cfg.planner.burst_headroom,
         "burst_memory": cfg.planner.burst_memory,
+        "decode_burst_headroom": cfg.planner.decode_burst_headroom,
+        "rise_lead": cfg.planner.rise_lead,
         "prefill_miss_share": cfg.planner.prefill_queue.miss_share,
         "disagg_min_tokens": cfg.disagg_min_tokens,
         "bounds": {
