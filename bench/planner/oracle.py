@@ -15,7 +15,6 @@ import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from engines.timing.profile import load_profile
@@ -92,7 +91,7 @@ def hold_study(runner: Runner, static: po.Fleet, anchor: dict, blocks: list[int]
     for generous in dict.fromkeys([static, *([big] if double else [])]):
         g = f"{generous[0]}+{generous[1]}"
         for k in range(4):
-            sched = held_block(cheap, generous, k / 3, need, window, cfg)
+            sched = po.held_block(cheap, generous, k / 3, need, window, cfg)
             start = next(t for t, *fleet in sched if tuple(fleet) == cheap)
             runner.submit(f"block@{start:g}_{g}", sched, kind="one block")
         for block in blocks:
@@ -100,9 +99,9 @@ def hold_study(runner: Runner, static: po.Fleet, anchor: dict, blocks: list[int]
                 for first in (True, False):
                     sched = po.alternating(cheap, generous, block, rest, window, first)
                     runner.submit(f"alt{block}/{rest:g}{'c' if first else 'g'}_{g}", sched, kind="alternating")
-        for measure in ("tokens", "requests"):
-            for bin_s in (30.0, 60.0):
-                sched = lightest(runner.rows, cheap, generous, bin_s, measure, need, window, cfg)
+        for bin_s in (30.0, 60.0):
+            for measure, loads in bin_measures(runner, cheap, bin_s, window).items():
+                sched = po.lightest(loads, cheap, generous, bin_s, need, window, cfg)
                 runner.submit(f"lightest_{measure}_{bin_s:g}s_{g}", sched, kind="lightest bins")
     runs = runner.results()
     for run in runs.values():
@@ -111,31 +110,16 @@ def hold_study(runner: Runner, static: po.Fleet, anchor: dict, blocks: list[int]
     return {"cheap_fleet": cheap, "needed_hold_share": need, "large_fleet": big}, runs
 
 
-def held_share(schedule, fleet: po.Fleet, window: float, cfg: PlannerSimConfig) -> float:
-    return po.planned_seconds(schedule, cfg, window).get(fleet, 0.0) / window
-
-
-def held_block(cheap, generous, where: float, need: float, window: float, cfg: PlannerSimConfig) -> list:
-    """One block of `cheap`, placed `where` (0: at the start, 1: at the end) of the room left, lengthened tick by
-    tick until it is billed for `need` of the window."""
-    hold = po.on_grid(need * window, cfg.tick_s, up=True)
-    while True:
-        start = po.on_grid((window - hold) * where, cfg.tick_s) if hold < window else 0.0
-        sched = po.contiguous(cheap, generous, start, hold)
-        if hold >= window or held_share(sched, cheap, window, cfg) >= need:
-            return sched
-        hold += cfg.tick_s
-
-
-def lightest(rows, cheap, generous, bin_s: float, measure: str, need: float, window: float, cfg) -> list:
-    """`cheap` in the lightest bins (by `measure`), bin by bin until it is billed for `need` of the window."""
-    loads = po.bin_loads(rows, bin_s, window, measure)
-    for n in range(1, len(loads) + 1):
-        light = po.lightest_bins(loads, n)
-        sched = po.from_bins([cheap if i in light else generous for i in range(len(loads))], bin_s)
-        if held_share(sched, cheap, window, cfg) >= need:
-            return sched
-    return sched
+def bin_measures(runner: Runner, cheap: po.Fleet, bin_s: float, window: float) -> dict[str, list[float]]:
+    """Each bin's load: its arrivals' tokens, their count, and the requests `cheap` misses when it serves that bin's
+    arrivals alone (a static replay from an empty fleet, replayed whole): the clairvoyant's own measure."""
+    slices = po.bin_slices(runner.rows, bin_s, window)
+    todo = [
+        runner.pool.submit(po.run_scheduled, runner.truth, rows, runner.cfg, [(0.0, *cheap)]) for rows in slices if rows
+    ]
+    runs = iter(f.result() for f in todo)
+    misses = [(1.0 - next(runs)["sla_attainment"]) * len(rows) if rows else 0.0 for rows in slices]
+    return {m: po.bin_loads(runner.rows, bin_s, window, m) for m in ("tokens", "requests")} | {"misses": misses}
 
 
 def alternation_rests(block: float, need: float, cfg: PlannerSimConfig) -> list[float]:
@@ -152,10 +136,7 @@ def minute_search(cfg: PlannerSimConfig, truth, rows, pool, bin_s: float, end_s:
     ascending worker count, until a level has a pair meeting MARGIN, two levels raised nothing, or EXTRA_LEVELS past
     the static pair's count.
     Stopped replays are below the target, flagged as upper bounds."""
-    slices = [[] for _ in range(max(1, int(-(-end_s // bin_s))))]
-    for r in rows:
-        i = min(int(r.arrival_s // bin_s), len(slices) - 1)
-        slices[i].append(replace(r, arrival_s=r.arrival_s - i * bin_s))
+    slices = po.bin_slices(rows, bin_s, end_s)
     p, d = cfg.planner.prefill, cfg.planner.decode
     tried: list[dict] = [{} for _ in slices]
     best: dict[int, dict[int, float]] = {}  # per level, each bin's best attainment so far

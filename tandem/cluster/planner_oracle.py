@@ -3,7 +3,7 @@ the planner's virtual connector, so what a schedule costs and attains compares w
 runs here and nothing is sized: it bounds what any planner could reach, and never stands in for one."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engines.timing.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
@@ -198,6 +198,15 @@ def bin_loads(rows: list[TraceRow], bin_s: float, end_s: float, measure: str = "
     return loads
 
 
+def bin_slices(rows: list[TraceRow], bin_s: float, end_s: float) -> list[list[TraceRow]]:
+    """The rows of each bin of `bin_s` over [0, end_s), their arrivals shifted so that each bin starts at 0."""
+    slices: list[list[TraceRow]] = [[] for _ in range(max(1, int(-(-end_s // bin_s))))]
+    for row in rows:
+        i = min(int(row.arrival_s // bin_s), len(slices) - 1)
+        slices[i].append(replace(row, arrival_s=row.arrival_s - i * bin_s))
+    return slices
+
+
 def lightest_bins(loads: list[float], num_bins: int) -> set[int]:
     """The `num_bins` bins with the least load (ties: the earlier bin)."""
     return set(sorted(range(len(loads)), key=lambda i: (loads[i], i))[:num_bins])
@@ -216,3 +225,27 @@ def look_ahead(fleets: list[Fleet]) -> list[Fleet]:
     """Each bin's fleet raised to the next bin's, role by role: a queue one bin leaves, the next bin's ramp."""
     nxt = [*fleets[1:], fleets[-1]]
     return [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(fleets, nxt)]
+
+
+def held_block(cheap: Fleet, generous: Fleet, where: float, need: float, window: float, cfg: PlannerSimConfig) -> list:
+    """One block of `cheap`, placed `where` (0: at the start, 1: at the end) of the room left, lengthened tick by
+    tick until it is billed (`planned_seconds`) for `need` of the window; `generous` before and after."""
+    hold = on_grid(need * window, cfg.tick_s, up=True)
+    while True:
+        start = on_grid((window - hold) * where, cfg.tick_s) if hold < window else 0.0
+        schedule = contiguous(cheap, generous, start, hold)
+        if start + hold >= window:  # NOTE: nothing after the window to serve: no fleet to bring back
+            schedule = schedule[:-1]
+        if hold >= window or planned_seconds(schedule, cfg, window).get(cheap, 0.0) >= need * window:
+            return schedule
+        hold += cfg.tick_s
+
+
+def lightest(loads: list[float], cheap: Fleet, generous: Fleet, bin_s: float, need: float, window: float, cfg) -> list:
+    """`cheap` in the bins of least load, one more bin at a time until it is billed for `need` of the window."""
+    for n in range(1, len(loads) + 1):
+        light = lightest_bins(loads, n)
+        schedule = from_bins([cheap if i in light else generous for i in range(len(loads))], bin_s)
+        if planned_seconds(schedule, cfg, window).get(cheap, 0.0) >= need * window:
+            break
+    return schedule

@@ -112,3 +112,22 @@ def test_schedule_builders():
         {"t_s": 38.0, "role": "decode", "from": 1, "to": 2},
     ]
     assert po.held_seconds({"prefill": 1, "decode": 2}, decisions, 50.0) == {(1, 2): 20.0, (1, 1): 30.0}
+
+
+def test_bins_and_the_cheap_fleet_sized_to_be_billed_the_needed_share():
+    rows = [TraceRow(1.0, 100, 10), TraceRow(12.0, 5, 5), TraceRow(29.0, 7, 7)]
+    assert po.bin_slices(rows, 10.0, 30.0) == [[TraceRow(1.0, 100, 10)], [TraceRow(2.0, 5, 5)], [TraceRow(9.0, 7, 7)]]
+    # a cheap block followed by a larger fleet is billed a start delay (2 s) less than it serves: lengthened to fit
+    block = po.held_block((1, 1), (1, 2), 0.0, 0.5, 40.0, CFG)
+    assert block == [(0.0, 1, 1), (22.0, 1, 2)]
+    assert po.planned_seconds(block, CFG, 40.0)[(1, 1)] == 20.0
+    at_end = po.held_block((1, 1), (1, 2), 1.0, 0.5, 40.0, CFG)  # nothing follows it: billed as it serves
+    assert at_end == [(0.0, 1, 2), (20.0, 1, 1)]
+    loads = [5.0, 1.0, 9.0, 2.0]  # bins of 10 s: the two lightest, 1 and 3, are billed 8 + 10 s of 40
+    assert po.lightest(loads, (1, 1), (1, 2), 10.0, 0.4, 40.0, CFG) == [
+        (0.0, 1, 2),
+        (10.0, 1, 1),
+        (20.0, 1, 2),
+        (30.0, 1, 1),
+    ]
+    assert po.lightest(loads, (1, 1), (1, 2), 10.0, 0.5, 40.0, CFG) == [(0.0, 1, 1), (20.0, 1, 2), (30.0, 1, 1)]
