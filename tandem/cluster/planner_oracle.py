@@ -99,9 +99,9 @@ def run_scheduled(
                     {"t_s": round(now, 3), "role": role.value, "from": replicas[role].desired, "to": target}
                 )
                 connector.scale(role, target)
-        return connector.replicas()
+        return dict(connector.replicas())
 
-    run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
+    run = _replay(sim, rows, cfg, lambda: dict(connector.replicas()), act, connector.gpu_hours, decisions, initial)
     return {**run, "schedule": [list(s) for s in schedule]}
 
 
@@ -114,10 +114,12 @@ def fleet_seconds(schedule: Sequence[tuple[float, int, int]], end_s: float) -> d
     return out
 
 
-def planned_seconds(schedule: Sequence[tuple[float, int, int]], cfg: PlannerSimConfig, end_s: float) -> dict:
+def planned_seconds(
+    schedule: Sequence[tuple[float, int, int]], cfg: PlannerSimConfig, end_s: float
+) -> dict[Fleet, float]:
     """How long each fleet will be held within [0, end_s] (tick by tick, as `run_scheduled` asks), before any
     replay: a cheap block is held a start delay less than it serves when a larger fleet follows it."""
-    steps, out = parse_schedule(schedule, cfg), {}
+    steps, out = parse_schedule(schedule, cfg), dict[Fleet, float]()
     t = 0.0
     while t < end_s - _EPS:
         fleet = wanted(steps, t, cfg)
@@ -129,7 +131,7 @@ def planned_seconds(schedule: Sequence[tuple[float, int, int]], cfg: PlannerSimC
 def held_seconds(start: dict[str, int], decisions: list[dict], end_s: float) -> dict[Fleet, float]:
     """How long each fleet was held (paid for: serving or starting) within [0, end_s], from a run's decisions:
     what a schedule bought, where `fleet_seconds` says what it asked to serve."""
-    held, out, t = dict(start), {}, 0.0
+    held, out, t = dict(start), dict[Fleet, float](), 0.0
     for d in [*sorted(decisions, key=lambda d: d["t_s"]), {"t_s": end_s}]:
         at = min(d["t_s"], end_s)
         fleet = (held.get("prefill", 0), held.get("decode", 0))

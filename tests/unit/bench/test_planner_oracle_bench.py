@@ -33,7 +33,7 @@ def test_the_hold_study_writes_every_schedule_against_the_anchor(tmp_path, capsy
             assert run["cheap_share_held"] >= 0.45, name
     assert doc["reached"] == [n for n, r in runs.items() if n != "static_1+2" and r["meets_both"]]
     printed = capsys.readouterr().out
-    assert "static_1+1_whole" in printed and "schedules meeting >= 95%" in printed
+    assert "static_1+1_whole" in printed and "schedules meeting >= 95%" in printed and "1+1 45.0%" in printed
 
 
 def test_the_per_bin_study_picks_the_cheapest_pair_meeting_the_target(tmp_path):
