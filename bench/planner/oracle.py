@@ -3,7 +3,7 @@ from the trace itself, against the static pair the search found, replayed in the
 a bound, not a planner: it reads the trace it is scored on, and nothing here is tuned for a planner.
 
     python bench/planner/oracle.py --baseline bench/results/planner/fifth/mooncake_1000_baseline.json --study hold \
-        --json bench/results/planner/oracle/mooncake_1000.json [--jobs 2] [--small 300]
+        --json bench/results/planner/oracle/mooncake_1000_hold.json [--jobs 2] [--small 300]
 
 Studies: `hold` holds the cheapest fleet for the share of the window that a schedule must hold it to cost at most
 0.85x the static pair (contiguous, alternating, in the lightest bins), a generous fleet the rest; `minute` picks for

@@ -1,6 +1,6 @@
-"""A clairvoyant schedule replayed: the fleet is set from a list of (t_s, prefill, decode) known in advance, through
-the planner's virtual connector, so what a schedule costs and attains compares with a planner's run. No planner
-runs here and nothing is sized: it bounds what any planner could reach, and never stands in for one."""
+"""A clairvoyant schedule, built from the trace (pure) and replayed: the fleet set from (t_s, prefill, decode) steps
+known in advance, through the planner's virtual connector, so its cost and attainment compare with a planner's run.
+No planner runs here: it bounds what any planner could reach, and never stands in for one."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
