@@ -209,3 +209,19 @@ def test_a_static_pair_past_hope_stops_early_with_an_upper_bound_below_the_targe
     full = run_static(PROFILE, STEP, replace(CONFIG, target_attainment=0.0), small)
     assert stopped["stopped_early_s"] < full["end_s"] and "stopped_early_s" not in full
     assert full["sla_attainment"] <= stopped["sla_attainment"] < CONFIG.target_attainment
+    assert stopped["attainment_is_upper_bound"] and not full["attainment_is_upper_bound"]  # said in the JSON
+
+
+def test_the_search_report_says_which_attainments_are_upper_bounds(runs):
+    from tandem.cluster.planner_report import format_table, search_bounds_line
+
+    tried = runs[BASELINE]["search"]
+    assert all(isinstance(t["attainment_is_upper_bound"], bool) for t in tried)
+    assert not any(t["attainment_is_upper_bound"] for t in tried if t["sla_attainment"] >= 0.95)
+    stopped = [t for t in tried if t["attainment_is_upper_bound"]]
+    assert stopped  # the step trace overloads 1 + 1: its replay stops early
+    line = search_bounds_line(tried)
+    assert line.startswith("stopped early") and f"{stopped[0]['prefill']}+{stopped[0]['decode']} <= " in line
+    assert line in format_table(runs, 300.0)
+    whole = [{"prefill": 1, "decode": 1, "sla_attainment": 0.9, "attainment_is_upper_bound": False}]
+    assert search_bounds_line(whole).startswith("every searched pair was replayed whole")
