@@ -275,6 +275,8 @@ class ClusterSim:
             self._push(arrive, "handoff", (worker_id, record.worker_id, output.req_id, output.new_token_ids[-1]))
             return
         record.finish_s = self.now
+        if worker_id == record.prefill_worker_id:  # NOTE: one token, the prefill's own: nothing travels on
+            self.workers[worker_id].prompts.pop(output.req_id, None)
         self.routers.complete(output.req_id)
 
     def _hand_off(self, prefill_id: str, decode_id: str, req_id: str, first_token: int) -> None:

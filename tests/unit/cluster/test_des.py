@@ -68,6 +68,17 @@ def test_disaggregated_prefill_hands_off_to_decode():
     assert {r.prefill_worker_id for r in records} == {"prefill-000"}  # every prompt is >= 512 tokens
 
 
+def test_a_one_token_request_done_on_its_prefill_worker_leaves_no_decode_worker_waiting():
+    """One output token comes from the prefill itself: nothing is handed off, and the decode worker it was routed
+    to must still drain (it was billed until the run's end when the prefill worker kept the prompt)."""
+    rows = [TraceRow(row.arrival_s, row.isl, 1, row.hash_ids) for row in conversations(6, 2)]
+    sim = ClusterSim(PROFILE, SimConfig(2, num_prefill_workers=1), "least_loaded")
+    records = sim.run(rows)
+    assert all(r.finish_s >= r.first_token_s > r.arrival_s and r.prefill_worker_id for r in records)
+    assert not sim.workers["prefill-000"].prompts
+    assert all(sim.is_drained(worker_id) for worker_id in sim.workers)
+
+
 def test_cli_writes_the_json_and_plots(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(
