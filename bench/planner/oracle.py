@@ -7,10 +7,13 @@ a bound, not a planner: it reads the trace it is scored on, and nothing here is 
 
 Studies: `hold` holds the cheapest fleet for the share of the window that a schedule must hold it to cost at most
 0.85x the static pair (contiguous, alternating, in the lightest bins), a generous fleet the rest; `minute` picks for
-each minute the cheapest pair whose static replay of that minute's arrivals alone meets the target, then variants.
+each minute the cheapest pair whose static replay of that minute's arrivals alone meets the target, then variants;
+`day` sizes each bin from the diurnal generator's base curve and burst factor at given per-worker capacities, never
+from the arrivals (what a planner that knows the day's shape, but not when bursts come, could do).
 """
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -197,6 +200,15 @@ def minute_study(runner: Runner, static: po.Fleet, anchor: dict, bin_s: float) -
     return {"bin_s": bin_s, "max_workers_searched": top, "bins": rows}, runner.results()
 
 
+def day_study(runner: Runner, anchor: dict, day: po.DayShape, capacities: list, bin_s: float) -> tuple[dict, dict]:
+    """Fleets from the day's base curve alone (bursts unknown), one schedule per (prefill, decode) capacity."""
+    for c_p, c_d in capacities:
+        fleets = po.day_fleets(day, (c_p, c_d), bin_s, anchor["end_s"], runner.cfg)
+        runner.submit(f"day_p{c_p:g}_d{c_d:g}", po.from_bins(fleets, bin_s), kind="day shape", fleets=fleets)
+    facts = {"day": dataclasses.asdict(day), "bin_s": bin_s, "capacities": capacities}
+    return facts, runner.results()
+
+
 def verdicts(runs: dict[str, dict], anchor: dict, target: float) -> None:
     """Each run's GPU share of the anchor, and whether it reaches the targets (both is what a planner must)."""
     for run in runs.values():
@@ -223,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     doc = json.loads(Path(args.baseline).read_text())
     cfg, truth = config_from(doc), load_profile(doc["profile"]["name"])
-    rows = load_trace(Path(doc["trace"]), args.small or doc["num_requests"], doc["time_scale"])
+    rows = load_trace(args.trace or Path(doc["trace"]), args.small or doc["num_requests"], doc["time_scale"])
     static = tuple(doc["static_best"]["replicas"][r] for r in ("prefill", "decode"))
     with ProcessPoolExecutor(max(args.jobs, 1), multiprocessing.get_context("forkserver")) as pool:
         runner = Runner(truth, rows, cfg, pool)
@@ -233,8 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.study == "hold":
             blocks = [int(b) for b in args.blocks.split(",") if b.strip()]
             facts, runs = hold_study(runner, static, anchor, blocks, not args.no_double)
-        else:
+        elif args.study == "minute":
             facts, runs = minute_study(runner, static, anchor, args.bin_s)
+        else:
+            day = po.DayShape(*(float(x) for x in args.day.split(",")))
+            capacities = [tuple(float(x) for x in c.split(":")) for c in args.capacities.split(",")]
+            facts, runs = day_study(runner, anchor, day, capacities, args.bin_s)
     runs = {anchor_name: anchor, **runs}
     verdicts(runs, anchor, cfg.target_attainment)
     print(format_table(runs, anchor_name))
@@ -253,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = {
         "baseline": str(args.baseline),
-        "trace": doc["trace"],
+        "trace": str(args.trace or doc["trace"]),
         "num_requests": len(rows),
         "study": args.study,
         "static_pair": static,
@@ -275,8 +291,19 @@ def main(argv: list[str] | None = None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, help="a `tandem sim --planner sla` JSON with static_best")
-    p.add_argument("--study", choices=("hold", "minute"), required=True)
-    p.add_argument("--bin-s", type=float, default=60.0, help="minute study: the bin each fleet is chosen for")
+    p.add_argument("--study", choices=("hold", "minute", "day"), required=True)
+    p.add_argument("--bin-s", type=float, default=60.0, help="minute, day: the bin each fleet is chosen for")
+    p.add_argument("--trace", type=Path, default=None, help="the trace, if not at the path the baseline recorded")
+    p.add_argument(
+        "--day",
+        default="3,0.6,900,2.5",
+        help="day study: mean rate, amplitude, period (s), burst factor (default: the diurnal traces' command)",
+    )
+    p.add_argument(
+        "--capacities",
+        default="8:4.5,8:4,8:3.5,6:4.5",
+        help="day study: requests/s per prefill:decode worker, one schedule each",
+    )
     p.add_argument("--blocks", default=",".join(map(str, BLOCKS_S)), help="hold study: cheap blocks to alternate (s)")
     p.add_argument("--no-double", action="store_true", help="hold study: the static pair as the only generous fleet")
     p.add_argument("--small", type=int, default=0, help="only the first N requests (a rehearsal; the test)")

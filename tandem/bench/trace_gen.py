@@ -58,6 +58,11 @@ def poisson_arrivals(rate_at, max_rate: float, seconds: float, rng: random.Rando
             yield t
 
 
+def day_rate(t: float, mean_rate: float, amplitude: float, period_s: float) -> float:
+    """The diurnal trace's base rate at `t`, bursts aside: a sine from its trough (1 - amplitude) x mean at 0."""
+    return mean_rate * (1.0 - amplitude * math.cos(2.0 * math.pi * t / period_s))
+
+
 def diurnal_bursty(
     seed: int,
     seconds: float = 3600.0,
@@ -76,7 +81,7 @@ def diurnal_bursty(
     bursts = sorted(rng.uniform(0.0, seconds - burst_s) for _ in range(num_bursts))
 
     def rate_at(t: float) -> float:
-        day = mean_rate * (1.0 - amplitude * math.cos(2.0 * math.pi * t / period_s))
+        day = day_rate(t, mean_rate, amplitude, period_s)
         return day * (burst_factor if any(b <= t < b + burst_s for b in bursts) else 1.0)
 
     peak = mean_rate * (1.0 + amplitude) * burst_factor

@@ -2,12 +2,14 @@
 known in advance, through the planner's virtual connector, so its cost and attainment compare with a planner's run.
 No planner runs here: it bounds what any planner could reach, and never stands in for one."""
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from engines.timing.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
 from services.planner.types import ROLES, WorkerRole
+from tandem.bench.trace_gen import day_rate
 from tandem.bench.traces import TraceRow
 from tandem.cluster.planner_sim import PlannerSimConfig, _cluster, _replay
 
@@ -251,3 +253,31 @@ def lightest(loads: list[float], cheap: Fleet, generous: Fleet, bin_s: float, ne
         if planned_seconds(schedule, cfg, window).get(cheap, 0.0) >= need * window:
             break
     return schedule
+
+
+@dataclass(frozen=True, slots=True)
+class DayShape:
+    """The diurnal trace's base curve and burst factor, as `tandem bench traces diurnal` generated it: what a planner
+    that knows the day (a seasonal forecast, an operator's schedule) could know, bursts' times excepted."""
+
+    mean_rate: float
+    amplitude: float
+    period_s: float
+    burst_factor: float
+
+    def rate(self, t_s: float) -> float:
+        return day_rate(t_s, self.mean_rate, self.amplitude, self.period_s)
+
+
+def day_fleets(day: DayShape, capacity: tuple[float, float], bin_s: float, end_s: float, cfg) -> list[Fleet]:
+    """Per bin: enough workers of each role to carry the burst factor x the day's highest base rate in the bin, at
+    `capacity` (prefill, decode) requests/s per worker, within the bounds. Bursts are never looked at."""
+
+    def workers(rate: float, per_worker: float, bounds) -> int:
+        return min(max(math.ceil(rate / per_worker - _EPS), bounds.min_replicas, 1), bounds.max_replicas)
+
+    fleets = []
+    for i in range(max(1, math.ceil(end_s / bin_s))):
+        top = max(day.rate(i * bin_s + k * bin_s / 10) for k in range(11)) * day.burst_factor
+        fleets.append((workers(top, capacity[0], cfg.planner.prefill), workers(top, capacity[1], cfg.planner.decode)))
+    return fleets

@@ -64,3 +64,17 @@ def test_the_per_bin_study_picks_the_cheapest_pair_meeting_the_target(tmp_path):
         if meeting:
             assert sum(fleet) == min(map(sum, meeting)) and tuple(fleet) in meeting
     assert doc["runs"]["per_bin_95"]["schedule"] == [list(s) for s in po.from_bins([tuple(f) for f in fleets], 15.0)]
+
+
+def test_the_day_study_sizes_each_bin_from_the_base_curve_alone(tmp_path):
+    out = tmp_path / "day.json"
+    argv = ["--baseline", DIURNAL, "--study", "day", "--small", "150", "--bin-s", "30", "--capacities", "8:4.5,6:3"]
+    assert oracle.main([*argv, "--jobs", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert set(runs) == {"static_2+3", "day_p8_d4.5", "day_p6_d3"}
+    assert doc["facts"]["day"] == {"mean_rate": 3.0, "amplitude": 0.6, "period_s": 900.0, "burst_factor": 2.5}
+    slim, wide = runs["day_p8_d4.5"], runs["day_p6_d3"]
+    assert slim["fleets"][0] == [1, 1]  # the trough: 3/s of bursts at 8 and 4.5 per worker
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(slim["fleets"], wide["fleets"]))  # less per worker: more
+    assert slim["gpu_share"] <= wide["gpu_share"]

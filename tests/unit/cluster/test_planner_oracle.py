@@ -2,6 +2,8 @@
 digit, an added replica is billed from a start delay before it serves, a removal drains, a removal followed by an
 addition within a start delay keeps the replica, and a bad schedule raises ScheduleError."""
 
+from dataclasses import replace
+
 import pytest
 
 from engines.timing.profile import load_profile
@@ -131,3 +133,18 @@ def test_bins_and_the_cheap_fleet_sized_to_be_billed_the_needed_share():
         (30.0, 1, 1),
     ]
     assert po.lightest(loads, (1, 1), (1, 2), 10.0, 0.5, 40.0, CFG) == [(0.0, 1, 1), (20.0, 1, 2), (30.0, 1, 1)]
+
+
+def test_day_fleets_carry_the_burst_factor_times_the_days_highest_base_in_each_bin():
+    """mean 3, amplitude 0.6, period 900 s: the base is 1.2/s at 0 and 4.8/s at 450 s; x2.5 that is 3 and 12/s. At 8
+    prefill and 4.5 decode requests/s per worker: 1 + 1 in the trough's bin, 2 + 3 in the peak's; bounds cap it."""
+    day = po.DayShape(3.0, 0.6, 900.0, 2.5)
+    assert day.rate(0.0) == pytest.approx(1.2) and day.rate(450.0) == pytest.approx(4.8)
+    fleets = po.day_fleets(day, (8.0, 4.5), 30.0, 900.0, CFG)
+    assert len(fleets) == 30 and fleets[0] == (1, 1)
+    assert fleets[14] == fleets[15] == (2, 3)  # the bins either side of the peak both reach 4.8/s
+    decode = [d for _, d in fleets]
+    assert decode[:15] == sorted(decode[:15]) and decode[15:] == sorted(decode[15:], reverse=True)  # up, then down
+    assert max(fleets) == (2, 3)
+    tight = replace(CFG, planner=replace(CFG.planner, decode=RoleBounds(1, 2)))
+    assert max(d for _, d in po.day_fleets(day, (8.0, 4.5), 30.0, 900.0, tight)) == 2
