@@ -148,7 +148,7 @@ class PlannerCore:
             climbed = {role: s.base for role, s in self.state.items() if s.reason == "load climbing"}
             was_predicted = self.last_predicted.request_rate
             predicted, warnings = self._adjust(now)
-            if self._is_climbing(was_predicted):  # NOTE: a burst still running keeps the count it climbed to
+            if self._is_climbing(self._recent_rate(), was_predicted):  # NOTE: a burst still running keeps the count it climbed to
                 self._window.has_climbed = True
                 for role, base in climbed.items():
                     self.state[role].base = max(self.state[role].base, base)
@@ -217,10 +217,10 @@ class PlannerCore:
             return None
         return num / seconds
 
-    def _is_climbing(self, predicted_rate: float) -> bool:
-        """Do the recent ticks' arrivals run at least the climb ratio over `predicted_rate`, and (with climb
-        deviations) past what noise of the measured dispersion would bring?"""
-        rate, cfg = self._recent_rate(), self.config
+    def _is_climbing(self, rate: float | None, predicted_rate: float) -> bool:
+        """Do the recent ticks' arrivals (`rate`, from `_recent_rate`) run at least the climb ratio over
+        `predicted_rate`, and (with climb deviations) past what noise of the measured dispersion would bring?"""
+        cfg = self.config
         if rate is None or rate < cfg.climb_ratio * predicted_rate:
             return False
         seconds = sum(o.window_s for o in self._recent)
@@ -231,7 +231,7 @@ class PlannerCore:
         """Scale up at once on a climb: when the recent ticks' arrivals run well over the predicted rate, size from
         them now instead of waiting for the interval's end (shrinking stays with the slow adjustment loop)."""
         cfg, recent, rate = self.config, self._recent, self._recent_rate()
-        if rate is None or not self._is_climbing(self.last_predicted.request_rate):
+        if rate is None or not self._is_climbing(rate, self.last_predicted.request_rate):
             return
         self._window.has_climbed = True
         num = sum(o.num_requests or 0 for o in recent)
