@@ -60,8 +60,13 @@ def base_rate(ticks: list[tuple[int, float]], reference: float | None = None) ->
 
 def is_within(ticks: list[tuple[int, float]], rate: float) -> bool:
     """Do these ticks' arrivals together stay within three Poisson standard deviations over `rate`?"""
-    expected = rate * sum(s for _, s in ticks)
-    return sum(n for n, _ in ticks) <= expected + 3.0 * math.sqrt(expected)
+    return _in_band(sum(n for n, _ in ticks), rate * sum(s for _, s in ticks))
+
+
+def _in_band(count: float, expected: float) -> bool:
+    """`count` arrivals within three Poisson standard deviations over the `expected` number (noise almost never
+    leaves the band; a burst of 2x or more at a few arrivals a tick does)."""
+    return count <= expected + 3.0 * math.sqrt(expected)
 
 
 def peak_ratio(ticks: list[tuple[int, float]], num_ticks: int, base: float) -> float:
@@ -88,4 +93,4 @@ def dispersion(ticks: list[tuple[int, float]]) -> float:
 def _calm(ticks: list[tuple[int, float]], reference: float | None) -> list[tuple[int, float]]:
     median = statistics.median(n / s for n, s in ticks)
     rate = median if reference is None else min(median, reference)
-    return [(n, s) for n, s in ticks if n <= rate * s + 3.0 * math.sqrt(rate * s)]
+    return [(n, s) for n, s in ticks if _in_band(n, rate * s)]
