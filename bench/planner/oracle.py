@@ -26,7 +26,7 @@ from services.planner.state_machine import PlannerConfig, RoleBounds
 from tandem.bench.jsonsafe import json_safe
 from tandem.bench.traces import TraceRow, load_trace
 from tandem.cluster import planner_oracle as po
-from tandem.cluster.planner_sim import PlannerSimConfig, run_static
+from tandem.cluster.planner_sim import PlannerSimConfig, as_role_counts, run_static
 
 TARGET_SHARE = 0.85
 MARGIN = 0.98  # the per-bin search goes on until a pair meets this (the margin variants use it)
@@ -157,7 +157,7 @@ def minute_search(cfg: PlannerSimConfig, truth, rows, pool, bin_s: float, end_s:
         pairs = [(a, level - a) for a in range(p.min_replicas, p.max_replicas + 1)]
         pairs = [x for x in pairs if max(d.min_replicas, 1) <= x[1] <= d.max_replicas]
         futures = {
-            (i, x): pool.submit(run_static, truth, slices[i], cfg, po.as_role_counts(x)) for i in todo for x in pairs
+            (i, x): pool.submit(run_static, truth, slices[i], cfg, as_role_counts(x)) for i in todo for x in pairs
         }
         for (i, x), f in futures.items():
             run = f.result()

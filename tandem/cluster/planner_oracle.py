@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from engines.timing.profile import TimingProfile
-from services.planner.connectors.virtual import VirtualConnector
 from services.planner.types import ROLES, WorkerRole
 from tandem.bench.trace_gen import day_rate
 from tandem.bench.traces import TraceRow
-from tandem.cluster.planner_sim import PlannerSimConfig, _cluster, _replay
+from tandem.cluster.planner_sim import PlannerSimConfig, replay_scaled
 
 Fleet = tuple[int, int]  # (prefill, decode) replicas
 _EPS = 1e-9
@@ -87,23 +86,12 @@ def run_scheduled(
     run's own end, end_s, timeline, decisions). The first fleet (with any step due within a start delay) serves
     from 0, as a planner's initial fleet; later additions are billed from their ask, removals drain."""
     steps = parse_schedule(schedule, cfg)
-    initial = dict(zip(ROLES, wanted(steps, 0.0, cfg)))
-    sim = _cluster(truth, cfg, initial)
-    connector = VirtualConnector(sim, lambda: sim.now, cfg.start_delay_s)
-    for view in sim.registry.views():
-        connector.adopt(view.info.role, view.worker_id)
-    decisions: list[dict] = []
 
-    def act(now: float, replicas: dict, obs) -> dict:
-        for role, target in zip(ROLES, wanted(steps, now, cfg)):
-            if target != replicas[role].desired:
-                decisions.append(
-                    {"t_s": round(now, 3), "role": role.value, "from": replicas[role].desired, "to": target}
-                )
-                connector.scale(role, target)
-        return dict(connector.replicas())
+    def decide(now: float, replicas: dict, obs) -> list[tuple[WorkerRole, int, dict]]:
+        targets = zip(ROLES, wanted(steps, now, cfg))
+        return [(role, target, {}) for role, target in targets if target != replicas[role].desired]
 
-    run = _replay(sim, rows, cfg, lambda: dict(connector.replicas()), act, connector.gpu_hours, decisions, initial)
+    run = replay_scaled(truth, rows, cfg, dict(zip(ROLES, wanted(steps, 0.0, cfg))), decide)
     return {**run, "schedule": [list(s) for s in schedule]}
 
 
@@ -159,10 +147,6 @@ def cheaper_fleets(static: Fleet, cfg: PlannerSimConfig) -> list[Fleet]:
     decode = range(max(d.min_replicas, 1), d.max_replicas + 1)
     fleets = [(a, b) for a in prefill for b in decode if a + b < sum(static)]
     return sorted(fleets, key=lambda f: (sum(f), f))
-
-
-def as_role_counts(fleet: Fleet) -> dict[WorkerRole, int]:
-    return {WorkerRole.PREFILL: fleet[0], WorkerRole.DECODE: fleet[1]}
 
 
 # -- schedules a clairvoyant planner could choose (pure: trace rows and counts in, steps out) ---------------------

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from engines.timing.profile import TimingProfile
 from services.planner.connectors.virtual import VirtualConnector
@@ -66,15 +67,12 @@ def search_static(
     a pool, each prefill count's candidate decode counts at once)."""
     runs: dict[tuple[int, int], dict] = {}
 
-    def counts(pair: tuple[int, int]) -> dict:
-        return {WorkerRole.PREFILL: pair[0], WorkerRole.DECODE: pair[1]}
-
     def evaluate(pair: tuple[int, int]) -> float:
-        runs[pair] = run_static(truth, rows, cfg, counts(pair))
+        runs[pair] = run_static(truth, rows, cfg, as_role_counts(pair))
         return runs[pair]["sla_attainment"]
 
     def evaluate_many(pairs: list[tuple[int, int]]) -> list[float]:
-        futures = [pool.submit(run_static, truth, rows, cfg, counts(pair)) for pair in pairs]
+        futures = [pool.submit(run_static, truth, rows, cfg, as_role_counts(pair)) for pair in pairs]
         runs.update(zip(pairs, (f.result() for f in futures)))
         return [runs[pair]["sla_attainment"] for pair in pairs]
 
@@ -91,12 +89,14 @@ def search_static(
         best = runs[search.cheapest()]
     except SearchError:
         best = None  # NOTE: reported as such; the planner runs still stand
-    return best, [{**t, **_bound_flag(runs[(t["prefill"], t["decode"])])} for t in search.report()]
+    # NOTE: a replay stopped early carries an upper bound on its attainment, not the figure a whole replay gives
+    bound = "attainment_is_upper_bound"
+    return best, [{**t, bound: runs[(t["prefill"], t["decode"])][bound]} for t in search.report()]
 
 
-def _bound_flag(run: dict) -> dict:
-    """A replay stopped early carries an upper bound on its attainment, not the figure a whole replay gives."""
-    return {"attainment_is_upper_bound": run["attainment_is_upper_bound"]}
+def as_role_counts(pair: tuple[int, int]) -> dict[WorkerRole, int]:
+    """A (prefill, decode) pair as replica counts per role."""
+    return {WorkerRole.PREFILL: pair[0], WorkerRole.DECODE: pair[1]}
 
 
 def run_all(
@@ -123,33 +123,50 @@ def run_all(
 
 def run_planned(truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, model: TimingProfile) -> dict:
     """The engines run `truth`; the planner sizes with `model`, which may be wrong."""
-    initial = cfg.start_counts()
+    core = PlannerCore(cfg.planner, PerfModel(model, cfg.slo, cfg.sizing))
+
+    def decide(now: float, replicas: dict, obs) -> list[tuple[WorkerRole, int, dict]]:
+        return [
+            (
+                d.role,
+                d.target,
+                {
+                    "reason": d.reason,
+                    "headroom": {r.value: round(f, 3) for r, f in core.feedback.factors.items()},
+                    "speed_scale": {r.value: round(f, 3) for r, f in core.calibration.scales.items()},
+                },
+            )
+            for d in core.on_tick(obs, now).decisions
+        ]
+
+    run = replay_scaled(truth, rows, cfg, cfg.start_counts(), decide)
+    return {**run, "model": model.name}
+
+
+Decide = Callable[[float, dict, Any], list[tuple[WorkerRole, int, dict]]]
+
+
+def replay_scaled(
+    truth: TimingProfile, rows: list[TraceRow], cfg: PlannerSimConfig, initial: dict, decide: Decide
+) -> dict:
+    """Replay `rows` on a fleet scaled through the planner's virtual connector, as a live planner scales one: an
+    addition serves a start delay after it is asked for and is billed from the ask, a removal drains. Each tick,
+    `decide(now, replicas, observation)` names the (role, target, what to record) changes; `initial` serves from 0."""
     sim = _cluster(truth, cfg, initial)
     connector = VirtualConnector(sim, lambda: sim.now, cfg.start_delay_s)
     for view in sim.registry.views():
         connector.adopt(view.info.role, view.worker_id)
-    core = PlannerCore(cfg.planner, PerfModel(model, cfg.slo, cfg.sizing))
     decisions: list[dict] = []
 
     def act(now: float, replicas: dict, obs) -> dict:
-        result = core.on_tick(obs, now)
-        for d in result.decisions:
-            connector.scale(d.role, d.target)
+        for role, target, record in decide(now, replicas, obs):
             decisions.append(
-                {
-                    "t_s": round(now, 3),
-                    "role": d.role.value,
-                    "from": d.current,
-                    "to": d.target,
-                    "reason": d.reason,
-                    "headroom": {r.value: round(f, 3) for r, f in core.feedback.factors.items()},
-                    "speed_scale": {r.value: round(f, 3) for r, f in core.calibration.scales.items()},
-                }
+                {"t_s": round(now, 3), "role": role.value, "from": replicas[role].desired, "to": target, **record}
             )
-        return connector.replicas()
+            connector.scale(role, target)
+        return dict(connector.replicas())
 
-    run = _replay(sim, rows, cfg, connector.replicas, act, connector.gpu_hours, decisions, initial)
-    return {**run, "model": model.name}
+    return _replay(sim, rows, cfg, lambda: dict(connector.replicas()), act, connector.gpu_hours, decisions, initial)
 
 
 class _Hopeless(Exception):
