@@ -177,18 +177,23 @@ def alternating(
     return steps
 
 
+def num_bins(end_s: float, bin_s: float) -> int:
+    """Bins of `bin_s` covering [0, end_s), at least one."""
+    return max(1, int(-(-end_s // bin_s)))
+
+
 def bin_loads(rows: list[TraceRow], bin_s: float, end_s: float, measure: str = "tokens") -> list[float]:
     """Per bin of `bin_s` over [0, end_s): the arrivals' tokens (prompt + output) or their count."""
-    loads = [0.0] * max(1, int(-(-end_s // bin_s)))
+    loads = [0.0] * num_bins(end_s, bin_s)
     for row in rows:
-        i = min(int(row.arrival_s // bin_s), len(loads) - 1)
+        i = min(int(row.arrival_s // bin_s), len(loads) - 1)  # NOTE: a late arrival counts in the last bin
         loads[i] += (row.isl + row.osl) if measure == "tokens" else 1.0
     return loads
 
 
 def bin_slices(rows: list[TraceRow], bin_s: float, end_s: float) -> list[list[TraceRow]]:
     """The rows of each bin of `bin_s` over [0, end_s), their arrivals shifted so that each bin starts at 0."""
-    slices: list[list[TraceRow]] = [[] for _ in range(max(1, int(-(-end_s // bin_s))))]
+    slices: list[list[TraceRow]] = [[] for _ in range(num_bins(end_s, bin_s))]
     for row in rows:
         i = min(int(row.arrival_s // bin_s), len(slices) - 1)
         slices[i].append(replace(row, arrival_s=row.arrival_s - i * bin_s))
@@ -261,7 +266,7 @@ def day_fleets(day: DayShape, capacity: tuple[float, float], bin_s: float, end_s
         return min(max(math.ceil(rate / per_worker - _EPS), bounds.min_replicas, 1), bounds.max_replicas)
 
     fleets = []
-    for i in range(max(1, math.ceil(end_s / bin_s))):
+    for i in range(num_bins(end_s, bin_s)):
         top = max(day.rate(i * bin_s + k * bin_s / 10) for k in range(11)) * day.burst_factor
         fleets.append((workers(top, capacity[0], cfg.planner.prefill), workers(top, capacity[1], cfg.planner.decode)))
     return fleets
