@@ -148,9 +148,8 @@ class PlannerCore:
             climbed = {role: s.base for role, s in self.state.items() if s.reason == "load climbing"}
             was_predicted = self.last_predicted.request_rate
             predicted, warnings = self._adjust(now)
-            if self._is_climbing(
-                self._recent_rate(), was_predicted
-            ):  # NOTE: a burst still running keeps the count it climbed to
+            # NOTE: a burst still running keeps the count it climbed to
+            if self._is_climbing(self._recent_rate(), was_predicted):
                 self._window.has_climbed = True
                 for role, base in climbed.items():
                     self.state[role].base = max(self.state[role].base, base)
